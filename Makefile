@@ -1,0 +1,56 @@
+# kiln: the two quick-start commands are `make demo` and `make test` (see README.md).
+# Everything is built with CMake; this file only strings the steps together.
+
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+BUILD ?= build
+ASAN_BUILD ?= build-asan
+DEMO_MODEL ?= models/tiny-cnn
+
+.PHONY: all setup build demo test unit conformance sanitize format format-check conformance-report clean
+
+all: build
+
+setup:
+	@./tools/setup.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+
+build: setup $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The main job on a bundled model: run it, check it against its reference outputs, time it.
+demo: build
+	./$(BUILD)/tools/onnx-run $(DEMO_MODEL)/model.onnx --test-data $(DEMO_MODEL)/test_data_set_0 --warmup 3 --repeat 20
+
+# Every test: unit tests and the conformance allow-list (release build), the unit tests
+# again under AddressSanitizer + UndefinedBehaviorSanitizer, and the formatting check.
+test: build format-check
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	$(MAKE) sanitize
+
+unit: build
+	./$(BUILD)/test/kiln-unit-tests
+
+conformance: build
+	./$(BUILD)/test/kiln-conformance --check-allowlist test/conformance/allowlist.txt
+
+sanitize: setup
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g"
+	cmake --build $(ASAN_BUILD) -j $(JOBS) --target kiln-unit-tests
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ./$(ASAN_BUILD)/test/kiln-unit-tests
+
+# Regenerates docs/conformance.md and adds newly passing cases to the allow-list.
+conformance-report: build
+	./$(BUILD)/test/kiln-conformance --report docs/conformance.md --write-allowlist test/conformance/allowlist.txt
+
+FORMAT_FILES = $(shell git ls-files '*.cpp' '*.h' 2>/dev/null)
+
+format:
+	clang-format -i $(FORMAT_FILES)
+
+format-check: setup
+	@clang-format --dry-run --Werror $(FORMAT_FILES) && echo "format-check: ok"
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

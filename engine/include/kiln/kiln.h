@@ -1,0 +1,9 @@
+// kiln's public API in one include.
+#pragma once
+
+#include "kiln/data_type.h"
+#include "kiln/environment.h"
+#include "kiln/error.h"
+#include "kiln/session.h"
+#include "kiln/tensor.h"
+#include "kiln/value.h"

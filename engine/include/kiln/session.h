@@ -1,0 +1,101 @@
+// Session: one loaded model, planned once, run many times.
+//
+//   kiln::Session s("model.onnx");
+//   auto out = s.run({{"x", std::move(x)}});   // moved inputs may be reused in place
+//
+// Inputs passed by copy are only read; an input passed by move (the caller keeps no other
+// handle to its storage) belongs to the run and may be overwritten or extended in place.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/environment.h"
+#include "kiln/value.h"
+
+namespace kiln {
+
+// Exact counters for one run (or one load). They are facts, not estimates: tests assert them.
+struct RunStats {
+  uint64_t allocations = 0;              // buffers the pool had to obtain from the system
+  uint64_t bytes_allocated = 0;          // their total size
+  uint64_t pool_reuses = 0;              // requests served from buffers returned earlier
+  uint64_t peak_bytes_in_use = 0;        // most pool bytes handed out at once during the run
+  uint64_t bytes_copied = 0;             // sum of the causes below
+  uint64_t bytes_copied_contiguous = 0;  // strided inputs made contiguous for a kernel
+  uint64_t bytes_copied_concat = 0;      // Concat that could not append in place
+  uint64_t bytes_copied_capture = 0;     // captured values copied into a subgraph
+  uint64_t bytes_copied_kernels = 0;     // other data movement (Transpose, Slice, Expand, ...)
+  uint64_t in_place_ops = 0;             // nodes that wrote into an input's storage
+  uint64_t nodes_run = 0;                // nodes executed, subgraph nodes included
+};
+
+struct LoadStats {
+  uint64_t weights_bytes = 0;         // bytes of all initializers and Constant values
+  uint64_t weights_mapped_bytes = 0;  // of which used in place from a mapping or caller memory
+  uint64_t weights_copied_bytes = 0;  // of which copied (misaligned, typed fields, byte order)
+  uint64_t weights_copied_count = 0;  // number of tensors copied
+};
+
+// One node's execution, for profiles.
+struct NodeEvent {
+  std::string name, op_type;
+  double start_us = 0, duration_us = 0;                  // since the start of the run
+  std::vector<std::string> input_shapes, output_shapes;  // "float32[1,3]"
+  int depth = 0;                                         // 0 for the main graph
+};
+
+struct IoInfo {
+  std::string name;
+  Value::Kind kind = Value::Kind::Tensor;
+  DataType dtype = DataType::Undefined;  // element type (of the sequence/optional element)
+  bool has_shape = false;                // false when the model declares no shape
+  std::vector<int64_t> shape;            // -1 where the dimension is not fixed
+  std::vector<std::string> dim_names;    // symbolic name, or "" for fixed/unknown
+  std::string describe() const;          // "input_ids: int64[batch,sequence]"
+};
+
+struct SessionOptions {
+  std::shared_ptr<Environment> environment;  // null: a new one, one thread per core
+  bool profile = false;                      // record a NodeEvent per node per run
+};
+
+class Session {
+ public:
+  // Maps `path` (and any external data beside it); weights stay in the mapping.
+  explicit Session(const std::string& path, SessionOptions options = {});
+  // From a caller's buffer, which must outlive the session: weights are views into it.
+  // External data, if any, is resolved relative to `base_dir`.
+  static Session from_memory(const void* data, size_t size, SessionOptions options = {},
+                             const std::string& base_dir = "");
+  ~Session();
+  Session(Session&&) noexcept;
+  Session& operator=(Session&&) noexcept;
+
+  const std::vector<IoInfo>& inputs() const;
+  const std::vector<IoInfo>& outputs() const;
+  const std::string& path() const;
+  std::map<std::string, std::string> metadata() const;
+  int64_t opset(const std::string& domain = "") const;
+
+  // Runs the model. Every graph input without a default must be given; outputs are
+  // returned in the model's declared order.
+  std::vector<NamedValue> run(std::vector<NamedValue> inputs);
+
+  const RunStats& last_run_stats() const;
+  const LoadStats& load_stats() const;
+  const std::vector<NodeEvent>& last_profile() const;
+
+  // Internal: sessions are built by the constructor above, from_memory, or (for graphs made
+  // in code) kiln::session_from_model; Impl is opaque outside the engine.
+  struct Impl;
+  explicit Session(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,146 @@
+#include "engine/plan/plan.h"
+
+#include <queue>
+#include <string>
+
+#include "kiln/error.h"
+
+namespace kiln::plan {
+namespace {
+
+std::string domain_name(const std::string& d) {
+  return d.empty() ? "ai.onnx" : d;
+}
+
+[[noreturn]] void unsupported(const ir::Node& node) {
+  std::string msg = "unsupported op '" + node.op_type + "' (domain " + domain_name(node.domain) +
+                    ", opset " + std::to_string(node.opset) + ")";
+  std::string known;
+  for (const auto& reg : ops::all_ops()) {
+    if (node.op_type == reg.op && node.domain == reg.domain) {
+      if (!known.empty()) known += ", ";
+      known += std::to_string(reg.since) +
+               (reg.until == ops::kLatestOpset ? "+" : "-" + std::to_string(reg.until));
+    }
+  }
+  if (!known.empty()) msg += "; kiln implements opsets " + known;
+  throw Error(ErrorKind::Unsupported, msg).with_node(node.name, node.op_type);
+}
+
+void check_arity(const ir::Node& node, const ops::OpRegistration& reg) {
+  const auto n_in = static_cast<int>(node.inputs.size());
+  const auto n_out = static_cast<int>(node.outputs.size());
+  if (n_in < reg.min_inputs || n_in > reg.max_inputs) {
+    throw Error(ErrorKind::InvalidModel,
+                "has " + std::to_string(n_in) + " inputs; expected " +
+                    std::to_string(reg.min_inputs) +
+                    (reg.max_inputs == reg.min_inputs
+                         ? ""
+                         : " to " + (reg.max_inputs == INT_MAX ? std::string("any")
+                                                               : std::to_string(reg.max_inputs))))
+        .with_node(node.name, node.op_type);
+  }
+  if (n_out < reg.min_outputs || n_out > reg.max_outputs) {
+    throw Error(ErrorKind::InvalidModel, "has " + std::to_string(n_out) + " outputs; expected " +
+                                             std::to_string(reg.min_outputs) + " to " +
+                                             std::to_string(reg.max_outputs))
+        .with_node(node.name, node.op_type);
+  }
+}
+
+}  // namespace
+
+std::vector<int32_t> execution_order(const ir::Graph& g) {
+  const size_t n = g.nodes.size();
+  std::vector<std::vector<int32_t>> consumers(n);
+  std::vector<int32_t> pending(n, 0);
+  std::vector<bool> writes_inputs(n, false);
+  for (size_t ni = 0; ni < n; ++ni) {
+    const ir::Node& node = g.nodes[ni];
+    const ops::OpRegistration* reg = ops::find_op(node.domain, node.op_type, node.opset);
+    writes_inputs[ni] = reg && (reg->in_place != 0 || !node.implicit_inputs.empty());
+    auto depend = [&](ir::ValueId id) {
+      if (id == ir::kNoValue) return;
+      const ir::ValueInfo& v = g.value(id);
+      if (v.origin != ir::ValueOrigin::NodeOutput || v.producer < 0) return;
+      consumers[static_cast<size_t>(v.producer)].push_back(static_cast<int32_t>(ni));
+      ++pending[ni];
+    };
+    for (ir::ValueId id : node.inputs) depend(id);
+    for (ir::ValueId id : node.implicit_inputs) depend(id);
+  }
+  // Ready nodes ordered by (may write its inputs, position in the file).
+  using Key = std::pair<bool, int32_t>;
+  std::priority_queue<Key, std::vector<Key>, std::greater<>> ready;
+  for (size_t ni = 0; ni < n; ++ni) {
+    if (pending[ni] == 0) ready.push({writes_inputs[ni], static_cast<int32_t>(ni)});
+  }
+  std::vector<int32_t> order;
+  order.reserve(n);
+  while (!ready.empty()) {
+    const int32_t ni = ready.top().second;
+    ready.pop();
+    order.push_back(ni);
+    for (int32_t c : consumers[static_cast<size_t>(ni)]) {
+      if (--pending[static_cast<size_t>(c)] == 0)
+        ready.push({writes_inputs[static_cast<size_t>(c)], c});
+    }
+  }
+  if (order.size() != n) (void)ir::topological_order(g);  // throws, naming a node on the cycle
+  return order;
+}
+
+std::unique_ptr<GraphPlan> build_plan(const ir::Graph& g) {
+  auto plan = std::make_unique<GraphPlan>();
+  plan->graph = &g;
+  plan->use_counts.assign(g.values.size(), 0);
+  for (const ir::Node& node : g.nodes) {
+    for (ir::ValueId id : node.inputs) {
+      if (id != ir::kNoValue) ++plan->use_counts[static_cast<size_t>(id)];
+    }
+    for (ir::ValueId id : node.implicit_inputs) ++plan->use_counts[static_cast<size_t>(id)];
+  }
+  for (ir::ValueId id : g.outputs) ++plan->use_counts[static_cast<size_t>(id)];
+
+  for (int32_t ni : execution_order(g)) {
+    const ir::Node& node = g.nodes[static_cast<size_t>(ni)];
+    const ops::OpRegistration* reg = ops::find_op(node.domain, node.op_type, node.opset);
+    if (!reg) unsupported(node);
+    check_arity(node, *reg);
+    Step step;
+    step.node_index = ni;
+    step.node = &node;
+    step.op = reg;
+    for (const ir::Attribute* a : node.graph_attributes()) {
+      const ir::Graph& sub = *a->g;
+      step.subgraphs.push_back(build_plan(sub));
+      std::vector<int32_t> slots;
+      for (ir::ValueId c : sub.captures) {
+        const std::string& name = sub.value(c).name;
+        int32_t slot = -1;
+        for (size_t k = 0; k < node.implicit_inputs.size(); ++k) {
+          if (g.value(node.implicit_inputs[k]).name == name) slot = static_cast<int32_t>(k);
+        }
+        if (slot < 0) {
+          throw Error(ErrorKind::InvalidModel,
+                      "nested graph reads '" + name + "' which is not visible")
+              .with_node(node.name, node.op_type);
+        }
+        slots.push_back(slot);
+      }
+      step.capture_slots.push_back(std::move(slots));
+    }
+    try {
+      step.kernel = reg->create(ops::NodeInfo(g, node, *reg));
+    } catch (Error& e) {
+      e.with_node(node.name, node.op_type);
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(ErrorKind::InvalidModel, e.what()).with_node(node.name, node.op_type);
+    }
+    plan->steps.push_back(std::move(step));
+  }
+  return plan;
+}
+
+}  // namespace kiln::plan

@@ -1,0 +1,44 @@
+// A Plan is everything decided before data arrives: the order nodes run in, how many
+// times each value is read (so the executor can free it, or let its last reader write
+// into it), and one kernel per node created from its attributes.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "engine/ir/graph.h"
+#include "ops/kernel.h"
+
+namespace kiln::plan {
+
+struct GraphPlan;
+
+struct Step {
+  int32_t node_index = -1;
+  const ir::Node* node = nullptr;
+  const ops::OpRegistration* op = nullptr;
+  std::unique_ptr<ops::Kernel> kernel;
+  // One plan per graph attribute of the node, in ir::Node::graph_attributes() order.
+  std::vector<std::unique_ptr<GraphPlan>> subgraphs;
+  // Per subgraph: for each of its captures, the position in node->implicit_inputs.
+  std::vector<std::vector<int32_t>> capture_slots;
+};
+
+struct GraphPlan {
+  const ir::Graph* graph = nullptr;
+  std::vector<Step> steps;
+  // Per value: reads by nodes (explicit and implicit inputs) plus appearances among the
+  // graph's outputs. A value is freed when its count reaches zero.
+  std::vector<int32_t> use_counts;
+};
+
+// Orders the graph and creates its kernels (recursively for nested graphs). Throws
+// kiln::Error naming the node for unsupported ops or invalid attributes.
+std::unique_ptr<GraphPlan> build_plan(const ir::Graph& graph);
+
+// The execution order alone: a topological order in which, among the nodes ready to run,
+// those that never write into their inputs go first. A value read by both Shape and an
+// in-place Concat thus reaches Concat with one use left, whatever the order in the file.
+std::vector<int32_t> execution_order(const ir::Graph& graph);
+
+}  // namespace kiln::plan

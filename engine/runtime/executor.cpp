@@ -1,0 +1,246 @@
+#include "engine/runtime/executor.h"
+
+#include <new>
+#include <string>
+
+#include "kiln/error.h"
+
+namespace kiln {
+
+Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape) {
+  for (int64_t d : shape) {
+    if (d < 0) {
+      throw Error(ErrorKind::Runtime,
+                  "cannot allocate a tensor of shape " + shape_to_string(shape));
+    }
+  }
+  if (dtype == DataType::String) return Tensor::zeros(dtype, shape);
+  return Tensor(dtype, shape, pool.acquire(storage_bytes(dtype, shape_numel(shape))));
+}
+
+namespace {
+
+struct Frame {
+  const plan::GraphPlan& plan;
+  std::vector<Value> slots;
+  std::vector<int32_t> uses;
+};
+
+bool uniquely_owned(const Value& v) {
+  if (!v.is_tensor()) return false;
+  const Tensor& t = v.tensor();
+  return t.defined() && t.storage()->writable() && t.storage().use_count() == 1;
+}
+
+void release_use(Frame& f, ir::ValueId id) {
+  if (id == ir::kNoValue) return;
+  if (--f.uses[static_cast<size_t>(id)] == 0) f.slots[static_cast<size_t>(id)] = Value();
+}
+
+std::string value_shape(const Value* v) {
+  if (!v || !v->defined()) return "";
+  return v->describe();
+}
+
+}  // namespace
+
+// The executor's side of OpContext for one step.
+class StepHooks final : public ops::ExecutionHooks {
+ public:
+  StepHooks(Executor& ex, Frame& frame, const plan::Step& step, std::vector<const Value*>& inputs,
+            std::vector<bool>& temporary, int depth)
+      : ex_(ex),
+        frame_(frame),
+        step_(step),
+        inputs_(inputs),
+        temporary_(temporary),
+        depth_(depth) {}
+
+  Tensor allocate(DataType dtype, const Shape& shape) override {
+    return allocate_tensor(ex_.pool_, dtype, shape);
+  }
+
+  bool can_overwrite(size_t i) override {
+    if (i >= 32 || !(step_.op->in_place & (1u << i)) || i >= inputs_.size() || !inputs_[i]) {
+      return false;
+    }
+    if (!uniquely_owned(*inputs_[i])) return false;
+    if (temporary_[i]) return true;  // a contiguous copy the executor made for this step
+    const ir::ValueId id = step_.node->inputs[i];
+    return frame_.uses[static_cast<size_t>(id)] == 1;
+  }
+
+  void count_copy(uint64_t bytes, ops::CopyCause cause) override {
+    RunStats& s = ex_.stats_;
+    s.bytes_copied += bytes;
+    switch (cause) {
+      case ops::CopyCause::Contiguous:
+        s.bytes_copied_contiguous += bytes;
+        break;
+      case ops::CopyCause::Concat:
+        s.bytes_copied_concat += bytes;
+        break;
+      case ops::CopyCause::Capture:
+        s.bytes_copied_capture += bytes;
+        break;
+      case ops::CopyCause::Kernel:
+        s.bytes_copied_kernels += bytes;
+        break;
+    }
+  }
+
+  void count_in_place() override { ++ex_.stats_.in_place_ops; }
+
+  std::vector<Value> run_subgraph(int index, std::vector<Value> sub_inputs,
+                                  ops::CaptureMode mode) override {
+    if (index < 0 || static_cast<size_t>(index) >= step_.subgraphs.size()) {
+      throw Error(ErrorKind::Runtime, "no nested graph #" + std::to_string(index));
+    }
+    const auto& slots = step_.capture_slots[static_cast<size_t>(index)];
+    std::vector<Value> captures;
+    captures.reserve(slots.size());
+    for (int32_t slot : slots) {
+      const ir::ValueId id = step_.node->implicit_inputs[static_cast<size_t>(slot)];
+      Value& v = frame_.slots[static_cast<size_t>(id)];
+      // Moving is safe when this node is the value's last reader and nobody else holds
+      // its storage: the nested graph then owns it and may write into it.
+      if (mode == ops::CaptureMode::MoveIfLastUse && frame_.uses[static_cast<size_t>(id)] == 1 &&
+          uniquely_owned(v)) {
+        captures.push_back(std::move(v));
+        v = Value();
+      } else {
+        captures.push_back(v);
+      }
+    }
+    return ex_.run(*step_.subgraphs[static_cast<size_t>(index)], std::move(sub_inputs),
+                   std::move(captures), depth_ + 1);
+  }
+
+ private:
+  Executor& ex_;
+  Frame& frame_;
+  const plan::Step& step_;
+  std::vector<const Value*>& inputs_;
+  std::vector<bool>& temporary_;
+  int depth_;
+};
+
+std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value> inputs,
+                                 std::vector<Value> captures, int depth) {
+  const ir::Graph& g = *plan.graph;
+  Frame f{plan, std::vector<Value>(g.values.size()), plan.use_counts};
+  if (inputs.size() > g.inputs.size()) {
+    throw Error(ErrorKind::Runtime, "graph '" + g.name + "' takes " +
+                                        std::to_string(g.inputs.size()) + " inputs, given " +
+                                        std::to_string(inputs.size()));
+  }
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    const ir::ValueId id = g.inputs[i];
+    const ir::ValueInfo& info = g.value(id);
+    Value& slot = f.slots[static_cast<size_t>(id)];
+    if (i < inputs.size() && inputs[i].defined()) {
+      slot = std::move(inputs[i]);
+    } else if (info.constant.defined()) {
+      slot = Value(info.constant);
+    }
+    if (f.uses[static_cast<size_t>(id)] == 0) slot = Value();  // never read: free it now
+  }
+  for (ir::ValueId id : g.initializers)
+    f.slots[static_cast<size_t>(id)] = Value(g.value(id).constant);
+  if (captures.size() != g.captures.size()) {
+    throw Error(ErrorKind::Runtime, "nested graph '" + g.name + "' expects " +
+                                        std::to_string(g.captures.size()) + " captured values");
+  }
+  for (size_t i = 0; i < captures.size(); ++i) {
+    f.slots[static_cast<size_t>(g.captures[i])] = std::move(captures[i]);
+  }
+
+  std::vector<const Value*> in_ptrs;
+  std::vector<Value> temps;
+  std::vector<bool> temporary;
+  std::vector<Value> outs;
+  for (const plan::Step& step : plan.steps) {
+    const ir::Node& node = *step.node;
+    const size_t n_in = node.inputs.size();
+    in_ptrs.assign(n_in, nullptr);
+    temporary.assign(n_in, false);
+    temps.clear();
+    temps.reserve(n_in);
+    for (size_t i = 0; i < n_in; ++i) {
+      const ir::ValueId id = node.inputs[i];
+      if (id == ir::kNoValue) continue;
+      const Value& v = f.slots[static_cast<size_t>(id)];
+      if (!v.defined()) {
+        throw Error(ErrorKind::Runtime, "input '" + g.value(id).name + "' has no value")
+            .with_node(node.name, node.op_type);
+      }
+      in_ptrs[i] = &v;
+      if (!step.op->strided_inputs && v.is_tensor() && !v.tensor().is_contiguous()) {
+        temps.push_back(Value(v.tensor().contiguous()));
+        in_ptrs[i] = &temps.back();
+        temporary[i] = true;
+        const uint64_t bytes = v.tensor().nbytes();
+        stats_.bytes_copied += bytes;
+        stats_.bytes_copied_contiguous += bytes;
+      }
+    }
+    outs.assign(node.outputs.size(), Value());
+    StepHooks hooks(*this, f, step, in_ptrs, temporary, depth);
+    ops::OpContext ctx(node, in_ptrs, outs, hooks);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      step.kernel->run(ctx);
+    } catch (Error& e) {
+      e.with_node(node.name, node.op_type);
+      throw;
+    } catch (const std::bad_alloc&) {
+      throw Error(ErrorKind::Runtime, "out of memory").with_node(node.name, node.op_type);
+    } catch (const std::exception& e) {
+      throw Error(ErrorKind::Runtime, e.what()).with_node(node.name, node.op_type);
+    }
+    ++stats_.nodes_run;
+    if (profile_) {
+      const auto t1 = std::chrono::steady_clock::now();
+      NodeEvent ev;
+      ev.name = node.name;
+      ev.op_type = node.op_type;
+      ev.start_us = std::chrono::duration<double, std::micro>(t0 - start_).count();
+      ev.duration_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+      ev.depth = depth;
+      for (const Value* v : in_ptrs) ev.input_shapes.push_back(value_shape(v));
+      for (const Value& v : outs) ev.output_shapes.push_back(value_shape(&v));
+      profile_->push_back(std::move(ev));
+    }
+    temps.clear();
+    for (ir::ValueId id : node.inputs) release_use(f, id);
+    for (ir::ValueId id : node.implicit_inputs) release_use(f, id);
+    for (size_t i = 0; i < node.outputs.size(); ++i) {
+      const ir::ValueId id = node.outputs[i];
+      if (id == ir::kNoValue) continue;
+      if (!outs[i].defined()) {
+        throw Error(ErrorKind::Runtime, "produced no value for output '" + g.value(id).name + "'")
+            .with_node(node.name, node.op_type);
+      }
+      if (f.uses[static_cast<size_t>(id)] > 0)
+        f.slots[static_cast<size_t>(id)] = std::move(outs[i]);
+    }
+  }
+
+  std::vector<Value> results;
+  results.reserve(g.outputs.size());
+  for (ir::ValueId id : g.outputs) {
+    Value& v = f.slots[static_cast<size_t>(id)];
+    if (!v.defined()) {
+      throw Error(ErrorKind::Runtime, "graph output '" + g.value(id).name + "' has no value");
+    }
+    if (--f.uses[static_cast<size_t>(id)] == 0) {
+      results.push_back(std::move(v));
+      v = Value();
+    } else {
+      results.push_back(v);
+    }
+  }
+  return results;
+}
+
+}  // namespace kiln

@@ -1,0 +1,231 @@
+#include "kiln/session.h"
+
+#include <algorithm>
+#include <string>
+
+#include "engine/ir/graph.h"
+#include "engine/passes/passes.h"
+#include "engine/plan/plan.h"
+#include "engine/runtime/buffer_pool.h"
+#include "engine/runtime/executor.h"
+#include "engine/runtime/session_internal.h"
+#include "kiln/error.h"
+#include "proto/loader.h"
+
+namespace kiln {
+
+namespace {
+
+IoInfo io_info(const ir::ValueInfo& v) {
+  IoInfo io;
+  io.name = v.name;
+  io.kind = v.type.kind == Value::Kind::None ? Value::Kind::Tensor : v.type.kind;
+  io.dtype = v.type.elem;
+  if (v.type.kind == Value::Kind::Tensor && v.type.shape) {
+    io.has_shape = true;
+    for (const ir::Dim& d : *v.type.shape) {
+      io.shape.push_back(d.value >= 0 && d.param.empty() ? d.value : -1);
+      io.dim_names.push_back(d.param);
+    }
+  }
+  return io;
+}
+
+std::string names_of(const std::vector<IoInfo>& ios) {
+  std::string s;
+  for (const auto& io : ios) s += (s.empty() ? "" : ", ") + io.name;
+  return s;
+}
+
+}  // namespace
+
+std::string IoInfo::describe() const {
+  std::string s = name + ": ";
+  if (kind == Value::Kind::Sequence) s += "sequence<";
+  if (kind == Value::Kind::Optional) s += "optional<";
+  s += std::string(data_type_name(dtype));
+  if (has_shape) {
+    s += "[";
+    for (size_t i = 0; i < shape.size(); ++i) {
+      if (i) s += ",";
+      if (!dim_names[i].empty()) {
+        s += dim_names[i];
+      } else if (shape[i] >= 0) {
+        s += std::to_string(shape[i]);
+      } else {
+        s += "?";
+      }
+    }
+    s += "]";
+  }
+  if (kind != Value::Kind::Tensor) s += ">";
+  return s;
+}
+
+struct Session::Impl {
+  ir::Model model;
+  std::unique_ptr<plan::GraphPlan> plan;
+  std::shared_ptr<Environment> env;
+  BufferPool pool;
+  std::vector<IoInfo> inputs, outputs;
+  LoadStats load_stats;
+  RunStats run_stats;
+  bool profile = false;
+  std::vector<NodeEvent> events;
+
+  void prepare(SessionOptions options) {
+    try {
+      passes::fold_constant_nodes(*model.graph);
+      plan = plan::build_plan(*model.graph);
+    } catch (Error& e) {
+      e.with_file(model.path);
+      throw;
+    }
+    env = options.environment ? options.environment : std::make_shared<Environment>(0);
+    profile = options.profile;
+    const ir::Graph& g = *model.graph;
+    for (ir::ValueId id : g.inputs) inputs.push_back(io_info(g.value(id)));
+    for (ir::ValueId id : g.outputs) outputs.push_back(io_info(g.value(id)));
+  }
+
+  void check_input(const IoInfo& io, const Value& v) const {
+    auto fail = [&](const std::string& why) {
+      throw Error(ErrorKind::InvalidArgument, "input '" + io.name + "': " + why +
+                                                  " (model expects " + io.describe() + ", got " +
+                                                  v.describe() + ")")
+          .with_file(model.path);
+    };
+    if (io.kind == Value::Kind::Tensor && !v.is_tensor()) fail("expected a tensor");
+    if (io.kind == Value::Kind::Sequence && !v.is_sequence()) fail("expected a sequence");
+    if (io.kind == Value::Kind::Optional && !v.is_optional()) fail("expected an optional");
+    if (!v.is_tensor()) return;
+    const Tensor& t = v.tensor();
+    if (!t.defined()) fail("undefined tensor");
+    if (io.dtype != DataType::Undefined && t.dtype() != io.dtype) fail("wrong element type");
+    if (io.has_shape) {
+      if (t.rank() != io.shape.size()) fail("wrong rank");
+      for (size_t i = 0; i < io.shape.size(); ++i) {
+        if (io.shape[i] >= 0 && t.dim(i) != io.shape[i]) {
+          fail("dimension " + std::to_string(i) + " must be " + std::to_string(io.shape[i]));
+        }
+      }
+    }
+  }
+};
+
+Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Session::Session(const std::string& path, SessionOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->model = proto::load_model_file(path, impl_->load_stats);
+  impl_->prepare(std::move(options));
+}
+
+Session Session::from_memory(const void* data, size_t size, SessionOptions options,
+                             const std::string& base_dir) {
+  auto impl = std::make_unique<Impl>();
+  impl->model = proto::load_model_buffer(data, size, base_dir, impl->load_stats);
+  impl->prepare(std::move(options));
+  return Session(std::move(impl));
+}
+
+Session session_from_model(ir::Model model, SessionOptions options) {
+  auto impl = std::make_unique<Session::Impl>();
+  if (model.path.empty()) model.path = "<built in code>";
+  try {
+    ir::validate(model);
+  } catch (Error& e) {
+    e.with_file(model.path);
+    throw;
+  }
+  impl->model = std::move(model);
+  impl->prepare(std::move(options));
+  return Session(std::move(impl));
+}
+
+Session::~Session() = default;
+Session::Session(Session&&) noexcept = default;
+Session& Session::operator=(Session&&) noexcept = default;
+
+const std::vector<IoInfo>& Session::inputs() const {
+  return impl_->inputs;
+}
+const std::vector<IoInfo>& Session::outputs() const {
+  return impl_->outputs;
+}
+const std::string& Session::path() const {
+  return impl_->model.path;
+}
+std::map<std::string, std::string> Session::metadata() const {
+  return impl_->model.metadata;
+}
+int64_t Session::opset(const std::string& domain) const {
+  auto it = impl_->model.opsets.find(domain);
+  return it == impl_->model.opsets.end() ? 0 : it->second;
+}
+const RunStats& Session::last_run_stats() const {
+  return impl_->run_stats;
+}
+const LoadStats& Session::load_stats() const {
+  return impl_->load_stats;
+}
+const std::vector<NodeEvent>& Session::last_profile() const {
+  return impl_->events;
+}
+
+std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
+  Impl& s = *impl_;
+  const ir::Graph& g = *s.model.graph;
+  std::vector<Value> ordered(g.inputs.size());
+  std::vector<bool> given(g.inputs.size(), false);
+  for (NamedValue& nv : named) {
+    auto it = std::find_if(s.inputs.begin(), s.inputs.end(),
+                           [&](const IoInfo& io) { return io.name == nv.name; });
+    if (it == s.inputs.end()) {
+      throw Error(ErrorKind::InvalidArgument,
+                  "unknown input '" + nv.name + "' (model inputs: " + names_of(s.inputs) + ")")
+          .with_file(s.model.path);
+    }
+    const auto i = static_cast<size_t>(it - s.inputs.begin());
+    if (given[i]) {
+      throw Error(ErrorKind::InvalidArgument, "input '" + nv.name + "' given twice")
+          .with_file(s.model.path);
+    }
+    s.check_input(*it, nv.value);
+    given[i] = true;
+    ordered[i] = std::move(nv.value);
+  }
+  named.clear();  // drop the caller's (moved-from) handles so moved inputs are owned here
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    if (!given[i] && !g.value(g.inputs[i]).constant.defined()) {
+      throw Error(ErrorKind::InvalidArgument, "missing input '" + s.inputs[i].describe() + "'")
+          .with_file(s.model.path);
+    }
+  }
+
+  detail::PoolCore& pool = s.pool.core();
+  const uint64_t alloc0 = pool.allocations, bytes0 = pool.bytes_allocated, reuse0 = pool.reuses;
+  pool.peak_bytes_in_use = pool.bytes_in_use.load();
+  s.run_stats = RunStats{};
+  s.events.clear();
+  std::vector<Value> results;
+  Executor ex(s.pool, s.run_stats, s.profile ? &s.events : nullptr);
+  try {
+    s.env->execute([&] { results = ex.run(*s.plan, std::move(ordered), {}); });
+  } catch (Error& e) {
+    e.with_file(s.model.path);
+    throw;
+  }
+  s.run_stats.allocations = pool.allocations - alloc0;
+  s.run_stats.bytes_allocated = pool.bytes_allocated - bytes0;
+  s.run_stats.pool_reuses = pool.reuses - reuse0;
+  s.run_stats.peak_bytes_in_use = pool.peak_bytes_in_use;
+
+  std::vector<NamedValue> out;
+  out.reserve(results.size());
+  for (size_t i = 0; i < results.size(); ++i)
+    out.push_back({s.outputs[i].name, std::move(results[i])});
+  return out;
+}
+
+}  // namespace kiln

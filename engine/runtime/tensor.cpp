@@ -1,0 +1,243 @@
+#include "kiln/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "engine/runtime/buffer_pool.h"
+#include "kiln/error.h"
+
+namespace kiln {
+
+Storage::~Storage() {
+  switch (kind_) {
+    case Kind::Pool:
+      pool_->release(data_, capacity_);
+      break;
+    case Kind::Heap:
+      std::free(data_);
+      break;
+    case Kind::Strings: {
+      auto* strings = reinterpret_cast<std::string*>(data_);
+      for (size_t i = 0; i < string_count_; ++i) strings[i].~basic_string();
+      std::free(data_);
+      break;
+    }
+    case Kind::View:
+      break;
+  }
+}
+
+std::shared_ptr<Storage> Storage::heap(size_t bytes) {
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0, rounded == 0 ? 64 : rounded);
+  std::shared_ptr<Storage> s(new Storage());
+  s->data_ = p;
+  s->capacity_ = bytes;
+  s->kind_ = Kind::Heap;
+  return s;
+}
+
+std::shared_ptr<Storage> Storage::view(const void* data, size_t bytes,
+                                       std::shared_ptr<const void> keepalive, bool writable) {
+  std::shared_ptr<Storage> s(new Storage());
+  s->data_ = static_cast<std::byte*>(const_cast<void*>(data));
+  s->capacity_ = bytes;
+  s->kind_ = Kind::View;
+  s->writable_ = writable;
+  s->keepalive_ = std::move(keepalive);
+  return s;
+}
+
+std::shared_ptr<Storage> Storage::strings(size_t count) {
+  const size_t bytes = (count * sizeof(std::string) + 63) / 64 * 64;
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
+  if (!p) throw std::bad_alloc();
+  auto* strings = reinterpret_cast<std::string*>(p);
+  for (size_t i = 0; i < count; ++i) new (&strings[i]) std::string();
+  std::shared_ptr<Storage> s(new Storage());
+  s->data_ = p;
+  s->capacity_ = count * sizeof(std::string);
+  s->kind_ = Kind::Strings;
+  s->string_count_ = count;
+  return s;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_to_string(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+void throw_element_count_mismatch(int64_t expected, size_t given) {
+  throw Error(ErrorKind::InvalidArgument, "tensor of " + std::to_string(expected) +
+                                              " elements given " + std::to_string(given) +
+                                              " values");
+}
+
+Tensor::Tensor(DataType dtype, Shape shape, std::shared_ptr<Storage> storage, size_t byte_offset,
+               Shape strides)
+    : dtype_(dtype),
+      shape_(std::move(shape)),
+      strides_(strides.empty() && !shape_.empty() ? contiguous_strides(shape_)
+                                                  : std::move(strides)),
+      storage_(std::move(storage)),
+      offset_(byte_offset) {}
+
+Tensor Tensor::zeros(DataType dtype, Shape shape) {
+  for (int64_t d : shape) {
+    if (d < 0) {
+      throw Error(ErrorKind::InvalidArgument,
+                  "negative dimension in shape " + shape_to_string(shape));
+    }
+  }
+  const int64_t n = shape_numel(shape);
+  if (dtype == DataType::String) return Tensor(dtype, std::move(shape), Storage::strings(n));
+  return Tensor(dtype, std::move(shape), Storage::heap(storage_bytes(dtype, n)));
+}
+
+Tensor Tensor::with_capacity(DataType dtype, Shape shape, size_t axis, int64_t capacity) {
+  if (axis >= shape.size() || capacity < shape[axis]) {
+    throw Error(ErrorKind::InvalidArgument, "with_capacity: axis " + std::to_string(axis) +
+                                                " capacity " + std::to_string(capacity) +
+                                                " does not fit shape " + shape_to_string(shape));
+  }
+  if (dtype == DataType::String || bits_per_element(dtype) < 8) {
+    throw Error(ErrorKind::Unsupported, "with_capacity: element type " +
+                                            std::string(data_type_name(dtype)) + " not supported");
+  }
+  Shape full = shape;
+  full[axis] = capacity;
+  Tensor t = zeros(dtype, full);
+  return Tensor(dtype, std::move(shape), t.storage_, 0, contiguous_strides(full));
+}
+
+Tensor Tensor::borrow(DataType dtype, Shape shape, const void* data) {
+  const size_t bytes = storage_bytes(dtype, shape_numel(shape));
+  return Tensor(dtype, std::move(shape), Storage::view(data, bytes, nullptr, false));
+}
+
+int64_t Tensor::numel() const {
+  return shape_numel(shape_);
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t expect = 1;
+  for (size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] != 1 && strides_[i] != expect) return false;
+    expect *= shape_[i];
+  }
+  return true;
+}
+
+void Tensor::check_type(DataType requested) const {
+  if (!storage_) throw Error(ErrorKind::Runtime, "access to an undefined tensor");
+  if (requested != dtype_) {
+    // Storage-compatible integer views are a programming error, never user input.
+    throw Error(ErrorKind::Runtime, "tensor of type " + std::string(data_type_name(dtype_)) +
+                                        " read as " + std::string(data_type_name(requested)));
+  }
+}
+
+Tensor Tensor::reshaped(Shape shape) const {
+  if (shape_numel(shape) != numel() || !is_contiguous()) {
+    throw Error(ErrorKind::Runtime, "cannot view " + describe() + " as " + shape_to_string(shape));
+  }
+  return Tensor(dtype_, std::move(shape), storage_, offset_);
+}
+
+Tensor Tensor::view(Shape shape, Shape strides, size_t byte_offset) const {
+  return Tensor(dtype_, std::move(shape), storage_, byte_offset, std::move(strides));
+}
+
+void copy_elements(const Tensor& src, const Tensor& dst) {
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  if (src.dtype() == DataType::String) {
+    Tensor s = src.contiguous();
+    const std::string* from = s.data<const std::string>();
+    std::string* to = dst.data<std::string>();
+    if (dst.is_contiguous()) {
+      for (int64_t i = 0; i < n; ++i) to[i] = from[i];
+      return;
+    }
+  }
+  const size_t esize = static_cast<size_t>(bits_per_element(src.dtype()) / 8);
+  if (src.is_contiguous() && dst.is_contiguous()) {
+    std::memcpy(dst.raw_data(), src.raw_data(), src.nbytes());
+    return;
+  }
+  if (esize == 0) {
+    throw Error(ErrorKind::Unsupported, "strided copy of " + src.describe());
+  }
+  // Odometer over all but the last dimension; memcpy runs along the last one when dense.
+  const Shape& shape = src.shape();
+  const size_t rank = shape.size();
+  const int64_t inner = shape[rank - 1];
+  const int64_t ss = src.strides()[rank - 1], ds = dst.strides()[rank - 1];
+  std::vector<int64_t> idx(rank, 0);
+  const std::byte* sp = src.raw_data();
+  std::byte* dp = dst.raw_data();
+  const bool is_string = src.dtype() == DataType::String;
+  for (int64_t done = 0; done < n; done += inner) {
+    int64_t so = 0, doff = 0;
+    for (size_t d = 0; d + 1 < rank; ++d) {
+      so += idx[d] * src.strides()[d];
+      doff += idx[d] * dst.strides()[d];
+    }
+    if (is_string) {
+      auto* f = reinterpret_cast<const std::string*>(sp) + so;
+      auto* t = reinterpret_cast<std::string*>(dp) + doff;
+      for (int64_t i = 0; i < inner; ++i) t[i * ds] = f[i * ss];
+    } else if (ss == 1 && ds == 1) {
+      std::memcpy(dp + doff * esize, sp + so * esize, static_cast<size_t>(inner) * esize);
+    } else {
+      for (int64_t i = 0; i < inner; ++i) {
+        std::memcpy(dp + (doff + i * ds) * esize, sp + (so + i * ss) * esize, esize);
+      }
+    }
+    for (size_t d = rank - 1; d-- > 0;) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+Tensor Tensor::contiguous() const {
+  if (!storage_ || is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = zeros(dtype_, shape_);
+  copy_elements(*this, out);
+  return out;
+}
+
+std::string Tensor::describe() const {
+  return std::string(data_type_name(dtype_)) + shape_to_string(shape_);
+}
+
+}  // namespace kiln

@@ -1,0 +1,394 @@
+// Elementwise binary ops with numpy broadcasting: arithmetic, comparison, logic, bitwise,
+// and the variadic Min/Max/Sum/Mean.
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "ops/common.h"
+#include "ops/elementwise.h"
+
+namespace kiln::ops {
+namespace {
+
+[[noreturn]] void integer_division_by_zero() {
+  throw Error(ErrorKind::Runtime, "integer division by zero");
+}
+
+// Writes the result over whichever input has the output's shape and type when allowed.
+Tensor& binary_output(OpContext& ctx, DataType dtype, const Shape& shape) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  if (a.dtype() == dtype && a.shape() == shape && ctx.can_overwrite(0)) {
+    return ctx.output_reusing(0, 0, dtype, shape);
+  }
+  if (b.dtype() == dtype && b.shape() == shape && ctx.can_overwrite(1)) {
+    return ctx.output_reusing(0, 1, dtype, shape);
+  }
+  return ctx.output(0, dtype, shape);
+}
+
+void check_same_type(const OpContext& ctx) {
+  if (ctx.input(0).dtype() != ctx.input(1).dtype()) {
+    ctx.fail("inputs have different element types (" + ctx.input(0).describe() + " and " +
+             ctx.input(1).describe() + ")");
+  }
+}
+
+// Arithmetic: the output has the inputs' type.
+template <typename Fn>
+class Arithmetic final : public Kernel {
+ public:
+  explicit Arithmetic(const NodeInfo& info) : fn_(info) {}
+  void run(OpContext& ctx) override {
+    check_same_type(ctx);
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const Shape shape = broadcast_shapes(a.shape(), b.shape());
+    Tensor& out = binary_output(ctx, a.dtype(), shape);
+    dispatch(typename Fn::Types{}, a.dtype(), [&]<typename T>() {
+      using C = compute_t<T>;
+      binary_loop<T, T, T>(a, b, out, [&](T x, T y) {
+        return from_compute<T>(fn_(static_cast<C>(x), static_cast<C>(y)));
+      });
+    });
+  }
+
+ private:
+  Fn fn_;
+};
+
+struct AddFn {
+  using Types = NumericTypes;
+  explicit AddFn(const NodeInfo&) {}
+  template <typename C>
+  C operator()(C x, C y) const {
+    if constexpr (std::is_integral_v<C>) {  // wrap around like ORT, without UB
+      using U = std::make_unsigned_t<C>;
+      return static_cast<C>(static_cast<U>(x) + static_cast<U>(y));
+    } else {
+      return x + y;
+    }
+  }
+};
+
+struct SubFn {
+  using Types = NumericTypes;
+  explicit SubFn(const NodeInfo&) {}
+  template <typename C>
+  C operator()(C x, C y) const {
+    if constexpr (std::is_integral_v<C>) {
+      using U = std::make_unsigned_t<C>;
+      return static_cast<C>(static_cast<U>(x) - static_cast<U>(y));
+    } else {
+      return x - y;
+    }
+  }
+};
+
+struct MulFn {
+  using Types = NumericTypes;
+  explicit MulFn(const NodeInfo&) {}
+  template <typename C>
+  C operator()(C x, C y) const {
+    if constexpr (std::is_integral_v<C>) {
+      using U = std::make_unsigned_t<C>;
+      using W = std::conditional_t<(sizeof(C) < sizeof(unsigned)), unsigned, U>;
+      return static_cast<C>(static_cast<W>(static_cast<U>(x)) * static_cast<W>(static_cast<U>(y)));
+    } else {
+      return x * y;
+    }
+  }
+};
+
+struct DivFn {
+  using Types = NumericTypes;
+  explicit DivFn(const NodeInfo&) {}
+  template <typename C>
+  C operator()(C x, C y) const {
+    if constexpr (std::is_integral_v<C>) {
+      if (y == 0) integer_division_by_zero();
+      if constexpr (std::is_signed_v<C>) {
+        if (y == -1) return static_cast<C>(0 - static_cast<std::make_unsigned_t<C>>(x));
+      }
+      return static_cast<C>(x / y);
+    } else {
+      return x / y;
+    }
+  }
+};
+
+struct ModFn {
+  using Types = NumericTypes;
+  bool fmod;
+  explicit ModFn(const NodeInfo& n) : fmod(n.attr_int("fmod", 0) != 0) {}
+  template <typename C>
+  C operator()(C x, C y) const {
+    if constexpr (std::is_integral_v<C>) {
+      if (y == 0) integer_division_by_zero();
+      if constexpr (std::is_signed_v<C>) {
+        if (y == -1) return C(0);
+        C r = static_cast<C>(x % y);
+        if (!fmod && r != 0 && ((r < 0) != (y < 0))) r = static_cast<C>(r + y);
+        return r;
+      } else {
+        return static_cast<C>(x % y);
+      }
+    } else {
+      C r = std::fmod(x, y);
+      if (!fmod && r != C(0) && ((r < C(0)) != (y < C(0)))) r += y;
+      return r;
+    }
+  }
+};
+
+struct BitwiseAndFn {
+  using Types = IntTypes;
+  explicit BitwiseAndFn(const NodeInfo&) {}
+  template <typename C>
+  C operator()(C x, C y) const {
+    return static_cast<C>(x & y);
+  }
+};
+struct BitwiseOrFn {
+  using Types = IntTypes;
+  explicit BitwiseOrFn(const NodeInfo&) {}
+  template <typename C>
+  C operator()(C x, C y) const {
+    return static_cast<C>(x | y);
+  }
+};
+struct BitwiseXorFn {
+  using Types = IntTypes;
+  explicit BitwiseXorFn(const NodeInfo&) {}
+  template <typename C>
+  C operator()(C x, C y) const {
+    return static_cast<C>(x ^ y);
+  }
+};
+
+struct BitShiftFn {
+  using Types = UnsignedIntTypes;
+  bool left;
+  explicit BitShiftFn(const NodeInfo& n) {
+    const std::string dir = n.attr_string("direction");
+    if (dir != "LEFT" && dir != "RIGHT") n.fail("direction must be LEFT or RIGHT");
+    left = dir == "LEFT";
+  }
+  template <typename C>
+  C operator()(C x, C y) const {
+    if (y >= sizeof(C) * 8) return C(0);
+    return left ? static_cast<C>(x << y) : static_cast<C>(x >> y);
+  }
+};
+
+// Pow: base and exponent may have different types; the result has the base's type.
+class Pow final : public Kernel {
+ public:
+  explicit Pow(const NodeInfo&) {}
+  void run(OpContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const Shape shape = broadcast_shapes(a.shape(), b.shape());
+    Tensor& out = binary_output(ctx, a.dtype(), shape);
+    using Bases = TypeList<float, double, float16, bfloat16, int32_t, int64_t>;
+    dispatch(Bases{}, a.dtype(), [&]<typename T>() {
+      dispatch(
+          NumericTypes{}, b.dtype(),
+          [&]<typename E>() {
+            binary_loop<T, E, T>(a, b, out, [](T x, E y) {
+              if constexpr (std::is_integral_v<T>) {
+                return static_cast<T>(std::pow(static_cast<double>(x), static_cast<double>(y)));
+              } else {
+                using C = compute_t<T>;
+                return from_compute<T>(static_cast<C>(
+                    std::pow(static_cast<C>(x), static_cast<C>(static_cast<compute_t<E>>(y)))));
+              }
+            });
+          },
+          "exponent");
+    });
+  }
+};
+
+// Comparisons read half types as float; strings and bools as they are.
+template <typename T>
+decltype(auto) as_compute(const T& v) {
+  if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
+    return static_cast<float>(v);
+  } else {
+    return (v);
+  }
+}
+
+// Comparisons and logic: bool output.
+template <typename Fn>
+class Compare final : public Kernel {
+ public:
+  explicit Compare(const NodeInfo&) {}
+  void run(OpContext& ctx) override {
+    check_same_type(ctx);
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const Shape shape = broadcast_shapes(a.shape(), b.shape());
+    Tensor& out = binary_output(ctx, DataType::Bool, shape);
+    dispatch(typename Fn::Types{}, a.dtype(), [&]<typename T>() {
+      binary_loop<T, T, bool>(a, b, out, [](const T& x, const T& y) -> bool {
+        return Fn::apply(as_compute(x), as_compute(y));
+      });
+    });
+  }
+};
+
+using CompareTypes = TypeList<float, double, float16, bfloat16, int8_t, int16_t, int32_t, int64_t,
+                              uint8_t, uint16_t, uint32_t, uint64_t, bool, std::string>;
+using OrderTypes = NumericTypes;
+using BoolOnly = TypeList<bool>;
+
+struct EqualFn {
+  using Types = CompareTypes;
+  template <typename C>
+  static bool apply(const C& x, const C& y) {
+    return x == y;
+  }
+};
+struct LessFn {
+  using Types = OrderTypes;
+  template <typename C>
+  static bool apply(C x, C y) {
+    return x < y;
+  }
+};
+struct LessOrEqualFn {
+  using Types = OrderTypes;
+  template <typename C>
+  static bool apply(C x, C y) {
+    return x <= y;
+  }
+};
+struct GreaterFn {
+  using Types = OrderTypes;
+  template <typename C>
+  static bool apply(C x, C y) {
+    return x > y;
+  }
+};
+struct GreaterOrEqualFn {
+  using Types = OrderTypes;
+  template <typename C>
+  static bool apply(C x, C y) {
+    return x >= y;
+  }
+};
+struct AndFn {
+  using Types = BoolOnly;
+  static bool apply(bool x, bool y) { return x && y; }
+};
+struct OrFn {
+  using Types = BoolOnly;
+  static bool apply(bool x, bool y) { return x || y; }
+};
+struct XorFn {
+  using Types = BoolOnly;
+  static bool apply(bool x, bool y) { return x != y; }
+};
+
+// Min, Max, Sum, Mean over one or more inputs, all broadcast together.
+enum class Fold { Min, Max, Sum, Mean };
+
+template <Fold kFold>
+class Variadic final : public Kernel {
+ public:
+  explicit Variadic(const NodeInfo&) {}
+  void run(OpContext& ctx) override {
+    const size_t n = ctx.num_inputs();
+    const Tensor& first = ctx.input(0);
+    Shape shape = first.shape();
+    for (size_t i = 1; i < n; ++i) {
+      if (ctx.input(i).dtype() != first.dtype()) ctx.fail("inputs have different element types");
+      shape = broadcast_shapes(shape, ctx.input(i).shape());
+    }
+    Tensor& out = ctx.output(0, first.dtype(), shape);
+    dispatch(NumericTypes{}, first.dtype(), [&]<typename T>() {
+      using C = compute_t<T>;
+      auto combine = [](C x, C y) -> C {
+        if constexpr (kFold == Fold::Min || kFold == Fold::Max) {
+          if constexpr (std::is_floating_point_v<C>) {
+            if (std::isnan(x)) return x;
+            if (std::isnan(y)) return y;
+          }
+          return kFold == Fold::Min ? (y < x ? y : x) : (y > x ? y : x);
+        } else {
+          return static_cast<C>(x + y);
+        }
+      };
+      if (n == 1) {
+        unary_loop<T, T>(first, out, [](T x) { return x; });
+      } else {
+        binary_loop<T, T, T>(first, ctx.input(1), out, [&](T x, T y) {
+          return from_compute<T>(combine(static_cast<C>(x), static_cast<C>(y)));
+        });
+        for (size_t i = 2; i < n; ++i) {
+          binary_loop<T, T, T>(out, ctx.input(i), out, [&](T x, T y) {
+            return from_compute<T>(combine(static_cast<C>(x), static_cast<C>(y)));
+          });
+        }
+      }
+      if constexpr (kFold == Fold::Mean) {
+        unary_loop<T, T>(out, out, [&](T x) {
+          return from_compute<T>(static_cast<C>(static_cast<C>(x) / static_cast<C>(n)));
+        });
+      }
+    });
+  }
+};
+
+}  // namespace
+
+#define KILN_BINARY(op_name, since_v, Kernel_, type_names) \
+  KILN_REGISTER_OP({.op = op_name,                         \
+                    .since = since_v,                      \
+                    .min_inputs = 2,                       \
+                    .max_inputs = 2,                       \
+                    .min_outputs = 1,                      \
+                    .max_outputs = 1,                      \
+                    .in_place = inputs(0, 1),              \
+                    .strided_inputs = true,                \
+                    .types = type_names,                   \
+                    .create = make<Kernel_>})
+
+KILN_BINARY("Add", 7, Arithmetic<AddFn>, "all numeric");
+KILN_BINARY("Sub", 7, Arithmetic<SubFn>, "all numeric");
+KILN_BINARY("Mul", 7, Arithmetic<MulFn>, "all numeric");
+KILN_BINARY("Div", 7, Arithmetic<DivFn>, "all numeric");
+KILN_BINARY("Mod", 10, Arithmetic<ModFn>, "all numeric");
+KILN_BINARY("Pow", 7, Pow, "float types, int32, int64 (any numeric exponent)");
+KILN_BINARY("BitwiseAnd", 18, Arithmetic<BitwiseAndFn>, "integers");
+KILN_BINARY("BitwiseOr", 18, Arithmetic<BitwiseOrFn>, "integers");
+KILN_BINARY("BitwiseXor", 18, Arithmetic<BitwiseXorFn>, "integers");
+KILN_BINARY("BitShift", 11, Arithmetic<BitShiftFn>, "unsigned integers");
+KILN_BINARY("Equal", 7, Compare<EqualFn>, "all numeric, bool, string");
+KILN_BINARY("Less", 7, Compare<LessFn>, "all numeric");
+KILN_BINARY("LessOrEqual", 12, Compare<LessOrEqualFn>, "all numeric");
+KILN_BINARY("Greater", 7, Compare<GreaterFn>, "all numeric");
+KILN_BINARY("GreaterOrEqual", 12, Compare<GreaterOrEqualFn>, "all numeric");
+KILN_BINARY("And", 7, Compare<AndFn>, "bool");
+KILN_BINARY("Or", 7, Compare<OrFn>, "bool");
+KILN_BINARY("Xor", 7, Compare<XorFn>, "bool");
+#undef KILN_BINARY
+
+#define KILN_VARIADIC(op_name, since_v, fold) \
+  KILN_REGISTER_OP({.op = op_name,            \
+                    .since = since_v,         \
+                    .min_inputs = 1,          \
+                    .min_outputs = 1,         \
+                    .max_outputs = 1,         \
+                    .strided_inputs = true,   \
+                    .types = "all numeric",   \
+                    .create = make<Variadic<fold>>})
+KILN_VARIADIC("Min", 8, Fold::Min);
+KILN_VARIADIC("Max", 8, Fold::Max);
+KILN_VARIADIC("Sum", 8, Fold::Sum);
+KILN_VARIADIC("Mean", 8, Fold::Mean);
+#undef KILN_VARIADIC
+
+}  // namespace kiln::ops

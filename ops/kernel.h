@@ -1,0 +1,190 @@
+// The contract between the executor and a kernel.
+//
+// A kernel is created once per node when a session is planned (define), from the node's
+// attributes and any constant inputs (NodeInfo), and then run many times on data
+// (OpContext). Registration is one KILN_REGISTER_OP line at the bottom of each op file:
+//
+//   KILN_REGISTER_OP({.op = "Relu", .since = 6, .in_place = inputs(0), .create = make<Relu>});
+#pragma once
+
+#include <climits>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/ir/graph.h"
+#include "kiln/error.h"
+#include "kiln/session.h"
+#include "kiln/tensor.h"
+#include "kiln/value.h"
+
+namespace kiln::ops {
+
+class Kernel;
+class NodeInfo;
+class OpContext;
+
+constexpr int kLatestOpset = INT_MAX;
+
+// Inputs a kernel may overwrite, as a bit mask: inputs(0) or inputs(0, 1).
+template <typename... I>
+constexpr uint32_t inputs(I... i) {
+  return ((1u << i) | ... | 0u);
+}
+
+struct OpRegistration {
+  const char* domain = "";  // "" is ai.onnx
+  const char* op = nullptr;
+  int since = 1;             // first opset version this kernel implements
+  int until = kLatestOpset;  // last one
+  int min_inputs = 0, max_inputs = INT_MAX;
+  int min_outputs = 0, max_outputs = INT_MAX;
+  uint32_t in_place = 0;        // inputs the kernel may overwrite when the executor allows
+  bool strided_inputs = false;  // accepts non-contiguous tensors (else made contiguous)
+  const char* types = "";       // element types, for docs/ops.md ("float, double, int64")
+  std::unique_ptr<Kernel> (*create)(const NodeInfo&) = nullptr;
+};
+
+bool register_op(const OpRegistration& reg);
+// The registration covering `opset` for (domain, op), or null.
+const OpRegistration* find_op(const std::string& domain, const std::string& op, int64_t opset);
+// Every registration (for docs/ops.md and error messages).
+const std::vector<OpRegistration>& all_ops();
+
+#define KILN_CONCAT_INNER(a, b) a##b
+#define KILN_CONCAT(a, b) KILN_CONCAT_INNER(a, b)
+#define KILN_REGISTER_OP(...)                                                     \
+  [[maybe_unused]] static const bool KILN_CONCAT(kiln_registered_op_, __LINE__) = \
+      ::kiln::ops::register_op(::kiln::ops::OpRegistration __VA_ARGS__)
+
+template <typename K>
+std::unique_ptr<Kernel> make(const NodeInfo& info) {
+  return std::make_unique<K>(info);
+}
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual void run(OpContext& ctx) = 0;
+};
+
+// A node as its kernel sees it at plan time.
+class NodeInfo {
+ public:
+  NodeInfo(const ir::Graph& graph, const ir::Node& node, const OpRegistration& reg)
+      : graph_(graph), node_(node), reg_(reg) {}
+
+  const ir::Node& node() const { return node_; }
+  const ir::Graph& graph() const { return graph_; }
+  const std::string& name() const { return node_.name; }
+  const std::string& op_type() const { return node_.op_type; }
+  int64_t opset() const { return node_.opset; }
+  size_t num_inputs() const { return node_.inputs.size(); }
+  size_t num_outputs() const { return node_.outputs.size(); }
+  bool has_input(size_t i) const;
+  bool has_output(size_t i) const;
+  // The value of input i if it is known now (an initializer), else null.
+  const Tensor* constant_input(size_t i) const;
+  // Declared type of input/output i (kind None when undeclared).
+  const ir::TypeInfo& input_type(size_t i) const;
+  const ir::TypeInfo& output_type(size_t i) const;
+
+  bool has_attr(const std::string& name) const { return node_.attr(name) != nullptr; }
+  int64_t attr_int(const std::string& name, int64_t fallback) const;
+  int64_t attr_int(const std::string& name) const;  // required
+  float attr_float(const std::string& name, float fallback) const;
+  float attr_float(const std::string& name) const;
+  std::string attr_string(const std::string& name, const std::string& fallback) const;
+  std::string attr_string(const std::string& name) const;
+  std::vector<int64_t> attr_ints(const std::string& name, std::vector<int64_t> fallback = {}) const;
+  std::vector<float> attr_floats(const std::string& name, std::vector<float> fallback = {}) const;
+  std::vector<std::string> attr_strings(const std::string& name,
+                                        std::vector<std::string> fallback = {}) const;
+  const Tensor* attr_tensor(const std::string& name) const;  // null if absent
+  const ir::Attribute* attr(const std::string& name) const { return node_.attr(name); }
+  // Index of the graph attribute `name`, for OpContext::run_subgraph.
+  int subgraph_index(const std::string& name) const;
+  const ir::Graph& subgraph(int index) const;
+
+  // Throws Error(kind) naming this node.
+  [[noreturn]] void fail(const std::string& message,
+                         ErrorKind kind = ErrorKind::InvalidModel) const;
+
+ private:
+  const ir::Attribute& require(const std::string& name, ir::AttrKind kind) const;
+  const ir::Graph& graph_;
+  const ir::Node& node_;
+  const OpRegistration& reg_;
+};
+
+enum class CopyCause { Contiguous, Concat, Capture, Kernel };
+
+// How captured values enter a subgraph run.
+enum class CaptureMode {
+  Borrow,         // read-only handles (Loop and Scan: every iteration reads them)
+  MoveIfLastUse,  // owned values this node is the last reader of are moved in (If)
+};
+
+// What the executor provides to OpContext; implemented by the runtime.
+class ExecutionHooks {
+ public:
+  virtual ~ExecutionHooks() = default;
+  virtual Tensor allocate(DataType dtype, const Shape& shape) = 0;
+  virtual bool can_overwrite(size_t input) = 0;
+  virtual void count_copy(uint64_t bytes, CopyCause cause) = 0;
+  virtual void count_in_place() = 0;
+  virtual std::vector<Value> run_subgraph(int index, std::vector<Value> inputs,
+                                          CaptureMode mode) = 0;
+};
+
+// A node as its kernel sees it when running.
+class OpContext {
+ public:
+  OpContext(const ir::Node& node, const std::vector<const Value*>& inputs,
+            std::vector<Value>& outputs, ExecutionHooks& hooks)
+      : node_(node), inputs_(inputs), outputs_(outputs), hooks_(hooks) {}
+
+  const ir::Node& node() const { return node_; }
+  int64_t opset() const { return node_.opset; }
+
+  size_t num_inputs() const { return inputs_.size(); }
+  bool has_input(size_t i) const {
+    return i < inputs_.size() && inputs_[i] && inputs_[i]->defined();
+  }
+  const Value& input_value(size_t i) const;
+  const Tensor& input(size_t i) const;  // throws unless input i is a present tensor
+
+  size_t num_outputs() const { return outputs_.size(); }
+  bool has_output(size_t i) const;
+  // A fresh contiguous tensor from the session's pool (contents undefined).
+  Tensor allocate(DataType dtype, const Shape& shape) { return hooks_.allocate(dtype, shape); }
+  // Allocates output i and returns it.
+  Tensor& output(size_t i, DataType dtype, const Shape& shape);
+  // Output i written over input `in` when the executor allows it (the input is owned, this
+  // is its last use, its storage is writable and referenced by it alone, and it is
+  // contiguous with the same dtype and shape); otherwise a fresh allocation. Kernels must
+  // read each element before writing the same element.
+  Tensor& output_reusing(size_t i, size_t in, DataType dtype, const Shape& shape);
+  void set_output(size_t i, Value v);
+  // May the kernel write into input i's storage? (see output_reusing)
+  bool can_overwrite(size_t i) { return hooks_.can_overwrite(i); }
+  void count_in_place() { hooks_.count_in_place(); }
+
+  void count_copy(uint64_t bytes, CopyCause cause = CopyCause::Kernel) {
+    hooks_.count_copy(bytes, cause);
+  }
+  std::vector<Value> run_subgraph(int index, std::vector<Value> inputs, CaptureMode mode) {
+    return hooks_.run_subgraph(index, std::move(inputs), mode);
+  }
+
+  [[noreturn]] void fail(const std::string& message, ErrorKind kind = ErrorKind::Runtime) const;
+
+ private:
+  const ir::Node& node_;
+  const std::vector<const Value*>& inputs_;
+  std::vector<Value>& outputs_;
+  ExecutionHooks& hooks_;
+};
+
+}  // namespace kiln::ops

@@ -1,0 +1,649 @@
+// ONNX protobuf -> engine IR.
+#include "proto/onnx_proto.h"
+
+#include <bit>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "kiln/error.h"
+#include "proto/loader.h"
+#include "proto/mapped_file.h"
+#include "proto/tensor_convert.h"
+#include "proto/wire.h"
+
+namespace kiln::proto {
+namespace {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] void invalid(const std::string& message) {
+  throw Error(ErrorKind::InvalidModel, message);
+}
+
+size_t element_alignment(DataType t) {
+  const int bits = bits_per_element(t);
+  if (bits <= 8) return 1;
+  const size_t bytes = static_cast<size_t>(bits / 8);
+  return bytes > 8 ? 8 : bytes;
+}
+
+// A read-only tensor over `bytes`: a view when aligned (zero copy), else one counted copy.
+Tensor tensor_over(DataType dtype, Shape shape, const std::byte* bytes, size_t n,
+                   const std::shared_ptr<const void>& keepalive, Source& src) {
+  if (src.stats) src.stats->weights_bytes += n;
+  const bool aligned = reinterpret_cast<uintptr_t>(bytes) % element_alignment(dtype) == 0;
+  const bool native_order =
+      std::endian::native == std::endian::little || bits_per_element(dtype) <= 8;
+  if (aligned && native_order && n > 0) {
+    if (src.stats) src.stats->weights_mapped_bytes += n;
+    return Tensor(dtype, std::move(shape), Storage::view(bytes, n, keepalive, false));
+  }
+  Tensor t = Tensor::zeros(dtype, std::move(shape));
+  if (n > 0) std::memcpy(t.raw_data(), bytes, n);
+  if constexpr (std::endian::native == std::endian::big) {
+    // ONNX raw data is little-endian.
+    const size_t w = static_cast<size_t>(bits_per_element(dtype) / 8);
+    if (w > 1) {
+      for (size_t i = 0; i + w <= n; i += w) std::reverse(t.raw_data() + i, t.raw_data() + i + w);
+    }
+  }
+  t.storage()->set_read_only();
+  if (src.stats && n > 0) {
+    src.stats->weights_copied_bytes += n;
+    ++src.stats->weights_copied_count;
+  }
+  return t;
+}
+
+bool raw_ref(const onnx::TensorProto& tp, uint64_t& index) {
+  const auto& uf = tp.GetReflection()->GetUnknownFields(tp);
+  for (int i = 0; i < uf.field_count(); ++i) {
+    const auto& f = uf.field(i);
+    if (f.number() == static_cast<int>(kRawDataRefField) &&
+        f.type() == google::protobuf::UnknownField::TYPE_VARINT) {
+      index = f.varint();
+      return true;
+    }
+  }
+  return false;
+}
+
+// External data location: relative, inside the model's folder, no "..", no symlink escape.
+const std::shared_ptr<MappedFile>& external_file(Source& src, const std::string& location,
+                                                 const std::string& tensor) {
+  auto it = src.external_files.find(location);
+  if (it != src.external_files.end()) return it->second;
+  const std::string where = "tensor '" + tensor + "': external data location '" + location + "'";
+  if (src.base_dir.empty()) invalid(where + " cannot be resolved for a model loaded from memory");
+  if (location.empty() || location.find('\0') != std::string::npos) invalid(where + " is empty");
+  const fs::path loc(location);
+  if (loc.is_absolute() || loc.has_root_name() || loc.has_root_directory()) {
+    invalid(where + " is absolute; it must be relative to the model's folder");
+  }
+  for (const auto& part : loc) {
+    if (part == "..") invalid(where + " escapes the model's folder");
+  }
+  std::error_code ec;
+  const fs::path base = fs::weakly_canonical(fs::path(src.base_dir), ec);
+  const fs::path full = fs::weakly_canonical(fs::path(src.base_dir) / loc, ec);
+  if (ec) invalid(where + " cannot be resolved");
+  auto b = base.begin();
+  auto f = full.begin();
+  for (; b != base.end(); ++b, ++f) {
+    if (f == full.end() || *b != *f) invalid(where + " escapes the model's folder");
+  }
+  auto file = MappedFile::open(full.string());
+  return src.external_files.emplace(location, std::move(file)).first->second;
+}
+
+template <typename Field, typename Fn>
+void fill_typed(Tensor& t, const Field& field, int64_t per_element, const char* field_name,
+                const std::string& name, Fn convert) {
+  const int64_t n = t.numel();
+  if (static_cast<int64_t>(field.size()) != n * per_element) {
+    invalid("tensor '" + name + "': " + field_name + " holds " + std::to_string(field.size()) +
+            " values for shape " + shape_to_string(t.shape()));
+  }
+  for (int64_t i = 0; i < n * per_element; ++i) convert(i, field.Get(static_cast<int>(i)));
+}
+
+}  // namespace
+
+Tensor convert_tensor(const onnx::TensorProto& tp, Source& src) {
+  const std::string& name = tp.name();
+  if (!is_known_data_type(tp.data_type())) {
+    invalid("tensor '" + name + "' has unknown element type " + std::to_string(tp.data_type()));
+  }
+  const auto dtype = static_cast<DataType>(tp.data_type());
+  Shape shape;
+  int64_t numel = 1;
+  for (int64_t d : tp.dims()) {
+    if (d < 0) invalid("tensor '" + name + "' has a negative dimension");
+    if (d > 0 && numel > (int64_t{1} << 50) / d) invalid("tensor '" + name + "' is too large");
+    numel *= d;
+    shape.push_back(d);
+  }
+  if (tp.has_segment()) {
+    throw Error(ErrorKind::Unsupported, "tensor '" + name + "' is segmented");
+  }
+  const size_t expected = storage_bytes(dtype, numel);
+  auto check_size = [&](uint64_t got, const char* where) {
+    if (got != expected) {
+      invalid("tensor '" + name + "' of type " + std::string(data_type_name(dtype)) +
+              " and shape " + shape_to_string(shape) + " needs " + std::to_string(expected) +
+              " bytes but its " + where + " has " + std::to_string(got));
+    }
+  };
+
+  if (tp.data_location() == onnx::TensorProto::EXTERNAL) {
+    std::string location;
+    uint64_t offset = 0, length = 0;
+    bool has_length = false;
+    for (const auto& kv : tp.external_data()) {
+      try {
+        if (kv.key() == "location") location = kv.value();
+        if (kv.key() == "offset") offset = std::stoull(kv.value());
+        if (kv.key() == "length") length = std::stoull(kv.value()), has_length = true;
+      } catch (const std::exception&) {
+        invalid("tensor '" + name + "': bad external data " + kv.key() + " '" + kv.value() + "'");
+      }
+    }
+    if (dtype == DataType::String) invalid("tensor '" + name + "': strings cannot be external");
+    const auto& file = external_file(src, location, name);
+    if (!has_length) length = expected;
+    check_size(length, "external data length");
+    if (offset > file->size() || length > file->size() - offset) {
+      invalid("tensor '" + name + "': external data (offset " + std::to_string(offset) +
+              ", length " + std::to_string(length) + ") runs past the end of '" + location + "' (" +
+              std::to_string(file->size()) + " bytes)");
+    }
+    return tensor_over(dtype, std::move(shape), file->data() + offset, length, file, src);
+  }
+
+  uint64_t ref = 0;
+  if (raw_ref(tp, ref)) {
+    if (ref >= src.raw.size()) invalid("tensor '" + name + "': bad raw data reference");
+    if (dtype == DataType::String) invalid("tensor '" + name + "': strings cannot be raw data");
+    const ByteRange r = src.raw[ref];
+    check_size(r.size, "raw_data");
+    return tensor_over(dtype, std::move(shape), src.base + r.offset, r.size, src.keepalive, src);
+  }
+  if (tp.has_raw_data()) {
+    if (dtype == DataType::String) invalid("tensor '" + name + "': strings cannot be raw data");
+    check_size(tp.raw_data().size(), "raw_data");
+    Tensor t = Tensor::zeros(dtype, std::move(shape));
+    std::memcpy(t.raw_data(), tp.raw_data().data(), expected);
+    if (src.stats) {
+      src.stats->weights_bytes += expected;
+      src.stats->weights_copied_bytes += expected;
+      ++src.stats->weights_copied_count;
+    }
+    t.storage()->set_read_only();
+    return t;
+  }
+
+  // Typed fields: always one copy into the tensor.
+  Tensor t = Tensor::zeros(dtype, shape);
+  std::byte* out = t.raw_data();
+  switch (dtype) {
+    case DataType::Float:
+    case DataType::Complex64:
+      fill_typed(t, tp.float_data(), dtype == DataType::Complex64 ? 2 : 1, "float_data", name,
+                 [&](int64_t i, float v) { reinterpret_cast<float*>(out)[i] = v; });
+      break;
+    case DataType::Double:
+    case DataType::Complex128:
+      fill_typed(t, tp.double_data(), dtype == DataType::Complex128 ? 2 : 1, "double_data", name,
+                 [&](int64_t i, double v) { reinterpret_cast<double*>(out)[i] = v; });
+      break;
+    case DataType::Int64:
+      fill_typed(t, tp.int64_data(), 1, "int64_data", name,
+                 [&](int64_t i, int64_t v) { reinterpret_cast<int64_t*>(out)[i] = v; });
+      break;
+    case DataType::UInt32:
+      fill_typed(t, tp.uint64_data(), 1, "uint64_data", name, [&](int64_t i, uint64_t v) {
+        reinterpret_cast<uint32_t*>(out)[i] = static_cast<uint32_t>(v);
+      });
+      break;
+    case DataType::UInt64:
+      fill_typed(t, tp.uint64_data(), 1, "uint64_data", name,
+                 [&](int64_t i, uint64_t v) { reinterpret_cast<uint64_t*>(out)[i] = v; });
+      break;
+    case DataType::String: {
+      fill_typed(t, tp.string_data(), 1, "string_data", name,
+                 [&](int64_t i, const std::string& v) { t.data<std::string>()[i] = v; });
+      break;
+    }
+    case DataType::Int4:
+    case DataType::UInt4:
+    case DataType::Float4E2M1:
+    case DataType::Int2:
+    case DataType::UInt2: {
+      // Packed: each int32_data entry holds one byte of packed elements.
+      const int64_t bytes = static_cast<int64_t>(expected);
+      if (tp.int32_data_size() != bytes) {
+        invalid("tensor '" + name + "': int32_data holds " + std::to_string(tp.int32_data_size()) +
+                " packed bytes, expected " + std::to_string(bytes));
+      }
+      for (int64_t i = 0; i < bytes; ++i) {
+        out[i] = static_cast<std::byte>(tp.int32_data(static_cast<int>(i)) & 0xff);
+      }
+      break;
+    }
+    default: {
+      // int32_data carries int32, and the narrower types one value per entry.
+      const int bits = bits_per_element(dtype);
+      fill_typed(t, tp.int32_data(), 1, "int32_data", name, [&](int64_t i, int32_t v) {
+        if (bits == 32) {
+          reinterpret_cast<int32_t*>(out)[i] = v;
+        } else if (bits == 16) {
+          reinterpret_cast<uint16_t*>(out)[i] = static_cast<uint16_t>(v);
+        } else {
+          reinterpret_cast<uint8_t*>(out)[i] = static_cast<uint8_t>(v);
+        }
+      });
+      break;
+    }
+  }
+  if (src.stats) {
+    const uint64_t n = dtype == DataType::String ? 0 : expected;
+    src.stats->weights_bytes += n;
+    src.stats->weights_copied_bytes += n;
+    ++src.stats->weights_copied_count;
+  }
+  t.storage()->set_read_only();
+  return t;
+}
+
+namespace {
+
+Tensor convert_sparse(const onnx::SparseTensorProto& sp, Source& src) {
+  Tensor values = convert_tensor(sp.values(), src);
+  Tensor indices = convert_tensor(sp.indices(), src);
+  const std::string& name = sp.values().name();
+  Shape shape(sp.dims().begin(), sp.dims().end());
+  Tensor dense = Tensor::zeros(values.dtype(), shape);
+  if (indices.dtype() != DataType::Int64 || values.rank() != 1) {
+    invalid("sparse tensor '" + name + "' needs int64 indices and 1-D values");
+  }
+  const int64_t nnz = values.dim(0);
+  const int64_t total = dense.numel();
+  const int64_t* idx = indices.data<const int64_t>();
+  const size_t esize = static_cast<size_t>(bits_per_element(values.dtype()) / 8);
+  if (values.dtype() == DataType::String || esize == 0) {
+    throw Error(ErrorKind::Unsupported, "sparse tensor '" + name + "' of this element type");
+  }
+  const bool linear = indices.rank() == 1;
+  if ((linear && indices.dim(0) != nnz) ||
+      (!linear && (indices.rank() != 2 || indices.dim(0) != nnz ||
+                   indices.dim(1) != static_cast<int64_t>(shape.size())))) {
+    invalid("sparse tensor '" + name + "' has indices of shape " +
+            shape_to_string(indices.shape()));
+  }
+  const Shape strides = contiguous_strides(shape);
+  for (int64_t i = 0; i < nnz; ++i) {
+    int64_t off = 0;
+    if (linear) {
+      off = idx[i];
+    } else {
+      for (size_t d = 0; d < shape.size(); ++d) {
+        const int64_t v = idx[i * static_cast<int64_t>(shape.size()) + static_cast<int64_t>(d)];
+        if (v < 0 || v >= shape[d]) off = -1 - total;
+        off += v * strides[d];
+      }
+    }
+    if (off < 0 || off >= total) invalid("sparse tensor '" + name + "' has an index out of range");
+    std::memcpy(dense.raw_data() + static_cast<size_t>(off) * esize,
+                values.raw_data() + static_cast<size_t>(i) * esize, esize);
+  }
+  dense.storage()->set_read_only();
+  return dense;
+}
+
+ir::TypeInfo convert_type(const onnx::TypeProto& tp) {
+  ir::TypeInfo t;
+  auto elem = [](int32_t code) {
+    return is_known_data_type(code) ? static_cast<DataType>(code) : DataType::Undefined;
+  };
+  switch (tp.value_case()) {
+    case onnx::TypeProto::kTensorType: {
+      t.kind = Value::Kind::Tensor;
+      t.elem = elem(tp.tensor_type().elem_type());
+      if (tp.tensor_type().has_shape()) {
+        std::vector<ir::Dim> dims;
+        for (const auto& d : tp.tensor_type().shape().dim()) {
+          ir::Dim dim;
+          if (d.has_dim_value()) dim.value = d.dim_value();
+          if (d.has_dim_param()) dim.param = d.dim_param();
+          dims.push_back(dim);
+        }
+        t.shape = std::move(dims);
+      }
+      break;
+    }
+    case onnx::TypeProto::kSequenceType:
+      t.kind = Value::Kind::Sequence;
+      t.inner = std::make_shared<ir::TypeInfo>(convert_type(tp.sequence_type().elem_type()));
+      t.elem = t.inner->elem;
+      break;
+    case onnx::TypeProto::kOptionalType:
+      t.kind = Value::Kind::Optional;
+      t.inner = std::make_shared<ir::TypeInfo>(convert_type(tp.optional_type().elem_type()));
+      t.elem = t.inner->elem;
+      break;
+    case onnx::TypeProto::kSparseTensorType:
+      t.kind = Value::Kind::Tensor;
+      t.elem = elem(tp.sparse_tensor_type().elem_type());
+      break;
+    default:
+      break;  // maps and opaque types: left undeclared
+  }
+  return t;
+}
+
+// Lexical scopes: a nested graph sees the values of every enclosing graph.
+struct Scope {
+  ir::Graph* graph;
+  Scope* parent;
+};
+
+class Converter {
+ public:
+  Converter(Source& src, std::map<std::string, int64_t> opsets)
+      : src_(src), opsets_(std::move(opsets)) {}
+
+  std::shared_ptr<ir::Graph> convert_graph(const onnx::GraphProto& gp, Scope* parent) {
+    auto graph = std::make_shared<ir::Graph>();
+    ir::Graph& g = *graph;
+    g.name = gp.name();
+    g.parent = parent ? parent->graph : nullptr;
+    Scope scope{&g, parent};
+
+    for (const auto& in : gp.input()) {
+      if (g.find(in.name()) != ir::kNoValue)
+        invalid("graph input '" + in.name() + "' is declared twice");
+      const ir::ValueId id = g.add_value(in.name(), ir::ValueOrigin::GraphInput);
+      g.value(id).type = convert_type(in.type());
+      g.inputs.push_back(id);
+    }
+    auto add_initializer = [&](const std::string& name, Tensor t) {
+      ir::ValueId id = g.find(name);
+      if (id != ir::kNoValue && g.value(id).origin == ir::ValueOrigin::GraphInput) {
+        g.value(id).constant = std::move(t);  // an input with a default value
+        return;
+      }
+      if (id != ir::kNoValue) invalid("initializer '" + name + "' is defined twice");
+      id = g.add_value(name, ir::ValueOrigin::Initializer);
+      ir::ValueInfo& v = g.value(id);
+      v.type.kind = Value::Kind::Tensor;
+      v.type.elem = t.dtype();
+      std::vector<ir::Dim> dims;
+      for (int64_t d : t.shape()) dims.push_back(ir::Dim{d, ""});
+      v.type.shape = std::move(dims);
+      v.constant = std::move(t);
+      g.initializers.push_back(id);
+    };
+    for (const auto& init : gp.initializer()) {
+      if (init.name().empty()) invalid("an initializer has no name");
+      add_initializer(init.name(), convert_tensor(init, src_));
+    }
+    for (const auto& sp : gp.sparse_initializer()) {
+      add_initializer(sp.values().name(), convert_sparse(sp, src_));
+    }
+    // Register every node output before converting any node, so nested graphs can refer
+    // to values produced later in the list (ordering is the planner's job).
+    g.nodes.resize(static_cast<size_t>(gp.node_size()));
+    for (int ni = 0; ni < gp.node_size(); ++ni) {
+      const auto& np = gp.node(ni);
+      ir::Node& node = g.nodes[static_cast<size_t>(ni)];
+      node.name = np.name();
+      node.op_type = np.op_type();
+      node.domain = np.domain() == "ai.onnx" ? "" : np.domain();
+      for (const auto& out : np.output()) {
+        if (out.empty()) {
+          node.outputs.push_back(ir::kNoValue);
+          continue;
+        }
+        if (g.find(out) != ir::kNoValue) {
+          throw Error(ErrorKind::InvalidModel,
+                      "output '" + out + "' is already defined in the graph")
+              .with_node(node.name, node.op_type);
+        }
+        const ir::ValueId id = g.add_value(out, ir::ValueOrigin::NodeOutput);
+        g.value(id).producer = ni;
+        node.outputs.push_back(id);
+      }
+    }
+    for (const auto& vi : gp.value_info()) {
+      const ir::ValueId id = g.find(vi.name());
+      if (id != ir::kNoValue && g.value(id).type.kind == Value::Kind::None) {
+        g.value(id).type = convert_type(vi.type());
+      }
+    }
+    for (int ni = 0; ni < gp.node_size(); ++ni) {
+      convert_node(gp.node(ni), g.nodes[static_cast<size_t>(ni)], scope);
+    }
+    for (const auto& out : gp.output()) {
+      const ir::ValueId id = resolve(scope, out.name());
+      if (id == ir::kNoValue) {
+        invalid("graph '" + g.name + "' output '" + out.name() + "' is not defined");
+      }
+      if (g.value(id).type.kind == Value::Kind::None) g.value(id).type = convert_type(out.type());
+      g.outputs.push_back(id);
+    }
+    return graph;
+  }
+
+ private:
+  // Finds `name` in the scope chain, creating capture values in each nested graph between
+  // the definition and the use.
+  ir::ValueId resolve(Scope& scope, const std::string& name) {
+    ir::ValueId id = scope.graph->find(name);
+    if (id != ir::kNoValue || !scope.parent) return id;
+    const ir::ValueId outer = resolve(*scope.parent, name);
+    if (outer == ir::kNoValue) return ir::kNoValue;
+    id = scope.graph->add_value(name, ir::ValueOrigin::Capture);
+    scope.graph->value(id).type = scope.parent->graph->value(outer).type;
+    scope.graph->captures.push_back(id);
+    return id;
+  }
+
+  void convert_node(const onnx::NodeProto& np, ir::Node& node, Scope& scope) {
+    try {
+      auto it = opsets_.find(node.domain);
+      if (it == opsets_.end()) {
+        invalid("domain '" + (node.domain.empty() ? std::string("ai.onnx") : node.domain) +
+                "' is not among the model's opset imports");
+      }
+      node.opset = it->second;
+      for (const auto& in : np.input()) {
+        if (in.empty()) {
+          node.inputs.push_back(ir::kNoValue);
+          continue;
+        }
+        const ir::ValueId id = resolve(scope, in);
+        if (id == ir::kNoValue) invalid("input '" + in + "' is not defined");
+        node.inputs.push_back(id);
+      }
+      for (const auto& ap : np.attribute()) node.attributes.push_back(convert_attribute(ap, scope));
+      // Nested graphs' captures become this node's implicit inputs.
+      for (const auto& a : node.attributes) {
+        std::vector<const ir::Graph*> subs;
+        if (a.g) subs.push_back(a.g.get());
+        for (const auto& sg : a.graphs) subs.push_back(sg.get());
+        for (const ir::Graph* sub : subs) {
+          for (ir::ValueId c : sub->captures) {
+            const ir::ValueId outer = resolve(scope, sub->value(c).name);
+            bool seen = false;
+            for (ir::ValueId x : node.implicit_inputs) seen = seen || x == outer;
+            if (!seen) node.implicit_inputs.push_back(outer);
+          }
+        }
+      }
+    } catch (Error& e) {
+      e.with_node(node.name, node.op_type);
+      throw;
+    }
+  }
+
+  ir::Attribute convert_attribute(const onnx::AttributeProto& ap, Scope& scope) {
+    ir::Attribute a;
+    a.name = ap.name();
+    if (!ap.ref_attr_name().empty()) {
+      throw Error(ErrorKind::Unsupported,
+                  "attribute '" + a.name + "' refers to a function attribute");
+    }
+    using AP = onnx::AttributeProto;
+    int type = ap.type();
+    if (type == AP::UNDEFINED) {  // very old files: infer from what is set
+      if (ap.has_f())
+        type = AP::FLOAT;
+      else if (ap.has_i())
+        type = AP::INT;
+      else if (ap.has_s())
+        type = AP::STRING;
+      else if (ap.has_t())
+        type = AP::TENSOR;
+      else if (ap.has_g())
+        type = AP::GRAPH;
+      else if (ap.floats_size())
+        type = AP::FLOATS;
+      else if (ap.ints_size())
+        type = AP::INTS;
+      else if (ap.strings_size())
+        type = AP::STRINGS;
+      else if (ap.tensors_size())
+        type = AP::TENSORS;
+      else if (ap.graphs_size())
+        type = AP::GRAPHS;
+    }
+    switch (type) {
+      case AP::FLOAT:
+        a.kind = ir::AttrKind::Float;
+        a.f = ap.f();
+        break;
+      case AP::INT:
+        a.kind = ir::AttrKind::Int;
+        a.i = ap.i();
+        break;
+      case AP::STRING:
+        a.kind = ir::AttrKind::String;
+        a.s = ap.s();
+        break;
+      case AP::TENSOR:
+        a.kind = ir::AttrKind::Tensor;
+        a.t = convert_tensor(ap.t(), src_);
+        break;
+      case AP::SPARSE_TENSOR:
+        a.kind = ir::AttrKind::SparseTensor;
+        a.t = convert_sparse(ap.sparse_tensor(), src_);
+        break;
+      case AP::GRAPH:
+        a.kind = ir::AttrKind::Graph;
+        a.g = convert_graph(ap.g(), &scope);
+        break;
+      case AP::FLOATS:
+        a.kind = ir::AttrKind::Floats;
+        a.floats.assign(ap.floats().begin(), ap.floats().end());
+        break;
+      case AP::INTS:
+        a.kind = ir::AttrKind::Ints;
+        a.ints.assign(ap.ints().begin(), ap.ints().end());
+        break;
+      case AP::STRINGS:
+        a.kind = ir::AttrKind::Strings;
+        a.strings.assign(ap.strings().begin(), ap.strings().end());
+        break;
+      case AP::TENSORS:
+        a.kind = ir::AttrKind::Tensors;
+        for (const auto& t : ap.tensors()) a.tensors.push_back(convert_tensor(t, src_));
+        break;
+      case AP::GRAPHS:
+        a.kind = ir::AttrKind::Graphs;
+        for (const auto& g : ap.graphs()) a.graphs.push_back(convert_graph(g, &scope));
+        break;
+      case AP::TYPE_PROTO:
+        a.kind = ir::AttrKind::TypeProto;
+        a.type = convert_type(ap.tp());
+        break;
+      default:
+        throw Error(ErrorKind::Unsupported,
+                    "attribute '" + a.name + "' has unsupported type " + std::to_string(type));
+    }
+    return a;
+  }
+
+  Source& src_;
+  std::map<std::string, int64_t> opsets_;
+};
+
+ir::Model convert_model(Source& src, const std::string& path) {
+  try {
+    Skeleton sk = make_skeleton(src.base, src.size, WireMessage::Model);
+    src.raw = std::move(sk.raw_data);
+    onnx::ModelProto mp;
+    if (!mp.ParseFromString(sk.bytes)) invalid("not a valid ONNX model (protobuf parse failed)");
+    if (!mp.has_graph()) invalid("not a valid ONNX model (no graph)");
+    ir::Model model;
+    model.path = path;
+    model.ir_version = mp.ir_version();
+    model.producer_name = mp.producer_name();
+    model.producer_version = mp.producer_version();
+    model.domain = mp.domain();
+    model.model_version = mp.model_version();
+    model.doc_string = mp.doc_string();
+    for (const auto& kv : mp.metadata_props()) model.metadata[kv.key()] = kv.value();
+    for (const auto& op : mp.opset_import()) {
+      const std::string domain = op.domain() == "ai.onnx" ? "" : op.domain();
+      model.opsets[domain] = op.version();
+    }
+    if (mp.opset_import_size() == 0) model.opsets[""] = 1;  // IR version 1-2 files
+    if (mp.functions_size() > 0) {
+      // Nodes that call them are reported as unsupported ops when the session is planned.
+    }
+    Converter conv(src, model.opsets);
+    model.graph = conv.convert_graph(mp.graph(), nullptr);
+    ir::validate(model);
+    return model;
+  } catch (Error& e) {
+    e.with_file(path);
+    throw;
+  }
+}
+
+}  // namespace
+
+ir::Model load_model_file(const std::string& path, LoadStats& stats) {
+  std::shared_ptr<MappedFile> file;
+  try {
+    file = MappedFile::open(path);
+  } catch (Error& e) {
+    e.with_file(path);
+    throw;
+  }
+  if (file->size() == 0) throw Error(ErrorKind::InvalidModel, "empty file").with_file(path);
+  Source src;
+  src.base = file->data();
+  src.size = file->size();
+  src.keepalive = file;
+  src.base_dir = fs::path(path).parent_path().string();
+  if (src.base_dir.empty()) src.base_dir = ".";
+  src.stats = &stats;
+  return convert_model(src, path);
+}
+
+ir::Model load_model_buffer(const void* data, size_t size, const std::string& base_dir,
+                            LoadStats& stats) {
+  if (!data || size == 0)
+    throw Error(ErrorKind::InvalidModel, "empty buffer").with_file("<memory>");
+  Source src;
+  src.base = static_cast<const std::byte*>(data);
+  src.size = size;
+  src.base_dir = base_dir;
+  src.stats = &stats;
+  return convert_model(src, "<memory>");
+}
+
+}  // namespace kiln::proto

@@ -1,0 +1,31 @@
+// proto/: the only code that sees protobuf. It turns ONNX files (and test-data files)
+// into the engine's IR and values; nothing downstream knows they came from protobuf.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "engine/ir/graph.h"
+#include "kiln/session.h"
+#include "kiln/value.h"
+
+namespace kiln::proto {
+
+// Maps `path` and converts it. Initializers are read-only views into the mapping (or into
+// mapped external-data files) wherever alignment allows; copies are counted in `stats`.
+ir::Model load_model_file(const std::string& path, LoadStats& stats);
+
+// The same from a caller's buffer, which must outlive every tensor of the model. External
+// data is resolved against `base_dir` (empty: external data is rejected).
+ir::Model load_model_buffer(const void* data, size_t size, const std::string& base_dir,
+                            LoadStats& stats);
+
+// Reads a serialized TensorProto, SequenceProto or OptionalProto (the ONNX test-data
+// layout). `expected` picks which; kind None means TensorProto. Sets `name` from the proto.
+Value read_value_file(const std::string& path, const ir::TypeInfo& expected, std::string* name);
+
+// Serializes a tensor as a TensorProto file.
+void write_tensor_file(const std::string& path, const Tensor& tensor, const std::string& name);
+
+}  // namespace kiln::proto

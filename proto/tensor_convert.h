@@ -1,0 +1,33 @@
+// Internal to proto/: TensorProto -> Tensor, shared by the model loader and the test-data
+// reader.
+#pragma once
+
+#include "proto/onnx_proto.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/session.h"
+#include "kiln/tensor.h"
+#include "proto/mapped_file.h"
+#include "proto/wire.h"
+
+namespace kiln::proto {
+
+// Where the bytes of a message came from, so raw_data references can be resolved.
+struct Source {
+  const std::byte* base = nullptr;
+  size_t size = 0;
+  std::shared_ptr<const void> keepalive;  // the mapping, or null for caller memory
+  std::vector<ByteRange> raw;
+  std::string base_dir;  // for external data; empty: not allowed
+  std::map<std::string, std::shared_ptr<MappedFile>> external_files;
+  LoadStats* stats = nullptr;
+};
+
+// Throws Error(InvalidModel) naming the tensor on inconsistent data.
+Tensor convert_tensor(const onnx::TensorProto& tp, Source& src);
+
+}  // namespace kiln::proto
