@@ -140,6 +140,12 @@ void OpContext::set_output(size_t i, Value v) {
   outputs_.at(i) = std::move(v);
 }
 
+Value OpContext::take_input_value(size_t i) {
+  const Value& v = input_value(i);
+  if (can_overwrite(i)) return hooks_.take_input(i);
+  return v;
+}
+
 void OpContext::fail(const std::string& message, ErrorKind kind) const {
   throw Error(kind, message).with_node(node_.name, node_.op_type);
 }

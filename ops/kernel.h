@@ -132,6 +132,8 @@ class ExecutionHooks {
   virtual ~ExecutionHooks() = default;
   virtual Tensor allocate(DataType dtype, const Shape& shape) = 0;
   virtual bool can_overwrite(size_t input) = 0;
+  // Moves input i out of the executor (only after can_overwrite(i) said yes).
+  virtual Value take_input(size_t input) = 0;
   virtual void count_copy(uint64_t bytes, CopyCause cause) = 0;
   virtual void count_in_place() = 0;
   virtual std::vector<Value> run_subgraph(int index, std::vector<Value> inputs,
@@ -169,6 +171,9 @@ class OpContext {
   void set_output(size_t i, Value v);
   // May the kernel write into input i's storage? (see output_reusing)
   bool can_overwrite(size_t i) { return hooks_.can_overwrite(i); }
+  // Input i as a value the kernel keeps: moved out of the executor when it may be
+  // overwritten (so whoever receives it next may write into it), else a shared handle.
+  Value take_input_value(size_t i);
   void count_in_place() { hooks_.count_in_place(); }
 
   void count_copy(uint64_t bytes, CopyCause cause = CopyCause::Kernel) {

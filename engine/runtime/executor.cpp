@@ -70,6 +70,15 @@ class StepHooks final : public ops::ExecutionHooks {
     return frame_.uses[static_cast<size_t>(id)] == 1;
   }
 
+  Value take_input(size_t i) override {
+    // The executor's slot (or its contiguous temporary) gives up the value; the input
+    // pointer keeps pointing at the now-empty slot until the step ends.
+    Value& v = const_cast<Value&>(*inputs_[i]);
+    Value out = std::move(v);
+    v = Value();
+    return out;
+  }
+
   void count_copy(uint64_t bytes, ops::CopyCause cause) override {
     RunStats& s = ex_.stats_;
     s.bytes_copied += bytes;

@@ -173,6 +173,13 @@ const std::vector<NodeEvent>& Session::last_profile() const {
   return impl_->events;
 }
 
+std::vector<NamedValue> Session::run(std::initializer_list<NamedValue> inputs) {
+  std::vector<NamedValue> named;
+  named.reserve(inputs.size());
+  for (const NamedValue& nv : inputs) named.push_back({nv.name, std::move(nv.value)});
+  return run(std::move(named));
+}
+
 std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
   Impl& s = *impl_;
   const ir::Graph& g = *s.model.graph;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -84,6 +85,8 @@ class Session {
   // Runs the model. Every graph input without a default must be given; outputs are
   // returned in the model's declared order.
   std::vector<NamedValue> run(std::vector<NamedValue> inputs);
+  // The same for a braced list: values moved into the list are owned by the run.
+  std::vector<NamedValue> run(std::initializer_list<NamedValue> inputs);
 
   const RunStats& last_run_stats() const;
   const LoadStats& load_stats() const;

@@ -52,7 +52,9 @@ class Value {
 
 struct NamedValue {
   std::string name;
-  Value value;
+  // Mutable so that Session::run can take ownership of a value moved into a braced list
+  // (`run({{"x", std::move(t)}})`): std::initializer_list elements are const.
+  mutable Value value;
 };
 
 }  // namespace kiln

@@ -1,0 +1,349 @@
+// If, Loop and Scan: nested graphs run by the executor in a child scope.
+//
+// Captured values reach the nested graph as values, never as copies: If moves an owned
+// value in when it is its last reader (so a branch can extend a KV cache in place), Loop
+// and Scan lend them to every iteration. Loop-carried values move from one iteration to
+// the next, and scan outputs are written once into their final buffer.
+#include <cstring>
+#include <string>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+namespace {
+
+bool read_condition(const OpContext& ctx, const Tensor& t, const char* what) {
+  if (t.dtype() != DataType::Bool || t.numel() != 1) {
+    ctx.fail(std::string(what) + " must be a single bool, got " + t.describe());
+  }
+  return t.contiguous().data<const bool>()[0];
+}
+
+class If final : public Kernel {
+ public:
+  explicit If(const NodeInfo& info)
+      : then_(info.subgraph_index("then_branch")), else_(info.subgraph_index("else_branch")) {
+    const size_t outs = info.num_outputs();
+    if (info.subgraph(then_).outputs.size() != outs ||
+        info.subgraph(else_).outputs.size() != outs) {
+      info.fail("each branch must produce the node's " + std::to_string(outs) + " outputs");
+    }
+  }
+
+  void run(OpContext& ctx) override {
+    const bool cond = read_condition(ctx, ctx.input(0), "the condition");
+    // The branch's outputs become the node's outputs as they are: no copy.
+    std::vector<Value> outs =
+        ctx.run_subgraph(cond ? then_ : else_, {}, CaptureMode::MoveIfLastUse);
+    for (size_t i = 0; i < outs.size(); ++i) ctx.set_output(i, std::move(outs[i]));
+  }
+
+ private:
+  int then_, else_;
+};
+
+// Stacks per-iteration tensors along a new axis into one buffer allocated when the first
+// item arrives, growing by doubling when the final count is not known in advance.
+class StackedOutput {
+ public:
+  // `axis` in [0, rank of an item]; `reverse` fills from the end (Scan directions).
+  StackedOutput(int64_t expected_count, int64_t axis, bool reverse)
+      : expected_(expected_count), axis_(axis), reverse_(reverse) {}
+
+  void add(OpContext& ctx, const Tensor& item) {
+    if (!buffer_.defined()) {
+      item_shape_ = item.shape();
+      dtype_ = item.dtype();
+      if (axis_ < 0 || axis_ > static_cast<int64_t>(item_shape_.size())) {
+        ctx.fail("scan output axis " + std::to_string(axis_) + " is out of range");
+      }
+      capacity_ = expected_ > 0 ? expected_ : 4;
+      buffer_ = ctx.allocate(dtype_, stacked_shape(capacity_));
+    } else if (item.shape() != item_shape_ || item.dtype() != dtype_) {
+      ctx.fail("scan output changes from " + Tensor(dtype_, item_shape_, nullptr).describe() +
+               " to " + item.describe() + " between iterations");
+    }
+    if (count_ == capacity_) grow(ctx);
+    const int64_t slot = reverse_ ? capacity_ - 1 - count_ : count_;
+    copy_elements(item, slice(buffer_, slot));
+    ctx.count_copy(item.nbytes());
+    ++count_;
+  }
+
+  // The stacked result: `count` items (empty loops use `fallback_shape` for an item).
+  Tensor finish(OpContext& ctx, DataType fallback_type, const Shape& fallback_item) {
+    if (!buffer_.defined()) {
+      item_shape_ = fallback_item;
+      dtype_ = fallback_type;
+      return ctx.allocate(dtype_, stacked_shape(0));
+    }
+    if (count_ == capacity_) return buffer_;
+    // Fewer items than capacity: copy the filled part out (only happens when a Loop ends
+    // early or a while-loop overshoots its doubling).
+    Tensor out = ctx.allocate(dtype_, stacked_shape(count_));
+    for (int64_t i = 0; i < count_; ++i) {
+      const int64_t from = reverse_ ? capacity_ - count_ + i : i;
+      copy_elements(slice(buffer_, from), slice(out, i));
+    }
+    ctx.count_copy(out.nbytes());
+    return out;
+  }
+
+ private:
+  Shape stacked_shape(int64_t n) const {
+    Shape s = item_shape_;
+    s.insert(s.begin() + axis_, n);
+    return s;
+  }
+  // Item `i` of a stacked tensor: a view with the stacking axis removed.
+  Tensor slice(const Tensor& t, int64_t i) const {
+    Shape shape = t.shape(), strides = t.strides();
+    const size_t esize = static_cast<size_t>(bits_per_element(t.dtype()) / 8);
+    const size_t offset = t.byte_offset() + static_cast<size_t>(i * strides[axis_]) * esize;
+    shape.erase(shape.begin() + axis_);
+    strides.erase(strides.begin() + axis_);
+    return t.view(shape, strides, offset);
+  }
+  void grow(OpContext& ctx) {
+    Tensor bigger = ctx.allocate(dtype_, stacked_shape(capacity_ * 2));
+    for (int64_t i = 0; i < count_; ++i) {
+      const int64_t from = reverse_ ? capacity_ - count_ + i : i;
+      const int64_t to = reverse_ ? 2 * capacity_ - count_ + i : i;
+      copy_elements(slice(buffer_, from), slice(bigger, to));
+    }
+    ctx.count_copy(static_cast<uint64_t>(count_) * storage_bytes(dtype_, shape_numel(item_shape_)));
+    buffer_ = bigger;
+    capacity_ *= 2;
+  }
+
+  int64_t expected_, axis_;
+  bool reverse_;
+  Tensor buffer_;
+  Shape item_shape_;
+  DataType dtype_ = DataType::Undefined;
+  int64_t capacity_ = 0, count_ = 0;
+};
+
+// Element type and shape a nested graph declares for output i (for empty scan outputs).
+std::pair<DataType, Shape> declared_item(const ir::Graph& g, size_t i) {
+  const ir::TypeInfo& t = g.value(g.outputs[i]).type;
+  Shape shape;
+  if (t.shape) {
+    for (const ir::Dim& d : *t.shape) shape.push_back(d.value > 0 ? d.value : 0);
+  }
+  return {t.elem == DataType::Undefined ? DataType::Float : t.elem, shape};
+}
+
+// Loop: inputs (M, cond, v_initial...), body (iter, cond, v...) -> (cond, v..., scan...).
+class Loop final : public Kernel {
+ public:
+  explicit Loop(const NodeInfo& info)
+      : body_(info.subgraph_index("body")), graph_(info.subgraph(body_)) {
+    if (info.num_inputs() < 2) info.fail("Loop takes at least the inputs M and cond");
+    carried_ = info.num_inputs() - 2;
+    if (graph_.inputs.size() != carried_ + 2) {
+      info.fail("the body takes " + std::to_string(graph_.inputs.size()) + " inputs; expected " +
+                std::to_string(carried_ + 2) + " (iteration, condition, loop-carried values)");
+    }
+    if (graph_.outputs.size() < carried_ + 1) info.fail("the body has too few outputs");
+    scans_ = graph_.outputs.size() - 1 - carried_;
+    if (info.num_outputs() > carried_ + scans_) info.fail("more outputs than the body produces");
+  }
+
+  void run(OpContext& ctx) override {
+    int64_t max_trips = -1;  // -1: unbounded
+    if (ctx.has_input(0)) {
+      const Tensor& m = ctx.input(0);
+      if (m.numel() != 1) ctx.fail("M must be a single integer");
+      max_trips = to_int64s(m)[0];
+    }
+    bool cond = ctx.has_input(1) ? read_condition(ctx, ctx.input(1), "the condition") : true;
+    std::vector<Value> carried;
+    carried.reserve(carried_);
+    for (size_t i = 0; i < carried_; ++i) carried.push_back(ctx.take_input_value(2 + i));
+
+    std::vector<StackedOutput> stacks;
+    const int64_t expected = max_trips >= 0 && max_trips <= (int64_t{1} << 20) ? max_trips : -1;
+    for (size_t k = 0; k < scans_; ++k) stacks.emplace_back(expected, 0, false);
+
+    for (int64_t iter = 0; (max_trips < 0 || iter < max_trips) && cond; ++iter) {
+      std::vector<Value> body_inputs;
+      body_inputs.reserve(carried_ + 2);
+      body_inputs.push_back(Tensor::scalar<int64_t>(iter));
+      body_inputs.push_back(Tensor::scalar<bool>(cond));
+      for (Value& v : carried) body_inputs.push_back(std::move(v));
+      std::vector<Value> outs =
+          ctx.run_subgraph(body_, std::move(body_inputs), CaptureMode::Borrow);
+      cond = read_condition(ctx, outs[0].tensor(), "the body's condition output");
+      for (size_t i = 0; i < carried_; ++i) carried[i] = std::move(outs[1 + i]);
+      for (size_t k = 0; k < scans_; ++k) {
+        const Value& item = outs[1 + carried_ + k];
+        if (!item.is_tensor()) ctx.fail("scan outputs must be tensors");
+        stacks[k].add(ctx, item.tensor());
+      }
+    }
+    for (size_t i = 0; i < carried_ && i < ctx.num_outputs(); ++i)
+      ctx.set_output(i, std::move(carried[i]));
+    for (size_t k = 0; k < scans_; ++k) {
+      if (!ctx.has_output(carried_ + k)) continue;
+      auto [dtype, item] = declared_item(graph_, 1 + carried_ + k);
+      ctx.set_output(carried_ + k, stacks[k].finish(ctx, dtype, item));
+    }
+  }
+
+ private:
+  int body_;
+  const ir::Graph& graph_;
+  size_t carried_ = 0, scans_ = 0;
+};
+
+// Item i of `t` along `axis` as a view (no copy).
+Tensor slice_view(const Tensor& t, int64_t axis, int64_t i) {
+  Shape shape = t.shape(), strides = t.strides();
+  const size_t esize = static_cast<size_t>(bits_per_element(t.dtype()) / 8);
+  const size_t offset =
+      t.byte_offset() + static_cast<size_t>(i * strides[static_cast<size_t>(axis)]) * esize;
+  shape.erase(shape.begin() + axis);
+  strides.erase(strides.begin() + axis);
+  return t.view(shape, strides, offset);
+}
+
+// Scan (opset 9+): inputs (state..., scan inputs...), body (state..., slices...) ->
+// (state..., scan output items...). Opset 8 adds a leading batch axis and sequence_lens.
+class Scan final : public Kernel {
+ public:
+  explicit Scan(const NodeInfo& info)
+      : body_(info.subgraph_index("body")), graph_(info.subgraph(body_)) {
+    v8_ = info.opset() < 9;
+    const int64_t m = info.attr_int("num_scan_inputs");
+    const size_t first = v8_ ? 1 : 0;  // opset 8: sequence_lens comes first
+    if (m < 1 || static_cast<size_t>(m) + first > info.num_inputs())
+      info.fail("bad num_scan_inputs");
+    scan_inputs_ = static_cast<size_t>(m);
+    states_ = info.num_inputs() - first - scan_inputs_;
+    if (graph_.inputs.size() != states_ + scan_inputs_) info.fail("the body's inputs do not match");
+    if (graph_.outputs.size() < states_) info.fail("the body has too few outputs");
+    scan_outputs_ = graph_.outputs.size() - states_;
+    in_axes_ = info.attr_ints("scan_input_axes", std::vector<int64_t>(scan_inputs_, 0));
+    in_dirs_ = info.attr_ints(v8_ ? "directions" : "scan_input_directions",
+                              std::vector<int64_t>(scan_inputs_, 0));
+    out_axes_ = info.attr_ints("scan_output_axes", std::vector<int64_t>(scan_outputs_, 0));
+    out_dirs_ = info.attr_ints("scan_output_directions", std::vector<int64_t>(scan_outputs_, 0));
+    if (in_axes_.size() != scan_inputs_ || in_dirs_.size() != scan_inputs_ ||
+        out_axes_.size() != scan_outputs_ || out_dirs_.size() != scan_outputs_) {
+      info.fail("scan axes/directions do not match the number of scan inputs/outputs");
+    }
+    if (v8_ && info.has_input(0)) info.fail("sequence_lens is not supported");
+  }
+
+  void run(OpContext& ctx) override {
+    const size_t first = v8_ ? 1 : 0;
+    if (!v8_) {
+      std::vector<Value> states;
+      for (size_t i = 0; i < states_; ++i) states.push_back(ctx.take_input_value(first + i));
+      std::vector<Tensor> scans;
+      for (size_t j = 0; j < scan_inputs_; ++j) scans.push_back(ctx.input(first + states_ + j));
+      std::vector<Tensor> outs = run_one(ctx, states, scans, 0);
+      for (size_t i = 0; i < states_; ++i) ctx.set_output(i, std::move(states[i]));
+      for (size_t k = 0; k < scan_outputs_; ++k) ctx.set_output(states_ + k, std::move(outs[k]));
+      return;
+    }
+    // Opset 8: every input has a leading batch axis; run each batch item and stack.
+    const int64_t batch = ctx.input(first).dim(0);
+    std::vector<StackedOutput> state_stack, scan_stack;
+    for (size_t i = 0; i < states_; ++i) state_stack.emplace_back(batch, 0, false);
+    for (size_t k = 0; k < scan_outputs_; ++k) scan_stack.emplace_back(batch, 0, false);
+    for (int64_t b = 0; b < batch; ++b) {
+      std::vector<Value> states;
+      for (size_t i = 0; i < states_; ++i) states.push_back(slice_view(ctx.input(first + i), 0, b));
+      std::vector<Tensor> scans;
+      for (size_t j = 0; j < scan_inputs_; ++j)
+        scans.push_back(slice_view(ctx.input(first + states_ + j), 0, b));
+      std::vector<Tensor> outs = run_one(ctx, states, scans, 0);
+      for (size_t i = 0; i < states_; ++i) state_stack[i].add(ctx, states[i].tensor());
+      for (size_t k = 0; k < scan_outputs_; ++k) scan_stack[k].add(ctx, outs[k]);
+    }
+    for (size_t i = 0; i < states_; ++i)
+      ctx.set_output(i, state_stack[i].finish(ctx, DataType::Float, {}));
+    for (size_t k = 0; k < scan_outputs_; ++k) {
+      ctx.set_output(states_ + k, scan_stack[k].finish(ctx, DataType::Float, {}));
+    }
+  }
+
+ private:
+  // One scan over `scans` (sliced along their axes); updates `states`, returns scan outputs.
+  std::vector<Tensor> run_one(OpContext& ctx, std::vector<Value>& states,
+                              const std::vector<Tensor>& scans, int) {
+    int64_t length = -1;
+    std::vector<int64_t> axes(scan_inputs_);
+    for (size_t j = 0; j < scan_inputs_; ++j) {
+      axes[j] = normalize_axis(in_axes_[j], static_cast<int64_t>(scans[j].rank()));
+      const int64_t n = scans[j].dim(static_cast<size_t>(axes[j]));
+      if (length >= 0 && n != length) ctx.fail("scan inputs have different lengths");
+      length = n;
+    }
+    std::vector<StackedOutput> stacks;
+    for (size_t k = 0; k < scan_outputs_; ++k) {
+      stacks.emplace_back(length, 0, out_dirs_[k] != 0);  // axis fixed after the first item
+    }
+    std::vector<int64_t> out_axes(scan_outputs_, -1);
+    for (int64_t t = 0; t < length; ++t) {
+      std::vector<Value> body_inputs;
+      for (Value& v : states) body_inputs.push_back(std::move(v));
+      for (size_t j = 0; j < scan_inputs_; ++j) {
+        const int64_t i = in_dirs_[j] != 0 ? length - 1 - t : t;
+        body_inputs.push_back(slice_view(scans[j], axes[j], i));
+      }
+      std::vector<Value> outs =
+          ctx.run_subgraph(body_, std::move(body_inputs), CaptureMode::Borrow);
+      for (size_t i = 0; i < states_; ++i) states[i] = std::move(outs[i]);
+      for (size_t k = 0; k < scan_outputs_; ++k) {
+        const Tensor& item = outs[states_ + k].tensor();
+        if (out_axes[k] < 0) {
+          out_axes[k] = normalize_axis(out_axes_[k], static_cast<int64_t>(item.rank()) + 1);
+          stacks[k] = StackedOutput(length, out_axes[k], out_dirs_[k] != 0);
+        }
+        stacks[k].add(ctx, item);
+      }
+    }
+    std::vector<Tensor> results;
+    for (size_t k = 0; k < scan_outputs_; ++k) {
+      auto [dtype, item] = declared_item(graph_, states_ + k);
+      results.push_back(stacks[k].finish(ctx, dtype, item));
+    }
+    return results;
+  }
+
+  int body_;
+  const ir::Graph& graph_;
+  bool v8_ = false;
+  size_t states_ = 0, scan_inputs_ = 0, scan_outputs_ = 0;
+  std::vector<int64_t> in_axes_, in_dirs_, out_axes_, out_dirs_;
+};
+
+}  // namespace
+
+KILN_REGISTER_OP({.op = "If",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 1,
+                  .strided_inputs = true,
+                  .types = "any (branches may differ in shape)",
+                  .create = make<If>});
+// Loop-carried initial values (inputs 2..) move into the first iteration when owned.
+KILN_REGISTER_OP({.op = "Loop",
+                  .since = 1,
+                  .min_inputs = 2,
+                  .in_place = ~3u,
+                  .strided_inputs = true,
+                  .types = "any",
+                  .create = make<Loop>});
+KILN_REGISTER_OP({.op = "Scan",
+                  .since = 8,
+                  .min_inputs = 1,
+                  .in_place = ~0u,
+                  .strided_inputs = true,
+                  .types = "any",
+                  .create = make<Scan>});
+
+}  // namespace kiln::ops
