@@ -6,7 +6,7 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 DEMO_MODEL ?= models/tiny-cnn
 
-.PHONY: all setup build demo test unit conformance sanitize format format-check conformance-report clean
+.PHONY: all setup build demo test unit conformance sanitize format format-check conformance-report ops-doc clean
 
 all: build
 
@@ -43,6 +43,10 @@ sanitize: setup
 # Regenerates docs/conformance.md and adds newly passing cases to the allow-list.
 conformance-report: build
 	./$(BUILD)/test/kiln-conformance --report docs/conformance.md --write-allowlist test/conformance/allowlist.txt
+
+# Regenerates docs/ops.md from the op registry.
+ops-doc: build
+	./$(BUILD)/tools/kiln-ops-doc docs/ops.md
 
 FORMAT_FILES = $(shell git ls-files '*.cpp' '*.h' 2>/dev/null)
 
