@@ -1,0 +1,265 @@
+// Gather, GatherElements and GatherND: read elements or slices of `data` at positions
+// given by an index tensor. They only move data, so the element loops are instantiated
+// per element width (and once for strings), never per element type.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+namespace {
+
+struct Bytes16 {
+  uint64_t lo, hi;
+};
+
+// Calls f.template operator()<T>() with T a trivially copyable type of the element's width
+// (or std::string); pointers come from elems<T>() which does not check the element type.
+template <typename F>
+void dispatch_width(DataType dt, F&& f) {
+  if (dt == DataType::String) return f.template operator()<std::string>();
+  switch (bits_per_element(dt)) {
+    case 8:
+      return f.template operator()<uint8_t>();
+    case 16:
+      return f.template operator()<uint16_t>();
+    case 32:
+      return f.template operator()<uint32_t>();
+    case 64:
+      return f.template operator()<uint64_t>();
+    case 128:
+      return f.template operator()<Bytes16>();
+    default:
+      throw_unsupported_type(dt, "data");
+  }
+}
+
+template <typename T>
+T* elems(const Tensor& t) {
+  return reinterpret_cast<T*>(t.raw_data());
+}
+
+[[noreturn]] void index_out_of_range(int64_t index, int64_t dim, const char* what) {
+  throw Error(ErrorKind::Runtime, std::string(what) + " index " + std::to_string(index) +
+                                      " is out of range for a dimension of size " +
+                                      std::to_string(dim));
+}
+
+// Indices normalised to [0, dim) (negative ones count from the end); throws when outside.
+std::vector<int64_t> checked_indices(const Tensor& indices, int64_t dim, const char* what) {
+  std::vector<int64_t> idx = to_int64s(indices);
+  for (int64_t& i : idx) {
+    if (i < -dim || i >= dim) index_out_of_range(i, dim, what);
+    if (i < 0) i += dim;
+  }
+  return idx;
+}
+
+void check_index_type(const OpContext& ctx, const Tensor& indices) {
+  if (indices.dtype() != DataType::Int32 && indices.dtype() != DataType::Int64) {
+    ctx.fail("indices must be int32 or int64, got " + indices.describe());
+  }
+}
+
+// out[o, j, :] = data[o, idx[j], :] with outer = prod(data.shape[:axis]).
+class Gather final : public Kernel {
+ public:
+  explicit Gather(const NodeInfo& info) : axis_(info.attr_int("axis", 0)) {}
+
+  void run(OpContext& ctx) override {
+    const Tensor& data = ctx.input(0);
+    const Tensor& indices = ctx.input(1);
+    check_index_type(ctx, indices);
+    const int64_t rank = static_cast<int64_t>(data.rank());
+    if (rank == 0) ctx.fail("data must have rank >= 1");
+    const int64_t axis = normalize_axis(axis_, rank);
+    const std::vector<int64_t> idx = checked_indices(indices, data.dim(axis), "Gather");
+
+    Shape out_shape(data.shape().begin(), data.shape().begin() + axis);
+    out_shape.insert(out_shape.end(), indices.shape().begin(), indices.shape().end());
+    out_shape.insert(out_shape.end(), data.shape().begin() + axis + 1, data.shape().end());
+    Tensor& out = ctx.output(0, data.dtype(), out_shape);
+
+    const int64_t outer = shape_numel(Shape(data.shape().begin(), data.shape().begin() + axis));
+    const int64_t n = data.dim(axis);
+    const int64_t inner = shape_numel(Shape(data.shape().begin() + axis + 1, data.shape().end()));
+    const int64_t count = static_cast<int64_t>(idx.size());
+    if (out.numel() == 0) return;
+    dispatch_width(data.dtype(), [&]<typename T>() {
+      const T* src = elems<const T>(data);
+      T* dst = elems<T>(out);
+      // One task item is one copied row of `inner` elements (an embedding row for axis 0).
+      parallel_for(outer * count, grain_for(inner * static_cast<int64_t>(sizeof(T)), 1 << 16),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t r = begin; r < end; ++r) {
+                       const int64_t o = r / count, j = r % count;
+                       std::copy_n(src + (o * n + idx[static_cast<size_t>(j)]) * inner, inner,
+                                   dst + r * inner);
+                     }
+                   });
+    });
+    ctx.count_copy(out.nbytes());
+  }
+
+ private:
+  int64_t axis_;
+};
+
+// out[i0..ir] = data[i0.., idx[i0..ir] (at axis), ..ir]; indices has data's rank.
+class GatherElements final : public Kernel {
+ public:
+  explicit GatherElements(const NodeInfo& info) : axis_(info.attr_int("axis", 0)) {}
+
+  void run(OpContext& ctx) override {
+    const Tensor& data = ctx.input(0);
+    const Tensor& indices = ctx.input(1);
+    check_index_type(ctx, indices);
+    const size_t rank = data.rank();
+    if (rank == 0) ctx.fail("data must have rank >= 1");
+    if (indices.rank() != rank) {
+      ctx.fail("indices " + indices.describe() + " must have the rank of data " + data.describe());
+    }
+    const size_t axis = static_cast<size_t>(normalize_axis(axis_, static_cast<int64_t>(rank)));
+    for (size_t d = 0; d < rank; ++d) {
+      if (d != axis && indices.dim(d) > data.dim(d)) {
+        ctx.fail("indices " + indices.describe() + " exceed data " + data.describe() +
+                 " outside the gather axis");
+      }
+    }
+    const std::vector<int64_t> idx = checked_indices(indices, data.dim(axis), "GatherElements");
+    Tensor& out = ctx.output(0, data.dtype(), indices.shape());
+    if (out.numel() == 0) return;
+
+    const Shape& dstrides = data.strides();
+    const int64_t last = indices.dim(rank - 1);
+    const int64_t rows = out.numel() / last;
+    const int64_t axis_stride = dstrides[axis];
+    const bool axis_is_last = axis == rank - 1;
+    dispatch_width(data.dtype(), [&]<typename T>() {
+      const T* src = elems<const T>(data);
+      T* dst = elems<T>(out);
+      parallel_for(rows, grain_for(last), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          // Offset in data of this row's start, leaving out the gather axis.
+          int64_t base = 0, rem = r;
+          for (size_t d = rank - 1; d-- > 0;) {
+            const int64_t c = rem % indices.dim(d);
+            rem /= indices.dim(d);
+            if (d != axis) base += c * dstrides[d];
+          }
+          const int64_t* ir = idx.data() + r * last;
+          T* o = dst + r * last;
+          if (axis_is_last) {
+            for (int64_t k = 0; k < last; ++k) o[k] = src[base + ir[k]];
+          } else {
+            for (int64_t k = 0; k < last; ++k) o[k] = src[base + k + ir[k] * axis_stride];
+          }
+        }
+      });
+    });
+    ctx.count_copy(out.nbytes());
+  }
+
+ private:
+  int64_t axis_;
+};
+
+// Slices of data addressed by the last dimension of indices, after `batch_dims` shared
+// leading dimensions.
+class GatherND final : public Kernel {
+ public:
+  explicit GatherND(const NodeInfo& info) : batch_dims_(info.attr_int("batch_dims", 0)) {
+    if (batch_dims_ < 0) info.fail("batch_dims must be >= 0");
+  }
+
+  void run(OpContext& ctx) override {
+    const Tensor& data = ctx.input(0);
+    const Tensor& indices = ctx.input(1);
+    if (indices.dtype() != DataType::Int64) ctx.fail("indices must be int64");
+    const size_t b = static_cast<size_t>(batch_dims_);
+    const size_t r = data.rank(), q = indices.rank();
+    if (r < 1 || q < 1) ctx.fail("data and indices must have rank >= 1");
+    if (b >= std::min(r, q)) ctx.fail("batch_dims must be less than the ranks of both inputs");
+    for (size_t d = 0; d < b; ++d) {
+      if (data.dim(d) != indices.dim(d)) {
+        ctx.fail("batch dimensions of data " + data.describe() + " and indices " +
+                 indices.describe() + " differ");
+      }
+    }
+    const int64_t k = indices.dim(q - 1);
+    if (k < 1 || static_cast<size_t>(k) > r - b) {
+      ctx.fail("the last dimension of indices (" + std::to_string(k) +
+               ") must be in [1, rank(data) - batch_dims]");
+    }
+    Shape out_shape(indices.shape().begin(), indices.shape().end() - 1);
+    out_shape.insert(out_shape.end(), data.shape().begin() + static_cast<int64_t>(b) + k,
+                     data.shape().end());
+    const int64_t slice =
+        shape_numel(Shape(data.shape().begin() + static_cast<int64_t>(b) + k, data.shape().end()));
+    const int64_t batches = shape_numel(Shape(data.shape().begin(), data.shape().begin() + b));
+    const int64_t batch_size = batches == 0 ? 0 : data.numel() / batches;
+    const int64_t slices = indices.numel() / k;
+    const int64_t per_batch = batches == 0 ? 0 : slices / batches;
+
+    // Element offset of each slice in data, validated before any copying.
+    std::vector<int64_t> offsets(static_cast<size_t>(slices));
+    const int64_t* ip = indices.data<const int64_t>();
+    for (int64_t s = 0; s < slices; ++s) {
+      int64_t off = per_batch == 0 ? 0 : (s / per_batch) * batch_size;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t dim = data.dim(b + static_cast<size_t>(j));
+        int64_t i = ip[s * k + j];
+        if (i < -dim || i >= dim) index_out_of_range(i, dim, "GatherND");
+        if (i < 0) i += dim;
+        off += i * data.strides()[b + static_cast<size_t>(j)];
+      }
+      offsets[static_cast<size_t>(s)] = off;
+    }
+
+    Tensor& out = ctx.output(0, data.dtype(), out_shape);
+    if (out.numel() == 0) return;
+    dispatch_width(data.dtype(), [&]<typename T>() {
+      const T* src = elems<const T>(data);
+      T* dst = elems<T>(out);
+      parallel_for(slices, grain_for(slice), [&](int64_t begin, int64_t end) {
+        for (int64_t s = begin; s < end; ++s) {
+          std::copy_n(src + offsets[static_cast<size_t>(s)], slice, dst + s * slice);
+        }
+      });
+    });
+    ctx.count_copy(out.nbytes());
+  }
+
+ private:
+  int64_t batch_dims_;
+};
+
+}  // namespace
+
+KILN_REGISTER_OP({.op = "Gather",
+                  .since = 1,
+                  .min_inputs = 2,
+                  .max_inputs = 2,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "all types (int32/int64 indices)",
+                  .create = make<Gather>});
+KILN_REGISTER_OP({.op = "GatherElements",
+                  .since = 11,
+                  .min_inputs = 2,
+                  .max_inputs = 2,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "all types (int32/int64 indices)",
+                  .create = make<GatherElements>});
+KILN_REGISTER_OP({.op = "GatherND",
+                  .since = 11,
+                  .min_inputs = 2,
+                  .max_inputs = 2,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "all types (int64 indices)",
+                  .create = make<GatherND>});
+
+}  // namespace kiln::ops
