@@ -1,0 +1,173 @@
+// DepthToSpace and SpaceToDepth (DCR and CRD orders): block rearrangements between the
+// channel and spatial dims, copied into a new tensor.
+#include <array>
+#include <cstring>
+#include <string>
+
+#include "ops/common.h"
+#include "ops/elementwise.h"
+
+namespace kiln::ops {
+namespace {
+
+template <typename U>
+void copy_run(std::byte* dst, const std::byte* src, int64_t n, int64_t ds, int64_t ss) {
+  for (int64_t i = 0; i < n; ++i) {
+    U v;
+    std::memcpy(&v, src + i * ss * static_cast<int64_t>(sizeof(U)), sizeof(U));
+    std::memcpy(dst + i * ds * static_cast<int64_t>(sizeof(U)), &v, sizeof(U));
+  }
+}
+
+// dst = src for tensors of the same shape and type in any layouts; rows run in parallel.
+void copy_strided(const Tensor& src, const Tensor& dst) {
+  const std::array<Shape, 2> strides{src.strides(), dst.strides()};
+  if (src.dtype() == DataType::String) {
+    const std::string* s = src.data<const std::string>();
+    std::string* d = dst.data<std::string>();
+    for_each_row<2>(src.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* st) {
+      for (int64_t i = 0; i < n; ++i) d[off[1] + i * st[1]] = s[off[0] + i * st[0]];
+    });
+    return;
+  }
+  const int bits = bits_per_element(src.dtype());
+  if (bits % 8 != 0) {
+    copy_elements(src, dst);  // sub-byte elements: contiguous tensors only
+    return;
+  }
+  const int64_t es = bits / 8;
+  const std::byte* s = src.raw_data();
+  std::byte* d = dst.raw_data();
+  for_each_row<2>(src.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* st) {
+    const std::byte* a = s + off[0] * es;
+    std::byte* o = d + off[1] * es;
+    if (st[0] == 1 && st[1] == 1) {
+      std::memcpy(o, a, static_cast<size_t>(n * es));
+      return;
+    }
+    switch (es) {
+      case 1:
+        copy_run<uint8_t>(o, a, n, st[1], st[0]);
+        break;
+      case 2:
+        copy_run<uint16_t>(o, a, n, st[1], st[0]);
+        break;
+      case 4:
+        copy_run<uint32_t>(o, a, n, st[1], st[0]);
+        break;
+      case 8:
+        copy_run<uint64_t>(o, a, n, st[1], st[0]);
+        break;
+      default:
+        for (int64_t i = 0; i < n; ++i) {
+          std::memcpy(o + i * st[1] * es, a + i * st[0] * es, static_cast<size_t>(es));
+        }
+    }
+  });
+}
+
+int64_t block_size(const NodeInfo& info) {
+  const int64_t b = info.attr_int("blocksize");
+  if (b <= 0) info.fail("blocksize must be positive, got " + std::to_string(b));
+  return b;
+}
+
+bool crd_mode(const NodeInfo& info) {
+  const std::string mode = info.attr_string("mode", "DCR");
+  if (mode != "DCR" && mode != "CRD") info.fail("mode must be DCR or CRD, got '" + mode + "'");
+  return mode == "CRD";
+}
+
+void check_input(const OpContext& ctx, const Tensor& x) {
+  if (x.rank() != 4) ctx.fail("input must be 4-D, got " + x.describe());
+  if (x.dtype() != DataType::String && bits_per_element(x.dtype()) < 8) {
+    throw_unsupported_type(x.dtype(), "input");
+  }
+}
+
+// Both ops are a reshape to 6-D, a transpose and a reshape back: the input is read as a
+// 6-D strided view in output order and copied into the contiguous output.
+class DepthToSpace final : public Kernel {
+ public:
+  explicit DepthToSpace(const NodeInfo& info) : b_(block_size(info)), crd_(crd_mode(info)) {}
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    check_input(ctx, x);
+    const int64_t n = x.dim(0), c = x.dim(1), h = x.dim(2), w = x.dim(3), b = b_;
+    int64_t bb = 0, oh = 0, ow = 0;
+    if (__builtin_mul_overflow(b, b, &bb) || c % bb != 0) {
+      ctx.fail("channels " + std::to_string(c) + " are not a multiple of blocksize^2");
+    }
+    const int64_t oc = c / bb;
+    if (__builtin_mul_overflow(h, b, &oh) || __builtin_mul_overflow(w, b, &ow)) {
+      ctx.fail("output too large");
+    }
+    Tensor& y = ctx.output(0, x.dtype(), {n, oc, oh, ow});
+    if (y.numel() == 0) return;  // past here c >= b * b, so the strides below cannot overflow
+    const Shape& s = x.strides();
+    const Shape view_shape{n, oc, h, b, w, b};
+    const Shape view_strides = crd_ ? Shape{s[0], s[1] * b * b, s[2], s[1] * b, s[3], s[1]}
+                                    : Shape{s[0], s[1], s[2], s[1] * b * oc, s[3], s[1] * oc};
+    copy_strided(x.view(view_shape, view_strides, x.byte_offset()), y.reshaped(view_shape));
+    ctx.count_copy(y.nbytes());
+  }
+
+ private:
+  int64_t b_;
+  bool crd_;
+};
+
+class SpaceToDepth final : public Kernel {
+ public:
+  explicit SpaceToDepth(const NodeInfo& info) : b_(block_size(info)), crd_(crd_mode(info)) {}
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    check_input(ctx, x);
+    const int64_t n = x.dim(0), c = x.dim(1), h = x.dim(2), w = x.dim(3), b = b_;
+    if (h % b != 0 || w % b != 0) {
+      ctx.fail("spatial dims of " + x.describe() + " are not multiples of the blocksize");
+    }
+    const int64_t oh = h / b, ow = w / b;
+    int64_t bb = 0, oc = 0;
+    if (__builtin_mul_overflow(b, b, &bb) || __builtin_mul_overflow(c, bb, &oc)) {
+      ctx.fail("output too large");
+    }
+    Tensor& y = ctx.output(0, x.dtype(), {n, oc, oh, ow});
+    if (y.numel() == 0) return;  // past here h, w >= b, so the strides below cannot overflow
+    const Shape& s = x.strides();
+    const Shape view_shape = crd_ ? Shape{n, c, b, b, oh, ow} : Shape{n, b, b, c, oh, ow};
+    const Shape view_strides = crd_ ? Shape{s[0], s[1], s[2], s[3], s[2] * b, s[3] * b}
+                                    : Shape{s[0], s[2], s[3], s[1], s[2] * b, s[3] * b};
+    copy_strided(x.view(view_shape, view_strides, x.byte_offset()), y.reshaped(view_shape));
+    ctx.count_copy(y.nbytes());
+  }
+
+ private:
+  int64_t b_;
+  bool crd_;
+};
+
+}  // namespace
+
+KILN_REGISTER_OP({.op = "DepthToSpace",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 1,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .strided_inputs = true,
+                  .types = "all types but sub-byte ones",
+                  .create = make<DepthToSpace>});
+KILN_REGISTER_OP({.op = "SpaceToDepth",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 1,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .strided_inputs = true,
+                  .types = "all types but sub-byte ones",
+                  .create = make<SpaceToDepth>});
+
+}  // namespace kiln::ops

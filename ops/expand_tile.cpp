@@ -1,0 +1,175 @@
+// Expand broadcasts without copying: a view with stride 0 along broadcast dims. Tile
+// copies: the output, seen as [r0, d0, r1, d1, ...], is the input with stride 0 on the
+// repeat dims.
+#include <array>
+#include <cstring>
+#include <string>
+
+#include "ops/common.h"
+#include "ops/elementwise.h"
+
+namespace kiln::ops {
+namespace {
+
+template <typename U>
+void copy_run(std::byte* dst, const std::byte* src, int64_t n, int64_t ds, int64_t ss) {
+  for (int64_t i = 0; i < n; ++i) {
+    U v;
+    std::memcpy(&v, src + i * ss * static_cast<int64_t>(sizeof(U)), sizeof(U));
+    std::memcpy(dst + i * ds * static_cast<int64_t>(sizeof(U)), &v, sizeof(U));
+  }
+}
+
+// dst = src for tensors of the same shape and type in any layouts; rows run in parallel.
+void copy_strided(const Tensor& src, const Tensor& dst) {
+  const std::array<Shape, 2> strides{src.strides(), dst.strides()};
+  if (src.dtype() == DataType::String) {
+    const std::string* s = src.data<const std::string>();
+    std::string* d = dst.data<std::string>();
+    for_each_row<2>(src.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* st) {
+      for (int64_t i = 0; i < n; ++i) d[off[1] + i * st[1]] = s[off[0] + i * st[0]];
+    });
+    return;
+  }
+  const int bits = bits_per_element(src.dtype());
+  if (bits % 8 != 0) {
+    copy_elements(src, dst);  // sub-byte elements: contiguous tensors only
+    return;
+  }
+  const int64_t es = bits / 8;
+  const std::byte* s = src.raw_data();
+  std::byte* d = dst.raw_data();
+  for_each_row<2>(src.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* st) {
+    const std::byte* a = s + off[0] * es;
+    std::byte* o = d + off[1] * es;
+    if (st[0] == 1 && st[1] == 1) {
+      std::memcpy(o, a, static_cast<size_t>(n * es));
+      return;
+    }
+    switch (es) {
+      case 1:
+        copy_run<uint8_t>(o, a, n, st[1], st[0]);
+        break;
+      case 2:
+        copy_run<uint16_t>(o, a, n, st[1], st[0]);
+        break;
+      case 4:
+        copy_run<uint32_t>(o, a, n, st[1], st[0]);
+        break;
+      case 8:
+        copy_run<uint64_t>(o, a, n, st[1], st[0]);
+        break;
+      default:
+        for (int64_t i = 0; i < n; ++i) {
+          std::memcpy(o + i * st[1] * es, a + i * st[0] * es, static_cast<size_t>(es));
+        }
+    }
+  });
+}
+
+// Largest element count an output may have: far below where byte counts overflow.
+constexpr int64_t kMaxElements = int64_t{1} << 57;
+
+// Rejects negative dims and element counts above kMaxElements.
+void check_output_shape(const OpContext& ctx, const Shape& shape) {
+  bool empty = false;
+  for (int64_t d : shape) {
+    if (d < 0) ctx.fail("shape " + shape_to_string(shape) + " has a negative dimension");
+    empty = empty || d == 0;
+  }
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (!empty && (__builtin_mul_overflow(n, d, &n) || n > kMaxElements)) {
+      ctx.fail("shape " + shape_to_string(shape) + " is too large");
+    }
+  }
+}
+
+void require_byte_types(const Tensor& x, const char* what) {
+  if (x.dtype() != DataType::String && bits_per_element(x.dtype()) < 8) {
+    throw_unsupported_type(x.dtype(), what);
+  }
+}
+
+class Expand final : public Kernel {
+ public:
+  explicit Expand(const NodeInfo&) {}
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    require_byte_types(x, "Expand input");
+    const std::vector<int64_t> target = to_int64s(ctx.input(1));
+    for (int64_t d : target) {
+      if (d < 0) ctx.fail("shape " + shape_to_string(target) + " has a negative dimension");
+    }
+    const Shape shape = broadcast_shapes(x.shape(), target);
+    check_output_shape(ctx, shape);
+    Shape strides = broadcast_strides(x, shape);
+    Tensor y = x.view(shape, std::move(strides), x.byte_offset());
+    if (x.dtype() == DataType::String && !y.is_contiguous()) {
+      // The engine cannot make strided string tensors contiguous later: copy them now.
+      Tensor& out = ctx.output(0, x.dtype(), shape);
+      copy_strided(y, out);
+      ctx.count_copy(out.nbytes());
+      return;
+    }
+    ctx.set_output(0, std::move(y));
+  }
+};
+
+class Tile final : public Kernel {
+ public:
+  explicit Tile(const NodeInfo&) {}
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    require_byte_types(x, "Tile input");
+    const std::vector<int64_t> repeats = to_int64s(ctx.input(1));
+    const size_t rank = x.rank();
+    if (repeats.size() != rank) {
+      ctx.fail("repeats has " + std::to_string(repeats.size()) + " entries for an input of rank " +
+               std::to_string(rank));
+    }
+    Shape shape(rank);
+    for (size_t d = 0; d < rank; ++d) {
+      if (repeats[d] < 0) ctx.fail("repeats has a negative value " + std::to_string(repeats[d]));
+      if (__builtin_mul_overflow(x.dim(d), repeats[d], &shape[d])) ctx.fail("output too large");
+    }
+    check_output_shape(ctx, shape);
+    Tensor& out = ctx.output(0, x.dtype(), shape);
+    // Interleave (repeat, dim) pairs: the output in that order is contiguous.
+    Shape split(2 * rank), out_strides(2 * rank), in_strides(2 * rank);
+    for (size_t d = 0; d < rank; ++d) {
+      split[2 * d] = repeats[d];
+      split[2 * d + 1] = x.dim(d);
+      out_strides[2 * d] = out.strides()[d] * x.dim(d);
+      out_strides[2 * d + 1] = out.strides()[d];
+      in_strides[2 * d] = 0;
+      in_strides[2 * d + 1] = x.strides()[d];
+    }
+    copy_strided(x.view(split, in_strides, x.byte_offset()),
+                 out.view(split, out_strides, out.byte_offset()));
+    ctx.count_copy(out.nbytes());
+  }
+};
+
+}  // namespace
+
+KILN_REGISTER_OP({.op = "Expand",
+                  .since = 8,
+                  .min_inputs = 2,
+                  .max_inputs = 2,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .strided_inputs = true,
+                  .types = "all types but sub-byte ones",
+                  .create = make<Expand>});
+KILN_REGISTER_OP({.op = "Tile",
+                  .since = 6,
+                  .min_inputs = 2,
+                  .max_inputs = 2,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .strided_inputs = true,
+                  .types = "all types but sub-byte ones",
+                  .create = make<Tile>});
+
+}  // namespace kiln::ops

@@ -1,0 +1,279 @@
+// Ops that change how a tensor is seen without touching its bytes: Reshape, Flatten,
+// Squeeze, Unsqueeze and Identity return views sharing the input's storage; Shape and Size
+// read only the shape.
+#include <algorithm>
+#include <string>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+namespace {
+
+int64_t checked_mul(const OpContext& ctx, int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) ctx.fail("shape size overflows int64");
+  return r;
+}
+
+// Axes given as an attribute (before `input_since`) or as input 1 (from it on).
+std::vector<int64_t> read_axes(const OpContext& ctx, const std::vector<int64_t>& attr_axes,
+                               int64_t input_since, bool* given) {
+  if (ctx.opset() < input_since) {
+    *given = !attr_axes.empty();
+    return attr_axes;
+  }
+  *given = ctx.has_input(1);
+  return *given ? to_int64s(ctx.input(1)) : std::vector<int64_t>{};
+}
+
+// ONNX Reshape: 0 copies the input's dim (unless allowzero), -1 is inferred.
+Shape reshape_target(const OpContext& ctx, const Shape& in, const std::vector<int64_t>& req,
+                     bool allowzero) {
+  Shape out(req.size());
+  int64_t infer = -1, known = 1;
+  bool has_zero = false;
+  for (size_t i = 0; i < req.size(); ++i) {
+    int64_t v = req[i];
+    if (v == -1) {
+      if (infer >= 0) ctx.fail("shape has more than one -1");
+      infer = static_cast<int64_t>(i);
+      continue;
+    }
+    if (v == 0) {
+      has_zero = true;
+      if (!allowzero) {
+        if (i >= in.size())
+          ctx.fail("shape has a 0 at index " + std::to_string(i) + " beyond the input's rank " +
+                   std::to_string(in.size()));
+        v = in[i];
+      }
+    } else if (v < 0) {
+      ctx.fail("shape has a negative dimension " + std::to_string(v));
+    }
+    out[i] = v;
+    known = checked_mul(ctx, known, v);
+  }
+  const int64_t numel = shape_numel(in);
+  if (infer >= 0) {
+    if (allowzero && has_zero) ctx.fail("allowzero shape cannot hold both 0 and -1");
+    if (known == 0) {
+      if (numel != 0) ctx.fail("cannot infer -1 next to a zero dimension");
+      out[static_cast<size_t>(infer)] = 0;
+    } else {
+      if (numel % known != 0) {
+        ctx.fail("cannot reshape " + shape_to_string(in) + " to " + shape_to_string(req));
+      }
+      out[static_cast<size_t>(infer)] = numel / known;
+    }
+  } else if (known != numel) {
+    ctx.fail("cannot reshape " + shape_to_string(in) + " to " + shape_to_string(req));
+  }
+  return out;
+}
+
+class Reshape final : public Kernel {
+ public:
+  explicit Reshape(const NodeInfo& info) : allowzero_(info.attr_int("allowzero", 0) != 0) {}
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    ctx.set_output(0,
+                   x.reshaped(reshape_target(ctx, x.shape(), to_int64s(ctx.input(1)), allowzero_)));
+  }
+
+ private:
+  bool allowzero_;
+};
+
+class Flatten final : public Kernel {
+ public:
+  explicit Flatten(const NodeInfo& info) : axis_(info.attr_int("axis", 1)) {}
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const auto rank = static_cast<int64_t>(x.rank());
+    const int64_t axis = axis_ < 0 ? axis_ + rank : axis_;
+    if (axis < 0 || axis > rank) {
+      ctx.fail("axis " + std::to_string(axis_) + " is out of range for rank " +
+               std::to_string(rank));
+    }
+    int64_t outer = 1, inner = 1;
+    for (int64_t d = 0; d < rank; ++d) {
+      (d < axis ? outer : inner) *= x.dim(static_cast<size_t>(d));
+    }
+    ctx.set_output(0, x.reshaped({outer, inner}));
+  }
+
+ private:
+  int64_t axis_;
+};
+
+// Squeeze and Unsqueeze keep the input's strides: only size-1 dims come and go, so any
+// layout stays a valid view.
+class Squeeze final : public Kernel {
+ public:
+  explicit Squeeze(const NodeInfo& info) : attr_axes_(info.attr_ints("axes")) {}
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const auto rank = static_cast<int64_t>(x.rank());
+    bool given = false;
+    const std::vector<int64_t> axes = read_axes(ctx, attr_axes_, 13, &given);
+    std::vector<bool> drop(x.rank(), false);
+    if (!given || axes.empty()) {
+      for (size_t d = 0; d < x.rank(); ++d) drop[d] = x.dim(d) == 1;
+    } else {
+      for (int64_t a : axes) {
+        const auto d = static_cast<size_t>(normalize_axis(a, rank));
+        if (x.dim(d) != 1) {
+          ctx.fail("cannot squeeze axis " + std::to_string(a) + " of size " +
+                   std::to_string(x.dim(d)));
+        }
+        drop[d] = true;
+      }
+    }
+    Shape shape, strides;
+    for (size_t d = 0; d < x.rank(); ++d) {
+      if (drop[d]) continue;
+      shape.push_back(x.dim(d));
+      strides.push_back(x.strides()[d]);
+    }
+    ctx.set_output(0, x.view(std::move(shape), std::move(strides), x.byte_offset()));
+  }
+
+ private:
+  std::vector<int64_t> attr_axes_;
+};
+
+class Unsqueeze final : public Kernel {
+ public:
+  explicit Unsqueeze(const NodeInfo& info) : attr_axes_(info.attr_ints("axes")) {}
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    bool given = false;
+    const std::vector<int64_t> axes = read_axes(ctx, attr_axes_, 13, &given);
+    if (!given) ctx.fail("axes are required");
+    const auto out_rank = static_cast<int64_t>(x.rank() + axes.size());
+    std::vector<bool> inserted(static_cast<size_t>(out_rank), false);
+    for (int64_t a : axes) {
+      const auto d = static_cast<size_t>(normalize_axis(a, out_rank));
+      if (inserted[d]) ctx.fail("axis " + std::to_string(a) + " is repeated");
+      inserted[d] = true;
+    }
+    Shape shape(static_cast<size_t>(out_rank)), strides(static_cast<size_t>(out_rank));
+    size_t src = x.rank();
+    int64_t next_stride = 1;  // any value is valid for a size-1 dim; keep it "contiguous"
+    for (size_t d = static_cast<size_t>(out_rank); d-- > 0;) {
+      if (inserted[d]) {
+        shape[d] = 1;
+        strides[d] = next_stride;
+      } else {
+        --src;
+        shape[d] = x.dim(src);
+        strides[d] = x.strides()[src];
+        next_stride = x.strides()[src] * std::max<int64_t>(x.dim(src), 1);
+      }
+    }
+    ctx.set_output(0, x.view(std::move(shape), std::move(strides), x.byte_offset()));
+  }
+
+ private:
+  std::vector<int64_t> attr_axes_;
+};
+
+// Passes any value through: tensor, sequence or optional.
+class Identity final : public Kernel {
+ public:
+  explicit Identity(const NodeInfo&) {}
+  void run(OpContext& ctx) override { ctx.set_output(0, ctx.input_value(0)); }
+};
+
+class ShapeOp final : public Kernel {
+ public:
+  explicit ShapeOp(const NodeInfo& info)
+      : start_(info.attr_int("start", 0)), end_(info.attr_int("end", INT64_MAX)) {}
+  void run(OpContext& ctx) override {
+    const Shape& s = ctx.input(0).shape();
+    const auto rank = static_cast<int64_t>(s.size());
+    auto clamp = [rank](int64_t v) { return std::clamp(v < 0 ? v + rank : v, int64_t{0}, rank); };
+    const int64_t begin = clamp(start_), end = std::max(begin, clamp(end_));
+    Tensor& y = ctx.output(0, DataType::Int64, {end - begin});
+    std::copy(s.begin() + begin, s.begin() + end, y.data<int64_t>());
+  }
+
+ private:
+  int64_t start_, end_;
+};
+
+class Size final : public Kernel {
+ public:
+  explicit Size(const NodeInfo&) {}
+  void run(OpContext& ctx) override {
+    const int64_t n = ctx.input(0).numel();
+    ctx.output(0, DataType::Int64, {}).data<int64_t>()[0] = n;
+  }
+};
+
+}  // namespace
+
+constexpr const char* kAllTypes = "all types";
+KILN_REGISTER_OP({.op = "Reshape",
+                  .since = 5,
+                  .min_inputs = 2,
+                  .max_inputs = 2,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = kAllTypes,
+                  .create = make<Reshape>});
+KILN_REGISTER_OP({.op = "Flatten",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 1,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = kAllTypes,
+                  .create = make<Flatten>});
+KILN_REGISTER_OP({.op = "Squeeze",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 2,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .strided_inputs = true,
+                  .types = kAllTypes,
+                  .create = make<Squeeze>});
+KILN_REGISTER_OP({.op = "Unsqueeze",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 2,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .strided_inputs = true,
+                  .types = kAllTypes,
+                  .create = make<Unsqueeze>});
+KILN_REGISTER_OP({.op = "Identity",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 1,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .strided_inputs = true,
+                  .types = "all types, sequences, optionals",
+                  .create = make<Identity>});
+KILN_REGISTER_OP({.op = "Shape",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 1,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .strided_inputs = true,
+                  .types = kAllTypes,
+                  .create = make<ShapeOp>});
+KILN_REGISTER_OP({.op = "Size",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 1,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .strided_inputs = true,
+                  .types = kAllTypes,
+                  .create = make<Size>});
+
+}  // namespace kiln::ops

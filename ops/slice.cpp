@@ -1,0 +1,181 @@
+// Slice: a strided view of the input (offset start, stride times step); no bytes move.
+// Negative steps are copied into a new tensor instead: views with negative strides would
+// reach code that computes addresses with unsigned offsets (copy_elements). Starts, ends
+// and axes are attributes before opset 10 and inputs (with steps) from opset 10.
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <string>
+
+#include "ops/common.h"
+#include "ops/elementwise.h"
+
+namespace kiln::ops {
+namespace {
+
+template <typename U>
+void copy_run(std::byte* dst, const std::byte* src, int64_t n, int64_t ds, int64_t ss) {
+  for (int64_t i = 0; i < n; ++i) {
+    U v;
+    std::memcpy(&v, src + i * ss * static_cast<int64_t>(sizeof(U)), sizeof(U));
+    std::memcpy(dst + i * ds * static_cast<int64_t>(sizeof(U)), &v, sizeof(U));
+  }
+}
+
+// dst = src for tensors of the same shape and type in any layouts; rows run in parallel.
+void copy_strided(const Tensor& src, const Tensor& dst) {
+  const std::array<Shape, 2> strides{src.strides(), dst.strides()};
+  if (src.dtype() == DataType::String) {
+    const std::string* s = src.data<const std::string>();
+    std::string* d = dst.data<std::string>();
+    for_each_row<2>(src.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* st) {
+      for (int64_t i = 0; i < n; ++i) d[off[1] + i * st[1]] = s[off[0] + i * st[0]];
+    });
+    return;
+  }
+  const int bits = bits_per_element(src.dtype());
+  if (bits % 8 != 0) {
+    copy_elements(src, dst);  // sub-byte elements: contiguous tensors only
+    return;
+  }
+  const int64_t es = bits / 8;
+  const std::byte* s = src.raw_data();
+  std::byte* d = dst.raw_data();
+  for_each_row<2>(src.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* st) {
+    const std::byte* a = s + off[0] * es;
+    std::byte* o = d + off[1] * es;
+    if (st[0] == 1 && st[1] == 1) {
+      std::memcpy(o, a, static_cast<size_t>(n * es));
+      return;
+    }
+    switch (es) {
+      case 1:
+        copy_run<uint8_t>(o, a, n, st[1], st[0]);
+        break;
+      case 2:
+        copy_run<uint16_t>(o, a, n, st[1], st[0]);
+        break;
+      case 4:
+        copy_run<uint32_t>(o, a, n, st[1], st[0]);
+        break;
+      case 8:
+        copy_run<uint64_t>(o, a, n, st[1], st[0]);
+        break;
+      default:
+        for (int64_t i = 0; i < n; ++i) {
+          std::memcpy(o + i * st[1] * es, a + i * st[0] * es, static_cast<size_t>(es));
+        }
+    }
+  });
+}
+
+class Slice final : public Kernel {
+ public:
+  explicit Slice(const NodeInfo& info) {
+    if (info.opset() < 10) {
+      starts_ = info.attr_ints("starts");
+      ends_ = info.attr_ints("ends");
+      axes_ = info.attr_ints("axes");
+      if (!info.has_attr("starts") || !info.has_attr("ends")) {
+        info.fail("starts and ends are required");
+      }
+    }
+  }
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    if (x.dtype() != DataType::String && bits_per_element(x.dtype()) < 8) {
+      throw_unsupported_type(x.dtype(), "Slice input");
+    }
+    std::vector<int64_t> starts = starts_, ends = ends_, axes = axes_, steps;
+    bool has_axes = !axes_.empty(), has_steps = false;
+    if (ctx.opset() >= 10) {
+      starts = to_int64s(ctx.input(1));
+      ends = to_int64s(ctx.input(2));
+      has_axes = ctx.has_input(3);
+      if (has_axes) axes = to_int64s(ctx.input(3));
+      has_steps = ctx.has_input(4);
+      if (has_steps) steps = to_int64s(ctx.input(4));
+    }
+    const size_t n = starts.size();
+    if (!has_axes) {
+      for (size_t i = 0; i < n; ++i) axes.push_back(static_cast<int64_t>(i));
+    }
+    if (!has_steps) steps.assign(n, 1);
+    if (ends.size() != n || axes.size() != n || steps.size() != n) {
+      ctx.fail("starts, ends, axes and steps must have the same length");
+    }
+
+    const auto rank = static_cast<int64_t>(x.rank());
+    Shape shape = x.shape(), strides = x.strides();
+    std::vector<bool> seen(x.rank(), false);
+    int64_t offset = 0;  // in elements
+    bool backwards = false;
+    for (size_t i = 0; i < n; ++i) {
+      const auto axis = static_cast<size_t>(normalize_axis(axes[i], rank));
+      if (seen[axis]) ctx.fail("axis " + std::to_string(axes[i]) + " is repeated");
+      seen[axis] = true;
+      int64_t start = 0, len = 0;
+      slice_axis(ctx, shape[axis], starts[i], ends[i], steps[i], &start, &len);
+      offset += start * strides[axis];
+      if (len > 1) strides[axis] *= steps[i];  // |step| < dim here, so this cannot overflow
+      backwards = backwards || (len > 1 && steps[i] < 0);
+      shape[axis] = len;
+    }
+    const auto es = static_cast<int64_t>(bits_per_element(x.dtype()) / 8);
+    const int64_t byte_offset = static_cast<int64_t>(x.byte_offset()) + offset * es;
+    Tensor y = x.view(std::move(shape), std::move(strides), static_cast<size_t>(byte_offset));
+    // Strided string tensors are copied too: the engine cannot make them contiguous later.
+    if (backwards || (x.dtype() == DataType::String && !y.is_contiguous())) {
+      Tensor& out = ctx.output(0, x.dtype(), y.shape());
+      copy_strided(y, out);
+      ctx.count_copy(out.nbytes());
+      return;
+    }
+    ctx.set_output(0, std::move(y));
+  }
+
+ private:
+  // First index and element count of one axis, clamped as ONNX specifies.
+  static void slice_axis(const OpContext& ctx, int64_t dim, int64_t start, int64_t end,
+                         int64_t step, int64_t* first, int64_t* len) {
+    if (step == 0) ctx.fail("step cannot be 0");
+    *first = 0;
+    *len = 0;
+    if (dim == 0) return;
+    if (start < 0) start += dim;  // start >= INT64_MIN, dim >= 0: no overflow
+    if (end < 0) end += dim;
+    uint64_t span = 0, mag = 0;
+    if (step > 0) {
+      start = std::clamp<int64_t>(start, 0, dim);
+      end = std::clamp<int64_t>(end, 0, dim);
+      if (end <= start) return;
+      span = static_cast<uint64_t>(end - start);
+      mag = static_cast<uint64_t>(step);
+    } else {
+      start = std::clamp<int64_t>(start, 0, dim - 1);
+      end = std::clamp<int64_t>(end, -1, dim - 1);
+      if (start <= end) return;
+      span = static_cast<uint64_t>(start - end);
+      mag = uint64_t{0} - static_cast<uint64_t>(step);
+    }
+    *first = start;
+    *len = static_cast<int64_t>((span - 1) / mag + 1);
+  }
+
+  std::vector<int64_t> starts_, ends_, axes_;
+};
+
+}  // namespace
+
+KILN_REGISTER_OP({.op = "Slice",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 5,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .strided_inputs = true,
+                  .types = "all types but sub-byte ones",
+                  .create = make<Slice>});
+
+}  // namespace kiln::ops

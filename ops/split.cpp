@@ -1,0 +1,167 @@
+// Split: cuts a tensor into consecutive pieces along one axis, each copied into its own
+// output. Sizes come from the `split` attribute (before opset 13) or input (from 13), or
+// are equal parts (the last one smaller when uneven, `num_outputs` from opset 18).
+#include <array>
+#include <cstring>
+#include <string>
+
+#include "ops/common.h"
+#include "ops/elementwise.h"
+
+namespace kiln::ops {
+namespace {
+
+template <typename U>
+void copy_run(std::byte* dst, const std::byte* src, int64_t n, int64_t ds, int64_t ss) {
+  for (int64_t i = 0; i < n; ++i) {
+    U v;
+    std::memcpy(&v, src + i * ss * static_cast<int64_t>(sizeof(U)), sizeof(U));
+    std::memcpy(dst + i * ds * static_cast<int64_t>(sizeof(U)), &v, sizeof(U));
+  }
+}
+
+// dst = src for tensors of the same shape and type in any layouts; rows run in parallel.
+void copy_strided(const Tensor& src, const Tensor& dst) {
+  const std::array<Shape, 2> strides{src.strides(), dst.strides()};
+  if (src.dtype() == DataType::String) {
+    const std::string* s = src.data<const std::string>();
+    std::string* d = dst.data<std::string>();
+    for_each_row<2>(src.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* st) {
+      for (int64_t i = 0; i < n; ++i) d[off[1] + i * st[1]] = s[off[0] + i * st[0]];
+    });
+    return;
+  }
+  const int bits = bits_per_element(src.dtype());
+  if (bits % 8 != 0) {
+    copy_elements(src, dst);  // sub-byte elements: contiguous tensors only
+    return;
+  }
+  const int64_t es = bits / 8;
+  const std::byte* s = src.raw_data();
+  std::byte* d = dst.raw_data();
+  for_each_row<2>(src.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* st) {
+    const std::byte* a = s + off[0] * es;
+    std::byte* o = d + off[1] * es;
+    if (st[0] == 1 && st[1] == 1) {
+      std::memcpy(o, a, static_cast<size_t>(n * es));
+      return;
+    }
+    switch (es) {
+      case 1:
+        copy_run<uint8_t>(o, a, n, st[1], st[0]);
+        break;
+      case 2:
+        copy_run<uint16_t>(o, a, n, st[1], st[0]);
+        break;
+      case 4:
+        copy_run<uint32_t>(o, a, n, st[1], st[0]);
+        break;
+      case 8:
+        copy_run<uint64_t>(o, a, n, st[1], st[0]);
+        break;
+      default:
+        for (int64_t i = 0; i < n; ++i) {
+          std::memcpy(o + i * st[1] * es, a + i * st[0] * es, static_cast<size_t>(es));
+        }
+    }
+  });
+}
+
+class Split final : public Kernel {
+ public:
+  explicit Split(const NodeInfo& info)
+      : axis_(info.attr_int("axis", 0)),
+        attr_split_(info.attr_ints("split")),
+        has_attr_split_(info.has_attr("split")),
+        num_outputs_(info.attr_int("num_outputs", 0)) {
+    if (info.has_attr("num_outputs")) {
+      if (info.opset() < 18) info.fail("num_outputs exists from opset 18");
+      if (num_outputs_ != static_cast<int64_t>(info.num_outputs())) {
+        info.fail("num_outputs is " + std::to_string(num_outputs_) + " but the node has " +
+                  std::to_string(info.num_outputs()) + " outputs");
+      }
+    }
+    if (info.opset() >= 18 && info.has_input(1) && info.has_attr("num_outputs")) {
+      info.fail("split and num_outputs cannot both be given");
+    }
+  }
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    if (x.rank() == 0) ctx.fail("cannot split a scalar");
+    if (x.dtype() != DataType::String && bits_per_element(x.dtype()) < 8) {
+      throw_unsupported_type(x.dtype(), "Split input");
+    }
+    const auto axis = static_cast<size_t>(normalize_axis(axis_, static_cast<int64_t>(x.rank())));
+    const std::vector<int64_t> sizes = split_sizes(ctx, x.dim(axis));
+    const auto es = static_cast<size_t>(bits_per_element(x.dtype()) / 8);
+    int64_t offset = 0;
+    uint64_t copied = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      Shape shape = x.shape();
+      shape[axis] = sizes[i];
+      if (ctx.has_output(i)) {
+        const size_t byte_offset =
+            x.byte_offset() +
+            static_cast<size_t>(offset * x.strides()[axis] * static_cast<int64_t>(es));
+        const Tensor piece = x.view(shape, x.strides(), byte_offset);
+        Tensor& out = ctx.output(i, x.dtype(), shape);
+        copy_strided(piece, out);
+        copied += out.nbytes();
+      }
+      offset += sizes[i];
+    }
+    ctx.count_copy(copied);
+  }
+
+ private:
+  std::vector<int64_t> split_sizes(const OpContext& ctx, int64_t dim) const {
+    const auto n = static_cast<int64_t>(ctx.num_outputs());
+    std::vector<int64_t> sizes;
+    if (ctx.opset() < 13 ? has_attr_split_ : ctx.has_input(1)) {
+      sizes = ctx.opset() < 13 ? attr_split_ : to_int64s(ctx.input(1));
+      if (static_cast<int64_t>(sizes.size()) != n) {
+        ctx.fail("split has " + std::to_string(sizes.size()) + " entries for " + std::to_string(n) +
+                 " outputs");
+      }
+      int64_t total = 0;
+      for (int64_t s : sizes) {
+        if (s < 0) ctx.fail("split has a negative size " + std::to_string(s));
+        if (__builtin_add_overflow(total, s, &total)) ctx.fail("split sizes overflow");
+      }
+      if (total != dim) {
+        ctx.fail("split sizes add up to " + std::to_string(total) + ", not the axis size " +
+                 std::to_string(dim));
+      }
+      return sizes;
+    }
+    if (n == 0) ctx.fail("has no outputs");
+    // Equal parts; when uneven every part but the last gets ceil(dim / n).
+    const int64_t part = dim / n + (dim % n != 0 ? 1 : 0);
+    sizes.assign(static_cast<size_t>(n), part);
+    sizes.back() = dim - part * (n - 1);
+    if (sizes.back() < 0) {
+      ctx.fail("cannot split an axis of size " + std::to_string(dim) + " into " +
+               std::to_string(n) + " parts");
+    }
+    return sizes;
+  }
+
+  int64_t axis_;
+  std::vector<int64_t> attr_split_;
+  bool has_attr_split_;
+  int64_t num_outputs_;
+};
+
+}  // namespace
+
+KILN_REGISTER_OP({.op = "Split",
+                  .since = 2,
+                  .min_inputs = 1,
+                  .max_inputs = 2,
+                  .min_outputs = 1,
+                  .strided_inputs = true,
+                  .types = "all types but sub-byte ones",
+                  .create = make<Split>});
+
+}  // namespace kiln::ops

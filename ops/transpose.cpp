@@ -1,0 +1,78 @@
+// Transpose: a strided view with permuted dims; no bytes move. Consumers that accept
+// strided inputs read it directly, the others get a contiguous copy from the executor.
+// Strings are the exception: the engine cannot make a strided string tensor contiguous
+// (copy_elements), so they are copied here.
+#include <array>
+#include <string>
+
+#include "ops/common.h"
+#include "ops/elementwise.h"
+
+namespace kiln::ops {
+namespace {
+
+void copy_strings(const Tensor& src, const Tensor& dst) {
+  const std::string* s = src.data<const std::string>();
+  std::string* d = dst.data<std::string>();
+  const std::array<Shape, 2> strides{src.strides(), dst.strides()};
+  for_each_row<2>(src.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* st) {
+    for (int64_t i = 0; i < n; ++i) d[off[1] + i * st[1]] = s[off[0] + i * st[0]];
+  });
+}
+
+class Transpose final : public Kernel {
+ public:
+  explicit Transpose(const NodeInfo& info) : perm_(info.attr_ints("perm")) {
+    std::vector<bool> seen(perm_.size(), false);
+    for (int64_t p : perm_) {
+      if (p < 0 || p >= static_cast<int64_t>(perm_.size()) || seen[static_cast<size_t>(p)]) {
+        info.fail("perm is not a permutation of 0.." + std::to_string(perm_.size() - 1));
+      }
+      seen[static_cast<size_t>(p)] = true;
+    }
+  }
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const size_t rank = x.rank();
+    if (!perm_.empty() && perm_.size() != rank) {
+      ctx.fail("perm has " + std::to_string(perm_.size()) + " entries for an input of rank " +
+               std::to_string(rank));
+    }
+    Shape shape(rank), strides(rank);
+    for (size_t d = 0; d < rank; ++d) {
+      const size_t from = perm_.empty() ? rank - 1 - d : static_cast<size_t>(perm_[d]);
+      shape[d] = x.dim(from);
+      strides[d] = x.strides()[from];
+    }
+    Tensor y = x.view(std::move(shape), std::move(strides), x.byte_offset());
+    if (bits_per_element(x.dtype()) < 8 && !y.is_contiguous()) {
+      // Sub-byte elements have no per-element address, so a permuted view cannot exist.
+      throw_unsupported_type(x.dtype(), "Transpose of");
+    }
+    if (x.dtype() == DataType::String && !y.is_contiguous()) {
+      Tensor& out = ctx.output(0, x.dtype(), y.shape());
+      copy_strings(y, out);
+      ctx.count_copy(out.nbytes());
+      return;
+    }
+    ctx.set_output(0, std::move(y));
+  }
+
+ private:
+  std::vector<int64_t> perm_;
+};
+
+}  // namespace
+
+KILN_REGISTER_OP({.op = "Transpose",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 1,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .strided_inputs = true,
+                  .types = "all types (sub-byte types only when the result stays contiguous)",
+                  .create = make<Transpose>});
+
+}  // namespace kiln::ops
