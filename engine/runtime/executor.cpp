@@ -8,14 +8,9 @@
 namespace kiln {
 
 Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape) {
-  for (int64_t d : shape) {
-    if (d < 0) {
-      throw Error(ErrorKind::Runtime,
-                  "cannot allocate a tensor of shape " + shape_to_string(shape));
-    }
-  }
+  const int64_t n = checked_numel(shape);
   if (dtype == DataType::String) return Tensor::zeros(dtype, shape);
-  return Tensor(dtype, shape, pool.acquire(storage_bytes(dtype, shape_numel(shape))));
+  return Tensor(dtype, shape, pool.acquire(storage_bytes(dtype, n)));
 }
 
 namespace {

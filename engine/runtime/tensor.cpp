@@ -91,6 +91,29 @@ std::string shape_to_string(const Shape& shape) {
   return s + "]";
 }
 
+int64_t checked_numel(const Shape& shape) {
+  // Element counts above 2^56 cannot be real tensors; refusing them keeps every byte size
+  // computed from a shape free of overflow.
+  constexpr int64_t kMax = int64_t{1} << 56;
+  int64_t n = 1;
+  bool too_big = false;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      throw Error(ErrorKind::InvalidArgument,
+                  "negative dimension in shape " + shape_to_string(shape));
+    }
+    if (d > 0 && n > kMax / d) too_big = true;
+    n = too_big ? n : n * d;
+  }
+  for (int64_t d : shape) {
+    if (d == 0) return 0;
+  }
+  if (too_big) {
+    throw Error(ErrorKind::InvalidArgument, "shape " + shape_to_string(shape) + " is too large");
+  }
+  return n;
+}
+
 void throw_element_count_mismatch(int64_t expected, size_t given) {
   throw Error(ErrorKind::InvalidArgument, "tensor of " + std::to_string(expected) +
                                               " elements given " + std::to_string(given) +
@@ -175,32 +198,24 @@ Tensor Tensor::view(Shape shape, Shape strides, size_t byte_offset) const {
 void copy_elements(const Tensor& src, const Tensor& dst) {
   const int64_t n = src.numel();
   if (n == 0) return;
-  if (src.dtype() == DataType::String) {
-    Tensor s = src.contiguous();
-    const std::string* from = s.data<const std::string>();
-    std::string* to = dst.data<std::string>();
-    if (dst.is_contiguous()) {
-      for (int64_t i = 0; i < n; ++i) to[i] = from[i];
-      return;
-    }
-  }
-  const size_t esize = static_cast<size_t>(bits_per_element(src.dtype()) / 8);
-  if (src.is_contiguous() && dst.is_contiguous()) {
+  const bool is_string = src.dtype() == DataType::String;
+  const auto esize = static_cast<int64_t>(bits_per_element(src.dtype()) / 8);
+  if (!is_string && src.is_contiguous() && dst.is_contiguous()) {
     std::memcpy(dst.raw_data(), src.raw_data(), src.nbytes());
     return;
   }
-  if (esize == 0) {
+  if (esize == 0 || (is_string && bits_per_element(src.dtype()) % 8 != 0)) {
     throw Error(ErrorKind::Unsupported, "strided copy of " + src.describe());
   }
-  // Odometer over all but the last dimension; memcpy runs along the last one when dense.
+  // Odometer over all but the last dimension. Offsets are signed: views may have negative
+  // strides. memcpy runs along the last dimension when both sides are dense there.
   const Shape& shape = src.shape();
   const size_t rank = shape.size();
-  const int64_t inner = shape[rank - 1];
-  const int64_t ss = src.strides()[rank - 1], ds = dst.strides()[rank - 1];
+  const int64_t inner = rank ? shape[rank - 1] : 1;
+  const int64_t ss = rank ? src.strides()[rank - 1] : 1, ds = rank ? dst.strides()[rank - 1] : 1;
   std::vector<int64_t> idx(rank, 0);
   const std::byte* sp = src.raw_data();
   std::byte* dp = dst.raw_data();
-  const bool is_string = src.dtype() == DataType::String;
   for (int64_t done = 0; done < n; done += inner) {
     int64_t so = 0, doff = 0;
     for (size_t d = 0; d + 1 < rank; ++d) {
@@ -212,10 +227,11 @@ void copy_elements(const Tensor& src, const Tensor& dst) {
       auto* t = reinterpret_cast<std::string*>(dp) + doff;
       for (int64_t i = 0; i < inner; ++i) t[i * ds] = f[i * ss];
     } else if (ss == 1 && ds == 1) {
-      std::memcpy(dp + doff * esize, sp + so * esize, static_cast<size_t>(inner) * esize);
+      std::memcpy(dp + doff * esize, sp + so * esize, static_cast<size_t>(inner * esize));
     } else {
       for (int64_t i = 0; i < inner; ++i) {
-        std::memcpy(dp + (doff + i * ds) * esize, sp + (so + i * ss) * esize, esize);
+        std::memcpy(dp + (doff + i * ds) * esize, sp + (so + i * ss) * esize,
+                    static_cast<size_t>(esize));
       }
     }
     for (size_t d = rank - 1; d-- > 0;) {

@@ -691,6 +691,7 @@ class PlainHooks final : public ops::ExecutionHooks {
     return Tensor::zeros(dtype, shape);
   }
   bool can_overwrite(size_t) override { return false; }
+  Value take_input(size_t) override { return {}; }
   void count_copy(uint64_t, ops::CopyCause) override {}
   void count_in_place() override {}
   std::vector<Value> run_subgraph(int, std::vector<Value>, ops::CaptureMode) override { return {}; }

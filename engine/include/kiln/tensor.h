@@ -136,6 +136,9 @@ class Tensor {
 Shape contiguous_strides(const Shape& shape);
 // Product of the dimensions (1 for a scalar).
 int64_t shape_numel(const Shape& shape);
+// The same, for shapes about to be allocated: throws kiln::Error on a negative dimension or
+// a count too large to be real (so byte sizes never overflow).
+int64_t checked_numel(const Shape& shape);
 // "[2,3]"
 std::string shape_to_string(const Shape& shape);
 // Copy `src` (any layout) into `dst` (same dtype and shape, any layout).
