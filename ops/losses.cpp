@@ -1,0 +1,197 @@
+// NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss.
+//
+// Both see the scores as [N, C, D] (D the product of the trailing dims) and the targets as
+// [N, D]. loss[n, d] = -weight[t] * logp[n, t, d] with t = target[n, d]; targets equal to
+// ignore_index contribute nothing (and no weight). "mean" divides the summed loss by the
+// summed weight of the counted targets (NaN when that is zero, as onnxruntime gives).
+// SoftmaxCrossEntropyLoss first takes the log-softmax over C (its optional second output).
+#include <Eigen/Core>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+namespace {
+
+enum class Reduction { None, Sum, Mean };
+
+Reduction parse_reduction(const NodeInfo& info) {
+  const std::string r = info.attr_string("reduction", "mean");
+  if (r == "none") return Reduction::None;
+  if (r == "sum") return Reduction::Sum;
+  if (r == "mean") return Reduction::Mean;
+  info.fail("reduction must be 'none', 'sum' or 'mean', got '" + r + "'");
+}
+
+struct LossShape {
+  int64_t batch = 0, classes = 0, inner = 1;
+};
+
+// Checks scores [N, C, d...] against targets [N, d...] and weights [C].
+LossShape check_shapes(OpContext& ctx, const Tensor& scores, const Tensor& target,
+                       const Tensor* weight) {
+  if (scores.rank() < 2) ctx.fail("input must have at least 2 dims, got " + scores.describe());
+  LossShape s;
+  s.batch = scores.dim(0);
+  s.classes = scores.dim(1);
+  Shape expected{s.batch};
+  for (size_t d = 2; d < scores.rank(); ++d) {
+    s.inner *= scores.dim(d);
+    expected.push_back(scores.dim(d));
+  }
+  if (target.shape() != expected) {
+    ctx.fail("target " + target.describe() + " must have shape " + shape_to_string(expected));
+  }
+  if (weight && (weight->rank() != 1 || weight->dim(0) != s.classes)) {
+    ctx.fail("weight " + weight->describe() + " must have shape [" + std::to_string(s.classes) +
+             "]");
+  }
+  if (weight && weight->dtype() != scores.dtype()) {
+    ctx.fail("weight must have the input's element type");
+  }
+  return s;
+}
+
+class LossBase : public Kernel {
+ public:
+  explicit LossBase(const NodeInfo& info)
+      : reduction_(parse_reduction(info)),
+        has_ignore_(info.has_attr("ignore_index")),
+        ignore_(info.attr_int("ignore_index", 0)) {}
+
+ protected:
+  // Writes output 0 from log-probabilities `logp(index)` laid out as [N, C, D].
+  template <typename T, typename LogP>
+  void write_loss(OpContext& ctx, const LossShape& s, const Tensor& target, const Tensor* weight,
+                  LogP logp) const {
+    const std::vector<int64_t> t = to_int64s(target);
+    std::vector<double> w;
+    if (weight) {
+      const Tensor wc = weight->contiguous();
+      for (int64_t c = 0; c < s.classes; ++c) {
+        w.push_back(static_cast<compute_t<T>>(wc.data<const T>()[c]));
+      }
+    }
+    const int64_t count = s.batch * s.inner;
+    Tensor* out = nullptr;
+    if (reduction_ == Reduction::None) out = &ctx.output(0, data_type_of<T>(), target.shape());
+    double total = 0, total_weight = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t label = t[static_cast<size_t>(i)];
+      double loss = 0;
+      if (!(has_ignore_ && label == ignore_)) {
+        if (label < 0 || label >= s.classes) {
+          ctx.fail("target " + std::to_string(label) + " is out of range [0, " +
+                   std::to_string(s.classes) + ")");
+        }
+        const int64_t n = i / s.inner, d = i % s.inner;
+        const double wt = weight ? w[static_cast<size_t>(label)] : 1.0;
+        loss = -wt * logp((n * s.classes + label) * s.inner + d);
+        total += loss;
+        total_weight += wt;
+      }
+      if (out) out->data<T>()[i] = from_compute<T>(static_cast<compute_t<T>>(loss));
+    }
+    if (reduction_ == Reduction::None) return;
+    const double v = reduction_ == Reduction::Sum ? total : total / total_weight;
+    Tensor& y = ctx.output(0, data_type_of<T>(), Shape{});
+    y.data<T>()[0] = from_compute<T>(static_cast<compute_t<T>>(v));
+  }
+
+  Reduction reduction_;
+  bool has_ignore_;
+  int64_t ignore_;
+};
+
+class NllLoss final : public LossBase {
+ public:
+  explicit NllLoss(const NodeInfo& info) : LossBase(info) {}
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& target = ctx.input(1);
+    const Tensor* weight = ctx.has_input(2) ? &ctx.input(2) : nullptr;
+    const LossShape s = check_shapes(ctx, x, target, weight);
+    dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
+      const T* p = x.data<const T>();
+      write_loss<T>(ctx, s, target, weight, [&](int64_t i) {
+        return static_cast<double>(static_cast<compute_t<T>>(p[i]));
+      });
+    });
+  }
+};
+
+template <typename C>
+using Arr = Eigen::Array<C, Eigen::Dynamic, 1>;
+
+class SoftmaxCrossEntropy final : public LossBase {
+ public:
+  explicit SoftmaxCrossEntropy(const NodeInfo& info) : LossBase(info) {}
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& target = ctx.input(1);
+    const Tensor* weight = ctx.has_input(2) ? &ctx.input(2) : nullptr;
+    const LossShape s = check_shapes(ctx, x, target, weight);
+    dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
+      using C = compute_t<T>;
+      Tensor lp = ctx.allocate(data_type_of<C>(), x.shape());
+      log_softmax<T, C>(x.data<const T>(), lp.data<C>(), s);
+      const C* logp = lp.data<const C>();
+      write_loss<T>(ctx, s, target, weight,
+                    [&](int64_t i) { return static_cast<double>(logp[i]); });
+      if (!ctx.has_output(1)) return;
+      if constexpr (std::is_same_v<T, C>) {
+        ctx.set_output(1, Value(lp));
+      } else {
+        T* out = ctx.output(1, x.dtype(), x.shape()).data<T>();
+        for (int64_t i = 0; i < lp.numel(); ++i) out[i] = T(logp[i]);
+      }
+    });
+  }
+
+ private:
+  // Log-softmax over C of each [C, D] block, vectorised along D.
+  template <typename T, typename C>
+  static void log_softmax(const T* x, C* y, const LossShape& s) {
+    const int64_t block = s.classes * s.inner;
+    parallel_for(s.batch, grain_for(block * 8), [&](int64_t n0, int64_t n1) {
+      Arr<C> m(s.inner), sum(s.inner);
+      for (int64_t n = n0; n < n1; ++n) {
+        C* yb = y + n * block;
+        for (int64_t i = 0; i < block; ++i) yb[i] = static_cast<C>(x[n * block + i]);
+        auto row = [&](int64_t c) { return Eigen::Map<Arr<C>>(yb + c * s.inner, s.inner); };
+        if (s.classes == 0) continue;
+        m = row(0);
+        for (int64_t c = 1; c < s.classes; ++c) m = m.max(row(c));
+        sum.setZero();
+        for (int64_t c = 0; c < s.classes; ++c) sum += (row(c) - m).exp();
+        sum = sum.log();
+        for (int64_t c = 0; c < s.classes; ++c) row(c) = (row(c) - m) - sum;
+      }
+    });
+  }
+};
+
+}  // namespace
+
+KILN_REGISTER_OP({.op = "NegativeLogLikelihoodLoss",
+                  .since = 12,
+                  .min_inputs = 2,
+                  .max_inputs = 3,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "float, double, float16, bfloat16; int32/int64 targets",
+                  .create = make<NllLoss>});
+KILN_REGISTER_OP({.op = "SoftmaxCrossEntropyLoss",
+                  .since = 12,
+                  .min_inputs = 2,
+                  .max_inputs = 3,
+                  .min_outputs = 1,
+                  .max_outputs = 2,
+                  .types = "float, double, float16, bfloat16; int32/int64 labels",
+                  .create = make<SoftmaxCrossEntropy>});
+
+}  // namespace kiln::ops
