@@ -296,7 +296,7 @@ std::vector<Value> OpTest::run() {
   SessionOptions so;
   so.environment = std::make_shared<Environment>(2);
   Session s = session_from_model(std::move(model), so);
-  auto out = s.run(feeds_);
+  auto out = owned_ ? s.run(std::move(feeds_)) : s.run(feeds_);
   stats_ = s.last_run_stats();
   std::vector<Value> values;
   for (auto& nv : out) values.push_back(std::move(nv.value));

@@ -36,7 +36,13 @@ class OpTest {
   OpTest& attr(const std::string& name, std::vector<std::string> v);
   OpTest& attr(const std::string& name, Tensor v);
   OpTest& attr(const std::string& name, std::shared_ptr<ir::Graph> g);
-  OpTest& outputs(size_t n);      // default 1
+  OpTest& outputs(size_t n);  // default 1
+  // Hands the inputs to the run by move (they may then be overwritten in place; the OpTest
+  // can run only once). By default inputs are fed by copy and only read.
+  OpTest& owned_inputs() {
+    owned_ = true;
+    return *this;
+  }
   OpTest& skip_output(size_t i);  // leave output i unnamed (optional output not requested)
 
   // Runs the node; throws kiln::Error like a session would.
@@ -51,6 +57,7 @@ class OpTest {
   std::vector<NamedValue> feeds_;
   size_t n_outputs_ = 1;
   std::vector<bool> skipped_;
+  bool owned_ = false;
   RunStats stats_;
 };
 

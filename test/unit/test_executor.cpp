@@ -193,3 +193,15 @@ TEST_CASE("the plan runs readers that never write in place before an in-place co
     CHECK(s.last_run_stats().in_place_ops == 1);
   }
 }
+
+TEST_CASE("OpTest can hand inputs over by move to test in-place paths", "[executor][inplace]") {
+  OpTest shared("Relu", 14);
+  shared.input(Tensor::from_vector<float>({4}, {-1, 2, -3, 4}));
+  shared.run();
+  CHECK(shared.stats().in_place_ops == 0);
+  OpTest owned("Relu", 14);
+  owned.input(Tensor::from_vector<float>({4}, {-1, 2, -3, 4})).owned_inputs();
+  CHECK(owned.run1().to_vector<float>() == std::vector<float>{0, 2, 0, 4});
+  CHECK(owned.stats().in_place_ops == 1);
+  CHECK(owned.stats().allocations == 0);
+}
