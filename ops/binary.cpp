@@ -57,6 +57,57 @@ class Arithmetic final : public Kernel {
   Fn fn_;
 };
 
+// Opsets 1-6: no numpy broadcasting. With `broadcast` = 1, B is matched against A's
+// dimensions starting at `axis` (default: B's dimensions are A's trailing ones).
+template <typename Fn>
+class LegacyArithmetic final : public Kernel {
+ public:
+  explicit LegacyArithmetic(const NodeInfo& info)
+      : fn_(info),
+        broadcast_(info.attr_int("broadcast", 0) != 0),
+        axis_(info.attr_int("axis", -1)) {
+    has_axis_ = info.has_attr("axis");
+  }
+  void run(OpContext& ctx) override {
+    check_same_type(ctx);
+    const Tensor& a = ctx.input(0);
+    Tensor b = ctx.input(1);
+    if (!broadcast_) {
+      if (a.shape() != b.shape()) {
+        ctx.fail("shapes " + shape_to_string(a.shape()) + " and " + shape_to_string(b.shape()) +
+                 " differ and broadcast is not set");
+      }
+    } else {
+      const auto ra = static_cast<int64_t>(a.rank()), rb = static_cast<int64_t>(b.rank());
+      const int64_t axis = has_axis_ ? (axis_ < 0 ? axis_ + ra : axis_) : ra - rb;
+      if (axis < 0 || axis + rb > ra) ctx.fail("axis " + std::to_string(axis_) + " does not fit B");
+      Shape aligned(static_cast<size_t>(ra), 1);
+      for (int64_t d = 0; d < rb; ++d) {
+        const int64_t bd = b.dim(static_cast<size_t>(d));
+        if (bd != 1 && bd != a.dim(static_cast<size_t>(axis + d))) {
+          ctx.fail("B's shape " + shape_to_string(b.shape()) + " does not match A's at axis " +
+                   std::to_string(axis));
+        }
+        aligned[static_cast<size_t>(axis + d)] = bd;
+      }
+      b = b.contiguous().reshaped(aligned);
+    }
+    Tensor& out = ctx.output_reusing(0, 0, a.dtype(), a.shape());
+    dispatch(typename Fn::Types{}, a.dtype(), [&]<typename T>() {
+      using C = compute_t<T>;
+      binary_loop<T, T, T>(a, b, out, [&](T x, T y) {
+        return from_compute<T>(fn_(static_cast<C>(x), static_cast<C>(y)));
+      });
+    });
+  }
+
+ private:
+  Fn fn_;
+  bool broadcast_;
+  int64_t axis_;
+  bool has_axis_ = false;
+};
+
 struct AddFn {
   using Types = NumericTypes;
   explicit AddFn(const NodeInfo&) {}
@@ -357,6 +408,42 @@ class Variadic final : public Kernel {
                     .create = make<Kernel_>})
 
 KILN_BINARY("Add", 7, Arithmetic<AddFn>, "all numeric");
+KILN_REGISTER_OP({.op = "Add",
+                  .since = 1,
+                  .until = 6,
+                  .min_inputs = 2,
+                  .max_inputs = 2,
+                  .in_place = inputs(0),
+                  .strided_inputs = true,
+                  .types = "all numeric (broadcast/axis attributes)",
+                  .create = make<LegacyArithmetic<AddFn>>});
+KILN_REGISTER_OP({.op = "Sub",
+                  .since = 1,
+                  .until = 6,
+                  .min_inputs = 2,
+                  .max_inputs = 2,
+                  .in_place = inputs(0),
+                  .strided_inputs = true,
+                  .types = "all numeric (broadcast/axis attributes)",
+                  .create = make<LegacyArithmetic<SubFn>>});
+KILN_REGISTER_OP({.op = "Mul",
+                  .since = 1,
+                  .until = 6,
+                  .min_inputs = 2,
+                  .max_inputs = 2,
+                  .in_place = inputs(0),
+                  .strided_inputs = true,
+                  .types = "all numeric (broadcast/axis attributes)",
+                  .create = make<LegacyArithmetic<MulFn>>});
+KILN_REGISTER_OP({.op = "Div",
+                  .since = 1,
+                  .until = 6,
+                  .min_inputs = 2,
+                  .max_inputs = 2,
+                  .in_place = inputs(0),
+                  .strided_inputs = true,
+                  .types = "all numeric (broadcast/axis attributes)",
+                  .create = make<LegacyArithmetic<DivFn>>});
 KILN_BINARY("Sub", 7, Arithmetic<SubFn>, "all numeric");
 KILN_BINARY("Mul", 7, Arithmetic<MulFn>, "all numeric");
 KILN_BINARY("Div", 7, Arithmetic<DivFn>, "all numeric");

@@ -139,3 +139,21 @@ TEST_CASE("float16 conversion rounds to nearest even and keeps specials", "[type
     REQUIRE(float16::from_float(float16::to_float(static_cast<uint16_t>(h))) == h);
   }
 }
+
+TEST_CASE("opset 6 Add broadcasts B along A's dimensions from `axis`", "[ops][elementwise]") {
+  Tensor a = Tensor::from_vector<float>({2, 3}, {1, 2, 3, 4, 5, 6});
+  Tensor col = Tensor::from_vector<float>({2}, {10, 20});
+  CHECK(OpTest("Add", 6)
+            .input(a)
+            .input(col)
+            .attr("broadcast", 1)
+            .attr("axis", 0)
+            .run1()
+            .to_vector<float>() == std::vector<float>{11, 12, 13, 24, 25, 26});
+  Tensor row = Tensor::from_vector<float>({3}, {10, 20, 30});
+  CHECK(OpTest("Mul", 6).input(a).input(row).attr("broadcast", 1).run1().to_vector<float>() ==
+        std::vector<float>{10, 40, 90, 40, 100, 180});
+  // Without `broadcast` the shapes must match.
+  REQUIRE_THROWS_AS(OpTest("Add", 6).input(a).input(row).run(), Error);
+  REQUIRE_THROWS_AS(OpTest("Add", 6).input(a).input(col).attr("broadcast", 1).run(), Error);
+}
