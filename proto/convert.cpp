@@ -599,7 +599,12 @@ ir::Model convert_model(Source& src, const std::string& path) {
       const std::string domain = op.domain() == "ai.onnx" ? "" : op.domain();
       model.opsets[domain] = op.version();
     }
-    if (mp.opset_import_size() == 0) model.opsets[""] = 1;  // IR version 1-2 files
+    if (mp.opset_import_size() == 0) {
+      // Only IR versions 1-2 predate opset imports; later files without them are invalid
+      // (or truncated right after their graph).
+      if (mp.ir_version() >= 3) invalid("not a valid ONNX model (no opset imports)");
+      model.opsets[""] = 1;
+    }
     if (mp.functions_size() > 0) {
       // Nodes that call them are reported as unsupported ops when the session is planned.
     }
