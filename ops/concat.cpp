@@ -1,7 +1,9 @@
 // Concat: joins its inputs along one axis into a new tensor. Inputs may have any strides;
 // each is copied into its window of the output.
+#include <algorithm>
 #include <array>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "ops/common.h"
@@ -73,8 +75,9 @@ class Concat final : public Kernel {
   void run(OpContext& ctx) override {
     size_t axis = 0;
     const Shape shape = output_shape(ctx, &axis);
+    if (append_in_place(ctx, shape, axis)) return;
     Tensor& out = ctx.output(0, ctx.input(0).dtype(), shape);
-    copy_inputs(ctx, out, axis);
+    copy_inputs(ctx, out, axis, 0);
     ctx.count_copy(out.nbytes(), CopyCause::Concat);
   }
 
@@ -108,11 +111,92 @@ class Concat final : public Kernel {
     return shape;
   }
 
-  // Copies each input into its window [offset, offset + dim) along the axis.
-  static void copy_inputs(const OpContext& ctx, const Tensor& out, size_t axis) {
+  // The KV-cache case: input 0 is owned, this is its last use, and its storage has spare
+  // room along the axis (Tensor::with_capacity, or an earlier append). Only the other
+  // inputs are written, into that room, and the output is input 0 grown in place, so
+  // extending a cache costs the new entries' bytes whatever its length. When the room is
+  // not enough, the cache moves once into a buffer of twice the capacity.
+  bool append_in_place(OpContext& ctx, const Shape& shape, size_t axis) {
+    const Tensor& base = ctx.input(0);
+    if (ctx.num_inputs() < 2 || base.dtype() == DataType::String || !ctx.can_overwrite(0))
+      return false;
+    const int64_t capacity = axis_capacity(base, axis);
+    const int64_t room = capacity - base.dim(axis);
+    const int64_t needed = shape[axis];
+    Tensor grown;
+    if (capacity >= needed) {
+      grown = base.view(shape, base.strides(), base.byte_offset());
+    } else if (room > 0) {
+      Shape full = shape;
+      full[axis] = std::max(2 * capacity, needed);
+      const Tensor buffer = ctx.allocate(base.dtype(), full);
+      grown = buffer.view(shape, buffer.strides(), buffer.byte_offset());
+      const Tensor old_part = grown.view(base.shape(), grown.strides(), grown.byte_offset());
+      copy_strided(base, old_part);
+      ctx.count_copy(base.nbytes(), CopyCause::Concat);
+    } else {
+      return false;
+    }
+    copy_inputs(ctx, grown, axis, 1);
+    uint64_t appended = 0;
+    for (size_t i = 1; i < ctx.num_inputs(); ++i) appended += ctx.input(i).nbytes();
+    ctx.count_copy(appended, CopyCause::Concat);
+    ctx.count_in_place();
+    ctx.set_output(0, grown);
+    return true;
+  }
+
+  // How many elements `t` can hold along `axis` without moving: its layout must be
+  // row-major over a shape that is t's with a larger dimension at `axis`, and the storage
+  // must hold that whole shape. Returns t.dim(axis) when there is no spare room (or the
+  // layout is anything else).
+  static int64_t axis_capacity(const Tensor& t, size_t axis) {
+    const Shape& shape = t.shape();
+    const Shape& strides = t.strides();
+    const int64_t len = shape[axis];
+    // Dimensions inside the axis must be dense.
+    int64_t inner = 1;
+    for (size_t d = shape.size(); d-- > axis + 1;) {
+      if (shape[d] != 1 && strides[d] != inner) return len;
+      inner *= shape[d];
+    }
+    if (len > 1 && strides[axis] != inner) return len;
+    // The stride of the dimension outside the axis fixes the capacity (the outermost axis
+    // is bounded by the storage alone).
+    int64_t capacity = std::numeric_limits<int64_t>::max();
+    if (axis > 0) {
+      if (inner == 0 || strides[axis - 1] % inner != 0) return len;
+      capacity = strides[axis - 1] / inner;
+      int64_t outer_stride = capacity * inner;
+      for (size_t d = axis; d-- > 0;) {
+        if (shape[d] != 1 && strides[d] != outer_stride) return len;
+        outer_stride *= shape[d];
+      }
+    }
+    // The storage must hold the whole grown extent.
+    const auto es = static_cast<int64_t>(bits_per_element(t.dtype()) / 8);
+    const int64_t avail = static_cast<int64_t>(t.storage()->capacity() - t.byte_offset()) / es;
+    int64_t outer = 1;
+    for (size_t d = 0; d < axis; ++d) outer *= shape[d];
+    if (inner == 0 || outer == 0) return len;
+    int64_t fit = 0;
+    if (axis == 0) {
+      fit = avail / inner;
+    } else {
+      // The last outer block starts at (outer - 1) * capacity * inner.
+      const int64_t last_block = (outer - 1) * capacity * inner;
+      fit = avail <= last_block ? 0 : (avail - last_block) / inner;
+    }
+    return std::max(len, std::min(capacity, fit));
+  }
+
+  // Copies inputs [first, n) into their windows along the axis; input i's window starts
+  // after the dims of inputs 0..i-1.
+  static void copy_inputs(const OpContext& ctx, const Tensor& out, size_t axis, size_t first) {
     const auto es = static_cast<size_t>(bits_per_element(out.dtype()) / 8);
     int64_t offset = 0;
-    for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+    for (size_t i = 0; i < first; ++i) offset += ctx.input(i).dim(axis);
+    for (size_t i = first; i < ctx.num_inputs(); ++i) {
       const Tensor& t = ctx.input(i);
       const size_t byte_offset =
           out.byte_offset() + static_cast<size_t>(offset * out.strides()[axis]) * es;
@@ -131,6 +215,7 @@ KILN_REGISTER_OP({.op = "Concat",
                   .min_inputs = 1,
                   .min_outputs = 1,
                   .max_outputs = 1,
+                  .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "all types but sub-byte ones",
                   .create = make<Concat>});
