@@ -1,0 +1,520 @@
+// Einsum: numpy-style equations with ellipsis broadcasting, repeated labels (diagonals),
+// implicit output and any number of operands.
+//
+// Every operand becomes a strided view with one stride per distinct label (a repeated label
+// gets the sum of its strides, which walks the diagonal). Labels used by one operand only
+// are summed out first; then operands are contracted left to right as batched matrix
+// products [batch, M, K] x [batch, K, N] with Eigen, read in place when the labels lie in
+// memory as a row- or column-major matrix and gathered otherwise. The last operand is
+// permuted and reduced into the output. Integers compute on their unsigned counterparts
+// (same bits, wrapping without UB); half types compute in float.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+namespace {
+
+constexpr int kLetters = 52;  // 'A'-'Z' are 0-25, 'a'-'z' 26-51, so ids sort like ASCII
+constexpr int kEllipsis = -1;
+
+template <typename C>
+using RowMat = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename C>
+using ColMat = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
+using Strided = Eigen::OuterStride<Eigen::Dynamic>;
+
+// An operand as its distinct labels and the element stride of each.
+struct View {
+  std::vector<int> labels;
+  Shape strides;
+  int64_t stride_of(int label) const {
+    for (size_t i = 0; i < labels.size(); ++i) {
+      if (labels[i] == label) return strides[i];
+    }
+    return 0;
+  }
+  bool has(int label) const {
+    return std::find(labels.begin(), labels.end(), label) != labels.end();
+  }
+};
+
+View contiguous_view(const std::vector<int>& labels, const std::vector<int64_t>& size) {
+  View v{labels, Shape(labels.size())};
+  int64_t s = 1;
+  for (size_t i = labels.size(); i-- > 0;) {
+    v.strides[i] = s;
+    s *= size[labels[i]];
+  }
+  return v;
+}
+
+// Walks a multi-index over `sizes`, keeping the element offset for `strides`.
+struct Odometer {
+  std::vector<int64_t> sizes, strides, index;
+  int64_t offset = 0;
+  void seek(int64_t flat) {
+    index.assign(sizes.size(), 0);
+    offset = 0;
+    for (size_t d = sizes.size(); d-- > 0;) {
+      index[d] = flat % sizes[d];
+      flat /= sizes[d];
+      offset += index[d] * strides[d];
+    }
+  }
+  void next() {
+    for (size_t d = sizes.size(); d-- > 0;) {
+      offset += strides[d];
+      if (++index[d] < sizes[d]) return;
+      offset -= strides[d] * sizes[d];
+      index[d] = 0;
+    }
+  }
+};
+
+// dst (contiguous, labels `out`) = src summed over its labels not in `out`.
+template <typename C>
+void reduce_into(const C* src, const View& v, const std::vector<int>& out,
+                 const std::vector<int64_t>& size, C* dst) {
+  Odometer outer, inner;
+  int64_t total = 1, count = 1;
+  for (int l : out) {
+    outer.sizes.push_back(size[l]);
+    outer.strides.push_back(v.stride_of(l));
+    total *= size[l];
+  }
+  // Summed labels, largest stride first: the last one runs as a plain inner loop.
+  std::vector<std::pair<int64_t, int64_t>> summed;  // (stride, size)
+  for (size_t i = 0; i < v.labels.size(); ++i) {
+    if (std::find(out.begin(), out.end(), v.labels[i]) != out.end()) continue;
+    summed.emplace_back(v.strides[i], size[v.labels[i]]);
+    count *= size[v.labels[i]];
+  }
+  std::sort(summed.begin(), summed.end(),
+            [](const auto& x, const auto& y) { return std::abs(x.first) > std::abs(y.first); });
+  int64_t inner_n = 1, inner_s = 0;
+  if (!summed.empty()) {
+    std::tie(inner_s, inner_n) = summed.back();
+    summed.pop_back();
+  }
+  for (const auto& [stride, n] : summed) {
+    inner.sizes.push_back(n);
+    inner.strides.push_back(stride);
+  }
+  const int64_t outer_count = count > 0 ? count / inner_n : 0;
+  parallel_for(total, grain_for(count + 1), [&](int64_t b0, int64_t b1) {
+    Odometer o = outer, r = inner;
+    o.seek(b0);
+    for (int64_t i = b0; i < b1; ++i, o.next()) {
+      C acc = C(0);
+      r.seek(0);
+      for (int64_t j = 0; j < outer_count; ++j, r.next()) {
+        const C* p = src + o.offset + r.offset;
+        for (int64_t q = 0; q < inner_n; ++q) acc += p[q * inner_s];
+      }
+      dst[i] = acc;
+    }
+  });
+}
+
+// The single stride that walks `labels` as one flattened dimension, kAny when they hold
+// at most one element, or kNone when they do not lie evenly in memory.
+constexpr int64_t kAny = INT64_MIN, kNone = INT64_MIN + 1;
+int64_t merged_stride(const std::vector<int>& labels, const View& v,
+                      const std::vector<int64_t>& size) {
+  int64_t stride = kAny, span = 1;
+  for (size_t i = labels.size(); i-- > 0;) {
+    const int64_t n = size[labels[i]];
+    if (n == 1) continue;
+    const int64_t s = v.stride_of(labels[i]);
+    if (stride == kAny) {
+      stride = s;
+    } else if (s != stride * span) {
+      return kNone;
+    }
+    span *= n;
+  }
+  return stride;
+}
+
+template <typename C>
+struct Operand {
+  const C* data;
+  View view;
+  std::vector<C> owned;
+};
+
+// Element count of `labels`; throws kiln::Error when too large to allocate.
+int64_t product(const std::vector<int>& labels, const std::vector<int64_t>& size) {
+  Shape shape;
+  for (int l : labels) shape.push_back(size[l]);
+  return checked_numel(shape);
+}
+
+// a * b for work estimates, saturating instead of overflowing.
+int64_t work(int64_t a, int64_t b) {
+  return b != 0 && a > INT64_MAX / b ? INT64_MAX : a * b;
+}
+
+// An operand's [batch, rows, cols] matrices: used in place when possible, else gathered.
+template <typename C>
+struct MatrixSide {
+  const C* data = nullptr;
+  std::vector<C> gathered;
+  std::vector<int64_t> batch_offset;
+  int64_t row_stride = 0, col_stride = 0;  // one of them is 1
+
+  void prepare(const Operand<C>& op, const std::vector<int>& batch, const std::vector<int>& rows,
+               const std::vector<int>& cols, const std::vector<int64_t>& size) {
+    const int64_t nb = product(batch, size), nr = product(rows, size), nc = product(cols, size);
+    int64_t rs = merged_stride(rows, op.view, size), cs = merged_stride(cols, op.view, size);
+    if (cs == kAny) cs = 1;
+    if (rs == kAny) rs = cs == 1 ? std::max<int64_t>(nc, 1) : 1;
+    if (rs != kNone && cs != kNone && ((cs == 1 && rs >= 1) || (rs == 1 && cs >= 1))) {
+      data = op.data;
+      row_stride = rs;
+      col_stride = cs;
+      Odometer o;
+      for (int l : batch) {
+        o.sizes.push_back(size[l]);
+        o.strides.push_back(op.view.stride_of(l));
+      }
+      batch_offset.resize(nb);
+      o.seek(0);
+      for (int64_t b = 0; b < nb; ++b, o.next()) batch_offset[b] = o.offset;
+      return;
+    }
+    std::vector<int> order = batch;
+    order.insert(order.end(), rows.begin(), rows.end());
+    order.insert(order.end(), cols.begin(), cols.end());
+    gathered.resize(checked_numel({nb, nr, nc}));
+    reduce_into(op.data, op.view, order, size, gathered.data());
+    data = gathered.data();
+    row_stride = nc;
+    col_stride = 1;
+    batch_offset.resize(nb);
+    for (int64_t b = 0; b < nb; ++b) batch_offset[b] = b * nr * nc;
+  }
+};
+
+// out[b] (M x N, row-major) = A[b] (M x K) * B[b] (K x N) for every batch, split over rows.
+template <typename C>
+void batched_matmul(const MatrixSide<C>& a, const MatrixSide<C>& b, int64_t nb, int64_t m,
+                    int64_t k, int64_t n, C* out) {
+  if (k == 0) {
+    std::fill(out, out + nb * m * n, C(0));
+    return;
+  }
+  // Tasks of at least ~1M multiply-adds and 16 rows, so each GEMM amortises its packing.
+  constexpr int64_t kTaskWork = int64_t{1} << 20;
+  const int64_t rows_per_task =
+      std::min(std::max<int64_t>(m, 1), std::max<int64_t>(16, grain_for(work(n, k), kTaskWork)));
+  const int64_t blocks = (m + rows_per_task - 1) / rows_per_task;
+  parallel_for(
+      nb * blocks, grain_for(work(rows_per_task, work(n, k)), kTaskWork),
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t bi = t / blocks, r0 = (t % blocks) * rows_per_task;
+          const int64_t rows = std::min(rows_per_task, m - r0);
+          Eigen::Map<RowMat<C>> cm(out + (bi * m + r0) * n, rows, n);
+          const C* pa = a.data + a.batch_offset[bi] + r0 * a.row_stride;
+          const C* pb = b.data + b.batch_offset[bi];
+          auto with_b = [&](const auto& am) {
+            if (b.col_stride == 1) {
+              cm.noalias() = am * Eigen::Map<const RowMat<C>, 0, Strided>(pb, k, n, b.row_stride);
+            } else {
+              cm.noalias() = am * Eigen::Map<const ColMat<C>, 0, Strided>(pb, k, n, b.col_stride);
+            }
+          };
+          if (a.col_stride == 1) {
+            with_b(Eigen::Map<const RowMat<C>, 0, Strided>(pa, rows, k, a.row_stride));
+          } else {
+            with_b(Eigen::Map<const ColMat<C>, 0, Strided>(pa, rows, k, a.col_stride));
+          }
+        }
+      });
+}
+
+// Evaluates the equation on compute-type operands into `out` (contiguous, labels `out_labels`).
+template <typename C>
+void evaluate(std::vector<Operand<C>> ops, const std::vector<int>& out_labels,
+              const std::vector<int64_t>& size, C* out) {
+  auto used_elsewhere = [&](int label, size_t self) {
+    if (std::find(out_labels.begin(), out_labels.end(), label) != out_labels.end()) return true;
+    for (size_t j = 0; j < ops.size(); ++j) {
+      if (j != self && ops[j].view.has(label)) return true;
+    }
+    return false;
+  };
+  if (ops.size() > 1) {  // sum out labels only one operand has
+    for (size_t i = 0; i < ops.size(); ++i) {
+      std::vector<int> keep;
+      for (int l : ops[i].view.labels) {
+        if (used_elsewhere(l, i)) keep.push_back(l);
+      }
+      if (keep.size() == ops[i].view.labels.size()) continue;
+      std::vector<C> reduced(product(keep, size));
+      reduce_into(ops[i].data, ops[i].view, keep, size, reduced.data());
+      ops[i].owned = std::move(reduced);
+      ops[i].data = ops[i].owned.data();
+      ops[i].view = contiguous_view(keep, size);
+    }
+  }
+  auto out_pos = [&](int l) {
+    auto it = std::find(out_labels.begin(), out_labels.end(), l);
+    return it == out_labels.end() ? 1000 + l : static_cast<int>(it - out_labels.begin());
+  };
+  while (ops.size() > 1) {
+    const View& va = ops[0].view;
+    const View& vb = ops[1].view;
+    std::vector<int> batch, contracted, a_only, b_only, all = va.labels;
+    for (int l : vb.labels) {
+      if (!va.has(l)) all.push_back(l);
+    }
+    for (int l : all) {
+      bool needed = std::find(out_labels.begin(), out_labels.end(), l) != out_labels.end();
+      for (size_t j = 2; j < ops.size() && !needed; ++j) needed = ops[j].view.has(l);
+      if (!needed) {
+        contracted.push_back(l);  // labels of one side only are summed with a zero stride
+      } else if (va.has(l) && vb.has(l)) {
+        batch.push_back(l);
+      } else {
+        (va.has(l) ? a_only : b_only).push_back(l);
+      }
+    }
+    auto by_output = [&](int x, int y) { return out_pos(x) < out_pos(y); };
+    std::sort(batch.begin(), batch.end(), by_output);
+    std::sort(a_only.begin(), a_only.end(), by_output);
+    std::sort(b_only.begin(), b_only.end(), by_output);
+    // When the output lists B's own labels first, B x A lands in output order.
+    if (!a_only.empty() && !b_only.empty() && out_pos(b_only.back()) < out_pos(a_only.front())) {
+      std::swap(ops[0], ops[1]);
+      std::swap(a_only, b_only);
+    }
+    MatrixSide<C> ma, mb;
+    ma.prepare(ops[0], batch, a_only, contracted, size);
+    mb.prepare(ops[1], batch, contracted, b_only, size);
+    std::vector<int> result = batch;
+    result.insert(result.end(), a_only.begin(), a_only.end());
+    result.insert(result.end(), b_only.begin(), b_only.end());
+    const int64_t nb = product(batch, size), m = product(a_only, size),
+                  k = product(contracted, size), n = product(b_only, size);
+    if (ops.size() == 2 && result == out_labels) {
+      batched_matmul(ma, mb, nb, m, k, n, out);
+      return;
+    }
+    Operand<C> r{nullptr, contiguous_view(result, size), std::vector<C>(checked_numel({nb, m, n}))};
+    batched_matmul(ma, mb, nb, m, k, n, r.owned.data());
+    r.data = r.owned.data();
+    ops.erase(ops.begin(), ops.begin() + 2);
+    ops.insert(ops.begin(), std::move(r));
+  }
+  reduce_into(ops[0].data, ops[0].view, out_labels, size, out);
+}
+
+// One stride per distinct label: a size-1 dimension reads its one element (stride 0, so
+// it broadcasts), and a repeated label walks the diagonal (the sum of its strides).
+View make_view(const std::vector<int>& dims, const Shape& shape, const Shape& strides) {
+  View v;
+  for (size_t d = 0; d < dims.size(); ++d) {
+    const int64_t stride = shape[d] == 1 ? 0 : strides[d];
+    auto it = std::find(v.labels.begin(), v.labels.end(), dims[d]);
+    if (it == v.labels.end()) {
+      v.labels.push_back(dims[d]);
+      v.strides.push_back(stride);
+    } else {
+      v.strides[it - v.labels.begin()] += stride;
+    }
+  }
+  return v;
+}
+
+std::vector<int> parse_term(const std::string& s, const NodeInfo& info) {
+  std::vector<int> labels;
+  bool ellipsis = false;
+  for (size_t i = 0; i < s.size();) {
+    const char c = s[i];
+    if (c == '.') {
+      if (s.compare(i, 3, "...") != 0 || ellipsis)
+        info.fail("bad ellipsis in equation term '" + s + "'");
+      ellipsis = true;
+      labels.push_back(kEllipsis);
+      i += 3;
+      continue;
+    }
+    if (c >= 'A' && c <= 'Z') {
+      labels.push_back(c - 'A');
+    } else if (c >= 'a' && c <= 'z') {
+      labels.push_back(c - 'a' + 26);
+    } else {
+      info.fail(std::string("unexpected character '") + c + "' in equation");
+    }
+    ++i;
+  }
+  return labels;
+}
+
+// Integers compute on the unsigned type of the same width; floats on compute_t.
+template <typename T, bool = std::is_integral_v<T>>
+struct EinsumCompute {
+  using type = compute_t<T>;
+};
+template <typename T>
+struct EinsumCompute<T, true> {
+  using type = std::make_unsigned_t<T>;
+};
+
+using EinsumTypes =
+    TypeList<float, double, float16, bfloat16, int32_t, int64_t, uint32_t, uint64_t>;
+
+class Einsum final : public Kernel {
+ public:
+  explicit Einsum(const NodeInfo& info) {
+    std::string eq;
+    for (char c : info.attr_string("equation")) {
+      if (c != ' ' && c != '\t' && c != '\n') eq += c;
+    }
+    const size_t arrow = eq.find("->");
+    const std::string lhs = eq.substr(0, arrow);
+    size_t start = 0;
+    while (true) {
+      const size_t comma = lhs.find(',', start);
+      terms_.push_back(parse_term(lhs.substr(start, comma - start), info));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    if (terms_.size() != info.num_inputs()) {
+      info.fail("equation has " + std::to_string(terms_.size()) + " operands, node has " +
+                std::to_string(info.num_inputs()) + " inputs");
+    }
+    if (arrow != std::string::npos) {
+      output_ = parse_term(eq.substr(arrow + 2), info);
+      std::vector<bool> seen(kLetters, false);
+      for (int l : output_) {
+        if (l == kEllipsis) continue;
+        if (seen[l]) info.fail("output label repeated in equation '" + eq + "'");
+        seen[l] = true;
+        bool found = false;
+        for (const auto& t : terms_) found = found || std::find(t.begin(), t.end(), l) != t.end();
+        if (!found) info.fail("output label not among the inputs in '" + eq + "'");
+      }
+    } else {  // implicit: the ellipsis, then labels seen exactly once, in ASCII order
+      std::vector<int> count(kLetters, 0);
+      bool ellipsis = false;
+      for (const auto& t : terms_) {
+        for (int l : t) (l == kEllipsis ? (void)(ellipsis = true) : (void)++count[l]);
+      }
+      if (ellipsis) output_.push_back(kEllipsis);
+      for (int l = 0; l < kLetters; ++l) {
+        if (count[l] == 1) output_.push_back(l);
+      }
+    }
+  }
+
+  void run(OpContext& ctx) override {
+    const size_t n = terms_.size();
+    if (ctx.num_inputs() != n) ctx.fail("wrong number of inputs");
+    const DataType dtype = ctx.input(0).dtype();
+    // Ellipsis dimensions are labels kLetters.. kLetters+E-1, right-aligned across operands.
+    int64_t e = 0;
+    std::vector<int64_t> ell(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      const Tensor& t = ctx.input(i);
+      if (t.dtype() != dtype) ctx.fail("inputs have different element types");
+      const int64_t letters = static_cast<int64_t>(
+          std::count_if(terms_[i].begin(), terms_[i].end(), [](int l) { return l != kEllipsis; }));
+      const bool has_ell = letters != static_cast<int64_t>(terms_[i].size());
+      ell[i] = static_cast<int64_t>(t.rank()) - letters;
+      if (ell[i] < 0 || (!has_ell && ell[i] != 0)) {
+        ctx.fail("operand " + std::to_string(i) + " " + t.describe() + " does not match its " +
+                 std::to_string(letters) + " equation labels");
+      }
+      e = std::max(e, ell[i]);
+    }
+    std::vector<int64_t> size(kLetters + e, -1);
+    std::vector<std::vector<int>> dims(n);  // the label of each dimension of each operand
+    for (size_t i = 0; i < n; ++i) {
+      const Tensor& t = ctx.input(i);
+      for (int l : terms_[i]) {
+        if (l != kEllipsis) {
+          dims[i].push_back(l);
+          continue;
+        }
+        for (int64_t j = e - ell[i]; j < e; ++j) dims[i].push_back(kLetters + static_cast<int>(j));
+      }
+      for (size_t d = 0; d < dims[i].size(); ++d) {
+        int64_t& s = size[dims[i][d]];
+        const int64_t extent = t.dim(d);
+        if (s == -1 || s == 1) {
+          s = extent;
+        } else if (extent != 1 && extent != s) {
+          ctx.fail("label dimension " + std::to_string(extent) + " of operand " +
+                   std::to_string(i) + " does not match " + std::to_string(s));
+        }
+      }
+    }
+    std::vector<int> out_labels;
+    for (int l : output_) {
+      if (l != kEllipsis) {
+        out_labels.push_back(l);
+        continue;
+      }
+      for (int64_t j = 0; j < e; ++j) out_labels.push_back(kLetters + static_cast<int>(j));
+    }
+    Shape out_shape;
+    for (int l : out_labels) out_shape.push_back(size[l]);
+    Tensor& y = ctx.output(0, dtype, out_shape);
+    // An empty label empties the output or every sum: the result is all zeros.
+    const bool empty = std::find(size.begin(), size.end(), 0) != size.end();
+    dispatch(EinsumTypes{}, dtype, [&]<typename T>() {
+      using C = typename EinsumCompute<T>::type;
+      if (empty) {
+        std::fill(y.data<T>(), y.data<T>() + y.numel(), T(0));
+        return;
+      }
+      std::vector<Operand<C>> ops(n);
+      for (size_t i = 0; i < n; ++i) {
+        const Tensor& t = ctx.input(i);
+        if constexpr (std::is_same_v<compute_t<T>, T>) {
+          ops[i].data = reinterpret_cast<const C*>(t.data<const T>());
+          ops[i].view = make_view(dims[i], t.shape(), t.strides());
+        } else {  // widen half types into a contiguous copy
+          const std::vector<T> values = t.to_vector<T>();
+          ops[i].owned.assign(values.begin(), values.end());
+          ops[i].data = ops[i].owned.data();
+          ops[i].view = make_view(dims[i], t.shape(), contiguous_strides(t.shape()));
+        }
+      }
+      if constexpr (std::is_same_v<compute_t<T>, T>) {
+        evaluate<C>(std::move(ops), out_labels, size, reinterpret_cast<C*>(y.data<T>()));
+      } else {
+        std::vector<C> result(y.numel());
+        evaluate<C>(std::move(ops), out_labels, size, result.data());
+        T* dst = y.data<T>();
+        for (size_t i = 0; i < result.size(); ++i) dst[i] = T(result[i]);
+      }
+    });
+  }
+
+ private:
+  std::vector<std::vector<int>> terms_;
+  std::vector<int> output_;
+};
+
+}  // namespace
+
+KILN_REGISTER_OP({.op = "Einsum",
+                  .since = 12,
+                  .min_inputs = 1,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .strided_inputs = true,
+                  .types = "float types, int32, int64, uint32, uint64",
+                  .create = make<Einsum>});
+
+}  // namespace kiln::ops

@@ -1,0 +1,551 @@
+// LSTM, GRU and RNN (one layer; forward, reverse or bidirectional; sequence lengths;
+// batch-major layout from opset 14).
+//
+// Each direction projects the whole input sequence at once (X [seq*batch, I] times W^T
+// plus the biases, one large GEMM), then steps through time with one recurrent GEMM
+// [batch, H] x R^T per step and the gate arithmetic per batch row. With sequence_lens,
+// row b runs its own steps 0..len-1 (a reverse direction starts at len-1); later Y rows
+// are zero, and Y_h / Y_c hold the state after the row's last step (zero when len is 0).
+// Half types compute in float; the two directions run in parallel.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+namespace {
+
+template <typename C>
+using RowMat = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename C>
+using RowMap = Eigen::Map<RowMat<C>>;
+template <typename C>
+using ConstRowMap = Eigen::Map<const RowMat<C>>;
+
+enum class Cell { Rnn, Gru, Lstm };
+
+template <typename C>
+Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> array(C* p, int64_t n) {
+  return Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>>(p, n);
+}
+
+// dst[:, 0:cols] (row stride ld) += h [batch, hs] x r[0:cols, :]^T, split over column
+// blocks so that one direction's step uses every thread when the step is large.
+template <typename C>
+void add_recurrent(C* dst, int64_t ld, const C* h, int64_t batch, int64_t hs, const C* r,
+                   int64_t cols) {
+  if (batch == 0 || hs == 0 || cols == 0) return;
+  ConstRowMap<C> hm(h, batch, hs);
+  const int64_t per = std::max<int64_t>(64, grain_for(batch * hs, int64_t{1} << 19));
+  const int64_t blocks = (cols + per - 1) / per;
+  parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t c0 = blk * per, n = std::min(per, cols - c0);
+      Eigen::Map<RowMat<C>, 0, Eigen::OuterStride<>> d(dst + c0, batch, n,
+                                                       Eigen::OuterStride<>(ld));
+      d.noalias() += hm * ConstRowMap<C>(r + c0 * hs, n, hs).transpose();
+    }
+  });
+}
+
+struct Activation {
+  enum Kind {
+    Relu,
+    Tanh,
+    Sigmoid,
+    Affine,
+    LeakyRelu,
+    ThresholdedRelu,
+    ScaledTanh,
+    HardSigmoid,
+    Elu,
+    Softsign,
+    Softplus
+  };
+  Kind kind = Tanh;
+  float alpha = 0, beta = 0;
+
+  template <typename C>
+  void apply(C* p, int64_t n) const {
+    const C a = static_cast<C>(alpha), b = static_cast<C>(beta);
+    auto each = [&](auto f) {
+      for (int64_t i = 0; i < n; ++i) p[i] = f(p[i]);
+    };
+    switch (kind) {
+      case Relu:
+        return each([](C x) { return x > C(0) ? x : C(0); });
+      case Tanh:  // Eigen's vectorised forms: these two dominate the cell arithmetic
+        array(p, n) = array(p, n).tanh();
+        return;
+      case Sigmoid:
+        array(p, n) = array(p, n).logistic();
+        return;
+      case Affine:
+        return each([&](C x) { return a * x + b; });
+      case LeakyRelu:
+        return each([&](C x) { return x >= C(0) ? x : a * x; });
+      case ThresholdedRelu:
+        return each([&](C x) { return x >= a ? x : C(0); });
+      case ScaledTanh:
+        return each([&](C x) { return a * std::tanh(b * x); });
+      case HardSigmoid:
+        return each([&](C x) { return std::min(C(1), std::max(C(0), a * x + b)); });
+      case Elu:
+        return each([&](C x) { return x >= C(0) ? x : a * std::expm1(x); });
+      case Softsign:
+        return each([](C x) { return x / (C(1) + std::abs(x)); });
+      case Softplus:
+        return each([](C x) { return x > C(20) ? x : std::log1p(std::exp(x)); });
+    }
+  }
+};
+
+// Parses one activation name, taking its alpha/beta from the lists in order (ORT's rule:
+// values are consumed only by functions that use them; missing ones take defaults).
+Activation parse_activation(const NodeInfo& info, const std::string& name,
+                            const std::vector<float>& alphas, size_t& ai,
+                            const std::vector<float>& betas, size_t& bi) {
+  struct Entry {
+    const char* name;
+    Activation::Kind kind;
+    bool uses_alpha, uses_beta;
+    float alpha, beta;
+  };
+  static const Entry table[] = {
+      {"relu", Activation::Relu, false, false, 0, 0},
+      {"tanh", Activation::Tanh, false, false, 0, 0},
+      {"sigmoid", Activation::Sigmoid, false, false, 0, 0},
+      {"affine", Activation::Affine, true, true, 0, 0},
+      {"leakyrelu", Activation::LeakyRelu, true, false, 0.01f, 0},
+      {"thresholdedrelu", Activation::ThresholdedRelu, true, false, 0, 0},
+      {"scaledtanh", Activation::ScaledTanh, true, true, 0, 0},
+      {"hardsigmoid", Activation::HardSigmoid, true, true, 0.2f, 0.5f},
+      {"elu", Activation::Elu, true, false, 1.0f, 0},
+      {"softsign", Activation::Softsign, false, false, 0, 0},
+      {"softplus", Activation::Softplus, false, false, 0, 0},
+  };
+  std::string lower = name;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const Entry& e : table) {
+    if (lower != e.name) continue;
+    Activation act{e.kind, e.alpha, e.beta};
+    if (e.uses_alpha && ai < alphas.size()) act.alpha = alphas[ai++];
+    if (e.uses_beta && bi < betas.size()) act.beta = betas[bi++];
+    return act;
+  }
+  info.fail("unknown activation '" + name + "'", ErrorKind::Unsupported);
+}
+
+// Pointers to the (compute-type) inputs and outputs of one run. Optional ones are null.
+template <typename C>
+struct Problem {
+  int64_t seq, batch, input, hidden, dirs;
+  bool batch_major;
+  const C *x, *w, *r, *b, *p, *h0, *c0;
+  std::vector<int64_t> lens;
+  C *y, *yh, *yc;
+
+  int64_t x_row(int64_t t, int64_t bi) const { return batch_major ? bi * seq + t : t * batch + bi; }
+  int64_t state_row(int64_t d, int64_t bi) const {
+    return batch_major ? bi * dirs + d : d * batch + bi;
+  }
+  int64_t y_row(int64_t t, int64_t d, int64_t bi) const {
+    return batch_major ? (bi * seq + t) * dirs + d : (t * dirs + d) * batch + bi;
+  }
+};
+
+template <typename T, typename C>
+const C* widen(const Tensor* t, std::vector<C>& buffer) {
+  if (t == nullptr) return nullptr;
+  if constexpr (std::is_same_v<T, C>) {
+    return t->data<const C>();
+  } else {
+    const T* p = t->data<const T>();
+    buffer.assign(p, p + t->numel());
+    return buffer.data();
+  }
+}
+
+// Bounds the hidden size so that gate and bias sizes never overflow.
+constexpr int64_t kMaxHidden = int64_t{1} << 40;
+
+class Recurrent final : public Kernel {
+ public:
+  Recurrent(const NodeInfo& info, Cell cell) : cell_(cell) {
+    gates_ = cell == Cell::Lstm ? 4 : cell == Cell::Gru ? 3 : 1;
+    const int per_dir = cell == Cell::Lstm ? 3 : cell == Cell::Gru ? 2 : 1;
+    const std::string dir = info.attr_string("direction", "forward");
+    if (dir != "forward" && dir != "reverse" && dir != "bidirectional") {
+      info.fail("direction must be forward, reverse or bidirectional, got '" + dir + "'");
+    }
+    reverse_ = dir == "reverse";
+    dirs_ = dir == "bidirectional" ? 2 : 1;
+    hidden_ = info.attr_int("hidden_size", 0);
+    if (hidden_ < 0 || hidden_ > kMaxHidden || (info.has_attr("hidden_size") && hidden_ == 0)) {
+      info.fail("hidden_size must be positive (and not absurdly large)");
+    }
+    if (info.has_attr("clip")) {
+      clip_ = info.attr_float("clip");
+      if (!(clip_ > 0)) info.fail("clip must be positive");
+    }
+    layout_ = info.opset() >= 14 ? info.attr_int("layout", 0) : 0;
+    if (layout_ != 0 && layout_ != 1) info.fail("layout must be 0 or 1");
+    input_forget_ = cell == Cell::Lstm && info.attr_int("input_forget", 0) != 0;
+    linear_before_reset_ = cell == Cell::Gru && info.attr_int("linear_before_reset", 0) != 0;
+
+    std::vector<std::string> names = info.attr_strings("activations");
+    if (names.empty()) {
+      names = cell == Cell::Lstm  ? std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"}
+              : cell == Cell::Gru ? std::vector<std::string>{"Sigmoid", "Tanh"}
+                                  : std::vector<std::string>{"Tanh"};
+    }
+    if (names.size() != static_cast<size_t>(per_dir * dirs_) &&
+        names.size() != static_cast<size_t>(per_dir)) {
+      info.fail("expected " + std::to_string(per_dir * dirs_) + " activations, got " +
+                std::to_string(names.size()));
+    }
+    const std::vector<float> alphas = info.attr_floats("activation_alpha");
+    const std::vector<float> betas = info.attr_floats("activation_beta");
+    size_t ai = 0, bi = 0;
+    for (const std::string& name : names) {
+      acts_.push_back(parse_activation(info, name, alphas, ai, betas, bi));
+    }
+    while (acts_.size() < static_cast<size_t>(per_dir * dirs_))
+      acts_.push_back(acts_[acts_.size() - per_dir]);
+  }
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& w = ctx.input(1);
+    const Tensor& r = ctx.input(2);
+    auto optional = [&](size_t i) { return ctx.has_input(i) ? &ctx.input(i) : nullptr; };
+    const Tensor* b = optional(3);
+    const Tensor* lens = optional(4);
+    const Tensor* h0 = optional(5);
+    const Tensor* c0 = cell_ == Cell::Lstm ? optional(6) : nullptr;
+    const Tensor* p = cell_ == Cell::Lstm ? optional(7) : nullptr;
+    if (x.rank() != 3) ctx.fail("X must be 3-D, got " + x.describe());
+    for (const Tensor* t : {&w, &r, b, h0, c0, p}) {
+      if (t && t->dtype() != x.dtype()) {
+        ctx.fail("inputs must all have X's type " + x.describe() + ", got " + t->describe());
+      }
+    }
+    const bool bm = layout_ == 1;
+    const int64_t seq = x.dim(bm ? 1 : 0), batch = x.dim(bm ? 0 : 1), in = x.dim(2);
+    const int64_t hidden = hidden_ > 0 ? hidden_ : (r.rank() == 3 ? r.dim(2) : 0);
+    if (hidden <= 0 || hidden > kMaxHidden) {
+      ctx.fail("hidden size " + std::to_string(hidden) + " is out of range (R is " + r.describe() +
+               ")");
+    }
+    const int64_t gh = gates_ * hidden;
+    auto expect = [&](const Tensor* t, const Shape& shape, const char* name) {
+      if (t && t->shape() != shape) {
+        ctx.fail(std::string(name) + " must be " + shape_to_string(shape) + ", got " +
+                 t->describe());
+      }
+    };
+    expect(&w, {dirs_, gh, in}, "W");
+    expect(&r, {dirs_, gh, hidden}, "R");
+    expect(b, {dirs_, 2 * gh}, "B");
+    expect(lens, {batch}, "sequence_lens");
+    const Shape state_shape = bm ? Shape{batch, dirs_, hidden} : Shape{dirs_, batch, hidden};
+    expect(h0, state_shape, "initial_h");
+    expect(c0, state_shape, "initial_c");
+    expect(p, {dirs_, 3 * hidden}, "P");
+    if (seq == 0 || batch == 0) {  // nothing to step through: empty or zero outputs
+      for (size_t i = 0; i < ctx.num_outputs() && i < (cell_ == Cell::Lstm ? 3u : 2u); ++i) {
+        if (!ctx.has_output(i)) continue;
+        const Shape shape =
+            i == 0 ? (bm ? Shape{batch, seq, dirs_, hidden} : Shape{seq, dirs_, batch, hidden})
+                   : state_shape;
+        Tensor& t = ctx.output(i, x.dtype(), shape);
+        std::memset(t.raw_data(), 0, t.nbytes());
+      }
+      return;
+    }
+    std::vector<int64_t> len(batch, seq);
+    if (lens) {
+      len = to_int64s(*lens);
+      for (int64_t v : len) {
+        if (v < 0 || v > seq) ctx.fail("sequence_lens values must be in [0, seq_length]");
+      }
+    }
+    const Shape y_shape = bm ? Shape{batch, seq, dirs_, hidden} : Shape{seq, dirs_, batch, hidden};
+    Tensor* y = ctx.has_output(0) ? &ctx.output(0, x.dtype(), y_shape) : nullptr;
+    Tensor* yh = ctx.has_output(1) ? &ctx.output(1, x.dtype(), state_shape) : nullptr;
+    Tensor* yc =
+        cell_ == Cell::Lstm && ctx.has_output(2) ? &ctx.output(2, x.dtype(), state_shape) : nullptr;
+    checked_numel({seq, batch, gh});  // the input projection's size, before any product
+    dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
+      using C = compute_t<T>;
+      std::vector<C> bx, bw, br, bb, bp, bh0, bc0;
+      Problem<C> pr{seq,
+                    batch,
+                    in,
+                    hidden,
+                    dirs_,
+                    bm,
+                    widen<T, C>(&x, bx),
+                    widen<T, C>(&w, bw),
+                    widen<T, C>(&r, br),
+                    widen<T, C>(b, bb),
+                    widen<T, C>(p, bp),
+                    widen<T, C>(h0, bh0),
+                    widen<T, C>(c0, bc0),
+                    len,
+                    nullptr,
+                    nullptr,
+                    nullptr};
+      std::vector<C> oy, oh, oc;
+      auto out_ptr = [](Tensor* t, std::vector<C>& buffer) -> C* {
+        if (t == nullptr) return nullptr;
+        if constexpr (std::is_same_v<T, C>) {
+          return t->data<C>();
+        } else {
+          buffer.resize(t->numel());
+          return buffer.data();
+        }
+      };
+      pr.y = out_ptr(y, oy);
+      pr.yh = out_ptr(yh, oh);
+      pr.yc = out_ptr(yc, oc);
+      parallel_for(dirs_, 1, [&](int64_t d0, int64_t d1) {
+        for (int64_t d = d0; d < d1; ++d) run_direction<C>(pr, d, reverse_ || d == 1);
+      });
+      if constexpr (!std::is_same_v<T, C>) {
+        for (auto [t, buffer] : {std::pair{y, &oy}, std::pair{yh, &oh}, std::pair{yc, &oc}}) {
+          if (t == nullptr) continue;
+          T* dst = t->template data<T>();
+          for (size_t i = 0; i < buffer->size(); ++i) dst[i] = T((*buffer)[i]);
+        }
+      }
+    });
+  }
+
+ private:
+  void clip(auto* v, int64_t n) const {
+    if (clip_ <= 0) return;
+    using C = std::remove_pointer_t<decltype(v)>;
+    const C c = static_cast<C>(clip_);
+    for (int64_t i = 0; i < n; ++i) v[i] = std::min(c, std::max(-c, v[i]));
+  }
+
+  template <typename C>
+  void run_direction(const Problem<C>& pr, int64_t d, bool reverse) const {
+    const int64_t batch = pr.batch, hs = pr.hidden, gh = gates_ * hs, rows = pr.seq * batch;
+    const Activation* act = acts_.data() + d * (cell_ == Cell::Lstm  ? 3
+                                                : cell_ == Cell::Gru ? 2
+                                                                     : 1);
+    // The input projection for every time step, with the biases that do not depend on H.
+    std::vector<C> xw(rows * gh), bias(gh, C(0));
+    if (pr.b) {
+      const C* wb = pr.b + d * 2 * gh;
+      for (int64_t j = 0; j < gh; ++j) {
+        const bool rb_inside = linear_before_reset_ && j >= 2 * hs;  // added after the reset
+        bias[j] = wb[j] + (rb_inside ? C(0) : wb[gh + j]);
+      }
+    }
+    {
+      ConstRowMap<C> xm(pr.x, rows, pr.input);
+      ConstRowMap<C> wm(pr.w + d * gh * pr.input, gh, pr.input);
+      Eigen::Map<const Eigen::Matrix<C, 1, Eigen::Dynamic>> bv(bias.data(), gh);
+      // Large row blocks: every block repacks W inside the GEMM.
+      const int64_t grain = std::max<int64_t>(128, grain_for(gh * pr.input + gh, 1 << 23));
+      parallel_for(rows, grain, [&](int64_t r0, int64_t r1) {
+        RowMap<C> dst(xw.data() + r0 * gh, r1 - r0, gh);
+        if (pr.input == 0) {
+          dst.setZero();
+        } else {
+          dst.noalias() = xm.middleRows(r0, r1 - r0) * wm.transpose();
+        }
+        dst.rowwise() += bv;
+      });
+    }
+    std::vector<C> h(batch * hs, C(0)), c(cell_ == Cell::Lstm ? batch * hs : 0, C(0));
+    std::vector<C> g(batch * gh, C(0)), scratch(batch * hs, C(0));
+    for (int64_t bi = 0; bi < batch; ++bi) {
+      const int64_t row = pr.state_row(d, bi) * hs;
+      if (pr.h0) std::copy(pr.h0 + row, pr.h0 + row + hs, h.data() + bi * hs);
+      if (pr.c0 && cell_ == Cell::Lstm)
+        std::copy(pr.c0 + row, pr.c0 + row + hs, c.data() + bi * hs);
+    }
+    const C* rmat = pr.r + d * gh * hs;
+    const C* peep = pr.p ? pr.p + d * 3 * hs : nullptr;
+    const C* rbh = pr.b ? pr.b + d * 2 * gh + gh + 2 * hs : nullptr;
+    const int64_t max_len = batch == 0 ? 0 : *std::max_element(pr.lens.begin(), pr.lens.end());
+    const int64_t grain = grain_for(gh * 16);
+    auto time_of = [&](int64_t s, int64_t bi) { return reverse ? pr.lens[bi] - 1 - s : s; };
+
+    for (int64_t s = 0; s < max_len; ++s) {
+      for (int64_t bi = 0; bi < batch; ++bi) {
+        if (s >= pr.lens[bi]) continue;
+        const C* src = xw.data() + pr.x_row(time_of(s, bi), bi) * gh;
+        std::copy(src, src + gh, g.data() + bi * gh);
+      }
+      if (cell_ != Cell::Gru) {
+        add_recurrent(g.data(), gh, h.data(), batch, hs, rmat, gh);
+      } else {
+        add_recurrent(g.data(), gh, h.data(), batch, hs, rmat, 2 * hs);
+        if (linear_before_reset_) {
+          std::fill(scratch.begin(), scratch.end(), C(0));
+          add_recurrent(scratch.data(), hs, h.data(), batch, hs, rmat + 2 * hs * hs, hs);
+        }
+      }
+      // Per row: the gates, then the new state (and Y) for rows still inside their sequence.
+      auto finish_row = [&](int64_t bi) {
+        if (pr.y) {
+          const C* src = h.data() + bi * hs;
+          std::copy(src, src + hs, pr.y + pr.y_row(time_of(s, bi), d, bi) * hs);
+        }
+      };
+      if (cell_ == Cell::Rnn) {
+        parallel_for(batch, grain, [&](int64_t b0, int64_t b1) {
+          for (int64_t bi = b0; bi < b1; ++bi) {
+            if (s >= pr.lens[bi]) continue;
+            C* gi = g.data() + bi * gh;
+            clip(gi, hs);
+            act[0].apply(gi, hs);
+            std::copy(gi, gi + hs, h.data() + bi * hs);
+            finish_row(bi);
+          }
+        });
+      } else if (cell_ == Cell::Lstm) {
+        parallel_for(batch, grain, [&](int64_t b0, int64_t b1) {
+          for (int64_t bi = b0; bi < b1; ++bi) {
+            if (s >= pr.lens[bi]) continue;
+            C* gi = g.data() + bi * gh;  // gate order i, o, f, c
+            C *go = gi + hs, *gf = gi + 2 * hs, *gc = gi + 3 * hs;
+            C* cs = c.data() + bi * hs;
+            C* hr = h.data() + bi * hs;
+            C* tmp = scratch.data() + bi * hs;
+            if (peep) {
+              for (int64_t j = 0; j < hs; ++j) {
+                gi[j] += peep[j] * cs[j];
+                gf[j] += peep[2 * hs + j] * cs[j];
+              }
+            }
+            clip(gi, hs);
+            act[0].apply(gi, hs);
+            if (input_forget_) {
+              for (int64_t j = 0; j < hs; ++j) gf[j] = C(1) - gi[j];
+            } else {
+              clip(gf, hs);
+              act[0].apply(gf, hs);
+            }
+            clip(gc, hs);
+            act[1].apply(gc, hs);
+            for (int64_t j = 0; j < hs; ++j) cs[j] = gf[j] * cs[j] + gi[j] * gc[j];
+            if (peep) {
+              for (int64_t j = 0; j < hs; ++j) go[j] += peep[hs + j] * cs[j];
+            }
+            clip(go, hs);
+            act[0].apply(go, hs);
+            std::copy(cs, cs + hs, tmp);
+            act[2].apply(tmp, hs);
+            for (int64_t j = 0; j < hs; ++j) hr[j] = go[j] * tmp[j];
+            finish_row(bi);
+          }
+        });
+      } else {
+        // GRU: z and r first; without linear_before_reset the candidate needs (r * H) R_h^T.
+        parallel_for(batch, grain, [&](int64_t b0, int64_t b1) {
+          for (int64_t bi = b0; bi < b1; ++bi) {
+            if (s >= pr.lens[bi]) continue;
+            C* gz = g.data() + bi * gh;  // gate order z, r, h
+            clip(gz, 2 * hs);
+            act[0].apply(gz, 2 * hs);
+            const C* gr = gz + hs;
+            C* hh = gz + 2 * hs;
+            C* sr = scratch.data() + bi * hs;
+            const C* hr = h.data() + bi * hs;
+            if (linear_before_reset_) {
+              for (int64_t j = 0; j < hs; ++j) hh[j] += gr[j] * (sr[j] + (rbh ? rbh[j] : C(0)));
+            } else {
+              for (int64_t j = 0; j < hs; ++j) sr[j] = gr[j] * hr[j];
+            }
+          }
+        });
+        if (!linear_before_reset_) {
+          add_recurrent(g.data() + 2 * hs, gh, scratch.data(), batch, hs, rmat + 2 * hs * hs, hs);
+        }
+        parallel_for(batch, grain, [&](int64_t b0, int64_t b1) {
+          for (int64_t bi = b0; bi < b1; ++bi) {
+            if (s >= pr.lens[bi]) continue;
+            C* gz = g.data() + bi * gh;
+            C* hh = gz + 2 * hs;
+            C* hr = h.data() + bi * hs;
+            clip(hh, hs);
+            act[1].apply(hh, hs);
+            for (int64_t j = 0; j < hs; ++j) hr[j] = (C(1) - gz[j]) * hh[j] + gz[j] * hr[j];
+            finish_row(bi);
+          }
+        });
+      }
+    }
+    for (int64_t bi = 0; bi < batch; ++bi) {
+      const int64_t len = pr.lens[bi];
+      if (pr.y) {
+        for (int64_t t = len; t < pr.seq; ++t) {
+          C* dst = pr.y + pr.y_row(t, d, bi) * hs;
+          std::fill(dst, dst + hs, C(0));
+        }
+      }
+      const int64_t row = pr.state_row(d, bi) * hs;
+      for (auto [out, state] : {std::pair{pr.yh, &h}, std::pair{pr.yc, &c}}) {
+        if (out == nullptr) continue;
+        if (len == 0) {
+          std::fill(out + row, out + row + hs, C(0));
+        } else {
+          std::copy(state->data() + bi * hs, state->data() + (bi + 1) * hs, out + row);
+        }
+      }
+    }
+  }
+
+  Cell cell_;
+  int64_t gates_ = 1, hidden_ = 0, dirs_ = 1, layout_ = 0;
+  bool reverse_ = false, input_forget_ = false, linear_before_reset_ = false;
+  float clip_ = 0;
+  std::vector<Activation> acts_;  // per direction: f (, g (, h))
+};
+
+std::unique_ptr<Kernel> make_rnn(const NodeInfo& info) {
+  return std::make_unique<Recurrent>(info, Cell::Rnn);
+}
+std::unique_ptr<Kernel> make_gru(const NodeInfo& info) {
+  return std::make_unique<Recurrent>(info, Cell::Gru);
+}
+std::unique_ptr<Kernel> make_lstm(const NodeInfo& info) {
+  return std::make_unique<Recurrent>(info, Cell::Lstm);
+}
+
+}  // namespace
+
+KILN_REGISTER_OP({.op = "RNN",
+                  .since = 7,
+                  .min_inputs = 3,
+                  .max_inputs = 6,
+                  .max_outputs = 2,
+                  .types = "float, double, float16, bfloat16",
+                  .create = make_rnn});
+KILN_REGISTER_OP({.op = "GRU",
+                  .since = 7,
+                  .min_inputs = 3,
+                  .max_inputs = 6,
+                  .max_outputs = 2,
+                  .types = "float, double, float16, bfloat16",
+                  .create = make_gru});
+KILN_REGISTER_OP({.op = "LSTM",
+                  .since = 7,
+                  .min_inputs = 3,
+                  .max_inputs = 8,
+                  .max_outputs = 3,
+                  .types = "float, double, float16, bfloat16",
+                  .create = make_lstm});
+
+}  // namespace kiln::ops
