@@ -1,0 +1,506 @@
+// Attention (ai.onnx 23+): multi-head scaled dot-product attention with grouped KV heads
+// (GQA/MQA), causal and sliding-window masking, boolean or additive masks, an internal KV
+// cache (past_key/past_value -> present_key/present_value), an external one
+// (nonpad_kv_seqlen), softcap and the optional qk_matmul_output.
+//
+// Work is split over (batch, query head, block of query rows). A task computes its block of
+// scores with one GEMM over Eigen maps of the inputs in place (3-D inputs are read as strided
+// 4-D views, never transposed), applies the bias row by row straight from the unbroadcast
+// mask, softmaxes in place and multiplies by V directly into the output. Only the columns a
+// block can attend are computed (causal prefill does half the work). Half-precision inputs
+// are widened to float once.
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "ops/common.h"
+#include "ops/elementwise.h"
+
+namespace kiln::ops {
+namespace {
+
+constexpr int64_t kBlockRows = 64;
+// Bounds for user-controlled positions (nonpad_kv_seqlen, window sizes) so that sums of a
+// few of them with real sizes cannot overflow; anything beyond acts the same.
+constexpr int64_t kPosLimit = int64_t{1} << 52;
+
+template <typename C>
+using RowMat = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename C>
+using ConstMap = Eigen::Map<const RowMat<C>, 0, Eigen::OuterStride<>>;
+template <typename C>
+using MutMap = Eigen::Map<RowMat<C>, 0, Eigen::OuterStride<>>;
+
+// Element strides of a [batch, heads, rows, cols] tensor whose cols have unit stride.
+struct Layout {
+  int64_t batch = 0, head = 0, row = 0;
+  int64_t at(int64_t b, int64_t h) const { return b * batch + h * head; }
+};
+
+Layout layout_of(const Tensor& t4) {
+  return {t4.strides()[0], t4.strides()[1], t4.strides()[2]};
+}
+
+// [B, L, H*d] seen as [B, H, L, d] without moving data.
+Tensor heads_view(const Tensor& t, int64_t heads) {
+  const int64_t d = t.dim(2) / heads;
+  const Shape& s = t.strides();
+  return t.view({t.dim(0), heads, t.dim(1), d}, {s[0], d * s[2], s[1], s[2]}, t.byte_offset());
+}
+
+template <typename D, typename S>
+D convert_value(S v) {
+  if constexpr (std::is_same_v<D, float16> || std::is_same_v<D, bfloat16>) {
+    return D(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<S, float16> || std::is_same_v<S, bfloat16>) {
+    return static_cast<D>(static_cast<float>(v));
+  } else {
+    return static_cast<D>(v);
+  }
+}
+
+// dst = src with element conversion between float types (same shape, any layouts).
+void convert_into(const Tensor& src, const Tensor& dst) {
+  dispatch(FloatTypes{}, src.dtype(), [&]<typename S>() {
+    dispatch(FloatTypes{}, dst.dtype(), [&]<typename D>() {
+      unary_loop<S, D>(src, dst, [](S v) { return convert_value<D>(v); });
+    });
+  });
+}
+
+// A 4-D tensor the GEMMs can map: element type `want`, unit stride along the last axis and a
+// positive row stride. Returns `t` itself when it already is one.
+Tensor mappable(OpContext& ctx, const Tensor& t, DataType want) {
+  const Shape& s = t.strides();
+  const bool layout_ok = (t.dim(3) <= 1 || s[3] == 1) && (t.dim(2) <= 1 || s[2] > 0);
+  if (t.dtype() == want && layout_ok) return t;
+  Tensor c = ctx.allocate(want, t.shape());
+  if (t.dtype() == want) {
+    copy_elements(t, c);
+    ctx.count_copy(c.nbytes(), CopyCause::Contiguous);
+  } else {
+    convert_into(t, c);
+  }
+  return c;
+}
+
+// dst = src for [B, H, L, d] tensors of one type whose rows are dense (unit stride along d):
+// one memcpy per (batch, head) when the rows are back to back, else one per row.
+void copy_heads(const Tensor& src, const Tensor& dst) {
+  const Shape& ss = src.strides();
+  const Shape& ds = dst.strides();
+  const int64_t H = src.dim(1), L = src.dim(2), d = src.dim(3);
+  if (d > 1 && (ss[3] != 1 || ds[3] != 1)) {
+    copy_elements(src, dst);
+    return;
+  }
+  const auto es = static_cast<int64_t>(bits_per_element(src.dtype()) / 8);
+  const std::byte* sp = src.raw_data();
+  std::byte* dp = dst.raw_data();
+  parallel_for(src.dim(0) * H, grain_for(L * d * es, 1 << 16), [&](int64_t begin, int64_t end) {
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const std::byte* from = sp + (b * ss[0] + h * ss[1]) * es;
+      std::byte* to = dp + (b * ds[0] + h * ds[1]) * es;
+      if (L <= 1 || (ss[2] == d && ds[2] == d)) {
+        std::memcpy(to, from, static_cast<size_t>(L * d * es));
+        continue;
+      }
+      for (int64_t l = 0; l < L; ++l) {
+        std::memcpy(to + l * ds[2] * es, from + l * ss[2] * es, static_cast<size_t>(d * es));
+      }
+    }
+  });
+}
+
+enum class MaskKind { None, Bool, Additive };
+
+template <typename C>
+struct Problem {
+  int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, T = 0, D = 0, Dv = 0;
+  const C* q = nullptr;
+  const C* k = nullptr;
+  const C* v = nullptr;
+  C* y = nullptr;
+  Layout lq, lk, lv, ly;
+  C* qk = nullptr;  // [B, Hq, Sq, T] contiguous, or null
+  int mode = 0;
+  C scale = 1, softcap = 0;
+  bool causal = false;
+  int64_t left = -1, right = -1;  // window sizes, -1 = unbounded
+  int64_t past = 0;               // causal offset for the internal cache
+  const int64_t* nonpad = nullptr;
+  MaskKind mask = MaskKind::None;
+  const uint8_t* mask_bool = nullptr;
+  const C* mask_add = nullptr;
+  int64_t ms[4] = {0, 0, 0, 0};  // mask strides aligned to [B, Hq, Sq, len] (0 = broadcast)
+  int64_t mask_len = 0;
+};
+
+// Keys [lo, hi) query row i of batch b may attend before the mask is consulted.
+template <typename C>
+void key_range(const Problem<C>& p, int64_t b, int64_t i, int64_t* lo, int64_t* hi) {
+  int64_t l = 0, h = p.T;
+  int64_t offset = p.past;
+  if (p.nonpad) {
+    const int64_t n = std::clamp(p.nonpad[b], -kPosLimit, kPosLimit);
+    h = std::min(h, std::max<int64_t>(n, 0));
+    offset = n - p.Sq;
+  }
+  const int64_t pos = i + offset;
+  if (p.causal) h = std::min(h, pos + 1);
+  if (p.right >= 0) h = std::min(h, pos + p.right + 1);
+  if (p.left >= 0) l = std::max(l, pos - p.left);
+  *lo = l;
+  *hi = std::max(h, l);
+}
+
+// Rows of one task, all reading the same KV head: either consecutive query positions of one
+// head, or (single-position decode with grouped heads) the query heads sharing a KV head,
+// so that K and V are read once per group.
+struct Block {
+  int64_t b = 0, h0 = 0, i0 = 0, rows = 0;
+  int64_t head_step = 0, pos_step = 1;  // row r is head h0 + r*head_step, position i0 + r*pos_step
+};
+
+// One task. `s` holds rows x T scores.
+template <typename C>
+void attend_block(const Problem<C>& p, const Block& blk, C* s) {
+  constexpr C kNegInf = -std::numeric_limits<C>::infinity();
+  const int64_t b = blk.b, rows = blk.rows;
+  const int64_t kvh = blk.h0 / (p.Hq / p.Hkv);
+  std::vector<int64_t> lo(static_cast<size_t>(rows)), hi(static_cast<size_t>(rows));
+  int64_t c0 = p.T, c1 = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    key_range(p, b, blk.i0 + r * blk.pos_step, &lo[r], &hi[r]);
+    if (lo[r] < hi[r]) c0 = std::min(c0, lo[r]), c1 = std::max(c1, hi[r]);
+  }
+  if (p.qk) c0 = 0, c1 = p.T;  // the debug output needs every column
+  const int64_t w = std::max<int64_t>(c1 - c0, 0);
+  const int64_t yrow = blk.pos_step * p.ly.row + blk.head_step * p.ly.head;
+  MutMap<C> y(p.y + p.ly.at(b, blk.h0) + blk.i0 * p.ly.row, rows, p.Dv, Eigen::OuterStride<>(yrow));
+  if (w == 0) {
+    y.setZero();
+    return;
+  }
+  const int64_t qrow = blk.pos_step * p.lq.row + blk.head_step * p.lq.head;
+  ConstMap<C> q(p.q + p.lq.at(b, blk.h0) + blk.i0 * p.lq.row, rows, p.D,
+                Eigen::OuterStride<>(qrow));
+  ConstMap<C> k(p.k + p.lk.at(b, kvh) + c0 * p.lk.row, w, p.D, Eigen::OuterStride<>(p.lk.row));
+  ConstMap<C> v(p.v + p.lv.at(b, kvh) + c0 * p.lv.row, w, p.Dv, Eigen::OuterStride<>(p.lv.row));
+  MutMap<C> sc(s, rows, w, Eigen::OuterStride<>(w));
+  sc.noalias() = (q * p.scale) * k.transpose();
+
+  // qk rows of a block are consecutive either way: [.., head, position, key] with either the
+  // position or (when there is one position) the head advancing.
+  C* qk = p.qk ? p.qk + ((b * p.Hq + blk.h0) * p.Sq + blk.i0) * p.T : nullptr;
+  auto save = [&](int mode) {
+    if (qk && p.mode == mode) std::memcpy(qk, s, static_cast<size_t>(rows * w) * sizeof(C));
+  };
+  save(0);
+  if (p.softcap > 0) {
+    sc = (sc.array() / p.softcap).tanh() * p.softcap;
+  }
+  save(1);
+
+  std::vector<char> live(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    C* row = s + r * w;
+    const int64_t l = lo[r] - c0, e = hi[r] - c0;  // local attendable range
+    for (int64_t j = 0; j < std::min(l, w); ++j) row[j] = kNegInf;
+    for (int64_t j = std::max<int64_t>(e, 0); j < w; ++j) row[j] = kNegInf;
+    bool any = l < e;
+    if (p.mask != MaskKind::None && l < e) {
+      any = false;
+      const int64_t m = b * p.ms[0] + (blk.h0 + r * blk.head_step) * p.ms[1] +
+                        (blk.i0 + r * blk.pos_step) * p.ms[2];
+      for (int64_t j = l; j < e; ++j) {
+        const int64_t key = j + c0;
+        if (key >= p.mask_len) {
+          row[j] = kNegInf;
+        } else if (p.mask == MaskKind::Bool) {
+          if (p.mask_bool[m + key * p.ms[3]]) {
+            any = true;
+          } else {
+            row[j] = kNegInf;
+          }
+        } else {
+          const C bias = p.mask_add[m + key * p.ms[3]];
+          row[j] += bias;
+          if (bias != kNegInf) any = true;
+        }
+      }
+    }
+    live[r] = any;
+  }
+  save(2);
+
+  for (int64_t r = 0; r < rows; ++r) {
+    C* row = s + r * w;
+    const int64_t l = std::clamp<int64_t>(lo[r] - c0, 0, w);
+    const int64_t e = std::clamp<int64_t>(hi[r] - c0, l, w);
+    std::fill(row, row + l, C(0));
+    std::fill(row + e, row + w, C(0));
+    Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> seg(row + l, e - l);
+    const C mx = live[r] && e > l ? seg.maxCoeff() : kNegInf;
+    if (mx == kNegInf) {  // a fully masked row attends nothing: zeros, not NaN
+      seg.setZero();
+      continue;
+    }
+    seg = (seg - mx).exp();
+    seg *= C(1) / seg.sum();
+  }
+  save(3);
+  y.noalias() = sc * v;
+}
+
+template <typename C>
+void run_problem(const Problem<C>& p) {
+  const int64_t group = p.Hq / p.Hkv;
+  const bool by_group = p.Sq == 1 && group > 1;
+  const int64_t rows = by_group ? group : std::min(p.Sq, kBlockRows);
+  const int64_t blocks = by_group ? 1 : (p.Sq + kBlockRows - 1) / kBlockRows;
+  const int64_t heads = by_group ? p.Hkv : p.Hq;
+  const int64_t n = p.B * heads * blocks;
+  const int64_t cost = rows * std::max<int64_t>(p.T, 1) * (p.D + p.Dv + 8);
+  parallel_for(n, grain_for(cost), [&](int64_t begin, int64_t end) {
+    std::vector<C> scratch(static_cast<size_t>(rows * p.T));
+    for (int64_t it = begin; it < end; ++it) {
+      Block blk;
+      blk.b = it / (heads * blocks);
+      const int64_t h = (it / blocks) % heads;
+      if (by_group) {
+        blk.h0 = h * group, blk.rows = group, blk.head_step = 1, blk.pos_step = 0;
+      } else {
+        blk.h0 = h, blk.i0 = (it % blocks) * kBlockRows;
+        blk.rows = std::min(kBlockRows, p.Sq - blk.i0);
+      }
+      attend_block(p, blk, scratch.data());
+    }
+  });
+}
+
+class Attention final : public Kernel {
+ public:
+  explicit Attention(const NodeInfo& info)
+      : causal_(info.attr_int("is_causal", 0) != 0),
+        q_heads_(info.attr_int("q_num_heads", 0)),
+        kv_heads_(info.attr_int("kv_num_heads", 0)),
+        mode_(info.attr_int("qk_matmul_output_mode", 0)),
+        has_scale_(info.has_attr("scale")),
+        scale_(info.attr_float("scale", 1.0f)),
+        softcap_(info.attr_float("softcap", 0.0f)) {
+    if (mode_ < 0 || mode_ > 3) info.fail("qk_matmul_output_mode must be 0, 1, 2 or 3");
+    if (q_heads_ < 0 || kv_heads_ < 0) info.fail("head counts must be positive");
+    if (info.has_attr("softmax_precision")) {
+      const int64_t sp = info.attr_int("softmax_precision");
+      if (sp != 1 && sp != 10 && sp != 11 && sp != 16) {
+        info.fail("softmax_precision must be FLOAT, FLOAT16, DOUBLE or BFLOAT16");
+      }
+    }
+    if (info.opset() < 24 && info.num_inputs() > 6) {
+      info.fail("nonpad_kv_seqlen needs opset 24");
+    }
+    if (info.opset() >= 25) {
+      left_ = info.attr_int("left_window_size", -1);
+      right_ = info.attr_int("right_window_size", -1);
+      if (left_ < -1 || right_ < -1) info.fail("window sizes must be -1 or non-negative");
+      left_ = std::min(left_, kPosLimit);
+      right_ = std::min(right_, kPosLimit);
+    }
+  }
+
+  void run(OpContext& ctx) override {
+    const Tensor& q_in = ctx.input(0);
+    const Tensor& k_in = ctx.input(1);
+    const Tensor& v_in = ctx.input(2);
+    const size_t rank = q_in.rank();
+    if ((rank != 3 && rank != 4) || k_in.rank() != rank || v_in.rank() != rank) {
+      ctx.fail("Q, K and V must all be 3-D or all 4-D, got " + q_in.describe() + ", " +
+               k_in.describe() + ", " + v_in.describe());
+    }
+    if (k_in.dtype() != q_in.dtype() || !type_in(FloatTypes{}, q_in.dtype()) ||
+        !type_in(FloatTypes{}, v_in.dtype())) {
+      ctx.fail("Q and K must share a float type and V must be a float type");
+    }
+    Tensor q = q_in, k = k_in, v = v_in;
+    if (rank == 3) {
+      if (q_heads_ <= 0 || kv_heads_ <= 0) {
+        ctx.fail("3-D inputs need positive q_num_heads and kv_num_heads");
+      }
+      if (q.dim(2) % q_heads_ || k.dim(2) % kv_heads_ || v.dim(2) % kv_heads_) {
+        ctx.fail("hidden sizes " + q.describe() + ", " + k.describe() + ", " + v.describe() +
+                 " are not divisible by the head counts");
+      }
+      q = heads_view(q, q_heads_);
+      k = heads_view(k, kv_heads_);
+      v = heads_view(v, kv_heads_);
+    } else if ((q_heads_ && q_heads_ != q.dim(1)) || (kv_heads_ && kv_heads_ != k.dim(1))) {
+      ctx.fail("q_num_heads/kv_num_heads disagree with the 4-D input shapes");
+    }
+    const int64_t B = q.dim(0), Hq = q.dim(1), Sq = q.dim(2), D = q.dim(3);
+    const int64_t Hkv = k.dim(1), S = k.dim(2), Dv = v.dim(3);
+    if (k.dim(0) != B || v.dim(0) != B || v.dim(1) != Hkv || v.dim(2) != S || k.dim(3) != D) {
+      ctx.fail("Q, K and V shapes disagree: " + q_in.describe() + ", " + k_in.describe() + ", " +
+               v_in.describe());
+    }
+    if (Hkv <= 0 || Hq % Hkv != 0) {
+      ctx.fail("q_num_heads " + std::to_string(Hq) + " is not a multiple of kv_num_heads " +
+               std::to_string(Hkv));
+    }
+
+    // KV cache: present = concat(past, new) along the sequence, written once.
+    const bool has_past = ctx.has_input(4) || ctx.has_input(5);
+    if (has_past && !(ctx.has_input(4) && ctx.has_input(5))) {
+      ctx.fail("past_key and past_value must be given together");
+    }
+    int64_t past = 0;
+    if (has_past) {
+      const Tensor& pk = ctx.input(4);
+      const Tensor& pv = ctx.input(5);
+      past = pk.rank() == 4 ? pk.dim(2) : -1;
+      if (pk.rank() != 4 || pv.rank() != 4 || pk.dtype() != k.dtype() || pv.dtype() != v.dtype() ||
+          pk.shape() != Shape{B, Hkv, past, D} || pv.shape() != Shape{B, Hkv, past, Dv}) {
+        ctx.fail("past_key " + pk.describe() + " / past_value " + pv.describe() +
+                 " do not match K and V");
+      }
+      k = append_cache(ctx, 1, pk, k);
+      v = append_cache(ctx, 2, pv, v);
+    } else {
+      if (ctx.has_output(1)) ctx.set_output(1, k);
+      if (ctx.has_output(2)) ctx.set_output(2, v);
+    }
+    const int64_t T = k.dim(2);
+
+    const int64_t* nonpad = nullptr;
+    std::vector<int64_t> nonpad_values;
+    if (ctx.has_input(6)) {
+      if (has_past) ctx.fail("nonpad_kv_seqlen cannot be combined with past_key/past_value");
+      const Tensor& n = ctx.input(6);
+      if (n.dtype() != DataType::Int64 || n.shape() != Shape{B}) {
+        ctx.fail("nonpad_kv_seqlen must be int64 of shape [batch], got " + n.describe());
+      }
+      nonpad_values = n.to_vector<int64_t>();
+      nonpad = nonpad_values.data();
+    }
+
+    const DataType ct = q.dtype() == DataType::Double ? DataType::Double : DataType::Float;
+    Shape y_shape = rank == 3 ? Shape{B, Sq, Hq * Dv} : Shape{B, Hq, Sq, Dv};
+    Tensor y_out = ctx.output(0, q_in.dtype(), y_shape);
+    Tensor y = y_out.dtype() == ct ? y_out : ctx.allocate(ct, y_shape);
+    Tensor qk_out, qk;
+    if (ctx.has_output(3)) {
+      qk_out = ctx.output(3, q_in.dtype(), {B, Hq, Sq, T});
+      qk = qk_out.dtype() == ct ? qk_out : ctx.allocate(ct, qk_out.shape());
+    }
+    const Tensor qc = mappable(ctx, q, ct), kc = mappable(ctx, k, ct), vc = mappable(ctx, v, ct);
+    const Tensor y4 = rank == 3 ? heads_view(y, Hq) : y;
+
+    auto solve = [&]<typename C>() {
+      Problem<C> p;
+      p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.Sq = Sq, p.T = T, p.D = D, p.Dv = Dv;
+      p.q = qc.data<const C>(), p.lq = layout_of(qc);
+      p.k = kc.data<const C>(), p.lk = layout_of(kc);
+      p.v = vc.data<const C>(), p.lv = layout_of(vc);
+      p.y = y4.data<C>(), p.ly = layout_of(y4);
+      p.qk = qk.defined() ? qk.data<C>() : nullptr;
+      p.mode = static_cast<int>(mode_);
+      const double scale = has_scale_ ? scale_ : (D > 0 ? 1.0 / std::sqrt(double(D)) : 1.0);
+      p.scale = static_cast<C>(scale);
+      p.softcap = static_cast<C>(softcap_);
+      p.causal = causal_, p.left = left_, p.right = right_;
+      p.past = past, p.nonpad = nonpad;
+      Tensor mask_c;
+      if (ctx.has_input(3)) setup_mask(ctx, ctx.input(3), ct, &mask_c, &p);
+      run_problem(p);
+    };
+    if (ct == DataType::Double) {
+      solve.template operator()<double>();
+    } else {
+      solve.template operator()<float>();
+    }
+    if (y.storage() != y_out.storage()) convert_into(y, y_out);
+    if (qk.defined() && qk.storage() != qk_out.storage()) convert_into(qk, qk_out);
+  }
+
+ private:
+  // present = concat(past, cur) along axis 2, into output `out` when requested.
+  static Tensor append_cache(OpContext& ctx, size_t out, const Tensor& past, const Tensor& cur) {
+    Shape shape = past.shape();
+    shape[2] += cur.dim(2);
+    Tensor present = ctx.has_output(out) ? ctx.output(out, past.dtype(), shape)
+                                         : ctx.allocate(past.dtype(), shape);
+    const auto es = static_cast<size_t>(bits_per_element(present.dtype()) / 8);
+    const size_t split = static_cast<size_t>(past.dim(2) * present.strides()[2]) * es;
+    copy_heads(past, present.view(past.shape(), present.strides(), present.byte_offset()));
+    copy_heads(cur, present.view(cur.shape(), present.strides(), present.byte_offset() + split));
+    ctx.count_copy(present.nbytes(), CopyCause::Concat);
+    return present;
+  }
+
+  template <typename C>
+  static void setup_mask(OpContext& ctx, const Tensor& m, DataType ct, Tensor* keep,
+                         Problem<C>* p) {
+    if (m.rank() < 1 || m.rank() > 4)
+      ctx.fail("attn_mask must have rank 1 to 4, got " + m.describe());
+    const int64_t want[3] = {p->B, p->Hq, p->Sq};
+    const size_t pad = 4 - m.rank();
+    const int64_t len = m.dim(m.rank() - 1);
+    if (len > p->T) {
+      ctx.fail("attn_mask " + m.describe() + " is longer than the " + std::to_string(p->T) +
+               " keys");
+    }
+    for (size_t d = pad; d < 3; ++d) {
+      const int64_t dim = m.dim(d - pad);
+      if (dim != 1 && dim != want[d]) {
+        ctx.fail("attn_mask " + m.describe() +
+                 " does not broadcast to [batch, heads, q_len, keys]");
+      }
+    }
+    Tensor t = m;
+    if (m.dtype() == DataType::Bool) {
+      p->mask = MaskKind::Bool;
+      p->mask_bool = reinterpret_cast<const uint8_t*>(t.raw_data());
+    } else {
+      if (m.dtype() != ct) {
+        if (!type_in(NumericTypes{}, m.dtype())) throw_unsupported_type(m.dtype(), "attn_mask");
+        *keep = ctx.allocate(ct, m.shape());
+        t = *keep;
+        dispatch(NumericTypes{}, m.dtype(), [&]<typename M>() {
+          unary_loop<M, C>(m, t, [](M x) { return convert_value<C>(x); });
+        });
+      }
+      p->mask = MaskKind::Additive;
+      p->mask_add = t.data<const C>();
+    }
+    for (size_t d = pad; d < 4; ++d) {
+      p->ms[d] = t.dim(d - pad) == 1 && d < 3 ? 0 : t.strides()[d - pad];
+    }
+    p->mask_len = len;
+  }
+
+  bool causal_;
+  int64_t q_heads_, kv_heads_, mode_;
+  bool has_scale_;
+  float scale_, softcap_;
+  int64_t left_ = -1, right_ = -1;
+};
+
+}  // namespace
+
+KILN_REGISTER_OP({.op = "Attention",
+                  .since = 23,
+                  .min_inputs = 3,
+                  .max_inputs = 7,
+                  .min_outputs = 1,
+                  .max_outputs = 4,
+                  .strided_inputs = true,
+                  .types = "float, double, float16, bfloat16",
+                  .create = make<Attention>});
+
+}  // namespace kiln::ops
