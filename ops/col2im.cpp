@@ -11,6 +11,21 @@
 namespace kiln::ops {
 namespace {
 
+// Attribute values above this are rejected, so that sizes computed from them stay far
+// from int64 overflow.
+constexpr int64_t kMaxAttr = int64_t{1} << 31;
+
+// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
+void check_output_size(const OpContext& ctx, const Shape& shape) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
+      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
+    }
+  }
+}
+
 // First j >= 0 with base + j * s >= limit (s > 0).
 inline int64_t first_at_least(int64_t base, int64_t s, int64_t limit) {
   const int64_t need = limit - base;
@@ -24,11 +39,11 @@ class Col2Im final : public Kernel {
         pads_(info.attr_ints("pads")),
         strides_(info.attr_ints("strides")) {
     for (int64_t v : dilations_)
-      if (v < 1) info.fail("dilations must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("dilations must be in [1, 2^31]");
     for (int64_t v : strides_)
-      if (v < 1) info.fail("strides must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
     for (int64_t v : pads_)
-      if (v < 0) info.fail("pads must not be negative");
+      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
   }
 
   void run(OpContext& ctx) override {
@@ -57,7 +72,9 @@ class Col2Im final : public Kernel {
       dil[i] = dilations_.empty() ? 1 : dilations_[d];
       pad[i] = pads_.empty() ? 0 : pads_[d];
       const int64_t pe = pads_.empty() ? 0 : pads_[d + r];
-      if (out[i] < 0 || k[i] < 1) ctx.fail("image_shape and block_shape must be positive");
+      if (out[i] < 0 || k[i] < 1 || out[i] > kMaxAttr || k[i] > kMaxAttr) {
+        ctx.fail("image_shape and block_shape must be in [1, 2^31]");
+      }
       const int64_t span = out[i] + pad[i] + pe - ((k[i] - 1) * dil[i] + 1);
       if (span < 0) ctx.fail("block is larger than the padded image");
       grid[i] = span / st[i] + 1;
@@ -70,6 +87,7 @@ class Col2Im final : public Kernel {
     const int64_t n = x.dim(0), channels = x.dim(1) / kp;
     Shape shape{n, channels};
     shape.insert(shape.end(), image.begin(), image.end());
+    check_output_size(ctx, shape);
     const int64_t op = out[0] * out[1] * out[2];
     using Types = FloatTypes;
     dispatch(Types{}, x.dtype(), [&]<typename T>() {

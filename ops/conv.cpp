@@ -21,6 +21,21 @@
 namespace kiln::ops {
 namespace {
 
+// Attribute values above this are rejected, so that sizes computed from them stay far
+// from int64 overflow.
+constexpr int64_t kMaxAttr = int64_t{1} << 31;
+
+// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
+void check_output_size(const OpContext& ctx, const Shape& shape) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
+      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
+    }
+  }
+}
+
 enum class AutoPad { NotSet, SameUpper, SameLower, Valid };
 
 AutoPad parse_auto_pad(const NodeInfo& info) {
@@ -292,27 +307,33 @@ void convolve(OpContext& ctx, const T* x, const T* w, const T* bias, T* y, const
   const double unit_work = static_cast<double>(s.mg) * static_cast<double>(kk) * op;
   const int threads = tbb::this_task_arena::max_concurrency();
   constexpr double kMinParallel = 1 << 17, kMinTask = 1 << 15;
-  constexpr int64_t kScratchElems = 1 << 18;  // per-thread patch buffer
+  // Per-thread patch buffers hold about 1 MB of columns, but at least 256 columns (up to
+  // 16 MB): every product packs the weights again, which only pays off over wide blocks.
+  constexpr int64_t kScratchElems = 1 << 18, kMaxScratchElems = 1 << 22, kMinColumns = 256;
 
   // Column blocks bound the scratch size; more blocks (columns, then rows) feed threads.
-  int64_t cb = pointwise ? 1 : (kk * op + kScratchElems - 1) / kScratchElems;
+  const int64_t max_blk = std::max<int64_t>(
+      1, std::max(kScratchElems / kk, std::min(kMinColumns, kMaxScratchElems / kk)));
+  int64_t cb = pointwise ? 1 : (op + max_blk - 1) / max_blk;
   int64_t rb = 1;
   const double total = unit_work * static_cast<double>(units);
   if (threads > 1 && total >= kMinParallel) {
     const int64_t want = 2 * static_cast<int64_t>(threads);
     const int64_t max_tasks = std::max<int64_t>(1, static_cast<int64_t>(total / kMinTask));
     const int64_t target = std::min(want, max_tasks);
-    if (units * cb < target) {
-      cb = std::max(cb,
-                    std::min<int64_t>((target + units - 1) / units, std::max<int64_t>(1, op / 16)));
+    // Split output channels first when there are many: each task then packs only its own
+    // weights, and repeating the (cheap) patch lowering costs less than repacking weights.
+    if (units * cb < target && s.mg >= 64) {
+      rb = std::min<int64_t>((target + units * cb - 1) / (units * cb), s.mg / 32);
     }
-    if (units * cb < target && s.mg >= 32) {
-      rb = std::min<int64_t>((target + units * cb - 1) / (units * cb), s.mg / 16);
+    if (units * cb * rb < target) {
+      cb = std::max(cb, std::min<int64_t>((target + units * rb - 1) / (units * rb),
+                                          std::max<int64_t>(1, op / 16)));
     }
-  }
-  // Few tasks: make their number a multiple of the thread count so no thread idles at the end.
-  if (threads > 1 && units * cb * rb > 1 && units * cb * rb < 8 * threads && cb * threads <= op) {
-    while ((units * cb * rb) % threads != 0) ++cb;
+    // Few tasks: make their number a multiple of the thread count so no thread idles.
+    if (units * cb * rb < 8 * threads && cb * threads <= op) {
+      while ((units * cb * rb) % threads != 0) ++cb;
+    }
   }
   cb = std::clamp<int64_t>(cb, 1, op);
   const int64_t blk = (op + cb - 1) / cb;
@@ -363,15 +384,15 @@ class Conv final : public Kernel {
         strides_(info.attr_ints("strides")),
         dilations_(info.attr_ints("dilations")),
         pads_(info.attr_ints("pads")) {
-    if (group_ < 1) info.fail("group must be positive");
+    if (group_ < 1 || group_ > kMaxAttr) info.fail("group must be in [1, 2^31]");
     for (int64_t v : strides_)
-      if (v < 1) info.fail("strides must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
     for (int64_t v : dilations_)
-      if (v < 1) info.fail("dilations must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("dilations must be in [1, 2^31]");
     for (int64_t v : pads_)
-      if (v < 0) info.fail("pads must not be negative");
+      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
     for (int64_t v : kernel_shape_)
-      if (v < 1) info.fail("kernel_shape must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("kernel_shape must be in [1, 2^31]");
   }
 
   void run(OpContext& ctx) override {
@@ -400,6 +421,7 @@ class Conv final : public Kernel {
     const Geometry g = geometry(ctx, x, w);
     Shape out_shape{s.n, s.m};
     for (size_t d = 0; d + 2 < x.rank(); ++d) out_shape.push_back(g.out[3 - (x.rank() - 2) + d]);
+    check_output_size(ctx, out_shape);
 
     dispatch(TypeList<float, double, float16, bfloat16>{}, x.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
@@ -438,6 +460,7 @@ class Conv final : public Kernel {
       const size_t i = off + d;
       g.in[i] = x.dim(d + 2);
       g.k[i] = w.dim(d + 2);
+      if (g.k[i] < 1) ctx.fail("weight " + w.describe() + " has an empty kernel");
       if (!kernel_shape_.empty() && kernel_shape_[d] != g.k[i]) {
         ctx.fail("kernel_shape does not match weight " + w.describe());
       }

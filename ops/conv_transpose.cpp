@@ -20,6 +20,21 @@
 namespace kiln::ops {
 namespace {
 
+// Attribute values above this are rejected, so that sizes computed from them stay far
+// from int64 overflow.
+constexpr int64_t kMaxAttr = int64_t{1} << 31;
+
+// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
+void check_output_size(const OpContext& ctx, const Shape& shape) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
+      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
+    }
+  }
+}
+
 enum class AutoPad { NotSet, SameUpper, SameLower, Valid };
 
 // Sizes of one transposed convolution in three dimensions (1-D and 2-D get leading 1s).
@@ -151,17 +166,19 @@ class ConvTranspose final : public Kernel {
     } else {
       info.fail("unknown auto_pad '" + ap + "'");
     }
-    if (group_ < 1) info.fail("group must be positive");
+    if (group_ < 1 || group_ > kMaxAttr) info.fail("group must be in [1, 2^31]");
+    for (int64_t v : output_shape_)
+      if (v < 0 || v > kMaxAttr) info.fail("output_shape must be in [0, 2^31]");
     for (int64_t v : strides_)
-      if (v < 1) info.fail("strides must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
     for (int64_t v : dilations_)
-      if (v < 1) info.fail("dilations must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("dilations must be in [1, 2^31]");
     for (int64_t v : pads_)
-      if (v < 0) info.fail("pads must not be negative");
+      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
     for (int64_t v : output_padding_)
-      if (v < 0) info.fail("output_padding must not be negative");
+      if (v < 0 || v > kMaxAttr) info.fail("output_padding must be in [0, 2^31]");
     for (int64_t v : kernel_shape_)
-      if (v < 1) info.fail("kernel_shape must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("kernel_shape must be in [1, 2^31]");
   }
 
   void run(OpContext& ctx) override {
@@ -190,6 +207,7 @@ class ConvTranspose final : public Kernel {
     const Geometry g = geometry(ctx, x, w);
     Shape out_shape{s.n, s.m};
     for (size_t d = 0; d + 2 < x.rank(); ++d) out_shape.push_back(g.out[3 - (x.rank() - 2) + d]);
+    check_output_size(ctx, out_shape);
 
     dispatch(TypeList<float, double, float16, bfloat16>{}, x.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
@@ -235,6 +253,7 @@ class ConvTranspose final : public Kernel {
       const size_t i = off + d;
       g.in[i] = x.dim(d + 2);
       g.k[i] = w.dim(d + 2);
+      if (g.k[i] < 1) ctx.fail("weight " + w.describe() + " has an empty kernel");
       if (!kernel_shape_.empty() && kernel_shape_[d] != g.k[i]) {
         ctx.fail("kernel_shape does not match weight " + w.describe());
       }

@@ -19,6 +19,21 @@
 namespace kiln::ops {
 namespace {
 
+// Attribute values above this are rejected, so that sizes computed from them stay far
+// from int64 overflow.
+constexpr int64_t kMaxAttr = int64_t{1} << 31;
+
+// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
+void check_output_size(const OpContext& ctx, const Shape& shape) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
+      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
+    }
+  }
+}
+
 struct Problem {
   int64_t n, c, m, groups, cg, mg, offset_groups;
   int64_t ih, iw, oh, ow, kh, kw, sh, sw, dh, dw, ph, pw;
@@ -107,17 +122,18 @@ class DeformConv final : public Kernel {
         strides_(info.attr_ints("strides", {1, 1})),
         dilations_(info.attr_ints("dilations", {1, 1})),
         pads_(info.attr_ints("pads", {0, 0, 0, 0})) {
-    if (group_ < 1 || offset_group_ < 1) info.fail("group and offset_group must be positive");
+    if (group_ < 1 || offset_group_ < 1 || group_ > kMaxAttr || offset_group_ > kMaxAttr)
+      info.fail("group and offset_group must be positive");
     if (strides_.size() != 2 || dilations_.size() != 2 || pads_.size() != 4 ||
         (!kernel_shape_.empty() && kernel_shape_.size() != 2)) {
       info.fail("only 2-D DeformConv is supported", ErrorKind::Unsupported);
     }
     for (int64_t v : strides_)
-      if (v < 1) info.fail("strides must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
     for (int64_t v : dilations_)
-      if (v < 1) info.fail("dilations must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("dilations must be in [1, 2^31]");
     for (int64_t v : pads_)
-      if (v < 0) info.fail("pads must not be negative");
+      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
   }
 
   void run(OpContext& ctx) override {
@@ -145,6 +161,7 @@ class DeformConv final : public Kernel {
     p.iw = x.dim(3);
     p.kh = w.dim(2);
     p.kw = w.dim(3);
+    if (p.kh < 1 || p.kw < 1) ctx.fail("weight " + w.describe() + " has an empty kernel");
     if (!kernel_shape_.empty() && (kernel_shape_[0] != p.kh || kernel_shape_[1] != p.kw)) {
       ctx.fail("kernel_shape does not match weight " + w.describe());
     }
@@ -174,6 +191,7 @@ class DeformConv final : public Kernel {
     }
     if (has_bias && ctx.input(3).numel() != p.m) ctx.fail("bias must have one value per channel");
     const Shape out_shape{p.n, p.m, p.oh, p.ow};
+    check_output_size(ctx, out_shape);
     dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
         auto widen = [&](size_t i) {

@@ -27,8 +27,9 @@ struct Operand {
 Operand operand(const Tensor& t, bool transpose) {
   Operand o{t.dim(0), t.dim(1), t.strides()[0], t.strides()[1]};
   if (transpose) o = {o.cols, o.rows, o.cs, o.rs};
+  // Strides of size-1 axes are arbitrary: choose them so that the matrix maps.
   if (o.cols <= 1) o.cs = 1;
-  if (o.rows <= 1) o.rs = std::max<int64_t>(o.cols, 1);
+  if (o.rows <= 1) o.rs = o.cs == 1 ? std::max<int64_t>(o.cols, 1) : 1;
   return o;
 }
 
@@ -151,6 +152,7 @@ class Gemm final : public Kernel {
                b.describe() + (trans_b_ ? "^T" : ""));
     }
     const Shape shape{ao.rows, bo.cols};
+    if (bo.cols > 0 && ao.rows > (int64_t{1} << 48) / bo.cols) ctx.fail("output is too large");
     if (has_c) {
       const Tensor& c = ctx.input(2);
       if (c.rank() > 2 || broadcast_shapes(c.shape(), shape) != shape) {

@@ -38,10 +38,11 @@ bool mappable(const Operand& o) {
   return (o.cs == 1 && o.rs >= 0) || (o.rs == 1 && o.cs >= 0);
 }
 
-// Strides of size-1 axes are arbitrary; give them values that make the map row-major.
+// Strides of size-1 axes are arbitrary: choose them so that the matrix maps (a single
+// strided row becomes a column-major 1 x k matrix).
 void normalize(Operand& o) {
   if (o.cols <= 1) o.cs = 1;
-  if (o.rows <= 1) o.rs = std::max<int64_t>(o.cols, 1);
+  if (o.rows <= 1) o.rs = o.cs == 1 ? std::max<int64_t>(o.cols, 1) : 1;
 }
 
 int64_t checked_mul(int64_t x, int64_t y) {

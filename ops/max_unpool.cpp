@@ -9,6 +9,21 @@
 namespace kiln::ops {
 namespace {
 
+// Attribute values above this are rejected, so that sizes computed from them stay far
+// from int64 overflow.
+constexpr int64_t kMaxAttr = int64_t{1} << 31;
+
+// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
+void check_output_size(const OpContext& ctx, const Shape& shape) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
+      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
+    }
+  }
+}
+
 class MaxUnpool final : public Kernel {
  public:
   explicit MaxUnpool(const NodeInfo& info)
@@ -21,11 +36,11 @@ class MaxUnpool final : public Kernel {
       info.fail("strides and pads must match kernel_shape");
     }
     for (int64_t v : kernel_)
-      if (v < 1) info.fail("kernel_shape must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("kernel_shape must be in [1, 2^31]");
     for (int64_t v : strides_)
-      if (v < 1) info.fail("strides must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
     for (int64_t v : pads_)
-      if (v < 0) info.fail("pads must not be negative");
+      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
   }
 
   void run(OpContext& ctx) override {
@@ -59,6 +74,8 @@ class MaxUnpool final : public Kernel {
         }
       }
     }
+    check_output_size(ctx, inferred);
+    check_output_size(ctx, shape);
     const int64_t limit = shape_numel(inferred);
     dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
       Tensor& y = ctx.output(0, x.dtype(), shape);

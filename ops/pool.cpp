@@ -16,6 +16,21 @@
 namespace kiln::ops {
 namespace {
 
+// Attribute values above this are rejected, so that sizes computed from them stay far
+// from int64 overflow.
+constexpr int64_t kMaxAttr = int64_t{1} << 31;
+
+// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
+void check_output_size(const OpContext& ctx, const Shape& shape) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
+      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
+    }
+  }
+}
+
 enum class PoolKind { Max, Average, Lp };
 
 // Per output coordinate of one dimension: first input index of the window, the range of
@@ -56,13 +71,13 @@ class PoolAttrs {
       info.fail("strides, dilations and pads must match kernel_shape");
     }
     for (int64_t v : kernel_)
-      if (v < 1) info.fail("kernel_shape must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("kernel_shape must be in [1, 2^31]");
     for (int64_t v : strides_)
-      if (v < 1) info.fail("strides must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
     for (int64_t v : dilations_)
-      if (v < 1) info.fail("dilations must be positive");
+      if (v < 1 || v > kMaxAttr) info.fail("dilations must be in [1, 2^31]");
     for (int64_t v : pads_)
-      if (v < 0) info.fail("pads must not be negative");
+      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
     if (auto_pad_ != "NOTSET" && auto_pad_ != "SAME_UPPER" && auto_pad_ != "SAME_LOWER" &&
         auto_pad_ != "VALID") {
       info.fail("unknown auto_pad '" + auto_pad_ + "'");
@@ -159,16 +174,59 @@ TapRanges tap_ranges(const Geometry& g, size_t dim) {
   return r;
 }
 
-// Pooling one output row at a time: every kernel tap is a contiguous (or strided) run along
-// the innermost dimension, so the inner loops vectorise. `Op` supplies init(), add(acc, v)
-// and finish_row(), which gets the reciprocal tap counts (inside the input, inside input +
-// padding) of the outer dimensions and of every output column.
+// Copies every row of a plane as its even columns followed by its odd columns, so that a
+// stride-2 window reads each tap contiguously.
+template <typename T>
+void deinterleave_rows(const T* x, int64_t rows, int64_t width, T* out) {
+  const int64_t even = (width + 1) / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* src = x + r * width;
+    T* e = out + r * width;
+    for (int64_t i = 0; i < even; ++i) e[i] = src[2 * i];
+    for (int64_t i = 0; i < width / 2; ++i) e[even + i] = src[2 * i + 1];
+  }
+}
+
+// a[j] = add(a[j], src[off[k] + j]) for all K taps k, in one pass over j.
+template <int K, typename T, typename C, typename Op>
+inline void fused_row(C* __restrict a, const T* __restrict src, const int64_t* off, int64_t j0,
+                      int64_t j1, const Op& op) {
+  int64_t o[K];
+  for (int k = 0; k < K; ++k) o[k] = off[k];
+  for (int64_t j = j0; j < j1; ++j) {
+    C acc = a[j];
+    for (int k = 0; k < K; ++k) acc = op.add(acc, static_cast<C>(src[o[k] + j]));
+    a[j] = acc;
+  }
+}
+
+// Pooling one output row at a time. Outputs whose whole window row lies inside the input
+// (the interior) take all taps of a kernel row in one vectorised pass (stride 2 reads a
+// deinterleaved copy of the plane); border outputs add their valid taps one by one. `Op`
+// supplies init(), add(acc, v) and finish_row(), which gets the reciprocal tap counts
+// (inside the input, inside input + padding) of the outer dimensions and of every column.
 template <typename T, typename Op>
 void pool_rows(const T* x, T* y, int64_t planes, const Geometry& g, const Op& op) {
   using C = compute_t<T>;
-  const int64_t ip = g.in_size(), ow_n = g.out[2];
+  const int64_t ip = g.in_size(), ow_n = g.out[2], kw_n = g.k[2], s = g.stride[2];
+  const int64_t dil = g.dil[2], pad = -g.taps[2].start[0];
   const auto& [td, th, tw] = g.taps;
   const TapRanges wr = tap_ranges(g, 2);
+  int64_t j0 = 0, j1 = ow_n;
+  for (int64_t k = 0; k < kw_n; ++k) {
+    j0 = std::max(j0, wr.lo[static_cast<size_t>(k)]);
+    j1 = std::min(j1, wr.hi[static_cast<size_t>(k)]);
+  }
+  if (j1 < j0) j1 = j0;
+  const bool fused = (kw_n == 2 || kw_n == 3 || kw_n == 5 || kw_n == 7) && (s == 1 || s == 2);
+  const bool split = fused && s == 2;
+  const int64_t even = (g.in[2] + 1) / 2;
+  std::vector<int64_t> off(static_cast<size_t>(kw_n));
+  for (int64_t k = 0; k < kw_n; ++k) {
+    const int64_t t = k * dil - pad;  // input column of output 0 for tap k
+    const int64_t half = t >= 0 ? t / 2 : -((1 - t) / 2);
+    off[static_cast<size_t>(k)] = split ? half + (t - 2 * half == 0 ? 0 : even) : t;
+  }
   std::vector<C> inv_valid(static_cast<size_t>(ow_n)), inv_padded(inv_valid.size());
   for (size_t j = 0; j < inv_valid.size(); ++j) {
     inv_valid[j] = reciprocal<C>(tw.hi[j] - tw.lo[j]);
@@ -177,29 +235,57 @@ void pool_rows(const T* x, T* y, int64_t planes, const Geometry& g, const Op& op
   const int64_t rows = planes * g.out[0] * g.out[1];
   parallel_for(rows, grain_for(ow_n * g.k[0] * g.k[1] * g.k[2] + 1), [&](int64_t lo, int64_t hi) {
     std::vector<C> acc(static_cast<size_t>(ow_n));
+    std::vector<T> buf(split ? static_cast<size_t>(ip) : 0);
+    int64_t buffered = -1;
     for (int64_t row = lo; row < hi; ++row) {
       const int64_t oh = row % g.out[1], od = (row / g.out[1]) % g.out[0];
       const int64_t p = row / (g.out[1] * g.out[0]);
       const T* plane = x + p * ip;
+      if (split && buffered != p) {
+        deinterleave_rows(plane, g.in[0] * g.in[1], g.in[2], buf.data());
+        buffered = p;
+      }
       C* a = acc.data();
       std::fill(a, a + ow_n, op.init());
       for (int64_t kd = td.lo[od]; kd < td.hi[od]; ++kd) {
         const int64_t id = td.start[od] + kd * g.dil[0];
         for (int64_t kh = th.lo[oh]; kh < th.hi[oh]; ++kh) {
           const int64_t ih = th.start[oh] + kh * g.dil[1];
-          const T* xrow = plane + (id * g.in[1] + ih) * g.in[2];
-          for (int64_t kw = 0; kw < g.k[2]; ++kw) {
-            const int64_t base = kw * g.dil[2];
-            const int64_t j0 = wr.lo[static_cast<size_t>(kw)], j1 = wr.hi[static_cast<size_t>(kw)];
-            if (j0 >= j1) continue;
-            // Input column of output j is start(j) + kw * dil = j * stride + start(0) + kw * dil.
-            const T* src = xrow + (tw.start[static_cast<size_t>(j0)] + base);
-            const int64_t s = g.stride[2];
-            if (s == 1) {
-              for (int64_t j = j0; j < j1; ++j) a[j] = op.add(a[j], static_cast<C>(src[j - j0]));
+          const int64_t row_off = (id * g.in[1] + ih) * g.in[2];
+          const T* xrow = plane + row_off;
+          if (fused) {
+            const T* src = split ? buf.data() + row_off : xrow;
+            switch (kw_n) {
+              case 2:
+                fused_row<2>(a, src, off.data(), j0, j1, op);
+                break;
+              case 3:
+                fused_row<3>(a, src, off.data(), j0, j1, op);
+                break;
+              case 5:
+                fused_row<5>(a, src, off.data(), j0, j1, op);
+                break;
+              default:
+                fused_row<7>(a, src, off.data(), j0, j1, op);
+            }
+          }
+          for (int64_t k = 0; k < kw_n; ++k) {
+            const int64_t b = k * dil - pad;
+            const int64_t lo_k = wr.lo[static_cast<size_t>(k)],
+                          hi_k = wr.hi[static_cast<size_t>(k)];
+            if (fused) {  // the interior is done: the border outputs remain
+              for (int64_t j = lo_k; j < std::min(hi_k, j0); ++j) {
+                a[j] = op.add(a[j], static_cast<C>(xrow[b + j * s]));
+              }
+              for (int64_t j = std::max(lo_k, j1); j < hi_k; ++j) {
+                a[j] = op.add(a[j], static_cast<C>(xrow[b + j * s]));
+              }
+            } else if (s == 1) {
+              for (int64_t j = lo_k; j < hi_k; ++j)
+                a[j] = op.add(a[j], static_cast<C>(xrow[b + j]));
             } else {
-              for (int64_t j = j0; j < j1; ++j) {
-                a[j] = op.add(a[j], static_cast<C>(src[(j - j0) * s]));
+              for (int64_t j = lo_k; j < hi_k; ++j) {
+                a[j] = op.add(a[j], static_cast<C>(xrow[b + j * s]));
               }
             }
           }
@@ -324,14 +410,17 @@ class Pool final : public Kernel {
     const Tensor& x = ctx.input(0);
     const Geometry g = attrs_.geometry(ctx, x);
     const Shape shape = attrs_.out_shape(x, g);
-    const int64_t planes = x.dim(0) * x.dim(1);
+    check_output_size(ctx, shape);
+    const int64_t planes = shape_numel(shape) == 0 ? 0 : x.dim(0) * x.dim(1);
     if constexpr (kKind == PoolKind::Max) {
       using MaxTypes = TypeList<float, double, float16, bfloat16, int8_t, uint8_t>;
       dispatch(MaxTypes{}, x.dtype(), [&]<typename T>() {
         Tensor& y = ctx.output(0, x.dtype(), shape);
-        if (ctx.has_output(1)) {
-          int64_t* ind = ctx.output(1, DataType::Int64, shape).template data<int64_t>();
-          max_pool_with_indices<T>(x.data<const T>(), y.data<T>(), ind, col_major_, planes, g);
+        Tensor* ind = ctx.has_output(1) ? &ctx.output(1, DataType::Int64, shape) : nullptr;
+        if (planes == 0) return;
+        if (ind) {
+          max_pool_with_indices<T>(x.data<const T>(), y.data<T>(), ind->data<int64_t>(), col_major_,
+                                   planes, g);
         } else {
           pool_rows<T>(x.data<const T>(), y.data<T>(), planes, g, MaxOp<compute_t<T>>{});
         }
@@ -340,6 +429,7 @@ class Pool final : public Kernel {
       dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
         using C = compute_t<T>;
         Tensor& y = ctx.output(0, x.dtype(), shape);
+        if (planes == 0) return;
         if constexpr (kKind == PoolKind::Average) {
           pool_rows<T>(x.data<const T>(), y.data<T>(), planes, g, AverageOp<C>{count_pad_});
         } else {

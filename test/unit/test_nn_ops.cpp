@@ -156,6 +156,29 @@ TEST_CASE("MatMul reads transposed and over-allocated views without copying", "[
   require_close(t2.input(p).input(v).run1(), naive_matmul(p, vfill));
   CHECK(t2.stats().bytes_copied == 0);
 
+  // Batched left operands over a shared right operand, laid out so that the batches cannot
+  // (transposed [S, B, K] storage) or can (row vectors with a gap) be merged into one product.
+  Tensor rhs_shared = random_tensor(DataType::Float, {4, 6}, rng);
+  Tensor sbk = random_tensor(DataType::Float, {5, 3, 4}, rng);
+  Tensor bsk = sbk.view({3, 5, 4}, {4, 12, 1}, sbk.byte_offset());
+  OpTest t4("MatMul", 13);
+  require_close(t4.input(bsk).input(rhs_shared).run1(), naive_matmul(bsk.contiguous(), rhs_shared));
+  CHECK(t4.stats().bytes_copied == 0);
+  Tensor rows2 = random_tensor(DataType::Float, {3, 2, 4}, rng);
+  Tensor first_rows = rows2.view({3, 1, 4}, {8, 4, 1}, rows2.byte_offset());
+  OpTest t5("MatMul", 13);
+  require_close(t5.input(first_rows).input(rhs_shared).run1(),
+                naive_matmul(first_rows.contiguous(), rhs_shared));
+  CHECK(t5.stats().bytes_copied == 0);
+
+  // A vector taking every other element maps as a strided row.
+  Tensor v8 = random_tensor(DataType::Float, {8}, rng);
+  Tensor every2 = v8.view({4}, {2}, v8.byte_offset());
+  OpTest t6("MatMul", 13);
+  require_close(t6.input(every2).input(rhs_shared).run1(),
+                naive_matmul(every2.contiguous(), rhs_shared));
+  CHECK(t6.stats().bytes_copied == 0);
+
   // Neither axis has unit stride: copied once, and counted.
   Tensor base = random_tensor(DataType::Float, {6, 8}, rng);
   Tensor every_other = base.view({3, 4}, {16, 2}, base.byte_offset());
@@ -751,6 +774,61 @@ TEST_CASE("MaxUnpool inverts MaxPool and rejects out-of-range indices", "[nn]") 
                         .input(bad)
                         .attr("kernel_shape", Ints{4, 4})
                         .attr("strides", Ints{4, 4})
+                        .run(),
+                    Error);
+}
+
+TEST_CASE("Empty tensors flow through the NN kernels", "[nn]") {
+  std::mt19937 rng(71);
+  Tensor a0 = random_tensor(DataType::Float, {0, 3}, rng);
+  Tensor b = random_tensor(DataType::Float, {3, 4}, rng);
+  CHECK(OpTest("MatMul", 13).input(a0).input(b).run1().shape() == Shape{0, 4});
+  Tensor ak = random_tensor(DataType::Float, {2, 0}, rng);
+  Tensor bk = random_tensor(DataType::Float, {0, 3}, rng);
+  CHECK(values(OpTest("MatMul", 13).input(ak).input(bk).run1()) == std::vector<double>(6, 0.0));
+  CHECK(values(OpTest("Gemm", 13).input(ak).input(bk).run1()) == std::vector<double>(6, 0.0));
+  Tensor x0 = random_tensor(DataType::Float, {0, 2, 5, 5}, rng);
+  Tensor w = random_tensor(DataType::Float, {3, 2, 3, 3}, rng);
+  CHECK(OpTest("Conv", 11).input(x0).input(w).run1().shape() == Shape{0, 3, 3, 3});
+  CHECK(OpTest("MaxPool", 12).input(x0).attr("kernel_shape", Ints{2, 2}).run1().shape() ==
+        Shape{0, 2, 4, 4});
+  CHECK(OpTest("GlobalAveragePool", 1).input(x0).run1().shape() == Shape{0, 2, 1, 1});
+  Tensor no_rows = random_tensor(DataType::Float, {1, 1, 0, 3}, rng);
+  CHECK(OpTest("MaxPool", 12)
+            .input(no_rows)
+            .attr("kernel_shape", Ints{2, 2})
+            .attr("auto_pad", "SAME_UPPER")
+            .run1()
+            .shape() == Shape{1, 1, 0, 3});
+}
+
+TEST_CASE("Huge attributes and output shapes are errors, not overflows", "[nn]") {
+  std::mt19937 rng(72);
+  Tensor x = random_tensor(DataType::Float, {1, 1, 4, 4}, rng);
+  Tensor w = random_tensor(DataType::Float, {1, 1, 2, 2}, rng);
+  const int64_t huge = int64_t{1} << 40;
+  REQUIRE_THROWS_AS(
+      OpTest("Conv", 11).input(x).input(w).attr("pads", Ints{huge, huge, huge, huge}).run(), Error);
+  REQUIRE_THROWS_AS(OpTest("ConvTranspose", 11)
+                        .input(x)
+                        .input(w)
+                        .attr("strides", Ints{int64_t{1} << 30, int64_t{1} << 30})
+                        .run(),
+                    Error);
+  REQUIRE_THROWS_AS(OpTest("MaxPool", 12)
+                        .input(x)
+                        .attr("kernel_shape", Ints{2, 2})
+                        .attr("pads", Ints{huge, 0, huge, 0})
+                        .run(),
+                    Error);
+  Tensor ind = Tensor::from_vector<int64_t>({1, 1, 1, 1}, {0});
+  Tensor one = Tensor::from_vector<float>({1, 1, 1, 1}, {1});
+  Tensor big_shape = Tensor::from_vector<int64_t>({4}, {1, 1, huge, huge});
+  REQUIRE_THROWS_AS(OpTest("MaxUnpool", 11)
+                        .input(one)
+                        .input(ind)
+                        .input(big_shape)
+                        .attr("kernel_shape", Ints{2, 2})
                         .run(),
                     Error);
 }
