@@ -1,0 +1,503 @@
+// Conv: 1-D, 2-D and 3-D convolution with groups, strides, dilations, explicit or automatic
+// padding, and an optional bias.
+//
+// General convolutions are im2col + GEMM: the output of each (image, group) is split into
+// column blocks (and row blocks when there are few columns), each task lowering its block
+// of input patches into a per-thread scratch buffer and multiplying it with an Eigen
+// product. 1x1 convolutions with unit stride and no padding multiply the input directly;
+// convolutions with one input channel per group (depthwise) run as direct loops.
+#include <tbb/task_arena.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <array>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ops/common.h"
+#include "ops/elementwise.h"
+
+namespace kiln::ops {
+namespace {
+
+// Attribute values above this are rejected, so that sizes computed from them stay far
+// from int64 overflow.
+constexpr int64_t kMaxAttr = int64_t{1} << 31;
+
+// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
+void check_output_size(const OpContext& ctx, const Shape& shape) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
+      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
+    }
+  }
+}
+
+enum class AutoPad { NotSet, SameUpper, SameLower, Valid };
+
+AutoPad parse_auto_pad(const NodeInfo& info) {
+  const std::string s = info.attr_string("auto_pad", "NOTSET");
+  if (s == "NOTSET") return AutoPad::NotSet;
+  if (s == "SAME_UPPER") return AutoPad::SameUpper;
+  if (s == "SAME_LOWER") return AutoPad::SameLower;
+  if (s == "VALID") return AutoPad::Valid;
+  info.fail("unknown auto_pad '" + s + "'");
+}
+
+// Spatial sizes of one convolution, always three dimensions: 1-D and 2-D problems get
+// leading dimensions of size 1.
+struct Geometry {
+  std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, k{1, 1, 1}, stride{1, 1, 1}, dil{1, 1, 1},
+      pad{0, 0, 0};
+  int64_t in_size() const { return in[0] * in[1] * in[2]; }
+  int64_t out_size() const { return out[0] * out[1] * out[2]; }
+  int64_t k_size() const { return k[0] * k[1] * k[2]; }
+};
+
+// Fills zeros at j < lo and j >= hi and dst[j] = src[base + j * stride] in between.
+template <typename T>
+inline void gather_row(T* dst, int64_t n, const T* src, int64_t base, int64_t stride, int64_t lo,
+                       int64_t hi) {
+  lo = std::clamp<int64_t>(lo, 0, n);
+  hi = std::clamp<int64_t>(hi, lo, n);
+  std::fill(dst, dst + lo, T(0));
+  if (stride == 1) {
+    std::copy(src + base + lo, src + base + hi, dst + lo);
+  } else {
+    for (int64_t j = lo; j < hi; ++j) dst[j] = src[base + j * stride];
+  }
+  std::fill(dst + hi, dst + n, T(0));
+}
+
+// First j >= 0 with base + j * s >= 0, and first j with base + j * s >= limit (s > 0).
+inline int64_t first_at_least(int64_t base, int64_t s, int64_t limit) {
+  const int64_t need = limit - base;
+  return need <= 0 ? 0 : (need + s - 1) / s;
+}
+
+// Lowers input patches of output positions [p0, p1) of one (image, group) into `col`
+// ([channels * kernel] x (p1 - p0), row-major).
+template <typename T>
+void im2col(const T* x, int64_t channels, const Geometry& g, int64_t p0, int64_t p1, T* col) {
+  const int64_t blk = p1 - p0, ip = g.in_size(), ohw = g.out[1] * g.out[2];
+  T* dst = col;
+  for (int64_t c = 0; c < channels; ++c) {
+    const T* xc = x + c * ip;
+    for (int64_t kd = 0; kd < g.k[0]; ++kd) {
+      for (int64_t kh = 0; kh < g.k[1]; ++kh) {
+        for (int64_t kw = 0; kw < g.k[2]; ++kw, dst += blk) {
+          const int64_t wbase = kw * g.dil[2] - g.pad[2];
+          T* d = dst;
+          for (int64_t p = p0; p < p1;) {
+            const int64_t od = p / ohw, oh = (p % ohw) / g.out[2], ow = p % g.out[2];
+            const int64_t run = std::min(p1 - p, g.out[2] - ow);
+            const int64_t id = od * g.stride[0] - g.pad[0] + kd * g.dil[0];
+            const int64_t ih = oh * g.stride[1] - g.pad[1] + kh * g.dil[1];
+            if (id < 0 || id >= g.in[0] || ih < 0 || ih >= g.in[1]) {
+              std::fill(d, d + run, T(0));
+            } else {
+              const int64_t base = ow * g.stride[2] + wbase;  // input column of j = 0
+              const T* row = xc + (id * g.in[1] + ih) * g.in[2];
+              const int64_t lo = first_at_least(base, g.stride[2], 0);
+              const int64_t hi = first_at_least(base, g.stride[2], g.in[2]);
+              gather_row(d, run, row, base, g.stride[2], lo, hi);
+            }
+            d += run;
+            p += run;
+          }
+        }
+      }
+    }
+  }
+}
+
+// y[j] += sum over taps k of w[k] * x[base + k * dil + j * stride] for j in [j0, j1), where
+// every tap is inside the input. A compile-time tap count lets the compiler unroll the taps
+// and vectorise along j.
+template <int K, typename T>
+inline void fused_taps(T* __restrict y, const T* __restrict x, const T* __restrict w, int64_t taps,
+                       int64_t j0, int64_t j1, int64_t base, int64_t dil, int64_t stride) {
+  const int64_t n = K > 0 ? K : taps;
+  if (stride == 1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      T acc = y[j];
+      for (int64_t k = 0; k < n; ++k) acc += w[k] * x[base + k * dil + j];
+      y[j] = acc;
+    }
+  } else {
+    for (int64_t j = j0; j < j1; ++j) {
+      T acc = y[j];
+      for (int64_t k = 0; k < n; ++k) acc += w[k] * x[base + k * dil + j * stride];
+      y[j] = acc;
+    }
+  }
+}
+
+// The 3x3 stride-1 case with all three input rows inside the input: nine taps per output,
+// one store.
+template <typename T>
+inline void fused_3x3(T* __restrict y, const T* __restrict x0, const T* __restrict x1,
+                      const T* __restrict x2, const T* __restrict w, int64_t j0, int64_t j1,
+                      int64_t base, int64_t d) {
+  const T w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4], w5 = w[5], w6 = w[6], w7 = w[7],
+          w8 = w[8];
+  for (int64_t j = j0; j < j1; ++j) {
+    const int64_t c = base + j;
+    T acc = y[j];
+    acc += w0 * x0[c] + w1 * x0[c + d] + w2 * x0[c + 2 * d];
+    acc += w3 * x1[c] + w4 * x1[c + d] + w5 * x1[c + 2 * d];
+    acc += w6 * x2[c] + w7 * x2[c + d] + w8 * x2[c + 2 * d];
+    y[j] = acc;
+  }
+}
+
+// Copies every row of a plane as its even columns followed by its odd columns, so that a
+// stride-2 convolution reads each tap contiguously.
+template <typename T>
+void deinterleave_rows(const T* x, int64_t rows, int64_t width, T* out) {
+  const int64_t even = (width + 1) / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* src = x + r * width;
+    T* e = out + r * width;
+    for (int64_t i = 0; i < even; ++i) e[i] = src[2 * i];
+    for (int64_t i = 0; i < width / 2; ++i) e[even + i] = src[2 * i + 1];
+  }
+}
+
+// fused_taps for stride 2 on a deinterleaved row: column base + k * dil + 2j is entry
+// floor(t / 2) + j of the even half (t even) or of the odd half (t odd).
+template <int K, typename T>
+inline void fused_taps_split(T* __restrict y, const T* __restrict row, const T* __restrict w,
+                             int64_t j0, int64_t j1, int64_t base, int64_t dil, int64_t even) {
+  int64_t off[K];
+  for (int k = 0; k < K; ++k) {
+    const int64_t t = base + k * dil;
+    const int64_t half = t >= 0 ? t / 2 : -((1 - t) / 2);
+    off[k] = half + (t - 2 * half == 0 ? 0 : even);
+  }
+  for (int64_t j = j0; j < j1; ++j) {
+    T acc = y[j];
+    for (int k = 0; k < K; ++k) acc += w[k] * row[off[k] + j];
+    y[j] = acc;
+  }
+}
+
+// One output plane of a convolution with a single input channel: y += w (*) x. Along the
+// innermost dimension the outputs whose taps are all inside the input take the fused path;
+// the few border outputs add their valid taps one by one.
+template <typename T>
+void direct_plane(const T* x, const T* split, const T* w, const Geometry& g, T* y) {
+  const int64_t kw_n = g.k[2], s = g.stride[2], ow_n = g.out[2];
+  std::array<int64_t, 16> lo_buf{}, hi_buf{};
+  std::vector<int64_t> lo_vec, hi_vec;
+  int64_t* lo = lo_buf.data();
+  int64_t* hi = hi_buf.data();
+  if (kw_n > 16) {
+    lo_vec.resize(static_cast<size_t>(kw_n));
+    hi_vec.resize(static_cast<size_t>(kw_n));
+    lo = lo_vec.data();
+    hi = hi_vec.data();
+  }
+  int64_t j0 = 0, j1 = ow_n;
+  for (int64_t kw = 0; kw < kw_n; ++kw) {
+    const int64_t base = kw * g.dil[2] - g.pad[2];
+    lo[kw] = std::min(first_at_least(base, s, 0), ow_n);
+    hi[kw] = std::clamp<int64_t>(first_at_least(base, s, g.in[2]), lo[kw], ow_n);
+    j0 = std::max(j0, lo[kw]);
+    j1 = std::min(j1, hi[kw]);
+  }
+  if (j1 < j0) j1 = j0;
+  for (int64_t od = 0; od < g.out[0]; ++od) {
+    for (int64_t oh = 0; oh < g.out[1]; ++oh) {
+      T* yrow = y + (od * g.out[1] + oh) * ow_n;
+      const int64_t id0 = od * g.stride[0] - g.pad[0], ih0 = oh * g.stride[1] - g.pad[1];
+      const bool fuse9 = s == 1 && g.k[0] == 1 && g.k[1] == 3 && kw_n == 3 && id0 >= 0 &&
+                         id0 < g.in[0] && ih0 >= 0 && ih0 + 2 * g.dil[1] < g.in[1];
+      if (fuse9) {
+        const int64_t rs = g.dil[1] * g.in[2];
+        const T* r0 = x + (id0 * g.in[1] + ih0) * g.in[2];
+        fused_3x3(yrow, r0, r0 + rs, r0 + 2 * rs, w, j0, j1, -g.pad[2], g.dil[2]);
+      }
+      for (int64_t kd = 0; kd < g.k[0]; ++kd) {
+        const int64_t id = od * g.stride[0] - g.pad[0] + kd * g.dil[0];
+        if (id < 0 || id >= g.in[0]) continue;
+        for (int64_t kh = 0; kh < g.k[1]; ++kh) {
+          const int64_t ih = oh * g.stride[1] - g.pad[1] + kh * g.dil[1];
+          if (ih < 0 || ih >= g.in[1]) continue;
+          const T* xrow = x + (id * g.in[1] + ih) * g.in[2];
+          const T* wk = w + (kd * g.k[1] + kh) * kw_n;
+          const int64_t base = -g.pad[2];
+          const int64_t even = (g.in[2] + 1) / 2;
+          const T* srow = split ? split + (xrow - x) : nullptr;
+          if (fuse9) {
+            // The interior is done; only the border outputs remain.
+          } else if (srow && kw_n == 3) {
+            fused_taps_split<3>(yrow, srow, wk, j0, j1, base, g.dil[2], even);
+          } else if (srow && kw_n == 5) {
+            fused_taps_split<5>(yrow, srow, wk, j0, j1, base, g.dil[2], even);
+          } else if (srow && kw_n == 7) {
+            fused_taps_split<7>(yrow, srow, wk, j0, j1, base, g.dil[2], even);
+          } else {
+            switch (kw_n) {
+              case 1:
+                fused_taps<1>(yrow, xrow, wk, kw_n, j0, j1, base, g.dil[2], s);
+                break;
+              case 3:
+                fused_taps<3>(yrow, xrow, wk, kw_n, j0, j1, base, g.dil[2], s);
+                break;
+              case 5:
+                fused_taps<5>(yrow, xrow, wk, kw_n, j0, j1, base, g.dil[2], s);
+                break;
+              default:
+                fused_taps<0>(yrow, xrow, wk, kw_n, j0, j1, base, g.dil[2], s);
+            }
+          }
+          for (int64_t kw = 0; kw < kw_n; ++kw) {
+            const int64_t b = kw * g.dil[2] - g.pad[2];
+            const T wv = wk[kw];
+            for (int64_t j = lo[kw]; j < std::min(hi[kw], j0); ++j) yrow[j] += wv * xrow[b + j * s];
+            for (int64_t j = std::max(lo[kw], j1); j < hi[kw]; ++j) yrow[j] += wv * xrow[b + j * s];
+          }
+        }
+      }
+    }
+  }
+}
+
+struct Sizes {
+  int64_t n, c, m, groups, cg, mg;
+};
+
+// Y[n, m, :] for all n and m; x, w, bias (may be null) and y contiguous.
+template <typename T>
+void convolve(OpContext& ctx, const T* x, const T* w, const T* bias, T* y, const Sizes& s,
+              const Geometry& g) {
+  using RM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using S = Eigen::OuterStride<>;
+  const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size(), kk = s.cg * kp;
+  if (op == 0 || s.m == 0 || s.n == 0) return;
+
+  if (s.cg == 1) {  // depthwise (and channel-multiplier) convolutions: direct loops
+    // Stride 2 along rows: deinterleave each input plane once so the taps vectorise.
+    const bool split = g.stride[2] == 2 && (g.k[2] == 3 || g.k[2] == 5 || g.k[2] == 7);
+    parallel_for(s.n * s.m, grain_for(op * kp), [&](int64_t lo, int64_t hi) {
+      std::vector<T> buf(split ? static_cast<size_t>(ip) : 0);
+      int64_t buffered = -1;  // the input plane held in buf
+      for (int64_t plane = lo; plane < hi; ++plane) {
+        const int64_t n = plane / s.m, m = plane % s.m, in_plane = n * s.c + m / s.mg;
+        const T* xp = x + in_plane * ip;
+        if (split && buffered != in_plane) {
+          deinterleave_rows(xp, g.in[0] * g.in[1], g.in[2], buf.data());
+          buffered = in_plane;
+        }
+        T* yp = y + plane * op;
+        std::fill(yp, yp + op, bias ? bias[m] : T(0));
+        direct_plane(xp, split ? buf.data() : nullptr, w + m * kp, g, yp);
+      }
+    });
+    return;
+  }
+
+  const bool pointwise = kp == 1 && g.stride == std::array<int64_t, 3>{1, 1, 1} &&
+                         g.pad == std::array<int64_t, 3>{0, 0, 0};
+  const int64_t units = s.n * s.groups;
+  const double unit_work = static_cast<double>(s.mg) * static_cast<double>(kk) * op;
+  const int threads = tbb::this_task_arena::max_concurrency();
+  constexpr double kMinParallel = 1 << 17, kMinTask = 1 << 15;
+  // Per-thread patch buffers hold about 1 MB of columns, but at least 256 columns (up to
+  // 16 MB): every product packs the weights again, which only pays off over wide blocks.
+  constexpr int64_t kScratchElems = 1 << 18, kMaxScratchElems = 1 << 22, kMinColumns = 256;
+
+  // Column blocks bound the scratch size; more blocks (columns, then rows) feed threads.
+  const int64_t max_blk = std::max<int64_t>(
+      1, std::max(kScratchElems / kk, std::min(kMinColumns, kMaxScratchElems / kk)));
+  int64_t cb = pointwise ? 1 : (op + max_blk - 1) / max_blk;
+  int64_t rb = 1;
+  const double total = unit_work * static_cast<double>(units);
+  if (threads > 1 && total >= kMinParallel) {
+    const int64_t want = 2 * static_cast<int64_t>(threads);
+    const int64_t max_tasks = std::max<int64_t>(1, static_cast<int64_t>(total / kMinTask));
+    const int64_t target = std::min(want, max_tasks);
+    // Split output channels first when there are many: each task then packs only its own
+    // weights, and repeating the (cheap) patch lowering costs less than repacking weights.
+    if (units * cb < target && s.mg >= 64) {
+      rb = std::min<int64_t>((target + units * cb - 1) / (units * cb), s.mg / 32);
+    }
+    if (units * cb * rb < target) {
+      cb = std::max(cb, std::min<int64_t>((target + units * rb - 1) / (units * rb),
+                                          std::max<int64_t>(1, op / 16)));
+    }
+    // Few tasks: make their number a multiple of the thread count so no thread idles.
+    if (units * cb * rb < 8 * threads && cb * threads <= op) {
+      while ((units * cb * rb) % threads != 0) ++cb;
+    }
+  }
+  cb = std::clamp<int64_t>(cb, 1, op);
+  const int64_t blk = (op + cb - 1) / cb;
+  const int64_t slots = std::max(threads, 1);
+  Tensor scratch;
+  if (!pointwise) scratch = ctx.allocate(data_type_of<T>(), {slots, kk * blk});
+
+  const int64_t per_unit = cb * rb;
+  parallel_for(units * per_unit, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t unit = t / per_unit, c = (t % per_unit) / rb, r = t % rb;
+      const int64_t n = unit / s.groups, grp = unit % s.groups;
+      const int64_t p0 = c * blk, p1 = std::min(op, p0 + blk);
+      const int64_t m0 = r * s.mg / rb, m1 = (r + 1) * s.mg / rb;
+      if (p0 >= p1 || m0 >= m1) continue;
+      const T* xg = x + (n * s.c + grp * s.cg) * ip;
+      const T* cols;
+      int64_t ld;
+      if (pointwise) {
+        cols = xg + p0;
+        ld = ip;
+      } else {
+        int slot = tbb::this_task_arena::current_thread_index();
+        if (slot < 0 || slot >= slots) slot = 0;
+        T* buf = scratch.data<T>() + slot * kk * blk;
+        im2col(xg, s.cg, g, p0, p1, buf);
+        cols = buf;
+        ld = p1 - p0;
+      }
+      const int64_t mo = grp * s.mg + m0;
+      Eigen::Map<const RM> wm(w + mo * kk, m1 - m0, kk);
+      Eigen::Map<const RM, 0, S> cm(cols, kk, p1 - p0, S(ld));
+      Eigen::Map<RM, 0, S> ym(y + (n * s.m + mo) * op + p0, m1 - m0, p1 - p0, S(op));
+      ym.noalias() = wm * cm;
+      if (bias) {
+        for (int64_t i = 0; i < m1 - m0; ++i) ym.row(i).array() += bias[mo + i];
+      }
+    }
+  });
+}
+
+class Conv final : public Kernel {
+ public:
+  explicit Conv(const NodeInfo& info)
+      : auto_pad_(parse_auto_pad(info)),
+        group_(info.attr_int("group", 1)),
+        kernel_shape_(info.attr_ints("kernel_shape")),
+        strides_(info.attr_ints("strides")),
+        dilations_(info.attr_ints("dilations")),
+        pads_(info.attr_ints("pads")) {
+    if (group_ < 1 || group_ > kMaxAttr) info.fail("group must be in [1, 2^31]");
+    for (int64_t v : strides_)
+      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
+    for (int64_t v : dilations_)
+      if (v < 1 || v > kMaxAttr) info.fail("dilations must be in [1, 2^31]");
+    for (int64_t v : pads_)
+      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
+    for (int64_t v : kernel_shape_)
+      if (v < 1 || v > kMaxAttr) info.fail("kernel_shape must be in [1, 2^31]");
+  }
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& w = ctx.input(1);
+    const bool has_bias = ctx.has_input(2);
+    if (x.rank() < 3 || x.rank() > 5) {
+      ctx.fail("input must have 1 to 3 spatial dimensions, got " + x.describe(),
+               x.rank() > 5 ? ErrorKind::Unsupported : ErrorKind::Runtime);
+    }
+    if (w.rank() != x.rank())
+      ctx.fail("weight " + w.describe() + " does not match " + x.describe());
+    if (w.dtype() != x.dtype() || (has_bias && ctx.input(2).dtype() != x.dtype())) {
+      ctx.fail("inputs have different element types");
+    }
+    Sizes s{x.dim(0), x.dim(1), w.dim(0), group_, w.dim(1), 0};
+    if (s.cg * s.groups != s.c) {
+      ctx.fail("input channels " + std::to_string(s.c) + " do not match weight " + w.describe() +
+               " with group " + std::to_string(s.groups));
+    }
+    if (s.m % s.groups != 0) ctx.fail("output channels are not divisible by group");
+    s.mg = s.m / s.groups;
+    if (has_bias && (ctx.input(2).rank() != 1 || ctx.input(2).dim(0) != s.m)) {
+      ctx.fail("bias " + ctx.input(2).describe() + " must have " + std::to_string(s.m) + " values");
+    }
+    const Geometry g = geometry(ctx, x, w);
+    Shape out_shape{s.n, s.m};
+    for (size_t d = 0; d + 2 < x.rank(); ++d) out_shape.push_back(g.out[3 - (x.rank() - 2) + d]);
+    check_output_size(ctx, out_shape);
+
+    dispatch(TypeList<float, double, float16, bfloat16>{}, x.dtype(), [&]<typename T>() {
+      if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
+        auto widen = [&](const Tensor& t) {
+          Tensor f = ctx.allocate(DataType::Float, t.shape());
+          unary_loop<T, float>(t, f, [](T v) { return static_cast<float>(v); });
+          return f;
+        };
+        const Tensor fx = widen(x), fw = widen(w);
+        const Tensor fb = has_bias ? widen(ctx.input(2)) : Tensor();
+        Tensor fy = ctx.allocate(DataType::Float, out_shape);
+        convolve<float>(ctx, fx.data<const float>(), fw.data<const float>(),
+                        has_bias ? fb.data<const float>() : nullptr, fy.data<float>(), s, g);
+        Tensor& y = ctx.output(0, x.dtype(), out_shape);
+        unary_loop<float, T>(fy, y, [](float v) { return T(v); });
+      } else {
+        Tensor& y = ctx.output(0, x.dtype(), out_shape);
+        convolve<T>(ctx, x.data<const T>(), w.data<const T>(),
+                    has_bias ? ctx.input(2).data<const T>() : nullptr, y.data<T>(), s, g);
+      }
+    });
+  }
+
+ private:
+  Geometry geometry(const OpContext& ctx, const Tensor& x, const Tensor& w) const {
+    const size_t r = x.rank() - 2, off = 3 - r;
+    auto attr = [&](const std::vector<int64_t>& v, size_t n, const char* name) {
+      if (!v.empty() && v.size() != n) ctx.fail(std::string(name) + " has the wrong length");
+    };
+    attr(kernel_shape_, r, "kernel_shape");
+    attr(strides_, r, "strides");
+    attr(dilations_, r, "dilations");
+    attr(pads_, 2 * r, "pads");
+    Geometry g;
+    for (size_t d = 0; d < r; ++d) {
+      const size_t i = off + d;
+      g.in[i] = x.dim(d + 2);
+      g.k[i] = w.dim(d + 2);
+      if (g.k[i] < 1) ctx.fail("weight " + w.describe() + " has an empty kernel");
+      if (!kernel_shape_.empty() && kernel_shape_[d] != g.k[i]) {
+        ctx.fail("kernel_shape does not match weight " + w.describe());
+      }
+      g.stride[i] = strides_.empty() ? 1 : strides_[d];
+      g.dil[i] = dilations_.empty() ? 1 : dilations_[d];
+      const int64_t ek = (g.k[i] - 1) * g.dil[i] + 1;
+      int64_t pb = pads_.empty() ? 0 : pads_[d], pe = pads_.empty() ? 0 : pads_[d + r];
+      if (auto_pad_ == AutoPad::Valid) {
+        pb = pe = 0;
+      } else if (auto_pad_ != AutoPad::NotSet) {
+        const int64_t out = (g.in[i] + g.stride[i] - 1) / g.stride[i];
+        const int64_t total = std::max<int64_t>(0, (out - 1) * g.stride[i] + ek - g.in[i]);
+        pb = auto_pad_ == AutoPad::SameUpper ? total / 2 : total - total / 2;
+        pe = total - pb;
+      }
+      const int64_t span = g.in[i] + pb + pe - ek;
+      if (span < 0) ctx.fail("kernel is larger than the padded input " + x.describe());
+      g.out[i] = span / g.stride[i] + 1;
+      g.pad[i] = pb;
+    }
+    return g;
+  }
+
+  AutoPad auto_pad_;
+  int64_t group_;
+  std::vector<int64_t> kernel_shape_, strides_, dilations_, pads_;
+};
+
+}  // namespace
+
+KILN_REGISTER_OP({.op = "Conv",
+                  .since = 1,
+                  .min_inputs = 2,
+                  .max_inputs = 3,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "float, double, float16, bfloat16",
+                  .create = make<Conv>});
+
+}  // namespace kiln::ops

@@ -1,0 +1,236 @@
+// DeformConv: 2-D convolution whose kernel taps are shifted by learned per-position offsets
+// (sampled bilinearly, zero outside the image) and optionally scaled by a mask.
+//
+// Like Conv it is im2col + GEMM: each task samples the patches of a block of output
+// positions of one (image, group) into a per-thread buffer and multiplies it by the group's
+// weights with an Eigen product.
+#include <tbb/task_arena.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ops/common.h"
+#include "ops/elementwise.h"
+
+namespace kiln::ops {
+namespace {
+
+// Attribute values above this are rejected, so that sizes computed from them stay far
+// from int64 overflow.
+constexpr int64_t kMaxAttr = int64_t{1} << 31;
+
+// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
+void check_output_size(const OpContext& ctx, const Shape& shape) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
+      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
+    }
+  }
+}
+
+struct Problem {
+  int64_t n, c, m, groups, cg, mg, offset_groups;
+  int64_t ih, iw, oh, ow, kh, kw, sh, sw, dh, dw, ph, pw;
+};
+
+// x at (h, w) by bilinear interpolation; taps outside the image read as zero.
+template <typename T>
+T bilinear(const T* x, int64_t height, int64_t width, T h, T w) {
+  if (!(h > T(-1) && h < T(height) && w > T(-1) && w < T(width))) return T(0);
+  const T hf = std::floor(h), wf = std::floor(w);
+  const int64_t h0 = static_cast<int64_t>(hf), w0 = static_cast<int64_t>(wf);
+  const T lh = h - hf, lw = w - wf;
+  auto at = [&](int64_t y, int64_t xx) {
+    return y >= 0 && y < height && xx >= 0 && xx < width ? x[y * width + xx] : T(0);
+  };
+  return (T(1) - lh) * ((T(1) - lw) * at(h0, w0) + lw * at(h0, w0 + 1)) +
+         lh * ((T(1) - lw) * at(h0 + 1, w0) + lw * at(h0 + 1, w0 + 1));
+}
+
+template <typename T>
+void deform_convolve(OpContext& ctx, const Problem& p, const T* x, const T* w, const T* offset,
+                     const T* mask, const T* bias, T* y) {
+  using RM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using S = Eigen::OuterStride<>;
+  const int64_t kp = p.kh * p.kw, kk = p.cg * kp, op = p.oh * p.ow, ip = p.ih * p.iw;
+  if (op == 0 || p.m == 0 || p.n == 0) return;
+  const int64_t cpo = p.c / p.offset_groups;  // input channels per offset group
+  constexpr int64_t kScratchElems = 1 << 18;
+  const int threads = tbb::this_task_arena::max_concurrency();
+  const int64_t units = p.n * p.groups;
+  int64_t cb = (kk * op + kScratchElems - 1) / kScratchElems;
+  if (threads > 1 && units * cb < 2 * threads) {
+    cb = std::max(cb, std::min<int64_t>((2 * threads + units - 1) / units, op / 16));
+  }
+  cb = std::clamp<int64_t>(cb, 1, op);
+  const int64_t blk = (op + cb - 1) / cb;
+  const int64_t slots = std::max(threads, 1);
+  Tensor scratch = ctx.allocate(data_type_of<T>(), {slots, kk * blk});
+
+  parallel_for(units * cb, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t unit = t / cb, n = unit / p.groups, g = unit % p.groups;
+      const int64_t p0 = (t % cb) * blk, p1 = std::min(op, p0 + blk);
+      if (p0 >= p1) continue;
+      int slot = tbb::this_task_arena::current_thread_index();
+      if (slot < 0 || slot >= slots) slot = 0;
+      T* col = scratch.data<T>() + slot * kk * blk;
+      const int64_t len = p1 - p0;
+      for (int64_t c = 0; c < p.cg; ++c) {
+        const int64_t ch = g * p.cg + c, og = ch / cpo;
+        const T* xc = x + (n * p.c + ch) * ip;
+        for (int64_t k = 0; k < kp; ++k) {
+          const int64_t ki = k / p.kw, kj = k % p.kw;
+          const T* off_h = offset + ((n * p.offset_groups + og) * kp * 2 + 2 * k) * op;
+          const T* off_w = off_h + op;
+          const T* mk = mask ? mask + ((n * p.offset_groups + og) * kp + k) * op : nullptr;
+          T* dst = col + (c * kp + k) * len;
+          for (int64_t q = p0; q < p1; ++q) {
+            const int64_t oy = q / p.ow, ox = q % p.ow;
+            const T h = static_cast<T>(oy * p.sh - p.ph + ki * p.dh) + off_h[q];
+            const T ww = static_cast<T>(ox * p.sw - p.pw + kj * p.dw) + off_w[q];
+            T v = bilinear(xc, p.ih, p.iw, h, ww);
+            if (mk) v *= mk[q];
+            dst[q - p0] = v;
+          }
+        }
+      }
+      const int64_t mo = g * p.mg;
+      Eigen::Map<const RM> wm(w + mo * kk, p.mg, kk);
+      Eigen::Map<const RM> cm(col, kk, len);
+      Eigen::Map<RM, 0, S> ym(y + (n * p.m + mo) * op + p0, p.mg, len, S(op));
+      ym.noalias() = wm * cm;
+      if (bias) {
+        for (int64_t i = 0; i < p.mg; ++i) ym.row(i).array() += bias[mo + i];
+      }
+    }
+  });
+}
+
+class DeformConv final : public Kernel {
+ public:
+  explicit DeformConv(const NodeInfo& info)
+      : group_(info.attr_int("group", 1)),
+        offset_group_(info.attr_int("offset_group", 1)),
+        kernel_shape_(info.attr_ints("kernel_shape")),
+        strides_(info.attr_ints("strides", {1, 1})),
+        dilations_(info.attr_ints("dilations", {1, 1})),
+        pads_(info.attr_ints("pads", {0, 0, 0, 0})) {
+    if (group_ < 1 || offset_group_ < 1 || group_ > kMaxAttr || offset_group_ > kMaxAttr)
+      info.fail("group and offset_group must be positive");
+    if (strides_.size() != 2 || dilations_.size() != 2 || pads_.size() != 4 ||
+        (!kernel_shape_.empty() && kernel_shape_.size() != 2)) {
+      info.fail("only 2-D DeformConv is supported", ErrorKind::Unsupported);
+    }
+    for (int64_t v : strides_)
+      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
+    for (int64_t v : dilations_)
+      if (v < 1 || v > kMaxAttr) info.fail("dilations must be in [1, 2^31]");
+    for (int64_t v : pads_)
+      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
+  }
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& w = ctx.input(1);
+    const Tensor& off = ctx.input(2);
+    const bool has_bias = ctx.has_input(3), has_mask = ctx.has_input(4);
+    if (x.rank() != 4 || w.rank() != 4 || off.rank() != 4) {
+      ctx.fail("only 2-D DeformConv is supported (X, W and offset must be 4-D)",
+               ErrorKind::Unsupported);
+    }
+    for (size_t i = 1; i < 5; ++i) {
+      if (ctx.has_input(i) && ctx.input(i).dtype() != x.dtype()) {
+        ctx.fail("inputs have different element types");
+      }
+    }
+    Problem p{};
+    p.n = x.dim(0);
+    p.c = x.dim(1);
+    p.m = w.dim(0);
+    p.groups = group_;
+    p.cg = w.dim(1);
+    p.offset_groups = offset_group_;
+    p.ih = x.dim(2);
+    p.iw = x.dim(3);
+    p.kh = w.dim(2);
+    p.kw = w.dim(3);
+    if (p.kh < 1 || p.kw < 1) ctx.fail("weight " + w.describe() + " has an empty kernel");
+    if (!kernel_shape_.empty() && (kernel_shape_[0] != p.kh || kernel_shape_[1] != p.kw)) {
+      ctx.fail("kernel_shape does not match weight " + w.describe());
+    }
+    if (p.cg * p.groups != p.c || p.m % p.groups != 0) {
+      ctx.fail("weight " + w.describe() + " does not match input " + x.describe() + " with group " +
+               std::to_string(p.groups));
+    }
+    if (p.c % p.offset_groups != 0) ctx.fail("input channels are not divisible by offset_group");
+    p.mg = p.m / p.groups;
+    p.sh = strides_[0];
+    p.sw = strides_[1];
+    p.dh = dilations_[0];
+    p.dw = dilations_[1];
+    p.ph = pads_[0];
+    p.pw = pads_[1];
+    const int64_t span_h = p.ih + pads_[0] + pads_[2] - ((p.kh - 1) * p.dh + 1);
+    const int64_t span_w = p.iw + pads_[1] + pads_[3] - ((p.kw - 1) * p.dw + 1);
+    if (span_h < 0 || span_w < 0) ctx.fail("kernel is larger than the padded input");
+    p.oh = span_h / p.sh + 1;
+    p.ow = span_w / p.sw + 1;
+    const int64_t kp = p.kh * p.kw;
+    if (off.shape() != Shape{p.n, p.offset_groups * kp * 2, p.oh, p.ow}) {
+      ctx.fail("offset " + off.describe() + " does not match the output size");
+    }
+    if (has_mask && ctx.input(4).shape() != Shape{p.n, p.offset_groups * kp, p.oh, p.ow}) {
+      ctx.fail("mask " + ctx.input(4).describe() + " does not match the output size");
+    }
+    if (has_bias && ctx.input(3).numel() != p.m) ctx.fail("bias must have one value per channel");
+    const Shape out_shape{p.n, p.m, p.oh, p.ow};
+    check_output_size(ctx, out_shape);
+    dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
+      if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
+        auto widen = [&](size_t i) {
+          if (!ctx.has_input(i)) return Tensor();
+          const Tensor& t = ctx.input(i);
+          Tensor f = ctx.allocate(DataType::Float, t.shape());
+          unary_loop<T, float>(t, f, [](T v) { return static_cast<float>(v); });
+          return f;
+        };
+        const Tensor fx = widen(0), fw = widen(1), fo = widen(2), fb = widen(3), fm = widen(4);
+        Tensor fy = ctx.allocate(DataType::Float, out_shape);
+        deform_convolve<float>(ctx, p, fx.data<const float>(), fw.data<const float>(),
+                               fo.data<const float>(), has_mask ? fm.data<const float>() : nullptr,
+                               has_bias ? fb.data<const float>() : nullptr, fy.data<float>());
+        Tensor& y = ctx.output(0, x.dtype(), out_shape);
+        unary_loop<float, T>(fy, y, [](float v) { return T(v); });
+      } else {
+        Tensor& y = ctx.output(0, x.dtype(), out_shape);
+        deform_convolve<T>(ctx, p, x.data<const T>(), w.data<const T>(), off.data<const T>(),
+                           has_mask ? ctx.input(4).data<const T>() : nullptr,
+                           has_bias ? ctx.input(3).data<const T>() : nullptr, y.data<T>());
+      }
+    });
+  }
+
+ private:
+  int64_t group_, offset_group_;
+  std::vector<int64_t> kernel_shape_, strides_, dilations_, pads_;
+};
+
+}  // namespace
+
+KILN_REGISTER_OP({.op = "DeformConv",
+                  .since = 19,
+                  .min_inputs = 3,
+                  .max_inputs = 5,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "float, double, float16, bfloat16 (2-D only)",
+                  .create = make<DeformConv>});
+
+}  // namespace kiln::ops

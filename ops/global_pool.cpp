@@ -1,0 +1,79 @@
+// GlobalAveragePool, GlobalMaxPool and GlobalLpPool: one value per (image, channel) plane,
+// reduced over all spatial dimensions. Planes run in parallel.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+namespace {
+
+enum class GlobalKind { Average, Max, Lp };
+
+template <GlobalKind kKind>
+class GlobalPool final : public Kernel {
+ public:
+  explicit GlobalPool(const NodeInfo& info) {
+    if constexpr (kKind == GlobalKind::Lp) {
+      // GlobalLpPool-1 had a float p; later versions an int.
+      const ir::Attribute* a = info.attr("p");
+      p_ = !a ? 2.0f : a->kind == ir::AttrKind::Float ? a->f : static_cast<float>(a->i);
+      if (!(p_ > 0)) info.fail("p must be positive");
+    }
+  }
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    if (x.rank() < 2) ctx.fail("input must have rank >= 2, got " + x.describe());
+    Shape shape{x.dim(0), x.dim(1)};
+    shape.resize(x.rank(), 1);
+    const int64_t planes = x.dim(0) * x.dim(1);
+    const int64_t size = planes == 0 ? 0 : x.numel() / planes;
+    dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
+      using C = compute_t<T>;
+      const T* in = x.data<const T>();
+      T* out = ctx.output(0, x.dtype(), shape).template data<T>();
+      const C p = static_cast<C>(p_);
+      parallel_for(planes, grain_for(size), [&](int64_t lo, int64_t hi) {
+        for (int64_t pl = lo; pl < hi; ++pl) {
+          const T* v = in + pl * size;
+          C r = 0;
+          if constexpr (kKind == GlobalKind::Max) {
+            r = -std::numeric_limits<C>::infinity();
+            for (int64_t i = 0; i < size; ++i) r = std::max(r, static_cast<C>(v[i]));
+          } else if constexpr (kKind == GlobalKind::Average) {
+            for (int64_t i = 0; i < size; ++i) r += static_cast<C>(v[i]);
+            r = size > 0 ? r / static_cast<C>(size) : C(0);
+          } else {
+            for (int64_t i = 0; i < size; ++i) r += std::pow(std::abs(static_cast<C>(v[i])), p);
+            r = std::pow(r, C(1) / p);
+          }
+          out[pl] = from_compute<T>(r);
+        }
+      });
+    });
+  }
+
+ private:
+  float p_ = 2;
+};
+
+}  // namespace
+
+#define KILN_GLOBAL_POOL(name, kind)                             \
+  KILN_REGISTER_OP({.op = name,                                  \
+                    .since = 1,                                  \
+                    .min_inputs = 1,                             \
+                    .max_inputs = 1,                             \
+                    .min_outputs = 1,                            \
+                    .max_outputs = 1,                            \
+                    .types = "float, double, float16, bfloat16", \
+                    .create = make<GlobalPool<kind>>})
+KILN_GLOBAL_POOL("GlobalAveragePool", GlobalKind::Average);
+KILN_GLOBAL_POOL("GlobalMaxPool", GlobalKind::Max);
+KILN_GLOBAL_POOL("GlobalLpPool", GlobalKind::Lp);
+#undef KILN_GLOBAL_POOL
+
+}  // namespace kiln::ops

@@ -1,0 +1,475 @@
+// MaxPool (with the optional Indices output), AveragePool and LpPool over 1 to 3 spatial
+// dimensions, with strides, dilations, explicit or automatic padding and ceil_mode.
+//
+// The valid kernel taps of every output coordinate are computed once per dimension, so the
+// inner loops never test bounds. Planes (image, channel) run in parallel.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+namespace {
+
+// Attribute values above this are rejected, so that sizes computed from them stay far
+// from int64 overflow.
+constexpr int64_t kMaxAttr = int64_t{1} << 31;
+
+// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
+void check_output_size(const OpContext& ctx, const Shape& shape) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
+      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
+    }
+  }
+}
+
+enum class PoolKind { Max, Average, Lp };
+
+// Per output coordinate of one dimension: first input index of the window, the range of
+// kernel taps that fall inside the input, and the taps that fall inside input + padding.
+struct Taps {
+  std::vector<int64_t> start, lo, hi, padded;
+};
+
+struct Geometry {
+  std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, k{1, 1, 1}, stride{1, 1, 1}, dil{1, 1, 1};
+  std::array<Taps, 3> taps;
+  int64_t in_size() const { return in[0] * in[1] * in[2]; }
+  int64_t out_size() const { return out[0] * out[1] * out[2]; }
+};
+
+// Smallest k >= 0 with start + k * dil >= limit.
+int64_t first_tap(int64_t start, int64_t dil, int64_t limit) {
+  const int64_t need = limit - start;
+  return need <= 0 ? 0 : (need + dil - 1) / dil;
+}
+
+class PoolAttrs {
+ public:
+  explicit PoolAttrs(const NodeInfo& info)
+      : kernel_(info.attr_ints("kernel_shape")),
+        strides_(info.attr_ints("strides")),
+        dilations_(info.attr_ints("dilations")),
+        pads_(info.attr_ints("pads")),
+        auto_pad_(info.attr_string("auto_pad", "NOTSET")),
+        ceil_(info.attr_int("ceil_mode", 0) != 0) {
+    if (kernel_.empty()) info.fail("kernel_shape is required");
+    if (kernel_.size() > 3)
+      info.fail("pooling over more than 3 dimensions", ErrorKind::Unsupported);
+    const size_t r = kernel_.size();
+    if ((!strides_.empty() && strides_.size() != r) ||
+        (!dilations_.empty() && dilations_.size() != r) ||
+        (!pads_.empty() && pads_.size() != 2 * r)) {
+      info.fail("strides, dilations and pads must match kernel_shape");
+    }
+    for (int64_t v : kernel_)
+      if (v < 1 || v > kMaxAttr) info.fail("kernel_shape must be in [1, 2^31]");
+    for (int64_t v : strides_)
+      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
+    for (int64_t v : dilations_)
+      if (v < 1 || v > kMaxAttr) info.fail("dilations must be in [1, 2^31]");
+    for (int64_t v : pads_)
+      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
+    if (auto_pad_ != "NOTSET" && auto_pad_ != "SAME_UPPER" && auto_pad_ != "SAME_LOWER" &&
+        auto_pad_ != "VALID") {
+      info.fail("unknown auto_pad '" + auto_pad_ + "'");
+    }
+  }
+
+  Geometry geometry(const OpContext& ctx, const Tensor& x) const {
+    const size_t r = kernel_.size();
+    if (x.rank() != r + 2) {
+      ctx.fail("input " + x.describe() + " does not match kernel_shape of rank " +
+               std::to_string(r));
+    }
+    Geometry g;
+    const size_t off = 3 - r;
+    for (size_t d = 0; d < r; ++d) {
+      const size_t i = off + d;
+      g.in[i] = x.dim(d + 2);
+      g.k[i] = kernel_[d];
+      g.stride[i] = strides_.empty() ? 1 : strides_[d];
+      g.dil[i] = dilations_.empty() ? 1 : dilations_[d];
+      const int64_t ek = (g.k[i] - 1) * g.dil[i] + 1;
+      int64_t pb = 0, pe = 0, out = 0;
+      if (auto_pad_ == "SAME_UPPER" || auto_pad_ == "SAME_LOWER") {
+        out = (g.in[i] + g.stride[i] - 1) / g.stride[i];
+        const int64_t total = std::max<int64_t>(0, (out - 1) * g.stride[i] + ek - g.in[i]);
+        pb = auto_pad_ == "SAME_UPPER" ? total / 2 : total - total / 2;
+        pe = total - pb;
+      } else {
+        if (auto_pad_ == "NOTSET" && !pads_.empty()) {
+          pb = pads_[d];
+          pe = pads_[d + r];
+        }
+        const int64_t span = g.in[i] + pb + pe - ek;
+        if (span < 0) ctx.fail("kernel is larger than the padded input " + x.describe());
+        out = (ceil_ && auto_pad_ == "NOTSET" ? (span + g.stride[i] - 1) / g.stride[i]
+                                              : span / g.stride[i]) +
+              1;
+        // A last window that would start in the end padding is dropped.
+        if (ceil_ && (out - 1) * g.stride[i] >= g.in[i] + pb) --out;
+      }
+      g.out[i] = out;
+      Taps& t = g.taps[i];
+      for (int64_t o = 0; o < out; ++o) {
+        const int64_t start = o * g.stride[i] - pb;
+        t.start.push_back(start);
+        const int64_t lo = std::min(first_tap(start, g.dil[i], 0), g.k[i]);
+        t.lo.push_back(lo);
+        t.hi.push_back(std::clamp(first_tap(start, g.dil[i], g.in[i]), lo, g.k[i]));
+        t.padded.push_back(std::min(first_tap(start, g.dil[i], g.in[i] + pe), g.k[i]));
+      }
+    }
+    for (size_t i = 0; i < off; ++i) g.taps[i] = Taps{{0}, {0}, {1}, {1}};
+    return g;
+  }
+
+  Shape out_shape(const Tensor& x, const Geometry& g) const {
+    Shape s{x.dim(0), x.dim(1)};
+    for (size_t d = 0; d < kernel_.size(); ++d) s.push_back(g.out[3 - kernel_.size() + d]);
+    return s;
+  }
+
+ private:
+  std::vector<int64_t> kernel_, strides_, dilations_, pads_;
+  std::string auto_pad_;
+  bool ceil_;
+};
+
+// 1 / n, or 0 for an empty window.
+template <typename C>
+C reciprocal(int64_t n) {
+  return n > 0 ? C(1) / static_cast<C>(n) : C(0);
+}
+
+// For one dimension: the output range [lo, hi) in which kernel tap k reads inside the
+// input, for every tap k.
+struct TapRanges {
+  std::vector<int64_t> lo, hi;
+};
+
+TapRanges tap_ranges(const Geometry& g, size_t dim) {
+  TapRanges r;
+  const Taps& t = g.taps[dim];
+  for (int64_t k = 0; k < g.k[dim]; ++k) {
+    int64_t lo = g.out[dim], hi = 0;
+    for (int64_t o = 0; o < g.out[dim]; ++o) {
+      if (k >= t.lo[static_cast<size_t>(o)] && k < t.hi[static_cast<size_t>(o)]) {
+        lo = std::min(lo, o);
+        hi = o + 1;
+      }
+    }
+    r.lo.push_back(lo);
+    r.hi.push_back(std::max(lo, hi));
+  }
+  return r;
+}
+
+// Copies every row of a plane as its even columns followed by its odd columns, so that a
+// stride-2 window reads each tap contiguously.
+template <typename T>
+void deinterleave_rows(const T* x, int64_t rows, int64_t width, T* out) {
+  const int64_t even = (width + 1) / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* src = x + r * width;
+    T* e = out + r * width;
+    for (int64_t i = 0; i < even; ++i) e[i] = src[2 * i];
+    for (int64_t i = 0; i < width / 2; ++i) e[even + i] = src[2 * i + 1];
+  }
+}
+
+// a[j] = add(a[j], src[off[k] + j]) for all K taps k, in one pass over j.
+template <int K, typename T, typename C, typename Op>
+inline void fused_row(C* __restrict a, const T* __restrict src, const int64_t* off, int64_t j0,
+                      int64_t j1, const Op& op) {
+  int64_t o[K];
+  for (int k = 0; k < K; ++k) o[k] = off[k];
+  for (int64_t j = j0; j < j1; ++j) {
+    C acc = a[j];
+    for (int k = 0; k < K; ++k) acc = op.add(acc, static_cast<C>(src[o[k] + j]));
+    a[j] = acc;
+  }
+}
+
+// Pooling one output row at a time. Outputs whose whole window row lies inside the input
+// (the interior) take all taps of a kernel row in one vectorised pass (stride 2 reads a
+// deinterleaved copy of the plane); border outputs add their valid taps one by one. `Op`
+// supplies init(), add(acc, v) and finish_row(), which gets the reciprocal tap counts
+// (inside the input, inside input + padding) of the outer dimensions and of every column.
+template <typename T, typename Op>
+void pool_rows(const T* x, T* y, int64_t planes, const Geometry& g, const Op& op) {
+  using C = compute_t<T>;
+  const int64_t ip = g.in_size(), ow_n = g.out[2], kw_n = g.k[2], s = g.stride[2];
+  const int64_t dil = g.dil[2], pad = -g.taps[2].start[0];
+  const auto& [td, th, tw] = g.taps;
+  const TapRanges wr = tap_ranges(g, 2);
+  int64_t j0 = 0, j1 = ow_n;
+  for (int64_t k = 0; k < kw_n; ++k) {
+    j0 = std::max(j0, wr.lo[static_cast<size_t>(k)]);
+    j1 = std::min(j1, wr.hi[static_cast<size_t>(k)]);
+  }
+  if (j1 < j0) j1 = j0;
+  const bool fused = (kw_n == 2 || kw_n == 3 || kw_n == 5 || kw_n == 7) && (s == 1 || s == 2);
+  const bool split = fused && s == 2;
+  const int64_t even = (g.in[2] + 1) / 2;
+  std::vector<int64_t> off(static_cast<size_t>(kw_n));
+  for (int64_t k = 0; k < kw_n; ++k) {
+    const int64_t t = k * dil - pad;  // input column of output 0 for tap k
+    const int64_t half = t >= 0 ? t / 2 : -((1 - t) / 2);
+    off[static_cast<size_t>(k)] = split ? half + (t - 2 * half == 0 ? 0 : even) : t;
+  }
+  std::vector<C> inv_valid(static_cast<size_t>(ow_n)), inv_padded(inv_valid.size());
+  for (size_t j = 0; j < inv_valid.size(); ++j) {
+    inv_valid[j] = reciprocal<C>(tw.hi[j] - tw.lo[j]);
+    inv_padded[j] = reciprocal<C>(tw.padded[j]);
+  }
+  const int64_t rows = planes * g.out[0] * g.out[1];
+  parallel_for(rows, grain_for(ow_n * g.k[0] * g.k[1] * g.k[2] + 1), [&](int64_t lo, int64_t hi) {
+    std::vector<C> acc(static_cast<size_t>(ow_n));
+    std::vector<T> buf(split ? static_cast<size_t>(ip) : 0);
+    int64_t buffered = -1;
+    for (int64_t row = lo; row < hi; ++row) {
+      const int64_t oh = row % g.out[1], od = (row / g.out[1]) % g.out[0];
+      const int64_t p = row / (g.out[1] * g.out[0]);
+      const T* plane = x + p * ip;
+      if (split && buffered != p) {
+        deinterleave_rows(plane, g.in[0] * g.in[1], g.in[2], buf.data());
+        buffered = p;
+      }
+      C* a = acc.data();
+      std::fill(a, a + ow_n, op.init());
+      for (int64_t kd = td.lo[od]; kd < td.hi[od]; ++kd) {
+        const int64_t id = td.start[od] + kd * g.dil[0];
+        for (int64_t kh = th.lo[oh]; kh < th.hi[oh]; ++kh) {
+          const int64_t ih = th.start[oh] + kh * g.dil[1];
+          const int64_t row_off = (id * g.in[1] + ih) * g.in[2];
+          const T* xrow = plane + row_off;
+          if (fused) {
+            const T* src = split ? buf.data() + row_off : xrow;
+            switch (kw_n) {
+              case 2:
+                fused_row<2>(a, src, off.data(), j0, j1, op);
+                break;
+              case 3:
+                fused_row<3>(a, src, off.data(), j0, j1, op);
+                break;
+              case 5:
+                fused_row<5>(a, src, off.data(), j0, j1, op);
+                break;
+              default:
+                fused_row<7>(a, src, off.data(), j0, j1, op);
+            }
+          }
+          for (int64_t k = 0; k < kw_n; ++k) {
+            const int64_t b = k * dil - pad;
+            const int64_t lo_k = wr.lo[static_cast<size_t>(k)],
+                          hi_k = wr.hi[static_cast<size_t>(k)];
+            if (fused) {  // the interior is done: the border outputs remain
+              for (int64_t j = lo_k; j < std::min(hi_k, j0); ++j) {
+                a[j] = op.add(a[j], static_cast<C>(xrow[b + j * s]));
+              }
+              for (int64_t j = std::max(lo_k, j1); j < hi_k; ++j) {
+                a[j] = op.add(a[j], static_cast<C>(xrow[b + j * s]));
+              }
+            } else if (s == 1) {
+              for (int64_t j = lo_k; j < hi_k; ++j)
+                a[j] = op.add(a[j], static_cast<C>(xrow[b + j]));
+            } else {
+              for (int64_t j = lo_k; j < hi_k; ++j) {
+                a[j] = op.add(a[j], static_cast<C>(xrow[b + j * s]));
+              }
+            }
+          }
+        }
+      }
+      const C outer_valid = reciprocal<C>((td.hi[od] - td.lo[od]) * (th.hi[oh] - th.lo[oh]));
+      const C outer_padded = reciprocal<C>(td.padded[od] * th.padded[oh]);
+      op.finish_row(a, y + row * ow_n, ow_n, outer_valid, inv_valid.data(), outer_padded,
+                    inv_padded.data());
+    }
+  });
+}
+
+template <typename C>
+struct MaxOp {
+  C init() const {
+    if constexpr (std::is_floating_point_v<C>) return -std::numeric_limits<C>::infinity();
+    return std::numeric_limits<C>::lowest();
+  }
+  C add(C acc, C v) const { return v > acc ? v : acc; }
+  template <typename T>
+  void finish_row(const C* a, T* out, int64_t n, C, const C*, C, const C*) const {
+    for (int64_t j = 0; j < n; ++j) out[j] = from_compute<T>(a[j]);
+  }
+};
+
+template <typename C>
+struct AverageOp {
+  bool count_pad;
+  C init() const { return C(0); }
+  C add(C acc, C v) const { return acc + v; }
+  template <typename T>
+  void finish_row(const C* a, T* out, int64_t n, C outer_valid, const C* inv_valid, C outer_padded,
+                  const C* inv_padded) const {
+    const C outer = count_pad ? outer_padded : outer_valid;
+    const C* inv = count_pad ? inv_padded : inv_valid;
+    for (int64_t j = 0; j < n; ++j) out[j] = from_compute<T>(a[j] * outer * inv[j]);
+  }
+};
+
+template <typename C>
+struct LpOp {
+  C p;
+  C init() const { return C(0); }
+  C add(C acc, C v) const {
+    if (p == C(1)) return acc + std::abs(v);
+    if (p == C(2)) return acc + v * v;
+    return acc + std::pow(std::abs(v), p);
+  }
+  template <typename T>
+  void finish_row(const C* a, T* out, int64_t n, C, const C*, C, const C*) const {
+    for (int64_t j = 0; j < n; ++j) {
+      out[j] = from_compute<T>(p == C(1)   ? a[j]
+                               : p == C(2) ? std::sqrt(a[j])
+                                           : std::pow(a[j], C(1) / p));
+    }
+  }
+};
+
+// MaxPool with the Indices output: one output at a time, remembering where the maximum was.
+template <typename T>
+void max_pool_with_indices(const T* x, T* y, int64_t* indices, bool col_major, int64_t planes,
+                           const Geometry& g) {
+  using C = compute_t<T>;
+  const int64_t ip = g.in_size(), op = g.out_size();
+  const auto& [td, th, tw] = g.taps;
+  parallel_for(planes, grain_for(op * g.k[0] * g.k[1] * g.k[2]), [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      const T* plane = x + p * ip;
+      int64_t out = p * op;
+      for (int64_t od = 0; od < g.out[0]; ++od) {
+        for (int64_t oh = 0; oh < g.out[1]; ++oh) {
+          for (int64_t ow = 0; ow < g.out[2]; ++ow, ++out) {
+            C best = MaxOp<C>().init();
+            int64_t arg = -1;
+            for (int64_t kd = td.lo[od]; kd < td.hi[od]; ++kd) {
+              const int64_t id = td.start[od] + kd * g.dil[0];
+              for (int64_t kh = th.lo[oh]; kh < th.hi[oh]; ++kh) {
+                const int64_t ih = th.start[oh] + kh * g.dil[1];
+                for (int64_t kw = tw.lo[ow]; kw < tw.hi[ow]; ++kw) {
+                  const int64_t at = (id * g.in[1] + ih) * g.in[2] + tw.start[ow] + kw * g.dil[2];
+                  const C v = static_cast<C>(plane[at]);
+                  if (v > best || arg < 0) {
+                    best = v;
+                    arg = at;
+                  }
+                }
+              }
+            }
+            y[out] = arg < 0 ? from_compute<T>(best) : plane[arg];
+            int64_t spatial = std::max<int64_t>(arg, 0);
+            if (col_major && arg >= 0) {
+              const int64_t iw = arg % g.in[2], ih = (arg / g.in[2]) % g.in[1];
+              const int64_t id = arg / (g.in[1] * g.in[2]);
+              spatial = id + ih * g.in[0] + iw * g.in[0] * g.in[1];
+            }
+            indices[out] = p * ip + spatial;
+          }
+        }
+      }
+    }
+  });
+}
+
+template <PoolKind kKind>
+class Pool final : public Kernel {
+ public:
+  explicit Pool(const NodeInfo& info) : attrs_(info) {
+    if constexpr (kKind == PoolKind::Max) {
+      col_major_ = info.attr_int("storage_order", 0) != 0;
+    } else if constexpr (kKind == PoolKind::Average) {
+      count_pad_ = info.attr_int("count_include_pad", 0) != 0;
+    } else {
+      // LpPool-1 had a float p; later versions an int.
+      const ir::Attribute* a = info.attr("p");
+      p_ = !a ? 2.0f : a->kind == ir::AttrKind::Float ? a->f : static_cast<float>(a->i);
+      if (!(p_ > 0)) info.fail("p must be positive");
+    }
+  }
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Geometry g = attrs_.geometry(ctx, x);
+    const Shape shape = attrs_.out_shape(x, g);
+    check_output_size(ctx, shape);
+    const int64_t planes = shape_numel(shape) == 0 ? 0 : x.dim(0) * x.dim(1);
+    if constexpr (kKind == PoolKind::Max) {
+      using MaxTypes = TypeList<float, double, float16, bfloat16, int8_t, uint8_t>;
+      dispatch(MaxTypes{}, x.dtype(), [&]<typename T>() {
+        Tensor& y = ctx.output(0, x.dtype(), shape);
+        Tensor* ind = ctx.has_output(1) ? &ctx.output(1, DataType::Int64, shape) : nullptr;
+        if (planes == 0) return;
+        if (ind) {
+          max_pool_with_indices<T>(x.data<const T>(), y.data<T>(), ind->data<int64_t>(), col_major_,
+                                   planes, g);
+        } else {
+          pool_rows<T>(x.data<const T>(), y.data<T>(), planes, g, MaxOp<compute_t<T>>{});
+        }
+      });
+    } else {
+      dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
+        using C = compute_t<T>;
+        Tensor& y = ctx.output(0, x.dtype(), shape);
+        if (planes == 0) return;
+        if constexpr (kKind == PoolKind::Average) {
+          pool_rows<T>(x.data<const T>(), y.data<T>(), planes, g, AverageOp<C>{count_pad_});
+        } else {
+          pool_rows<T>(x.data<const T>(), y.data<T>(), planes, g, LpOp<C>{static_cast<C>(p_)});
+        }
+      });
+    }
+  }
+
+ private:
+  PoolAttrs attrs_;
+  bool col_major_ = false, count_pad_ = false;
+  float p_ = 0;
+};
+
+}  // namespace
+
+KILN_REGISTER_OP({.op = "MaxPool",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 1,
+                  .min_outputs = 1,
+                  .max_outputs = 2,
+                  .types = "float, double, float16, bfloat16, int8, uint8",
+                  .create = make<Pool<PoolKind::Max>>});
+KILN_REGISTER_OP({.op = "AveragePool",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 1,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "float, double, float16, bfloat16",
+                  .create = make<Pool<PoolKind::Average>>});
+KILN_REGISTER_OP({.op = "LpPool",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 1,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "float, double, float16, bfloat16",
+                  .create = make<Pool<PoolKind::Lp>>});
+
+}  // namespace kiln::ops

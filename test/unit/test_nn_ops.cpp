@@ -1,0 +1,834 @@
+// Dense linear algebra, convolution, pooling and normalisation kernels against naive
+// references (plain loops over every output element) on random shapes and attributes.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "test/unit/op_test.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+
+namespace {
+
+using Ints = std::vector<int64_t>;
+
+std::vector<double> values(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  std::vector<double> v(static_cast<size_t>(c.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = element(c, static_cast<int64_t>(i));
+  return v;
+}
+
+Tensor float_tensor(const Shape& shape, const std::vector<double>& v) {
+  Tensor t = Tensor::zeros(DataType::Float, shape);
+  for (size_t i = 0; i < v.size(); ++i) t.data<float>()[i] = static_cast<float>(v[i]);
+  return t;
+}
+
+int64_t rand_int(std::mt19937& rng, int64_t lo, int64_t hi) {
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+
+// Row-major coordinates of flat index `i` in `shape`.
+std::vector<int64_t> coords(int64_t i, const Shape& shape) {
+  std::vector<int64_t> c(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    c[d] = i % shape[d];
+    i /= shape[d];
+  }
+  return c;
+}
+
+int64_t flat(const std::vector<int64_t>& c, const Shape& shape) {
+  int64_t i = 0;
+  for (size_t d = 0; d < shape.size(); ++d) i = i * shape[d] + c[d];
+  return i;
+}
+
+// ---- MatMul ----
+
+// numpy matmul: 1-D operands are promoted and the promoted dims dropped from the result.
+Tensor naive_matmul(const Tensor& a, const Tensor& b) {
+  Shape sa = a.shape(), sb = b.shape();
+  if (sa.size() == 1) sa.insert(sa.begin(), 1);
+  if (sb.size() == 1) sb.push_back(1);
+  const int64_t m = sa[sa.size() - 2], k = sa.back(), n = sb.back();
+  Shape ba(sa.begin(), sa.end() - 2), bb(sb.begin(), sb.end() - 2);
+  const size_t br = std::max(ba.size(), bb.size());
+  while (ba.size() < br) ba.insert(ba.begin(), 1);
+  while (bb.size() < br) bb.insert(bb.begin(), 1);
+  Shape batch(br);
+  for (size_t d = 0; d < br; ++d) batch[d] = std::max(ba[d], bb[d]);
+  const auto va = values(a), vb = values(b);
+  const int64_t nb = shape_numel(batch);
+  std::vector<double> out(static_cast<size_t>(nb * m * n));
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    const auto c = coords(bi, batch);
+    std::vector<int64_t> ca(br), cb(br);
+    for (size_t d = 0; d < br; ++d) {
+      ca[d] = ba[d] == 1 ? 0 : c[d];
+      cb[d] = bb[d] == 1 ? 0 : c[d];
+    }
+    const int64_t oa = flat(ca, ba) * m * k, ob = flat(cb, bb) * k * n;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t kk = 0; kk < k; ++kk)
+          s += va[static_cast<size_t>(oa + i * k + kk)] * vb[static_cast<size_t>(ob + kk * n + j)];
+        out[static_cast<size_t>((bi * m + i) * n + j)] = s;
+      }
+  }
+  Shape shape = batch;
+  if (a.rank() != 1) shape.push_back(m);
+  if (b.rank() != 1) shape.push_back(n);
+  return float_tensor(shape, out);
+}
+
+}  // namespace
+
+TEST_CASE("MatMul matches a naive product over random broadcast batch shapes", "[nn]") {
+  std::mt19937 rng(11);
+  for (int iter = 0; iter < 60; ++iter) {
+    const int64_t m = rand_int(rng, 1, 9), k = rand_int(rng, 1, 9), n = rand_int(rng, 1, 9);
+    const size_t rank = static_cast<size_t>(rand_int(rng, 0, 3));
+    Shape batch = random_shape(rank, 3, rng);
+    Shape ba = batch, bb = batch;
+    for (auto& d : ba)
+      if (rng() % 3 == 0) d = 1;
+    for (auto& d : bb)
+      if (rng() % 3 == 0) d = 1;
+    if (rng() % 2 && !ba.empty()) ba.erase(ba.begin());
+    Shape sa = ba, sb = bb;
+    sa.insert(sa.end(), {m, k});
+    sb.insert(sb.end(), {k, n});
+    if (iter % 7 == 0) sa = {k};
+    if (iter % 5 == 0) sb = {k};
+    Tensor a = random_tensor(DataType::Float, sa, rng);
+    Tensor b = random_tensor(DataType::Float, sb, rng);
+    INFO(shape_to_string(sa) << " x " << shape_to_string(sb));
+    require_close(OpTest("MatMul", 13).input(a).input(b).run1(), naive_matmul(a, b));
+  }
+}
+
+TEST_CASE("MatMul splits large products across threads correctly", "[nn]") {
+  std::mt19937 rng(12);
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {{2, 3, 64, 48}, {48, 80}},      // batches folded into one tall product
+      {{1, 300}, {300, 500}},          // a row vector: split along columns
+      {{4, 100, 64}, {4, 64, 100}},    // batched
+      {{300, 200}, {200, 300}},        // one big product: split along rows
+      {{2, 1, 70, 90}, {3, 90, 110}},  // broadcast batch
+  };
+  for (const auto& [sa, sb] : cases) {
+    Tensor a = random_tensor(DataType::Float, sa, rng);
+    Tensor b = random_tensor(DataType::Float, sb, rng);
+    INFO(shape_to_string(sa) << " x " << shape_to_string(sb));
+    require_close(OpTest("MatMul", 13).input(a).input(b).run1(), naive_matmul(a, b), 1e-4, 1e-4);
+  }
+}
+
+TEST_CASE("MatMul reads transposed and over-allocated views without copying", "[nn]") {
+  std::mt19937 rng(13);
+  const int64_t b = 2, h = 3, s = 5, d = 4;
+  Tensor q = random_tensor(DataType::Float, {b, h, s, d}, rng);
+  Tensor k = random_tensor(DataType::Float, {b, h, s, d}, rng);
+  // K^T as a view: shape [b, h, d, s], strides of K's [b, h, s, d] layout swapped.
+  Tensor kt = k.view({b, h, d, s}, {h * s * d, s * d, 1, d}, k.byte_offset());
+  REQUIRE_FALSE(kt.is_contiguous());
+  OpTest t1("MatMul", 13);
+  require_close(t1.input(q).input(kt).run1(), naive_matmul(q, kt.contiguous()));
+  CHECK(t1.stats().bytes_copied == 0);
+
+  // A KV cache with room for 16 positions holding 5: strides keep the capacity.
+  Tensor v = Tensor::with_capacity(DataType::Float, {b, h, s, d}, 2, 16);
+  Tensor vfill = random_tensor(DataType::Float, {b, h, s, d}, rng);
+  for (int64_t i = 0; i < v.numel(); ++i) {
+    const auto c = coords(i, v.shape());
+    int64_t off = 0;
+    for (size_t x = 0; x < c.size(); ++x) off += c[x] * v.strides()[x];
+    v.data<float>()[off] = vfill.data<float>()[i];
+  }
+  REQUIRE_FALSE(v.is_contiguous());
+  Tensor p = random_tensor(DataType::Float, {b, h, 1, s}, rng);
+  OpTest t2("MatMul", 13);
+  require_close(t2.input(p).input(v).run1(), naive_matmul(p, vfill));
+  CHECK(t2.stats().bytes_copied == 0);
+
+  // Batched left operands over a shared right operand, laid out so that the batches cannot
+  // (transposed [S, B, K] storage) or can (row vectors with a gap) be merged into one product.
+  Tensor rhs_shared = random_tensor(DataType::Float, {4, 6}, rng);
+  Tensor sbk = random_tensor(DataType::Float, {5, 3, 4}, rng);
+  Tensor bsk = sbk.view({3, 5, 4}, {4, 12, 1}, sbk.byte_offset());
+  OpTest t4("MatMul", 13);
+  require_close(t4.input(bsk).input(rhs_shared).run1(), naive_matmul(bsk.contiguous(), rhs_shared));
+  CHECK(t4.stats().bytes_copied == 0);
+  Tensor rows2 = random_tensor(DataType::Float, {3, 2, 4}, rng);
+  Tensor first_rows = rows2.view({3, 1, 4}, {8, 4, 1}, rows2.byte_offset());
+  OpTest t5("MatMul", 13);
+  require_close(t5.input(first_rows).input(rhs_shared).run1(),
+                naive_matmul(first_rows.contiguous(), rhs_shared));
+  CHECK(t5.stats().bytes_copied == 0);
+
+  // A vector taking every other element maps as a strided row.
+  Tensor v8 = random_tensor(DataType::Float, {8}, rng);
+  Tensor every2 = v8.view({4}, {2}, v8.byte_offset());
+  OpTest t6("MatMul", 13);
+  require_close(t6.input(every2).input(rhs_shared).run1(),
+                naive_matmul(every2.contiguous(), rhs_shared));
+  CHECK(t6.stats().bytes_copied == 0);
+
+  // Neither axis has unit stride: copied once, and counted.
+  Tensor base = random_tensor(DataType::Float, {6, 8}, rng);
+  Tensor every_other = base.view({3, 4}, {16, 2}, base.byte_offset());
+  Tensor rhs = random_tensor(DataType::Float, {4, 3}, rng);
+  OpTest t3("MatMul", 13);
+  require_close(t3.input(every_other).input(rhs).run1(),
+                naive_matmul(every_other.contiguous(), rhs));
+  CHECK(t3.stats().bytes_copied_contiguous == 3 * 4 * sizeof(float));
+}
+
+TEST_CASE("MatMul on integer and half types", "[nn]") {
+  std::mt19937 rng(14);
+  Tensor a = random_tensor(DataType::Int32, {2, 3, 4}, rng, -9, 9);
+  Tensor b = random_tensor(DataType::Int32, {4, 5}, rng, -9, 9);
+  Tensor y = OpTest("MatMul", 13).input(a).input(b).run1();
+  REQUIRE(y.dtype() == DataType::Int32);
+  CHECK(values(y) == values(naive_matmul(a, b)));
+  Tensor ha = random_tensor(DataType::Float16, {3, 6}, rng);
+  Tensor hb = random_tensor(DataType::Float16, {6, 2}, rng);
+  Tensor hy = OpTest("MatMul", 13).input(ha).input(hb).run1();
+  REQUIRE(hy.dtype() == DataType::Float16);
+  require_close(float_tensor(hy.shape(), values(hy)), naive_matmul(ha, hb), 1e-2, 1e-2);
+}
+
+TEST_CASE("MatMul rejects mismatched inner dimensions and types", "[nn]") {
+  std::mt19937 rng(15);
+  Tensor a = random_tensor(DataType::Float, {2, 3}, rng);
+  Tensor b = random_tensor(DataType::Float, {4, 2}, rng);
+  REQUIRE_THROWS_AS(OpTest("MatMul", 13).input(a).input(b).run(), Error);
+  Tensor bd = random_tensor(DataType::Double, {3, 2}, rng);
+  REQUIRE_THROWS_AS(OpTest("MatMul", 13).input(a).input(bd).run(), Error);
+  REQUIRE_THROWS_AS(OpTest("MatMul", 13).input(Tensor::scalar(1.0f)).input(b).run(), Error);
+}
+
+// ---- Gemm ----
+
+TEST_CASE("Gemm matches a naive product for every transpose, alpha, beta and C shape", "[nn]") {
+  std::mt19937 rng(21);
+  for (int iter = 0; iter < 48; ++iter) {
+    const bool ta = iter & 1, tb = iter & 2;
+    const int64_t m = rand_int(rng, 1, 7), k = rand_int(rng, 1, 7), n = rand_int(rng, 1, 7);
+    const float alpha = iter % 3 == 0 ? 1.0f : 0.75f, beta = iter % 4 == 0 ? 0.0f : -0.5f;
+    Tensor a = random_tensor(DataType::Float, ta ? Shape{k, m} : Shape{m, k}, rng);
+    Tensor b = random_tensor(DataType::Float, tb ? Shape{n, k} : Shape{k, n}, rng);
+    const std::vector<Shape> c_shapes = {{}, {1}, {n}, {m, 1}, {1, n}, {m, n}};
+    const int which = static_cast<int>(rng() % 7);  // 6: no C
+    OpTest t("Gemm", 13);
+    t.input(a).input(b).attr("transA", int64_t{ta}).attr("transB", int64_t{tb});
+    t.attr("alpha", alpha).attr("beta", beta);
+    Tensor c;
+    if (which < 6) {
+      c = random_tensor(DataType::Float, c_shapes[static_cast<size_t>(which)], rng);
+      t.input(c);
+    }
+    const auto va = values(a), vb = values(b);
+    const auto vc = c.defined() ? values(c) : std::vector<double>{};
+    std::vector<double> out(static_cast<size_t>(m * n));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          s += va[static_cast<size_t>(ta ? kk * m + i : i * k + kk)] *
+               vb[static_cast<size_t>(tb ? j * k + kk : kk * n + j)];
+        }
+        double cv = 0;
+        if (c.defined()) {
+          const Shape& cs = c.shape();
+          const int64_t ci = cs.size() == 2 ? (cs[0] == 1 ? 0 : i) : 0;
+          const int64_t cj = cs.empty() ? 0 : (cs.back() == 1 ? 0 : j);
+          cv = vc[static_cast<size_t>(ci * (cs.empty() ? 1 : cs.back()) + cj)];
+        }
+        out[static_cast<size_t>(i * n + j)] = alpha * s + beta * cv;
+      }
+    INFO("transA " << ta << " transB " << tb << " C " << which);
+    require_close(t.run1(), float_tensor({m, n}, out));
+  }
+}
+
+TEST_CASE("Gemm splits a large product and reads transposed operands in place", "[nn]") {
+  std::mt19937 rng(22);
+  Tensor a = random_tensor(DataType::Float, {130, 70}, rng);
+  Tensor base = random_tensor(DataType::Float, {90, 70}, rng);
+  Tensor bt = base.view({70, 90}, {1, 70}, base.byte_offset());  // B given as a transposed view
+  Tensor c = random_tensor(DataType::Float, {90}, rng);
+  OpTest t("Gemm", 13);
+  Tensor y = t.input(a).input(bt).input(c).run1();
+  CHECK(t.stats().bytes_copied == 0);
+  const auto vy = values(y), vc = values(c);
+  const auto ref = values(naive_matmul(a, bt.contiguous()));
+  std::vector<double> expected(ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) expected[i] = ref[i] + vc[i % 90];
+  require_close(y, float_tensor({130, 90}, expected), 1e-4, 1e-4);
+}
+
+TEST_CASE("Gemm rejects bad shapes", "[nn]") {
+  std::mt19937 rng(23);
+  Tensor a = random_tensor(DataType::Float, {2, 3}, rng);
+  Tensor b = random_tensor(DataType::Float, {2, 4}, rng);
+  REQUIRE_THROWS_AS(OpTest("Gemm", 13).input(a).input(b).run(), Error);
+  Tensor b2 = random_tensor(DataType::Float, {3, 4}, rng);
+  Tensor c = random_tensor(DataType::Float, {3}, rng);
+  REQUIRE_THROWS_AS(OpTest("Gemm", 13).input(a).input(b2).input(c).run(), Error);
+}
+
+// ---- Conv and ConvTranspose ----
+
+namespace {
+
+struct ConvSpec {
+  std::vector<int64_t> strides, dilations, pads;  // pads: begins then ends
+  int64_t group = 1;
+};
+
+Shape conv_out_shape(const Tensor& x, const Tensor& w, const ConvSpec& s) {
+  const size_t r = x.rank() - 2;
+  Shape out{x.dim(0), w.dim(0)};
+  for (size_t d = 0; d < r; ++d) {
+    const int64_t ek = (w.dim(d + 2) - 1) * s.dilations[d] + 1;
+    out.push_back((x.dim(d + 2) + s.pads[d] + s.pads[d + r] - ek) / s.strides[d] + 1);
+  }
+  return out;
+}
+
+Tensor naive_conv(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& s) {
+  const size_t r = x.rank() - 2;
+  const Shape out = conv_out_shape(x, w, s);
+  const auto vx = values(x), vw = values(w);
+  const auto vb = bias ? values(*bias) : std::vector<double>{};
+  const int64_t cg = w.dim(1), mg = w.dim(0) / s.group;
+  const Shape kshape(w.shape().begin() + 2, w.shape().end());
+  std::vector<double> y(static_cast<size_t>(shape_numel(out)));
+  for (int64_t o = 0; o < shape_numel(out); ++o) {
+    const auto oc = coords(o, out);
+    const int64_t n = oc[0], m = oc[1], g = m / mg;
+    double sum = bias ? vb[static_cast<size_t>(m)] : 0;
+    for (int64_t c = 0; c < cg; ++c) {
+      for (int64_t kf = 0; kf < shape_numel(kshape); ++kf) {
+        const auto kc = coords(kf, kshape);
+        std::vector<int64_t> xc{n, g * cg + c};
+        bool inside = true;
+        for (size_t d = 0; d < r; ++d) {
+          const int64_t i = oc[d + 2] * s.strides[d] - s.pads[d] + kc[d] * s.dilations[d];
+          inside = inside && i >= 0 && i < x.dim(d + 2);
+          xc.push_back(i);
+        }
+        if (!inside) continue;
+        std::vector<int64_t> wc{m, c};
+        wc.insert(wc.end(), kc.begin(), kc.end());
+        sum += vx[static_cast<size_t>(flat(xc, x.shape()))] *
+               vw[static_cast<size_t>(flat(wc, w.shape()))];
+      }
+    }
+    y[static_cast<size_t>(o)] = sum;
+  }
+  return float_tensor(out, y);
+}
+
+Tensor run_conv(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& s) {
+  OpTest t("Conv", 11);
+  t.input(x).input(w);
+  if (bias) t.input(*bias);
+  t.attr("strides", s.strides).attr("dilations", s.dilations).attr("pads", s.pads);
+  t.attr("group", s.group);
+  return t.run1();
+}
+
+}  // namespace
+
+TEST_CASE("Conv matches a naive direct convolution on random shapes", "[nn]") {
+  std::mt19937 rng(31);
+  for (int iter = 0; iter < 80; ++iter) {
+    const size_t r = static_cast<size_t>(rand_int(rng, 1, 3));
+    ConvSpec s;
+    s.group = rand_int(rng, 1, 3);
+    const int64_t cg = iter % 4 == 0 ? 1 : rand_int(rng, 1, 3), mg = rand_int(rng, 1, 3);
+    Shape xs{rand_int(rng, 1, 2), cg * s.group}, ws{mg * s.group, cg};
+    s.pads.assign(2 * r, 0);
+    for (size_t d = 0; d < r; ++d) {
+      const int64_t k = rand_int(rng, 1, 3);
+      s.strides.push_back(rand_int(rng, 1, 2));
+      s.dilations.push_back(rand_int(rng, 1, 2));
+      s.pads[d] = rand_int(rng, 0, 2);
+      s.pads[d + r] = rand_int(rng, 0, 2);
+      const int64_t ek = (k - 1) * s.dilations[d] + 1;
+      ws.push_back(k);
+      xs.push_back(std::max<int64_t>(ek - s.pads[d] - s.pads[d + r], 1) + rand_int(rng, 0, 6));
+    }
+    Tensor x = random_tensor(DataType::Float, xs, rng);
+    Tensor w = random_tensor(DataType::Float, ws, rng);
+    Tensor b = random_tensor(DataType::Float, {ws[0]}, rng);
+    INFO("x " << shape_to_string(xs) << " w " << shape_to_string(ws) << " group " << s.group);
+    const Tensor* bias = iter % 2 ? &b : nullptr;
+    require_close(run_conv(x, w, bias, s), naive_conv(x, w, bias, s));
+  }
+}
+
+TEST_CASE("Conv blocks and parallelises large problems correctly", "[nn]") {
+  std::mt19937 rng(32);
+  struct Case {
+    Shape x, w;
+    ConvSpec s;
+  };
+  const std::vector<Case> cases = {
+      {{1, 32, 34, 30}, {48, 32, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 1}},  // column blocks
+      {{2, 16, 20, 20}, {64, 16, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}},  // pointwise
+      {{1, 8, 7, 7}, {256, 8, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 1}},     // row blocks
+      {{1, 24, 33, 33}, {24, 1, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 24}},  // depthwise
+      {{2, 12, 17, 19}, {18, 4, 3, 2}, {{2, 1}, {2, 1}, {1, 0, 2, 1}, 3}},   // groups
+  };
+  for (const Case& c : cases) {
+    Tensor x = random_tensor(DataType::Float, c.x, rng);
+    Tensor w = random_tensor(DataType::Float, c.w, rng);
+    Tensor b = random_tensor(DataType::Float, {c.w[0]}, rng);
+    INFO("x " << shape_to_string(c.x) << " w " << shape_to_string(c.w));
+    require_close(run_conv(x, w, &b, c.s), naive_conv(x, w, &b, c.s), 1e-4, 1e-4);
+  }
+}
+
+TEST_CASE("Conv auto_pad equals the explicit SAME and VALID padding", "[nn]") {
+  std::mt19937 rng(33);
+  Tensor x = random_tensor(DataType::Float, {1, 2, 7, 8}, rng);
+  Tensor w = random_tensor(DataType::Float, {3, 2, 3, 2}, rng);
+  // stride 2: output ceil(7/2)=4 x ceil(8/2)=4; padding totals 2 and 0.
+  const std::vector<std::pair<const char*, std::vector<int64_t>>> modes = {
+      {"SAME_UPPER", {1, 0, 1, 0}}, {"SAME_LOWER", {1, 0, 1, 0}}, {"VALID", {0, 0, 0, 0}}};
+  for (const auto& [mode, pads] : modes) {
+    ConvSpec s{{2, 2}, {1, 1}, pads, 1};
+    Tensor y = OpTest("Conv", 11)
+                   .input(x)
+                   .input(w)
+                   .attr("auto_pad", mode)
+                   .attr("strides", s.strides)
+                   .run1();
+    INFO(mode);
+    require_close(y, naive_conv(x, w, nullptr, s));
+  }
+  // An odd total: SAME_UPPER puts the extra row at the end, SAME_LOWER at the start.
+  Tensor x2 = random_tensor(DataType::Float, {1, 1, 6, 6}, rng);
+  Tensor w2 = random_tensor(DataType::Float, {1, 1, 2, 2}, rng);
+  require_close(OpTest("Conv", 11).input(x2).input(w2).attr("auto_pad", "SAME_UPPER").run1(),
+                naive_conv(x2, w2, nullptr, {{1, 1}, {1, 1}, {0, 0, 1, 1}, 1}));
+  require_close(OpTest("Conv", 11).input(x2).input(w2).attr("auto_pad", "SAME_LOWER").run1(),
+                naive_conv(x2, w2, nullptr, {{1, 1}, {1, 1}, {1, 1, 0, 0}, 1}));
+}
+
+TEST_CASE("Conv rejects bad groups, shapes and attributes", "[nn]") {
+  std::mt19937 rng(34);
+  Tensor x = random_tensor(DataType::Float, {1, 4, 5, 5}, rng);
+  Tensor w = random_tensor(DataType::Float, {6, 2, 3, 3}, rng);
+  REQUIRE_THROWS_AS(OpTest("Conv", 11).input(x).input(w).attr("group", 3).run(), Error);
+  REQUIRE_THROWS_AS(OpTest("Conv", 11).input(x).input(w).run(), Error);  // 4 != 2 * 1
+  REQUIRE_THROWS_AS(OpTest("Conv", 11).input(x).input(w).attr("group", 0).run(), Error);
+  REQUIRE_THROWS_AS(
+      OpTest("Conv", 11).input(x).input(w).attr("group", 2).attr("strides", Ints{0, 1}).run(),
+      Error);
+  Tensor big = random_tensor(DataType::Float, {6, 2, 7, 7}, rng);
+  REQUIRE_THROWS_AS(OpTest("Conv", 11).input(x).input(big).attr("group", 2).run(), Error);
+  Tensor bias = random_tensor(DataType::Float, {5}, rng);
+  REQUIRE_THROWS_AS(OpTest("Conv", 11).input(x).input(w).input(bias).attr("group", 2).run(), Error);
+}
+
+namespace {
+
+// y[n, g*mg + m, i*s - p + k*d] += x[n, g*cg + c, i] * w[g*cg + c, m, k]
+Tensor naive_conv_transpose(const Tensor& x, const Tensor& w, const ConvSpec& s,
+                            const std::vector<int64_t>& output_padding) {
+  const size_t r = x.rank() - 2;
+  const int64_t cg = x.dim(1) / s.group, mg = w.dim(1);
+  Shape out{x.dim(0), mg * s.group};
+  for (size_t d = 0; d < r; ++d) {
+    out.push_back(s.strides[d] * (x.dim(d + 2) - 1) + output_padding[d] +
+                  (w.dim(d + 2) - 1) * s.dilations[d] + 1 - s.pads[d] - s.pads[d + r]);
+  }
+  const auto vx = values(x), vw = values(w);
+  std::vector<double> y(static_cast<size_t>(shape_numel(out)));
+  for (int64_t xi = 0; xi < x.numel(); ++xi) {
+    const auto xc = coords(xi, x.shape());
+    const int64_t g = xc[1] / cg;
+    for (int64_t wi = 0; wi < w.numel(); ++wi) {
+      const auto wc = coords(wi, w.shape());
+      if (wc[0] != xc[1]) continue;
+      std::vector<int64_t> oc{xc[0], g * mg + wc[1]};
+      bool inside = true;
+      for (size_t d = 0; d < r; ++d) {
+        const int64_t o = xc[d + 2] * s.strides[d] - s.pads[d] + wc[d + 2] * s.dilations[d];
+        inside = inside && o >= 0 && o < out[d + 2];
+        oc.push_back(o);
+      }
+      if (inside)
+        y[static_cast<size_t>(flat(oc, out))] +=
+            vx[static_cast<size_t>(xi)] * vw[static_cast<size_t>(wi)];
+    }
+  }
+  return float_tensor(out, y);
+}
+
+}  // namespace
+
+TEST_CASE("ConvTranspose matches a naive scatter on random shapes", "[nn]") {
+  std::mt19937 rng(41);
+  for (int iter = 0; iter < 50; ++iter) {
+    const size_t r = static_cast<size_t>(rand_int(rng, 1, 3));
+    ConvSpec s;
+    s.group = rand_int(rng, 1, 2);
+    const int64_t cg = rand_int(rng, 1, 3), mg = rand_int(rng, 1, 3);
+    Shape xs{rand_int(rng, 1, 2), cg * s.group}, ws{cg * s.group, mg};
+    std::vector<int64_t> opad;
+    s.pads.assign(2 * r, 0);
+    for (size_t d = 0; d < r; ++d) {
+      const int64_t k = rand_int(rng, 1, 3);
+      s.strides.push_back(rand_int(rng, 1, 3));
+      s.dilations.push_back(rand_int(rng, 1, 2));
+      opad.push_back(rand_int(rng, 0, s.strides[d] - 1));
+      s.pads[d] = rand_int(rng, 0, k - 1);
+      s.pads[d + r] = rand_int(rng, 0, k - 1);
+      ws.push_back(k);
+      xs.push_back(rand_int(rng, 1, 5));
+    }
+    Tensor x = random_tensor(DataType::Float, xs, rng);
+    Tensor w = random_tensor(DataType::Float, ws, rng);
+    const Tensor expected = naive_conv_transpose(x, w, s, opad);
+    if (shape_numel(expected.shape()) == 0) continue;
+    INFO("x " << shape_to_string(xs) << " w " << shape_to_string(ws) << " group " << s.group);
+    Tensor y = OpTest("ConvTranspose", 11)
+                   .input(x)
+                   .input(w)
+                   .attr("strides", s.strides)
+                   .attr("dilations", s.dilations)
+                   .attr("pads", s.pads)
+                   .attr("output_padding", opad)
+                   .attr("group", s.group)
+                   .run1();
+    require_close(y, expected);
+  }
+  // Large enough to split output channels across tasks.
+  Tensor x = random_tensor(DataType::Float, {1, 16, 20, 20}, rng);
+  Tensor w = random_tensor(DataType::Float, {16, 40, 3, 3}, rng);
+  ConvSpec s{{2, 2}, {1, 1}, {1, 1, 1, 1}, 1};
+  Tensor y = OpTest("ConvTranspose", 11)
+                 .input(x)
+                 .input(w)
+                 .attr("strides", s.strides)
+                 .attr("pads", s.pads)
+                 .run1();
+  require_close(y, naive_conv_transpose(x, w, s, {0, 0}), 1e-4, 1e-4);
+}
+
+TEST_CASE("ConvTranspose output_shape pads the end when larger than needed", "[nn]") {
+  std::mt19937 rng(42);
+  Tensor x = random_tensor(DataType::Float, {1, 1, 3, 3}, rng);
+  Tensor w = random_tensor(DataType::Float, {1, 2, 3, 3}, rng);
+  Tensor y = OpTest("ConvTranspose", 11)
+                 .input(x)
+                 .input(w)
+                 .attr("strides", Ints{3, 2})
+                 .attr("output_shape", Ints{10, 8})
+                 .run1();
+  REQUIRE(y.shape() == Shape{1, 2, 10, 8});
+  const Tensor full = naive_conv_transpose(x, w, {{3, 2}, {1, 1}, {0, 0, 0, 0}, 1}, {0, 0});
+  const auto vy = values(y), vf = values(full);  // full is [1, 2, 9, 7]
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    const auto c = coords(i, y.shape());
+    const double e = c[2] < 9 && c[3] < 7 ? vf[static_cast<size_t>(flat(c, full.shape()))] : 0;
+    REQUIRE(vy[static_cast<size_t>(i)] == Approx(e).margin(1e-5));
+  }
+  REQUIRE_THROWS_AS(OpTest("ConvTranspose", 11).input(x).input(w).attr("group", 2).run(), Error);
+}
+
+// ---- Pooling ----
+
+namespace {
+
+struct PoolSpec {
+  std::vector<int64_t> kernel, strides, dilations, pads;
+  bool ceil = false, count_pad = false;
+};
+
+// Output sizes as in PyTorch / ONNX: a ceil-mode window must start inside the input or its
+// leading padding.
+Shape pool_out_shape(const Tensor& x, const PoolSpec& s) {
+  const size_t r = s.kernel.size();
+  Shape out{x.dim(0), x.dim(1)};
+  for (size_t d = 0; d < r; ++d) {
+    const int64_t ek = (s.kernel[d] - 1) * s.dilations[d] + 1;
+    const int64_t span = x.dim(d + 2) + s.pads[d] + s.pads[d + r] - ek;
+    int64_t o = (s.ceil ? (span + s.strides[d] - 1) / s.strides[d] : span / s.strides[d]) + 1;
+    if (s.ceil && (o - 1) * s.strides[d] >= x.dim(d + 2) + s.pads[d]) --o;
+    out.push_back(o);
+  }
+  return out;
+}
+
+// kind 0: max (with argmax), 1: average.
+std::pair<Tensor, std::vector<int64_t>> naive_pool(const Tensor& x, const PoolSpec& s, int kind) {
+  const size_t r = s.kernel.size();
+  const Shape out = pool_out_shape(x, s);
+  const auto vx = values(x);
+  const Shape kshape(s.kernel.begin(), s.kernel.end());
+  std::vector<double> y(static_cast<size_t>(shape_numel(out)));
+  std::vector<int64_t> arg(y.size());
+  for (int64_t o = 0; o < shape_numel(out); ++o) {
+    const auto oc = coords(o, out);
+    double best = -std::numeric_limits<double>::infinity(), sum = 0;
+    int64_t count = 0, best_i = 0;
+    for (int64_t kf = 0; kf < shape_numel(kshape); ++kf) {
+      const auto kc = coords(kf, kshape);
+      std::vector<int64_t> xc{oc[0], oc[1]};
+      bool inside = true, in_padded = true;
+      for (size_t d = 0; d < r; ++d) {
+        const int64_t i = oc[d + 2] * s.strides[d] - s.pads[d] + kc[d] * s.dilations[d];
+        inside = inside && i >= 0 && i < x.dim(d + 2);
+        in_padded = in_padded && i < x.dim(d + 2) + s.pads[d + r];
+        xc.push_back(i);
+      }
+      if (s.count_pad && in_padded) ++count;
+      if (!inside) continue;
+      if (!s.count_pad) ++count;
+      const int64_t xi = flat(xc, x.shape());
+      const double v = vx[static_cast<size_t>(xi)];
+      sum += v;
+      if (v > best) {
+        best = v;
+        best_i = xi;
+      }
+    }
+    y[static_cast<size_t>(o)] = kind == 0 ? best : sum / static_cast<double>(count);
+    arg[static_cast<size_t>(o)] = best_i;
+  }
+  return {float_tensor(out, y), arg};
+}
+
+}  // namespace
+
+TEST_CASE("MaxPool and AveragePool match naive windows on random shapes", "[nn]") {
+  std::mt19937 rng(51);
+  for (int iter = 0; iter < 60; ++iter) {
+    const size_t r = static_cast<size_t>(rand_int(rng, 1, 3));
+    PoolSpec s;
+    s.ceil = rng() % 2;
+    s.count_pad = rng() % 2;
+    s.pads.assign(2 * r, 0);
+    Shape xs{rand_int(rng, 1, 2), rand_int(rng, 1, 3)};
+    for (size_t d = 0; d < r; ++d) {
+      const int64_t k = rand_int(rng, 1, 3);
+      s.kernel.push_back(k);
+      s.strides.push_back(rand_int(rng, 1, 3));
+      s.dilations.push_back(rand_int(rng, 1, 2));
+      s.pads[d] = rand_int(rng, 0, k - 1);
+      s.pads[d + r] = rand_int(rng, 0, k - 1);
+      const int64_t ek = (k - 1) * s.dilations[d] + 1;
+      xs.push_back(std::max<int64_t>(ek - s.pads[d] - s.pads[d + r], 1) + rand_int(rng, 0, 6));
+    }
+    Tensor x = random_tensor(DataType::Float, xs, rng);
+    INFO("x " << shape_to_string(xs) << " ceil " << s.ceil << " count_pad " << s.count_pad);
+    auto configure = [&](OpTest& t) {
+      t.input(x).attr("kernel_shape", s.kernel).attr("strides", s.strides);
+      t.attr("dilations", s.dilations).attr("pads", s.pads).attr("ceil_mode", int64_t{s.ceil});
+    };
+    OpTest mp("MaxPool", 12);
+    configure(mp);
+    auto outs = mp.outputs(2).run();
+    const auto [ymax, arg] = naive_pool(x, s, 0);
+    require_close(outs[0].tensor(), ymax);
+    const auto got_arg = values(outs[1].tensor());
+    for (size_t i = 0; i < arg.size(); ++i) REQUIRE(got_arg[i] == static_cast<double>(arg[i]));
+
+    OpTest ap("AveragePool", 19);
+    configure(ap);
+    ap.attr("count_include_pad", int64_t{s.count_pad});
+    require_close(ap.run1(), naive_pool(x, s, 1).first);
+  }
+}
+
+TEST_CASE("MaxPool reports column-major indices with storage_order 1", "[nn]") {
+  Tensor x = Tensor::from_vector<float>({1, 1, 2, 3}, {1, 9, 2, 8, 3, 17});
+  auto outs = OpTest("MaxPool", 12)
+                  .input(x)
+                  .attr("kernel_shape", Ints{2, 2})
+                  .attr("storage_order", 1)
+                  .outputs(2)
+                  .run();
+  // Maxima 9 at (0,1) and 17 at (1,2): column-major offsets 0 + 1*2 = 2 and 1 + 2*2 = 5.
+  CHECK(values(outs[0].tensor()) == std::vector<double>{9, 17});
+  CHECK(values(outs[1].tensor()) == std::vector<double>{2, 5});
+}
+
+TEST_CASE("Pooling rejects bad attributes", "[nn]") {
+  std::mt19937 rng(52);
+  Tensor x = random_tensor(DataType::Float, {1, 1, 4, 4}, rng);
+  REQUIRE_THROWS_AS(OpTest("MaxPool", 12).input(x).run(), Error);  // no kernel_shape
+  REQUIRE_THROWS_AS(OpTest("MaxPool", 12).input(x).attr("kernel_shape", Ints{2}).run(), Error);
+  REQUIRE_THROWS_AS(OpTest("AveragePool", 19)
+                        .input(x)
+                        .attr("kernel_shape", Ints{2, 2})
+                        .attr("strides", Ints{0, 1})
+                        .run(),
+                    Error);
+  REQUIRE_THROWS_AS(OpTest("MaxPool", 12).input(x).attr("kernel_shape", Ints{6, 6}).run(), Error);
+}
+
+// ---- Normalisation, LRN, unpooling ----
+
+TEST_CASE("BatchNormalization and InstanceNormalization match their formulas", "[nn]") {
+  std::mt19937 rng(61);
+  Tensor x = random_tensor(DataType::Float, {2, 3, 4, 5}, rng);
+  Tensor scale = random_tensor(DataType::Float, {3}, rng);
+  Tensor bias = random_tensor(DataType::Float, {3}, rng);
+  Tensor mean = random_tensor(DataType::Float, {3}, rng);
+  Tensor var = random_tensor(DataType::Float, {3}, rng, 0.1, 2);
+  const auto vx = values(x), vs = values(scale), vb = values(bias), vm = values(mean),
+             vv = values(var);
+  std::vector<double> bn(vx.size()), in(vx.size());
+  for (size_t i = 0; i < vx.size(); ++i) {
+    const size_t c = (i / 20) % 3;
+    bn[i] = vs[c] * (vx[i] - vm[c]) / std::sqrt(vv[c] + 1e-5) + vb[c];
+  }
+  require_close(OpTest("BatchNormalization", 15)
+                    .input(x)
+                    .input(scale)
+                    .input(bias)
+                    .input(mean)
+                    .input(var)
+                    .run1(),
+                float_tensor(x.shape(), bn));
+  for (size_t p = 0; p < 6; ++p) {
+    double mu = 0, sq = 0;
+    for (size_t i = 0; i < 20; ++i) mu += vx[p * 20 + i] / 20;
+    for (size_t i = 0; i < 20; ++i) sq += (vx[p * 20 + i] - mu) * (vx[p * 20 + i] - mu) / 20;
+    for (size_t i = 0; i < 20; ++i) {
+      in[p * 20 + i] = vs[p % 3] * (vx[p * 20 + i] - mu) / std::sqrt(sq + 1e-5) + vb[p % 3];
+    }
+  }
+  require_close(OpTest("InstanceNormalization", 6).input(x).input(scale).input(bias).run1(),
+                float_tensor(x.shape(), in));
+  Tensor short_mean = random_tensor(DataType::Float, {2}, rng);
+  REQUIRE_THROWS_AS(OpTest("BatchNormalization", 15)
+                        .input(x)
+                        .input(scale)
+                        .input(bias)
+                        .input(short_mean)
+                        .input(var)
+                        .run(),
+                    Error);
+}
+
+TEST_CASE("LRN matches the cross-channel formula", "[nn]") {
+  std::mt19937 rng(62);
+  Tensor x = random_tensor(DataType::Float, {2, 7, 3, 3}, rng);
+  const auto vx = values(x);
+  std::vector<double> y(vx.size());
+  const int64_t size = 4;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const auto c = coords(i, x.shape());
+    double sq = 0;
+    for (int64_t k = std::max<int64_t>(0, c[1] - 1); k <= std::min<int64_t>(6, c[1] + 2); ++k) {
+      auto cc = c;
+      cc[1] = k;
+      sq += vx[static_cast<size_t>(flat(cc, x.shape()))] *
+            vx[static_cast<size_t>(flat(cc, x.shape()))];
+    }
+    y[static_cast<size_t>(i)] = vx[static_cast<size_t>(i)] / std::pow(2.0 + 0.5 / size * sq, 0.75);
+  }
+  require_close(
+      OpTest("LRN", 13).input(x).attr("size", size).attr("alpha", 0.5).attr("bias", 2.0).run1(),
+      float_tensor(x.shape(), y));
+  REQUIRE_THROWS_AS(OpTest("LRN", 13).input(x).attr("size", 0).run(), Error);
+}
+
+TEST_CASE("MaxUnpool inverts MaxPool and rejects out-of-range indices", "[nn]") {
+  std::mt19937 rng(63);
+  Tensor x = random_tensor(DataType::Float, {1, 2, 4, 4}, rng);
+  auto pooled = OpTest("MaxPool", 12)
+                    .input(x)
+                    .attr("kernel_shape", Ints{2, 2})
+                    .attr("strides", Ints{2, 2})
+                    .outputs(2)
+                    .run();
+  Tensor y = OpTest("MaxUnpool", 11)
+                 .input(pooled[0])
+                 .input(pooled[1])
+                 .attr("kernel_shape", Ints{2, 2})
+                 .attr("strides", Ints{2, 2})
+                 .run1();
+  const auto vx = values(x), vy = values(y), ind = values(pooled[1].tensor());
+  for (size_t i = 0; i < vy.size(); ++i) {
+    const bool kept = std::find(ind.begin(), ind.end(), static_cast<double>(i)) != ind.end();
+    REQUIRE(vy[i] == (kept ? vx[i] : 0.0));
+  }
+  Tensor bad = Tensor::from_vector<int64_t>({1, 1, 1, 1}, {16});
+  Tensor one = Tensor::from_vector<float>({1, 1, 1, 1}, {1});
+  REQUIRE_THROWS_AS(OpTest("MaxUnpool", 11)
+                        .input(one)
+                        .input(bad)
+                        .attr("kernel_shape", Ints{4, 4})
+                        .attr("strides", Ints{4, 4})
+                        .run(),
+                    Error);
+}
+
+TEST_CASE("Empty tensors flow through the NN kernels", "[nn]") {
+  std::mt19937 rng(71);
+  Tensor a0 = random_tensor(DataType::Float, {0, 3}, rng);
+  Tensor b = random_tensor(DataType::Float, {3, 4}, rng);
+  CHECK(OpTest("MatMul", 13).input(a0).input(b).run1().shape() == Shape{0, 4});
+  Tensor ak = random_tensor(DataType::Float, {2, 0}, rng);
+  Tensor bk = random_tensor(DataType::Float, {0, 3}, rng);
+  CHECK(values(OpTest("MatMul", 13).input(ak).input(bk).run1()) == std::vector<double>(6, 0.0));
+  CHECK(values(OpTest("Gemm", 13).input(ak).input(bk).run1()) == std::vector<double>(6, 0.0));
+  Tensor x0 = random_tensor(DataType::Float, {0, 2, 5, 5}, rng);
+  Tensor w = random_tensor(DataType::Float, {3, 2, 3, 3}, rng);
+  CHECK(OpTest("Conv", 11).input(x0).input(w).run1().shape() == Shape{0, 3, 3, 3});
+  CHECK(OpTest("MaxPool", 12).input(x0).attr("kernel_shape", Ints{2, 2}).run1().shape() ==
+        Shape{0, 2, 4, 4});
+  CHECK(OpTest("GlobalAveragePool", 1).input(x0).run1().shape() == Shape{0, 2, 1, 1});
+  Tensor no_rows = random_tensor(DataType::Float, {1, 1, 0, 3}, rng);
+  CHECK(OpTest("MaxPool", 12)
+            .input(no_rows)
+            .attr("kernel_shape", Ints{2, 2})
+            .attr("auto_pad", "SAME_UPPER")
+            .run1()
+            .shape() == Shape{1, 1, 0, 3});
+}
+
+TEST_CASE("Huge attributes and output shapes are errors, not overflows", "[nn]") {
+  std::mt19937 rng(72);
+  Tensor x = random_tensor(DataType::Float, {1, 1, 4, 4}, rng);
+  Tensor w = random_tensor(DataType::Float, {1, 1, 2, 2}, rng);
+  const int64_t huge = int64_t{1} << 40;
+  REQUIRE_THROWS_AS(
+      OpTest("Conv", 11).input(x).input(w).attr("pads", Ints{huge, huge, huge, huge}).run(), Error);
+  REQUIRE_THROWS_AS(OpTest("ConvTranspose", 11)
+                        .input(x)
+                        .input(w)
+                        .attr("strides", Ints{int64_t{1} << 30, int64_t{1} << 30})
+                        .run(),
+                    Error);
+  REQUIRE_THROWS_AS(OpTest("MaxPool", 12)
+                        .input(x)
+                        .attr("kernel_shape", Ints{2, 2})
+                        .attr("pads", Ints{huge, 0, huge, 0})
+                        .run(),
+                    Error);
+  Tensor ind = Tensor::from_vector<int64_t>({1, 1, 1, 1}, {0});
+  Tensor one = Tensor::from_vector<float>({1, 1, 1, 1}, {1});
+  Tensor big_shape = Tensor::from_vector<int64_t>({4}, {1, 1, huge, huge});
+  REQUIRE_THROWS_AS(OpTest("MaxUnpool", 11)
+                        .input(one)
+                        .input(ind)
+                        .input(big_shape)
+                        .attr("kernel_shape", Ints{2, 2})
+                        .run(),
+                    Error);
+}
