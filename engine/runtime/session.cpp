@@ -19,6 +19,7 @@ namespace {
 IoInfo io_info(const ir::ValueInfo& v) {
   IoInfo io;
   io.name = v.name;
+  io.has_default = v.constant.defined();
   io.kind = v.type.kind == Value::Kind::None ? Value::Kind::Tensor : v.type.kind;
   io.dtype = v.type.elem;
   if (v.type.kind == Value::Kind::Tensor && v.type.shape) {

@@ -56,6 +56,7 @@ struct IoInfo {
   bool has_shape = false;                // false when the model declares no shape
   std::vector<int64_t> shape;            // -1 where the dimension is not fixed
   std::vector<std::string> dim_names;    // symbolic name, or "" for fixed/unknown
+  bool has_default = false;              // an initializer backs it: feeding it is optional
   std::string describe() const;          // "input_ids: int64[batch,sequence]"
 };
 
