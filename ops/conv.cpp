@@ -65,14 +65,14 @@ inline void gather_row(T* dst, int64_t n, const T* src, int64_t base, int64_t st
   hi = std::clamp<int64_t>(hi, lo, n);
   std::fill(dst, dst + lo, T(0));
   if (stride == 1) {
-    std::copy(src + base + lo, src + base + hi, dst + lo);
+    std::copy(src + (base + lo), src + (base + hi), dst + lo);
   } else {
     for (int64_t j = lo; j < hi; ++j) dst[j] = src[base + j * stride];
   }
   std::fill(dst + hi, dst + n, T(0));
 }
 
-// First j >= 0 with base + j * s >= 0, and first j with base + j * s >= limit (s > 0).
+// Smallest j >= 0 with base + j * s >= limit (s > 0).
 inline int64_t first_at_least(int64_t base, int64_t s, int64_t limit) {
   const int64_t need = limit - base;
   return need <= 0 ? 0 : (need + s - 1) / s;

@@ -387,6 +387,11 @@ TEST_CASE("Conv blocks and parallelises large problems correctly", "[nn]") {
       {{1, 8, 7, 7}, {256, 8, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 1}},     // row blocks
       {{1, 24, 33, 33}, {24, 1, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 24}},  // depthwise
       {{2, 12, 17, 19}, {18, 4, 3, 2}, {{2, 1}, {2, 1}, {1, 0, 2, 1}, 3}},   // groups
+      {{1, 16, 20, 21}, {32, 1, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 16}},  // 3x3, multiplier 2
+      {{1, 8, 15, 15}, {8, 1, 3, 3}, {{1, 1}, {2, 2}, {2, 2, 2, 2}, 8}},     // dilated 3x3
+      {{1, 8, 16, 17}, {8, 1, 5, 5}, {{2, 2}, {1, 1}, {2, 2, 2, 2}, 8}},     // 5x5 stride 2
+      {{1, 4, 9, 30}, {4, 1, 3, 7}, {{1, 2}, {1, 1}, {1, 3, 1, 2}, 4}},      // 7 wide stride 2
+      {{2, 3, 5, 6, 7}, {3, 1, 3, 3, 3}, {{1, 1, 1}, {1, 1, 1}, {1, 1, 1, 1, 1, 1}, 3}},  // 3-D
   };
   for (const Case& c : cases) {
     Tensor x = random_tensor(DataType::Float, c.x, rng);
@@ -831,4 +836,46 @@ TEST_CASE("Huge attributes and output shapes are errors, not overflows", "[nn]")
                         .attr("kernel_shape", Ints{2, 2})
                         .run(),
                     Error);
+}
+
+TEST_CASE("Conv, Gemm and pooling compute half types in float and keep double", "[nn]") {
+  std::mt19937 rng(73);
+  Tensor x = random_tensor(DataType::Float16, {1, 4, 6, 6}, rng);
+  Tensor w = random_tensor(DataType::Float16, {6, 2, 3, 3}, rng);
+  Tensor b = random_tensor(DataType::Float16, {6}, rng);
+  ConvSpec s{{1, 1}, {1, 1}, {1, 1, 1, 1}, 2};
+  Tensor y = run_conv(x, w, &b, s);
+  REQUIRE(y.dtype() == DataType::Float16);
+  require_close(float_tensor(y.shape(), values(y)), naive_conv(x, w, &b, s), 1e-2, 1e-2);
+
+  Tensor xd = random_tensor(DataType::Double, {2, 3, 5, 4}, rng);
+  Tensor wd = random_tensor(DataType::Double, {2, 3, 2, 2}, rng);
+  ConvSpec sd{{1, 2}, {2, 1}, {0, 1, 1, 0}, 1};
+  Tensor yd = run_conv(xd, wd, nullptr, sd);
+  REQUIRE(yd.dtype() == DataType::Double);
+  require_close(float_tensor(yd.shape(), values(yd)), naive_conv(xd, wd, nullptr, sd));
+
+  Tensor a = random_tensor(DataType::Float16, {3, 5}, rng);
+  Tensor bm = random_tensor(DataType::Float16, {4, 5}, rng);
+  Tensor c = random_tensor(DataType::Float16, {4}, rng);
+  Tensor g = OpTest("Gemm", 13).input(a).input(bm).input(c).attr("transB", 1).run1();
+  REQUIRE(g.dtype() == DataType::Float16);
+  const auto va = values(a), vb = values(bm), vc = values(c), vg = values(g);
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t j = 0; j < 4; ++j) {
+      double e = vc[static_cast<size_t>(j)];
+      for (int64_t k = 0; k < 5; ++k) {
+        e += va[static_cast<size_t>(i * 5 + k)] * vb[static_cast<size_t>(j * 5 + k)];
+      }
+      REQUIRE(vg[static_cast<size_t>(i * 4 + j)] == Approx(e).margin(2e-2));
+    }
+
+  PoolSpec ps{{2, 2}, {1, 1}, {1, 1}, {0, 0, 0, 0}};
+  Tensor hp = OpTest("AveragePool", 19).input(x).attr("kernel_shape", Ints{2, 2}).run1();
+  REQUIRE(hp.dtype() == DataType::Float16);
+  require_close(float_tensor(hp.shape(), values(hp)), naive_pool(x, ps, 1).first, 1e-2, 1e-2);
+  Tensor u8 = random_tensor(DataType::UInt8, {1, 2, 4, 4}, rng, 0, 255);
+  Tensor mp = OpTest("MaxPool", 12).input(u8).attr("kernel_shape", Ints{2, 2}).run1();
+  REQUIRE(mp.dtype() == DataType::UInt8);
+  CHECK(values(mp) == values(naive_pool(u8, ps, 0).first));
 }
