@@ -192,6 +192,15 @@ struct ModFn {
   }
 };
 
+struct PowFn {  // opsets 1-6: float types only, same type for base and exponent
+  using Types = FloatTypes;
+  explicit PowFn(const NodeInfo&) {}
+  template <typename C>
+  C operator()(C x, C y) const {
+    return std::pow(x, y);
+  }
+};
+
 struct BitwiseAndFn {
   using Types = IntTypes;
   explicit BitwiseAndFn(const NodeInfo&) {}
@@ -444,6 +453,15 @@ KILN_REGISTER_OP({.op = "Div",
                   .strided_inputs = true,
                   .types = "all numeric (broadcast/axis attributes)",
                   .create = make<LegacyArithmetic<DivFn>>});
+KILN_REGISTER_OP({.op = "Pow",
+                  .since = 1,
+                  .until = 6,
+                  .min_inputs = 2,
+                  .max_inputs = 2,
+                  .in_place = inputs(0),
+                  .strided_inputs = true,
+                  .types = "float types (broadcast/axis attributes)",
+                  .create = make<LegacyArithmetic<PowFn>>});
 KILN_BINARY("Sub", 7, Arithmetic<SubFn>, "all numeric");
 KILN_BINARY("Mul", 7, Arithmetic<MulFn>, "all numeric");
 KILN_BINARY("Div", 7, Arithmetic<DivFn>, "all numeric");
@@ -472,10 +490,10 @@ KILN_BINARY("Xor", 7, Compare<XorFn>, "bool");
                     .strided_inputs = true,   \
                     .types = "all numeric",   \
                     .create = make<Variadic<fold>>})
-KILN_VARIADIC("Min", 8, Fold::Min);
-KILN_VARIADIC("Max", 8, Fold::Max);
-KILN_VARIADIC("Sum", 8, Fold::Sum);
-KILN_VARIADIC("Mean", 8, Fold::Mean);
+KILN_VARIADIC("Min", 6, Fold::Min);
+KILN_VARIADIC("Max", 6, Fold::Max);
+KILN_VARIADIC("Sum", 6, Fold::Sum);
+KILN_VARIADIC("Mean", 6, Fold::Mean);
 #undef KILN_VARIADIC
 
 }  // namespace kiln::ops
