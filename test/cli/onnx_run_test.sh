@@ -1,37 +1,43 @@
-#!/ bin / sh
-#onnx - run end to end : exit codes and one - line messages.
-#onnx_run_test.sh ONNX_RUN SOURCE_DIR
-set - u run = $1 src = $2 tmp = $(mktemp - d) trap 'rm -rf "$tmp"' EXIT failures = 0
-#expect STATUS PATTERN-- ARGS... : the exit status must be STATUS and stdout + stderr must
-#match the extended regular expression PATTERN.
-    expect() {
-  want = $1 pattern = $2 shift 3 out =
-      $("$run"
-        "$@" 2 > &1) got =
-          $ ? if["$got" - ne "$want"] || !printf '%s' "$out" | grep - Eq "$pattern";
-  then echo "FAIL: onnx-run $* -> status $got (want $want), output:" printf '%s\n' "$out" |
-      sed 's/^/    /' failures = $((failures + 1)) else echo "ok: onnx-run $* -> $got" fi
+#!/bin/sh
+# onnx-run end to end: exit codes and one-line messages.
+#   onnx_run_test.sh ONNX_RUN SOURCE_DIR
+set -u
+run=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+
+# expect STATUS PATTERN -- ARGS...: the exit status must be STATUS and stdout+stderr must
+# match the extended regular expression PATTERN.
+expect() {
+  want=$1
+  pattern=$2
+  shift 3
+  out=$("$run" "$@" 2>&1)
+  got=$?
+  if [ "$got" -ne "$want" ] || ! printf '%s' "$out" | grep -Eq "$pattern"; then
+    echo "FAIL: onnx-run $* -> status $got (want $want), output:"
+    printf '%s\n' "$out" | sed 's/^/    /'
+    failures=$((failures + 1))
+  else
+    echo "ok: onnx-run $* -> $got"
+  fi
 }
 
-model = "$src/models/tiny-cnn/model.onnx" data =
-    "$src/models/tiny-cnn/test_data_set_0"
+model="$src/models/tiny-cnn/model.onnx"
+data="$src/models/tiny-cnn/test_data_set_0"
 
-        expect 0 "PASSED" --"$model" --test -
-        data "$data" expect 0 '"passed":true' --"$model" --test -
-        data "$data" --json-- repeat 3 expect 0 '"median"' --"$model" --test -
-        data "$data" --json-- profile "$tmp/trace.json" grep - q '"ph":"X"' "$tmp/trace.json" ||
-{
-  echo "FAIL: profile has no events";
-  failures = $((failures + 1));
-}
-grep - q '_kernel_time' "$tmp/trace.json" || {
-  echo "FAIL: profile lacks node events";
-  failures = $((failures + 1));
-}
+expect 0 "PASSED" -- "$model" --test-data "$data"
+expect 0 '"passed":true' -- "$model" --test-data "$data" --json --repeat 3
+expect 0 '"median"' -- "$model" --test-data "$data" --json --profile "$tmp/trace.json"
+grep -q '"ph":"X"' "$tmp/trace.json" || { echo "FAIL: profile has no events"; failures=$((failures + 1)); }
+grep -q '_kernel_time' "$tmp/trace.json" || { echo "FAIL: profile lacks node events"; failures=$((failures + 1)); }
 
-#Tight tolerances make the comparison fail : status 1.
+# Tight tolerances make the comparison fail: status 1.
 expect 1 "MISMATCH" -- "$model" --test-data "$data" --rtol 0 --atol 0
-#Bad files : status 2 with a message naming the file.
+
+# Bad files: status 2 with a message naming the file.
 head -c 1000 /dev/urandom > "$tmp/garbage.onnx"
 expect 2 "garbage.onnx" -- "$tmp/garbage.onnx"
 head -c 2000 "$model" > "$tmp/truncated.onnx"
@@ -42,16 +48,24 @@ expect 2 "nope.onnx: cannot open" -- "$tmp/nope.onnx"
 expect 2 "unknown option" -- "$model" --bogus
 expect 2 "no model given" --
 
-#Bad inputs : a wrongly shaped.npy(the[2, 10] output written by-- output - dir).
+# Bad inputs: a wrongly shaped .npy (the [2,10] output written by --output-dir).
 expect 0 "PASSED" -- "$model" --test-data "$data" --output-dir "$tmp/out"
-[ -f "$tmp/out/probs.npy" ] || {
-  echo "FAIL: --output-dir wrote no probs.npy";
-  failures = $((failures + 1));
-}
-cp "$tmp/out/probs.npy"
-   "$tmp/x.npy" expect 2 "input 'image': wrong rank" --"$model" --input image =
-       "$tmp/x.npy" expect 2 "the model has no input 'nope'" --"$model" --input nope =
-           "$tmp/x.npy" expect 2 "missing input 'image" --"$model"
+[ -f "$tmp/out/probs.npy" ] || { echo "FAIL: --output-dir wrote no probs.npy"; failures=$((failures + 1)); }
+cp "$tmp/out/probs.npy" "$tmp/x.npy"
+expect 2 "input 'image': wrong rank" -- "$model" --input image="$tmp/x.npy"
+expect 2 "the model has no input 'nope'" -- "$model" --input nope="$tmp/x.npy"
+expect 2 "missing input 'image" -- "$model"
 
-    if["$failures" - ne 0];
-then echo "$failures check(s) failed" exit 1 fi echo "all onnx-run checks passed"
+# The official test case for Add.
+case_dir="${ONNX_BACKEND_TEST_DATA:-$src/../shared/onnx-backend-tests}/node/test_add"
+if [ -d "$case_dir" ]; then
+  expect 0 "PASSED" -- "$case_dir/model.onnx" --test-data "$case_dir/test_data_set_0"
+else
+  echo "note: ONNX backend test data not found; test_add skipped"
+fi
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all onnx-run checks passed"
