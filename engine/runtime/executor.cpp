@@ -192,6 +192,7 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
     StepHooks hooks(*this, f, step, in_ptrs, temporary, depth);
     ops::OpContext ctx(node, in_ptrs, outs, hooks);
     const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t copied_before = stats_.bytes_copied;
     try {
       step.kernel->run(ctx);
     } catch (Error& e) {
@@ -211,6 +212,7 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
       ev.start_us = std::chrono::duration<double, std::micro>(t0 - start_).count();
       ev.duration_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
       ev.depth = depth;
+      ev.bytes_copied = stats_.bytes_copied - copied_before;
       for (const Value* v : in_ptrs) ev.input_shapes.push_back(value_shape(v));
       for (const Value& v : outs) ev.output_shapes.push_back(value_shape(&v));
       profile_->push_back(std::move(ev));

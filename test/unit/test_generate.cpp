@@ -17,9 +17,10 @@ namespace {
 const std::string kWhisper = std::string(KILN_SOURCE_DIR) + "/models/whisper-tiny-random";
 const std::string kGpt2 = std::string(KILN_SOURCE_DIR) + "/models/gpt2-tiny-random";
 
-[[maybe_unused]] std::vector<int64_t> json_ints(const std::string& file, const std::string& key) {
+std::vector<int64_t> json_ints(const std::string& file, const std::string& key) {
+  const json::Value doc = json::parse_file(file);
   std::vector<int64_t> out;
-  for (const auto& v : json::parse_file(file).find(key)->as_array()) out.push_back(v.as_int());
+  for (const auto& v : doc.find(key)->as_array()) out.push_back(v.as_int());
   return out;
 }
 
@@ -84,5 +85,157 @@ TEST_CASE("bad WAV files give one clear error", "[generate][audio]") {
              Catch::Contains("not a WAV file"));
   CHECK_THAT(error_of(write("cut.wav", wav(1, 16000, 16).substr(0, 30))),
              Catch::Contains("cut.wav: truncated"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("Whisper with the merged decoder reproduces transformers' greedy tokens",
+          "[generate][whisper]") {
+  Seq2SeqGenerator g(kWhisper);
+  CHECK(g.decoder_prompt() == json_ints(kWhisper + "/expected_tokens.json", "decoder_prompt"));
+  const Tensor features = whisper_log_mel(read_wav_16k_mono(kWhisper + "/sample.wav"));
+  GenerationOptions o;
+  o.max_new_tokens = 40;
+  const GenerationResult r = g.generate(features, o);
+  CHECK(r.tokens == json_ints(kWhisper + "/expected_tokens.json", "tokens"));
+  REQUIRE(r.steps.size() == 40);
+  // The cache is extended in place: from the second step on, each step copies the same
+  // bytes whatever the cache length, and allocates nothing once the pool is warm.
+  for (size_t i = 2; i < r.steps.size(); ++i) {
+    CHECK(r.steps[i].bytes_copied == r.steps[1].bytes_copied);
+    CHECK(r.steps[i].past_len == static_cast<int64_t>(i) + 2);
+  }
+  CHECK(r.steps.back().allocations == 0);
+}
+
+TEST_CASE("Whisper with the decoder pair and at opset 14 gives the same tokens",
+          "[generate][whisper]") {
+  const Tensor features = tooling::read_npy(kWhisper + "/sample_features.npy");
+  const auto expected = json_ints(kWhisper + "/expected_tokens.json", "tokens");
+  GenerationOptions o;
+  o.max_new_tokens = 40;
+  GeneratorOptions pair;
+  pair.use_decoder_pair = true;
+  CHECK(Seq2SeqGenerator(kWhisper, pair).generate(features, o).tokens == expected);
+  CHECK(Seq2SeqGenerator(kWhisper + "/opset14").generate(features, o).tokens == expected);
+}
+
+TEST_CASE("merged-decoder logits match onnxruntime at steps 1, 2 and 20", "[generate][whisper]") {
+  // Drives the merged decoder the way the generator (and Optimum) do, feeding the
+  // reference tokens, and compares the last position's logits.
+  const Tensor features = tooling::read_npy(kWhisper + "/sample_features.npy");
+  Session enc(kWhisper + "/encoder_model.onnx");
+  Session dec(kWhisper + "/decoder_model_merged.onnx");
+  const Tensor hidden = enc.run({{"input_features", features}})[0].value.tensor();
+  auto tokens = json_ints(kWhisper + "/expected_tokens.json", "tokens");
+  auto sequence = json_ints(kWhisper + "/expected_tokens.json", "decoder_prompt");
+  const size_t prompt_len = sequence.size();
+  sequence.insert(sequence.end(), tokens.begin(), tokens.end());
+  std::map<std::string, Tensor> past;
+  for (const IoInfo& io : dec.inputs()) {
+    if (io.name.rfind("past_key_values", 0) == 0)
+      past[io.name] = Tensor::zeros(DataType::Float, {1, io.shape[1], 0, io.shape[3]});
+  }
+  std::vector<int64_t> ids(sequence.begin(), sequence.begin() + static_cast<long>(prompt_len));
+  for (int step = 0; step <= 20; ++step) {
+    std::vector<NamedValue> in = {
+        {"input_ids", Tensor::from_vector<int64_t>({1, static_cast<int64_t>(ids.size())}, ids)},
+        {"encoder_hidden_states", hidden},
+        {"use_cache_branch", Tensor::from_vector<bool>({1}, {step > 0})}};
+    for (auto& [name, t] : past) in.push_back({name, t});
+    auto out = dec.run(std::move(in));
+    for (auto& o : out) {
+      if (o.name.rfind("present.", 0) != 0) continue;
+      const std::string p = "past_key_values." + o.name.substr(8);
+      if (step == 0 || p.find(".decoder.") != std::string::npos) past[p] = o.value.tensor();
+    }
+    if (step == 1 || step == 2 || step == 20) {
+      const Tensor& logits = out[0].value.tensor();
+      const int64_t vocab = logits.dim(2);
+      Tensor last = logits.contiguous().view(
+          {1, vocab}, {vocab, 1}, static_cast<size_t>((logits.dim(1) - 1) * vocab) * sizeof(float));
+      const Tensor want =
+          tooling::read_npy(kWhisper + "/reference_logits_step" + std::to_string(step) + ".npy");
+      INFO("step " << step);
+      require_close(last.contiguous(), want, 1e-3, 1e-4);
+    }
+    ids = {sequence[prompt_len + static_cast<size_t>(step)]};
+  }
+}
+
+TEST_CASE("GPT-2 reproduces transformers' greedy tokens with the cache extended in place",
+          "[generate][gpt2]") {
+  CausalLmGenerator g(kGpt2);
+  GenerationOptions o;
+  o.max_new_tokens = 40;
+  const GenerationResult r = g.generate(json_ints(kGpt2 + "/expected_tokens.json", "prompt"), o);
+  CHECK(r.tokens == json_ints(kGpt2 + "/expected_tokens.json", "tokens"));
+  // The KV caches add nothing per step; the only growth is the model's own Gather of a bool
+  // attention-mask row of past + 1 elements: exactly one byte per position.
+  for (size_t i = 2; i < r.steps.size(); ++i) {
+    CHECK(r.steps[i].bytes_copied == r.steps[1].bytes_copied + (i - 1));
+  }
+  CHECK(CausalLmGenerator(kGpt2 + "/opset14")
+            .generate(json_ints(kGpt2 + "/expected_tokens.json", "prompt"), o)
+            .tokens == r.tokens);
+}
+
+TEST_CASE("sampling is reproducible with a seed, stops at stop tokens, honours min_new_tokens",
+          "[generate][gpt2]") {
+  CausalLmGenerator g(kGpt2);
+  const auto prompt = json_ints(kGpt2 + "/expected_tokens.json", "prompt");
+  GenerationOptions o;
+  o.max_new_tokens = 12;
+  o.do_sample = true;
+  o.temperature = 0.8f;
+  o.top_k = 20;
+  o.top_p = 0.9f;
+  o.seed = 123;
+  const auto a = g.generate(prompt, o).tokens;
+  CHECK(a == g.generate(prompt, o).tokens);
+  o.seed = 124;
+  CHECK(a != g.generate(prompt, o).tokens);
+  // Greedy with the first greedy token as a stop token: one token, then stop...
+  GenerationOptions greedy;
+  greedy.max_new_tokens = 10;
+  const int64_t first = g.generate(prompt, greedy).tokens[0];
+  greedy.stop_tokens = {first};
+  CHECK(g.generate(prompt, greedy).tokens == std::vector<int64_t>{first});
+  // ...unless min_new_tokens holds it back.
+  greedy.min_new_tokens = 3;
+  const auto held = g.generate(prompt, greedy).tokens;
+  CHECK(held.size() >= 3);
+  CHECK(held[0] != first);
+  // A callback can stop streaming.
+  GenerationOptions streamed;
+  streamed.max_new_tokens = 10;
+  int seen = 0;
+  streamed.on_token = [&](int64_t, const StepStats&) { return ++seen < 4; };
+  CHECK(g.generate(prompt, streamed).tokens.size() == 4);
+}
+
+TEST_CASE("model folders that are incomplete or not Optimum exports give one clear error",
+          "[generate]") {
+  const fs::path dir = fs::temp_directory_path() / "kiln-generate-test";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto error_of = [](auto&& make) -> std::string {
+    try {
+      make();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK_THAT(error_of([&] { Seq2SeqGenerator g(dir.string()); }),
+             Catch::Contains("config.json: missing"));
+  fs::copy_file(kWhisper + "/config.json", dir / "config.json");
+  CHECK_THAT(error_of([&] { Seq2SeqGenerator g(dir.string()); }),
+             Catch::Contains("encoder_model.onnx: missing"));
+  // A model whose inputs do not follow Optimum's naming: the tiny CNN as a "decoder".
+  fs::copy_file(kWhisper + "/encoder_model.onnx", dir / "encoder_model.onnx");
+  fs::copy_file(std::string(KILN_SOURCE_DIR) + "/models/tiny-cnn/model.onnx",
+                dir / "decoder_model_merged.onnx");
+  CHECK_THAT(error_of([&] { Seq2SeqGenerator g(dir.string()); }),
+             Catch::Contains("has no input 'input_ids'"));
   fs::remove_all(dir);
 }

@@ -204,6 +204,7 @@ void write_profile(const std::string& path, const std::vector<kiln::NodeEvent>& 
     j.field("ts", run_start_us + ev.start_us).field("dur", ev.duration_us);
     j.key("args").begin_object();
     j.field("op_name", ev.op_type).field("provider", "kiln").field("depth", ev.depth);
+    j.field("bytes_copied", ev.bytes_copied);
     j.key("input_type_shape").begin_array();
     for (const auto& s : ev.input_shapes) j.value(s);
     j.end_array();

@@ -47,6 +47,7 @@ struct NodeEvent {
   double start_us = 0, duration_us = 0;                  // since the start of the run
   std::vector<std::string> input_shapes, output_shapes;  // "float32[1,3]"
   int depth = 0;                                         // 0 for the main graph
+  uint64_t bytes_copied = 0;  // by this node (and, for If/Loop/Scan, its nested graphs)
 };
 
 struct IoInfo {
