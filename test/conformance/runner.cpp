@@ -293,8 +293,22 @@ std::set<std::string> read_list(const std::string& path) {
   return out;
 }
 
+// "case id | reason" lines (test/conformance/known_failures.txt).
+std::map<std::string, std::string> read_reasons(const std::string& path) {
+  std::map<std::string, std::string> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t bar = line.find(" | ");
+    if (bar != std::string::npos) out[line.substr(0, bar)] = line.substr(bar + 3);
+  }
+  return out;
+}
+
 void write_report(const std::string& path, const std::vector<Case>& cases,
                   const std::vector<Result>& results, const std::string& command) {
+  const auto reasons = read_reasons(std::string(KILN_SOURCE_DIR) + "/test/conformance/known_failures.txt");
   std::map<std::string, std::map<std::string, int>> counts;
   for (size_t i = 0; i < cases.size(); ++i) {
     ++counts[cases[i].folder][results[i].status];
@@ -324,13 +338,31 @@ void write_report(const std::string& path, const std::vector<Case>& cases,
   out << "| **all** | " << total["total"] << " | " << total["pass"] << " | " << total["fail"]
       << " | " << total["unsupported"] << " | " << total["error"] << " | " << total["crash"]
       << " | " << total["timeout"] << " |\n\n";
+  out << "## Cases that do not pass\n\n| case | status | reason |\n|---|---|---|\n";
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (results[i].status == "pass") continue;
+    auto known = reasons.find(cases[i].id);
+    out << "| " << cases[i].id << " | " << results[i].status << " | "
+        << one_line(known != reasons.end() ? known->second
+                                           : "not yet explained: " + results[i].reason)
+        << " |\n";
+  }
+  out << "\n";
   for (const char* folder : kFolders) {
     if (counts[folder]["total"] == 0) continue;
     out << "## " << folder << "\n\n| case | status | reason |\n|---|---|---|\n";
     for (size_t i = 0; i < cases.size(); ++i) {
       if (cases[i].folder != folder) continue;
+      std::string reason = one_line(results[i].reason);
+      auto known = reasons.find(cases[i].id);
+      if (known != reasons.end()) {
+        reason = results[i].status == "pass" ? "passes now: remove it from known_failures.txt"
+                                             : known->second + " (" + reason + ")";
+      } else if (results[i].status != "pass") {
+        reason = "not yet explained: " + reason;
+      }
       out << "| " << cases[i].id.substr(cases[i].folder.size() + 1) << " | " << results[i].status
-          << " | " << one_line(results[i].reason) << " |\n";
+          << " | " << one_line(reason) << " |\n";
     }
     out << "\n";
   }
