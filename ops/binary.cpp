@@ -34,6 +34,18 @@ void check_same_type(const OpContext& ctx) {
   }
 }
 
+// out = fn(a, b) over Fn's types; shared by the numpy-broadcasting and legacy kernels so
+// each op's type grid is instantiated once.
+template <typename Fn>
+void arithmetic(const Fn& fn, const Tensor& a, const Tensor& b, Tensor& out) {
+  dispatch(typename Fn::Types{}, a.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    binary_loop<T, T, T>(a, b, out, [&](T x, T y) {
+      return from_compute<T>(fn(static_cast<C>(x), static_cast<C>(y)));
+    });
+  });
+}
+
 // Arithmetic: the output has the inputs' type.
 template <typename Fn>
 class Arithmetic final : public Kernel {
@@ -45,12 +57,7 @@ class Arithmetic final : public Kernel {
     const Tensor& b = ctx.input(1);
     const Shape shape = broadcast_shapes(a.shape(), b.shape());
     Tensor& out = binary_output(ctx, a.dtype(), shape);
-    dispatch(typename Fn::Types{}, a.dtype(), [&]<typename T>() {
-      using C = compute_t<T>;
-      binary_loop<T, T, T>(a, b, out, [&](T x, T y) {
-        return from_compute<T>(fn_(static_cast<C>(x), static_cast<C>(y)));
-      });
-    });
+    arithmetic(fn_, a, b, out);
   }
 
  private:
@@ -93,12 +100,7 @@ class LegacyArithmetic final : public Kernel {
       b = b.contiguous().reshaped(aligned);
     }
     Tensor& out = ctx.output_reusing(0, 0, a.dtype(), a.shape());
-    dispatch(typename Fn::Types{}, a.dtype(), [&]<typename T>() {
-      using C = compute_t<T>;
-      binary_loop<T, T, T>(a, b, out, [&](T x, T y) {
-        return from_compute<T>(fn_(static_cast<C>(x), static_cast<C>(y)));
-      });
-    });
+    arithmetic(fn_, a, b, out);
   }
 
  private:

@@ -414,6 +414,17 @@ class CastBase : public Kernel {
       ctx.set_output(0, v);  // nothing to convert: share the input
       return;
     }
+    // Between types of one byte size or more and equal width, each element is read before
+    // it is overwritten by its own converted value, so the input's buffer can be reused.
+    const int bits = bits_per_element(x.dtype());
+    if (bits >= 8 && bits == bits_per_element(to) && x.dtype() != DataType::String &&
+        to != DataType::String && x.is_contiguous() && ctx.can_overwrite(0)) {
+      Tensor y(to, x.shape(), x.storage(), x.byte_offset());
+      cast_tensor(x, y, opt_);
+      ctx.count_in_place();
+      ctx.set_output(0, Value(std::move(y)));
+      return;
+    }
     Tensor& y = ctx.output(0, to, x.shape());
     cast_tensor(x, y, opt_);
   }
@@ -451,6 +462,7 @@ KILN_REGISTER_OP({.op = "Cast",
                   .max_inputs = 1,
                   .min_outputs = 1,
                   .max_outputs = 1,
+                  .in_place = inputs(0),
                   .types = "all but complex (float8, float4, int4, int2, string included)",
                   .create = make<Cast>});
 KILN_REGISTER_OP({.op = "CastLike",

@@ -20,6 +20,34 @@ namespace detail {
 
 PoolCore::~PoolCore() {
   for (auto& [cap, p] : free_) std::free(p);
+  std::free(arena_);
+}
+
+std::shared_ptr<Storage> PoolCore::make_storage(std::byte* data, size_t capacity) {
+  const uint64_t now = bytes_in_use += capacity;
+  uint64_t peak = peak_bytes_in_use.load();
+  while (now > peak && !peak_bytes_in_use.compare_exchange_weak(peak, now)) {
+  }
+  std::shared_ptr<Storage> s(new Storage());
+  s->data_ = data;
+  s->capacity_ = capacity;
+  s->kind_ = Storage::Kind::Pool;
+  s->pool_ = shared_from_this();
+  return s;
+}
+
+// Called with mutex_ held while an arena is active.
+std::byte* PoolCore::acquire_from_arena(size_t bytes, size_t& capacity) {
+  const size_t index = arena_next_++;
+  const ArenaLayout& l = *layout_;
+  if (index >= l.bytes.size() || !l.in_arena[index] || bytes > l.bytes[index]) return nullptr;
+  const uint64_t begin = l.offsets[index], end = begin + l.bytes[index];
+  // The live buffer starting last before `end` is the only one that can overlap.
+  auto it = arena_live_.lower_bound(end);
+  if (it != arena_live_.begin() && std::prev(it)->second > begin) return nullptr;
+  arena_live_.emplace(begin, end);
+  capacity = l.bytes[index];
+  return arena_ + begin;
 }
 
 std::shared_ptr<Storage> PoolCore::acquire(size_t bytes) {
@@ -28,6 +56,17 @@ std::shared_ptr<Storage> PoolCore::acquire(size_t bytes) {
   size_t capacity = cls;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (arena_active_) {
+      const size_t index = arena_next_;
+      data = acquire_from_arena(bytes, capacity);
+      if (data) {
+        ++arena_served;
+        return make_storage(data, capacity);
+      }
+      // Buffers planned outside the arena (they outlive the run) are no miss.
+      if (index >= layout_->in_arena.size() || layout_->in_arena[index]) ++arena_missed;
+      capacity = cls;
+    }
     // Best fit among cached buffers no more than twice the size class.
     auto it = free_.lower_bound(cls);
     if (it != free_.end() && it->first <= 2 * cls) {
@@ -44,23 +83,76 @@ std::shared_ptr<Storage> PoolCore::acquire(size_t bytes) {
     ++allocations;
     bytes_allocated += capacity;
   }
-  const uint64_t now = bytes_in_use += capacity;
-  uint64_t peak = peak_bytes_in_use.load();
-  while (now > peak && !peak_bytes_in_use.compare_exchange_weak(peak, now)) {
+  if (recording_) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    recorded_live_[data] = recorded_.size();
+    recorded_.push_back({bytes, step_, -1});
   }
-  std::shared_ptr<Storage> s(new Storage());
-  s->data_ = data;
-  s->capacity_ = capacity;
-  s->kind_ = Storage::Kind::Pool;
-  s->pool_ = shared_from_this();
-  return s;
+  return make_storage(data, capacity);
 }
 
 void PoolCore::release(std::byte* data, size_t capacity) {
   bytes_in_use -= capacity;
   std::lock_guard<std::mutex> lock(mutex_);
+  if (arena_ && data >= arena_ && data < arena_ + arena_capacity_) {
+    arena_live_.erase(static_cast<uint64_t>(data - arena_));
+    return;
+  }
+  if (recording_) {
+    auto it = recorded_live_.find(data);
+    if (it != recorded_live_.end()) {
+      recorded_[it->second].last = step_;
+      recorded_live_.erase(it);
+    }
+  }
   free_.emplace(capacity, data);
   bytes_cached += capacity;
+}
+
+bool PoolCore::adopt(Storage& s) {
+  if (s.kind_ != Storage::Kind::Heap || !s.writable_ || s.capacity_ == 0) return false;
+  s.kind_ = Storage::Kind::Pool;
+  s.pool_ = shared_from_this();
+  bytes_in_use += s.capacity_;
+  return true;
+}
+
+void PoolCore::begin_recording() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  recording_ = true;
+  recorded_.clear();
+  recorded_live_.clear();
+}
+
+std::vector<RecordedBuffer> PoolCore::end_recording() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  recording_ = false;
+  recorded_live_.clear();
+  return std::move(recorded_);
+}
+
+bool PoolCore::begin_arena(std::shared_ptr<const ArenaLayout> layout) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!arena_live_.empty()) return false;
+  if (layout->arena_bytes > arena_capacity_) {
+    const size_t bytes = (layout->arena_bytes + kAlignment - 1) / kAlignment * kAlignment;
+    auto* fresh = static_cast<std::byte*>(std::aligned_alloc(kAlignment, bytes));
+    if (!fresh) return false;
+    std::free(arena_);
+    arena_ = fresh;
+    arena_capacity_ = bytes;
+    ++allocations;
+    bytes_allocated += bytes;
+  }
+  layout_ = std::move(layout);
+  arena_next_ = 0;
+  arena_active_ = true;
+  return true;
+}
+
+void PoolCore::end_arena() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  arena_active_ = false;
 }
 
 void PoolCore::trim() {

@@ -8,11 +8,28 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "kiln/tensor.h"
 
 namespace kiln {
 namespace detail {
+
+// Where each buffer of a run goes in the activation arena, in the order the run acquires
+// them. Buffers that outlived the recorded run (outputs handed to the caller) stay in the
+// pool (`in_arena` false).
+struct ArenaLayout {
+  std::vector<uint64_t> bytes, offsets;
+  std::vector<bool> in_arena;
+  uint64_t arena_bytes = 0;
+};
+
+// One buffer acquired while recording: its size and the steps at which it was acquired
+// and released (`last` -1: still alive when the recording ended).
+struct RecordedBuffer {
+  uint64_t bytes = 0;
+  int32_t first = 0, last = -1;
+};
 
 // The shared state behind a BufferPool. Pool storages hold a reference to it and hand
 // their bytes back on destruction, so buffers may outlive the pool object itself.
@@ -23,6 +40,24 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   void release(std::byte* data, size_t capacity);
   // Frees every cached buffer not in use.
   void trim();
+  // Makes a uniquely owned heap storage a pool buffer: when it is released it serves later
+  // requests instead of being freed. False (and nothing changes) for other kinds.
+  bool adopt(Storage& s);
+
+  // The executor's step counter, for recorded lifetimes.
+  void set_step(int32_t step) { step_.store(step, std::memory_order_relaxed); }
+  // Records the lifetime of every buffer acquired until end_recording().
+  void begin_recording();
+  std::vector<RecordedBuffer> end_recording();
+  // Serves the run's requests, in order, from one arena laid out by `layout`. A request
+  // larger than its planned size, or whose planned range overlaps a live arena buffer (the
+  // run diverged from the recorded one), is served by the pool instead. False when the
+  // arena cannot be used now (buffers of an earlier run still live in it).
+  bool begin_arena(std::shared_ptr<const ArenaLayout> layout);
+  void end_arena();
+
+  std::atomic<uint64_t> arena_served{0};
+  std::atomic<uint64_t> arena_missed{0};
 
   std::atomic<uint64_t> allocations{0};
   std::atomic<uint64_t> bytes_allocated{0};
@@ -32,8 +67,21 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   std::atomic<uint64_t> bytes_cached{0};
 
  private:
+  std::shared_ptr<Storage> make_storage(std::byte* data, size_t capacity);
+  std::byte* acquire_from_arena(size_t bytes, size_t& capacity);
+
   std::mutex mutex_;
   std::multimap<size_t, std::byte*> free_;  // capacity -> buffer
+  std::atomic<int32_t> step_{0};
+  std::atomic<bool> recording_{false};
+  std::vector<RecordedBuffer> recorded_;
+  std::map<std::byte*, size_t> recorded_live_;  // buffer -> index in recorded_
+  std::shared_ptr<const ArenaLayout> layout_;
+  bool arena_active_ = false;
+  size_t arena_next_ = 0;
+  std::byte* arena_ = nullptr;
+  size_t arena_capacity_ = 0;
+  std::map<uint64_t, uint64_t> arena_live_;  // offset -> end of live arena buffers
 };
 
 }  // namespace detail

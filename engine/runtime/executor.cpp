@@ -144,6 +144,9 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
     Value& slot = f.slots[static_cast<size_t>(id)];
     if (i < inputs.size() && inputs[i].defined()) {
       slot = std::move(inputs[i]);
+      if (adopt_inputs_ && depth == 0 && uniquely_owned(slot)) {
+        pool_.core().adopt(*slot.tensor().storage());
+      }
     } else if (info.constant.defined()) {
       slot = Value(info.constant);
     }
@@ -165,6 +168,7 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
   std::vector<Value> outs;
   for (const plan::Step& step : plan.steps) {
     const ir::Node& node = *step.node;
+    pool_.core().set_step(++steps_);
     const size_t n_in = node.inputs.size();
     in_ptrs.assign(n_in, nullptr);
     temporary.assign(n_in, false);

@@ -35,6 +35,13 @@ class Executor {
   RunStats& stats_;
   std::vector<NodeEvent>* profile_;
   std::chrono::steady_clock::time_point start_;
+  int32_t steps_ = 0;  // steps started in this run, nested graphs included
+  bool adopt_inputs_ = false;
+
+ public:
+  // Owned graph inputs (passed by move) join the pool once read for the last time, so
+  // later buffers reuse their memory. Their contents are overwritten.
+  void set_adopt_inputs(bool on) { adopt_inputs_ = on; }
 };
 
 // Allocates a tensor from `pool` (strings are not pooled).

@@ -5,6 +5,7 @@
 
 #include "engine/ir/graph.h"
 #include "engine/passes/passes.h"
+#include "engine/plan/memory_plan.h"
 #include "engine/plan/plan.h"
 #include "engine/runtime/buffer_pool.h"
 #include "engine/runtime/executor.h"
@@ -73,6 +74,36 @@ struct Session::Impl {
   RunStats run_stats;
   bool profile = false;
   std::vector<NodeEvent> events;
+  bool memory_arena = true, reuse_inputs = false;
+  std::string last_signature;   // input shapes of the previous run
+  std::string arena_signature;  // input shapes `arena` was planned for
+  std::shared_ptr<const detail::ArenaLayout> arena;
+  uint64_t arena_lower_bound = 0;
+
+  // Plans the arena from the buffers of a recorded run.
+  void plan_arena(const std::vector<detail::RecordedBuffer>& recorded, std::string signature) {
+    std::vector<plan::BufferLifetime> lifetimes;
+    std::vector<size_t> index;
+    for (size_t i = 0; i < recorded.size(); ++i) {
+      if (recorded[i].last < 0) continue;  // outlived the run: stays in the pool
+      lifetimes.push_back({recorded[i].bytes, recorded[i].first, recorded[i].last});
+      index.push_back(i);
+    }
+    const plan::MemoryPlan mp = plan::plan_memory(lifetimes);
+    auto layout = std::make_shared<detail::ArenaLayout>();
+    layout->bytes.resize(recorded.size());
+    layout->offsets.resize(recorded.size());
+    layout->in_arena.assign(recorded.size(), false);
+    for (size_t k = 0; k < index.size(); ++k) {
+      layout->bytes[index[k]] = (lifetimes[k].bytes + 63) / 64 * 64;
+      layout->offsets[index[k]] = mp.offsets[k];
+      layout->in_arena[index[k]] = true;
+    }
+    layout->arena_bytes = mp.arena_bytes;
+    arena = std::move(layout);
+    arena_lower_bound = mp.lower_bound;
+    arena_signature = std::move(signature);
+  }
 
   void prepare(SessionOptions options) {
     try {
@@ -84,6 +115,8 @@ struct Session::Impl {
     }
     env = options.environment ? options.environment : std::make_shared<Environment>(0);
     profile = options.profile;
+    memory_arena = options.memory_arena;
+    reuse_inputs = options.reuse_input_buffers;
     const ir::Graph& g = *model.graph;
     for (ir::ValueId id : g.inputs) inputs.push_back(io_info(g.value(id)));
     for (ir::ValueId id : g.outputs) outputs.push_back(io_info(g.value(id)));
@@ -213,17 +246,44 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
 
   detail::PoolCore& pool = s.pool.core();
   const uint64_t alloc0 = pool.allocations, bytes0 = pool.bytes_allocated, reuse0 = pool.reuses;
+  const uint64_t served0 = pool.arena_served, missed0 = pool.arena_missed;
   pool.peak_bytes_in_use = pool.bytes_in_use.load();
   s.run_stats = RunStats{};
   s.events.clear();
+
+  // The arena is planned from the second run with the same input shapes and used from the
+  // third, so a decode loop whose shapes change every step never pays for recording.
+  std::string signature;
+  bool recording = false, in_arena = false;
+  if (s.memory_arena) {
+    for (const Value& v : ordered) signature += v.defined() ? v.describe() + ";" : "-;";
+    if (s.arena && signature == s.arena_signature) {
+      in_arena = pool.begin_arena(s.arena);
+    } else if (signature == s.last_signature) {
+      pool.begin_recording();
+      recording = true;
+    }
+  }
   std::vector<Value> results;
   Executor ex(s.pool, s.run_stats, s.profile ? &s.events : nullptr);
+  ex.set_adopt_inputs(s.reuse_inputs);
   try {
     s.env->execute([&] { results = ex.run(*s.plan, std::move(ordered), {}); });
   } catch (Error& e) {
+    if (recording) pool.end_recording();
+    if (in_arena) pool.end_arena();
     e.with_file(s.model.path);
     throw;
   }
+  if (recording) s.plan_arena(pool.end_recording(), signature);
+  if (in_arena) pool.end_arena();
+  if (s.memory_arena) s.last_signature = std::move(signature);
+  if (s.arena && (recording || in_arena)) {
+    s.run_stats.arena_bytes = s.arena->arena_bytes;
+    s.run_stats.arena_lower_bound = s.arena_lower_bound;
+  }
+  s.run_stats.arena_served = pool.arena_served - served0;
+  s.run_stats.arena_missed = pool.arena_missed - missed0;
   s.run_stats.allocations = pool.allocations - alloc0;
   s.run_stats.bytes_allocated = pool.bytes_allocated - bytes0;
   s.run_stats.pool_reuses = pool.reuses - reuse0;

@@ -205,3 +205,51 @@ TEST_CASE("OpTest can hand inputs over by move to test in-place paths", "[execut
   CHECK(owned.stats().in_place_ops == 1);
   CHECK(owned.stats().allocations == 0);
 }
+
+TEST_CASE("If branches may return outputs of different shapes and ranks", "[executor][if]") {
+  // then: a [2,3] matrix and a scalar; else: a [4] vector and a [1,1,2] tensor. The node's
+  // declared outputs have no shape, as in exporters' merged decoders.
+  GraphBuilder then_b("matrix");
+  then_b.node("Reshape", {"x", "shape23"}, {"m"});
+  then_b.node("ReduceSum", {"x"}, {"total"}, {int_attr("keepdims", 0)});
+  then_b.initializer("shape23", Tensor::from_vector<int64_t>({2}, {2, 3}));
+  then_b.output("m").output("total");
+  GraphBuilder else_b("vector");
+  else_b.node("Slice", {"x", "starts", "ends"}, {"v"});
+  else_b.node("Reshape", {"v2", "shape112"}, {"t"});
+  else_b.node("Slice", {"x", "starts", "ends2"}, {"v2"});
+  else_b.initializer("starts", Tensor::from_vector<int64_t>({1}, {0}));
+  else_b.initializer("ends", Tensor::from_vector<int64_t>({1}, {4}));
+  else_b.initializer("ends2", Tensor::from_vector<int64_t>({1}, {2}));
+  else_b.initializer("shape112", Tensor::from_vector<int64_t>({3}, {1, 1, 2}));
+  else_b.output("v").output("t");
+  GraphBuilder m;
+  m.input("x", DataType::Float, {6});
+  m.input("cond", DataType::Bool, {1});
+  m.node("If", {"cond"}, {"a", "b"},
+         {graph_attr("then_branch", then_b.build()), graph_attr("else_branch", else_b.build())});
+  m.node("Shape", {"a"}, {"a_shape"});
+  m.output("a").output("b").output("a_shape");
+  Session s = make_session(m.build());
+  const std::vector<float> x{1, 2, 3, 4, 5, 6};
+  for (bool cond : {true, false, true}) {
+    INFO("cond " << cond);
+    auto out = s.run({{"x", Tensor::from_vector<float>({6}, x)},
+                      {"cond", Tensor::from_vector<bool>({1}, {cond})}});
+    const Tensor& a = out[0].value.tensor();
+    const Tensor& b = out[1].value.tensor();
+    if (cond) {
+      CHECK(a.shape() == Shape{2, 3});
+      CHECK(a.to_vector<float>() == x);
+      CHECK(b.shape() == Shape{});
+      CHECK(b.to_vector<float>() == std::vector<float>{21});
+      CHECK(out[2].value.tensor().to_vector<int64_t>() == std::vector<int64_t>{2, 3});
+    } else {
+      CHECK(a.shape() == Shape{4});
+      CHECK(a.to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+      CHECK(b.shape() == Shape{1, 1, 2});
+      CHECK(b.to_vector<float>() == std::vector<float>{1, 2});
+      CHECK(out[2].value.tensor().to_vector<int64_t>() == std::vector<int64_t>{4});
+    }
+  }
+}

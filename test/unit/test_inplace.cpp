@@ -207,3 +207,29 @@ TEST_CASE("a Loop carries a growing tensor, appending in place each iteration", 
   CHECK(s.last_run_stats().bytes_copied_concat == 30 * kTokenBytes);
   CHECK(s.last_run_stats().in_place_ops >= 30);
 }
+
+TEST_CASE("Cast between equal-size types writes into an owned input; a borrowed one is kept",
+          "[inplace][cast]") {
+  GraphBuilder b;
+  b.input("x", DataType::Float, {-1});
+  b.node("Cast", {"x"}, {"y"}, {int_attr("to", static_cast<int64_t>(DataType::Int32))});
+  b.output("y");
+  Session s = make_session(b.build());
+  const std::vector<float> values{1.5f, -2.25f, 3.0f, 1e6f, -7.75f};
+  const std::vector<int32_t> want{1, -2, 3, 1000000, -7};
+
+  Tensor owned = Tensor::from_vector<float>({5}, values);
+  const std::byte* storage = owned.raw_data();
+  auto out = s.run({{"x", std::move(owned)}});
+  CHECK(out[0].value.tensor().to_vector<int32_t>() == want);
+  CHECK(out[0].value.tensor().raw_data() == storage);
+  CHECK(s.last_run_stats().in_place_ops == 1);
+  CHECK(s.last_run_stats().allocations == 0);
+
+  const Tensor kept = Tensor::from_vector<float>({5}, values);
+  out = s.run({{"x", kept}});
+  CHECK(out[0].value.tensor().to_vector<int32_t>() == want);
+  CHECK(out[0].value.tensor().raw_data() != kept.raw_data());
+  CHECK(kept.to_vector<float>() == values);
+  CHECK(s.last_run_stats().in_place_ops == 0);
+}

@@ -31,7 +31,15 @@ struct RunStats {
   uint64_t bytes_copied_capture = 0;     // captured values copied into a subgraph
   uint64_t bytes_copied_kernels = 0;     // other data movement (Transpose, Slice, Expand, ...)
   uint64_t in_place_ops = 0;             // nodes that wrote into an input's storage
-  uint64_t nodes_run = 0;                // nodes executed, subgraph nodes included
+  // Activation arena (SessionOptions::memory_arena): the layout planned for these input
+  // shapes (0 until a run with the same shapes as the previous one has been recorded), the
+  // most bytes alive at once in that recording (no layout can be smaller), and the
+  // requests of this run served from the arena or, diverging from the plan, by the pool.
+  uint64_t arena_bytes = 0;
+  uint64_t arena_lower_bound = 0;
+  uint64_t arena_served = 0;
+  uint64_t arena_missed = 0;
+  uint64_t nodes_run = 0;  // nodes executed, subgraph nodes included
 };
 
 struct LoadStats {
@@ -64,6 +72,15 @@ struct IoInfo {
 struct SessionOptions {
   std::shared_ptr<Environment> environment;  // null: a new one, one thread per core
   bool profile = false;                      // record a NodeEvent per node per run
+  // Liveness-planned activation arena: when a run repeats the input shapes of the run
+  // before it, the buffers it acquires and their lifetimes are recorded and laid out in
+  // one arena (largest first, each at the lowest offset free over its lifetime); later
+  // runs with those shapes are served from it. A run that diverges from the recording
+  // falls back to the pool for the requests concerned, never sharing live memory.
+  bool memory_arena = true;
+  // Graph inputs passed by move join the pool after their last read, so later buffers
+  // reuse their memory. Off by default: the caller's buffers are overwritten.
+  bool reuse_input_buffers = false;
 };
 
 class Session {
