@@ -308,7 +308,8 @@ std::map<std::string, std::string> read_reasons(const std::string& path) {
 
 void write_report(const std::string& path, const std::vector<Case>& cases,
                   const std::vector<Result>& results, const std::string& command) {
-  const auto reasons = read_reasons(std::string(KILN_SOURCE_DIR) + "/test/conformance/known_failures.txt");
+  const auto reasons =
+      read_reasons(std::string(KILN_SOURCE_DIR) + "/test/conformance/known_failures.txt");
   std::map<std::string, std::map<std::string, int>> counts;
   for (size_t i = 0; i < cases.size(); ++i) {
     ++counts[cases[i].folder][results[i].status];

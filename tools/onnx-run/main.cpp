@@ -32,7 +32,7 @@ namespace fs = std::filesystem;
 constexpr const char* kUsage =
     "usage: onnx-run MODEL [--input NAME=FILE.npy|.pb ...] [--test-data DIR] [--threads N]\n"
     "                [--warmup N] [--repeat N] [--profile trace.json] [--json]\n"
-    "                [--output-dir DIR] [--rtol X] [--atol X]\n";
+    "                [--output-dir DIR] [--rtol X] [--atol X] [--no-arena] [--reuse-inputs]\n";
 
 struct Options {
   std::string model;
@@ -43,6 +43,7 @@ struct Options {
   int repeat = 1;
   std::string profile;
   bool json = false;
+  bool arena = true, reuse_inputs = false;
   std::string output_dir;
   double rtol = 1e-3, atol = 1e-5;
 };
@@ -99,6 +100,10 @@ Options parse(int argc, char** argv) {
       o.profile = value();
     } else if (a == "--json") {
       o.json = true;
+    } else if (a == "--no-arena") {
+      o.arena = false;
+    } else if (a == "--reuse-inputs") {
+      o.reuse_inputs = true;
     } else if (a == "--output-dir") {
       o.output_dir = value();
     } else if (a == "--rtol") {
@@ -224,6 +229,8 @@ int run(const Options& o) {
   kiln::SessionOptions so;
   so.environment = std::make_shared<kiln::Environment>(o.threads);
   so.profile = !o.profile.empty();
+  so.memory_arena = o.arena;
+  so.reuse_input_buffers = o.reuse_inputs;
   kiln::Session session(o.model, so);
   const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t_load).count();
 
@@ -314,6 +321,8 @@ int run(const Options& o) {
     j.field("bytes_copied_capture", stats.bytes_copied_capture);
     j.field("bytes_copied_kernels", stats.bytes_copied_kernels);
     j.field("in_place_ops", stats.in_place_ops).field("nodes_run", stats.nodes_run);
+    j.field("arena_bytes", stats.arena_bytes).field("arena_lower_bound", stats.arena_lower_bound);
+    j.field("arena_served", stats.arena_served).field("arena_missed", stats.arena_missed);
     j.end_object();
     const kiln::LoadStats& ls = session.load_stats();
     j.key("load_stats").begin_object();
@@ -362,6 +371,11 @@ int run(const Options& o) {
     std::cout << "memory: peak RSS " << peak_rss_bytes() / 1024 << " KiB, pool peak "
               << stats.peak_bytes_in_use << " bytes, " << stats.allocations << " allocations, "
               << stats.bytes_copied << " bytes copied\n";
+    if (stats.arena_bytes > 0) {
+      std::cout << "arena: " << stats.arena_bytes << " bytes (lower bound "
+                << stats.arena_lower_bound << "), " << stats.arena_served << " buffers served, "
+                << stats.arena_missed << " missed\n";
+    }
     if (!expected.empty()) std::cout << (passed ? "PASSED" : "FAILED") << "\n";
   }
   return passed ? 0 : 1;
