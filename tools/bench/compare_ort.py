@@ -10,7 +10,7 @@ for onnxruntime (intra_op_num_threads = N, inter_op_num_threads = 1, default gra
 optimizations). Both read the same .npy inputs, written once into a temporary folder. For
 every case and thread count the two engines run alternately for --rounds rounds (the order
 flips every round) so that machine noise hits both; the timed iterations of all rounds are
-pooled for the median and p90. Peak RSS is each child's own ru_maxrss.
+pooled for the median and p90. Peak RSS is each child's own high-water mark (VmHWM).
 
 Cases: whisper encoder on [1,80,3000] features; one merged-decoder step (use_cache_branch
 true) at past lengths 16, 128 and 400; MiniLM at sequence length 128, batch 1; a 200-step
@@ -109,6 +109,7 @@ class Runner:
         self.tmp = tmp
         self.kiln = os.path.abspath(args.kiln_bench)
         self.worker = [sys.executable, os.path.join(HERE, "ort_worker.py")]
+        self.raw = []  # every child's result, with its command
 
     def commands(self, case, model, input_dir, threads, extra_kiln, out_dirs):
         common = ["--input-dir", input_dir, "--threads", str(threads)]
@@ -142,6 +143,7 @@ class Runner:
                 t0 = time.time()
                 res = run_child(cmds[engine])
                 results[engine].append(res)
+                self.raw.append({"command": cmds[engine], "result": res})
                 print(f"  {label} threads={threads} round={r + 1} {engine}: "
                       f"{res.get('median_ms', res.get('decode_ms')):.2f} ms ({time.time() - t0:.1f} s)", flush=True)
             if out_dirs:
@@ -277,11 +279,63 @@ def decode_section(decode, steps_requested, every):
             f"{statistics.median(r['load_ms'] for r in orr):.0f} ms; peak RSS kiln "
             f"{max(r['peak_rss_bytes'] for r in kr) / MIB:.0f} MiB, onnxruntime "
             f"{max(r['peak_rss_bytes'] for r in orr) / MIB:.0f} MiB.")
-    same = all(r["tokens"] == first["onnxruntime"][0]["tokens"] for t in threads_list
-               for e in ("kiln", "onnxruntime") for r in decode[t][e])
-    summary.append(f"- Generated tokens identical across engines, thread counts and rounds: "
-                   f"{'yes' if same else 'NO'} ({n} decoder runs, greedy, end-of-text suppressed).")
+    summary += token_agreement(decode, threads_list)
     return out, summary
+
+
+def token_agreement(decode, threads_list):
+    """Whether the engines generated the same tokens and, where they part, how close
+    onnxruntime's top two logits were at that step."""
+    def runs(engine):
+        return [r["tokens"] for t in threads_list for r in decode[t][engine]]
+
+    lines = []
+    for engine in ("kiln", "onnxruntime"):
+        all_same = all(tokens == runs(engine)[0] for tokens in runs(engine))
+        lines.append(f"- {engine}: the same tokens in every round and thread count: {'yes' if all_same else 'NO'}.")
+    ref = decode[threads_list[0]]["onnxruntime"][0]
+    k = decode[threads_list[0]]["kiln"][0]["tokens"]
+    o = ref["tokens"]
+    split = next((i for i, (a, b) in enumerate(zip(k, o)) if a != b), None)
+    if split is None and len(k) == len(o):
+        lines.append(f"- kiln and onnxruntime generated identical tokens ({len(k)} decoder runs, greedy, "
+                     "end-of-text suppressed).")
+    elif split is not None:
+        gap = ref["steps"][split]["top2_gap"]
+        lines.append(
+            f"- kiln and onnxruntime generated identical tokens for steps 0..{split - 1}; at step {split} "
+            f"kiln picked {k[split]} and onnxruntime {o[split]}, where onnxruntime's two highest logits "
+            f"differ by {gap:.2g} (a near-tie that float rounding decides), and the sequences differ "
+            "from there on. Step times do not depend on which tokens are fed.")
+    return lines
+
+
+def contention_notes(sections, decode, threads):
+    """Cases where an engine got slower with more threads: on a shared machine that is
+    contention, and those rows say more about the machine than about the engine."""
+    if len(threads) < 2:
+        return []
+    lo, hi = min(threads), max(threads)
+    slower = []
+    for title, _, rows, _ in sections:
+        by = {(r[0], r[1]): r for r in rows}
+        for (extra, t), r in by.items():
+            if t != hi or (extra, lo) not in by:
+                continue
+            for idx, engine in ((2, "kiln"), (3, "onnxruntime")):
+                if r[idx]["median"] > by[(extra, lo)][idx]["median"]:
+                    slower.append(f"{engine} on {title}{', past ' + str(extra) if extra is not None else ''}")
+    for engine, key in (("kiln", "kiln"), ("onnxruntime", "onnxruntime")):
+        if lo in decode and hi in decode:
+            m = {t: statistics.mean(s["ms"] for r in decode[t][key] for s in r["steps"][1:]) for t in (lo, hi)}
+            if m[hi] > m[lo]:
+                slower.append(f"{engine} on the decode loop")
+    if not slower:
+        return []
+    return ["", f"Slower with {hi} threads than with {lo}: " + "; ".join(slower) + ". On this shared "
+            "2-core machine (see the load average above) a second thread competes with other processes; "
+            "onnxruntime's worker threads spin while they wait, which suffers most. The one-thread "
+            "columns are the more reliable comparison."]
 
 
 def write_report(path, args, cmdline, info, sections, decode, started, ended, loads):
@@ -305,7 +359,8 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
         f"- Method: each engine in its own child process; {args.rounds} alternating rounds per case and "
         f"thread count (order flipped every round), {args.warmup} warm-up + {args.iterations} timed runs "
         "per round; median and p90 over the pooled timed runs; load = median session creation time; "
-        "peak RSS = the child's ru_maxrss (largest over rounds); RSS growth = peak minus the child's RSS "
+        "peak RSS = the child's VmHWM (largest over rounds; ru_maxrss is not used because Linux carries "
+        "the parent's high-water mark over exec); RSS growth = peak minus the child's RSS "
         "just before loading the model (so the Python interpreter and onnxruntime's import are not "
         "counted against onnxruntime). Only `run` is timed: inputs are built before the timer starts.",
         "- kiln feeds the decoder caches as intended: tensors made with `Tensor::with_capacity` "
@@ -336,6 +391,7 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
             else:
                 cells.append("")
         lines.append("| " + " | ".join(cells) + " |")
+    lines += contention_notes(sections, decode, args.threads)
     lines.append("")
     for title, desc, rows, extra_col in sections:
         lines += [f"## {title}", "", desc, ""]
@@ -391,6 +447,7 @@ def main():
     p.add_argument("--decode-every", type=int, default=10)
     p.add_argument("--cases", default="encoder,decoder-step,minilm,decode")
     p.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
+    p.add_argument("--raw", help="also write every child's JSON result to this file")
     args = p.parse_args()
     try:
         args.threads = [int(t) for t in args.threads.split(",")]
@@ -469,6 +526,9 @@ def main():
                                         rounds=args.decode_rounds)
                 decode[t] = res
 
+    if args.raw:
+        with open(args.raw, "w") as f:
+            json.dump(runner.raw, f)
     ended = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
     write_report(args.out, args, cmdline, info, sections, decode, started, ended, (load_start, loadavg()))
     print(f"wrote {args.out} ({time.time() - t_start:.0f} s)")

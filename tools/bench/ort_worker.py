@@ -139,8 +139,12 @@ def generate(enc, dec, features, prompt, eos, suppress, begin_suppress, steps):
                 past[n] = outs[n.replace("past_key_values", "present")]
         ids = np.array([[token]], np.int64)
         ms = (time.perf_counter() - t0) * 1000
+        # Outside the timed part: how close the runner-up was, to tell a near-tie that float
+        # rounding decides from a real disagreement when two engines pick different tokens.
+        top2 = np.partition(logits, -2)[-2:]
         tokens.append(token)
-        records.append({"step": step, "past_len": past_len, "ms": ms, "present_bytes": present_bytes})
+        records.append({"step": step, "past_len": past_len, "ms": ms, "present_bytes": present_bytes,
+                        "top2_gap": float(top2[1] - top2[0])})
     return encoder_ms, tokens, records
 
 
