@@ -153,6 +153,19 @@ class Runner:
         return results, diff
 
 
+    def profile(self, case, model, input_dir, extra_kiln=()):
+        """One untimed-for-the-table kiln run with per-node timing: where kiln spends its time."""
+        cmd = [self.kiln, case, model, "--input-dir", input_dir, "--threads", str(min(self.args.threads)),
+               "--warmup", "1", "--iterations", "1", "--profile"] + list(extra_kiln)
+        res = run_child(cmd)
+        self.raw.append({"command": cmd, "result": res})
+        ops = sorted(res["profile_ms_by_op"].items(), key=lambda x: -x[1])
+        total = sum(ms for _, ms in ops)
+        top = ", ".join(f"{op} {ms / total:.0%}" for op, ms in ops[:5])
+        return (f"Where kiln's time goes ({min(self.args.threads)} thread, one profiled run, share of the "
+                f"summed node times): {top}.")
+
+
 def summarize(runs):
     times = [t for r in runs for t in r["iterations_ms"]]
     return {"median": pct(times, 50), "p90": pct(times, 90), "n": len(times),
@@ -490,7 +503,8 @@ def main():
                 rows.append((None, t, summarize(res["kiln"]), summarize(res["onnxruntime"]), diff))
             sections.append(("Whisper encoder", "whisper-tiny dimensions (d_model 384, 4 layers, 6 heads), "
                              "random weights; `encoder_model.onnx` on input_features float32[1,80,3000] "
-                             "(the sample clip's log-mel features).", rows, None))
+                             "(the sample clip's log-mel features). " +
+                             runner.profile("encoder", args.whisper, dirs["encoder"]), rows, None))
         if "decoder-step" in cases:
             rows = []
             for plen in past_lens:
@@ -508,7 +522,9 @@ def main():
                     ", ".join(f"past {r[0]}: {r[2]['bytes']:,} B" for r in rows if r[1] == args.threads[0]) +
                     "; onnxruntime's present.* outputs (from shapes, written every run): " +
                     ", ".join(f"past {r[0]}: {r[3]['bytes']:,} B" for r in rows if r[1] == args.threads[0]) +
-                    ".")
+                    ". " + runner.profile("decoder-step", args.whisper, dirs[f"decoder-step-{past_lens[-1]}"],
+                                          ["--past-len", str(past_lens[-1])]).replace(
+                                              "one profiled run", f"one profiled run at past {past_lens[-1]}"))
             sections.append(("Whisper merged decoder, one step", desc, rows, "past"))
         if "minilm" in cases:
             mdir = minilm_inputs(tmp, args.seq_len)
@@ -519,7 +535,8 @@ def main():
                 rows.append((None, t, summarize(res["kiln"]), summarize(res["onnxruntime"]), diff))
             sections.append(("all-MiniLM-L6-v2", f"sentence-transformers/all-MiniLM-L6-v2 (real weights, 6 layers, "
                              f"hidden 384, 12 heads) exported by Optimum (feature-extraction, opset 18), batch 1, "
-                             f"sequence {args.seq_len} (input_ids, attention_mask, token_type_ids).", rows, None))
+                             f"sequence {args.seq_len} (input_ids, attention_mask, token_type_ids). " +
+                             runner.profile("minilm", args.minilm, mdir), rows, None))
         if "decode" in cases:
             for t in args.threads:
                 res, _ = runner.measure("decode", "decode", args.whisper, dirs["encoder"], t,
