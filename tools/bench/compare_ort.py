@@ -1,0 +1,555 @@
+"""kiln next to onnxruntime on the same models and the same inputs, in alternating rounds, and
+docs/benchmarks.md from the results.
+
+    python3 -m venv tools/bench/.venv && tools/bench/.venv/bin/pip install -r tools/bench/requirements.txt
+    tools/bench/.venv/bin/python tools/bench/compare_ort.py \
+        --whisper models/cache/whisper-tiny-random --minilm models/cache/all-MiniLM-L6-v2
+
+Each measurement is a child process: build/tools/kiln-bench for kiln, tools/bench/ort_worker.py
+for onnxruntime (intra_op_num_threads = N, inter_op_num_threads = 1, default graph
+optimizations). Both read the same .npy inputs, written once into a temporary folder. For
+every case and thread count the two engines run alternately for --rounds rounds (the order
+flips every round) so that machine noise hits both; the timed iterations of all rounds are
+pooled for the median and p90. Peak RSS is each child's own high-water mark (VmHWM).
+
+Cases: whisper encoder on [1,80,3000] features; one merged-decoder step (use_cache_branch
+true) at past lengths 16, 128 and 400; MiniLM at sequence length 128, batch 1; a 200-step
+Whisper decode loop (--decode-steps), reported per step.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MIB = 1024 * 1024
+
+
+def run_child(cmd):
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"compare_ort: command failed ({proc.returncode}): {shlex.join(cmd)}\n{proc.stderr.strip()}")
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    return json.loads(lines[-1])
+
+
+def pct(values, p):
+    return float(np.percentile(np.array(values), p)) if values else float("nan")
+
+
+# ---------------------------------------------------------------- inputs
+
+def write_inputs(folder, arrays):
+    os.makedirs(folder, exist_ok=True)
+    for name, value in arrays.items():
+        np.save(os.path.join(folder, name + ".npy"), value)
+    return folder
+
+
+def whisper_inputs(whisper, tmp, past_lens):
+    """Encoder features (the model folder's sample clip, else random) and, per past length,
+    every input of the merged decoder with use_cache_branch true (random caches)."""
+    import onnxruntime as ort
+
+    with open(os.path.join(whisper, "config.json")) as f:
+        cfg = json.load(f)
+    enc_len = cfg.get("max_source_positions", 1500)
+    sample = os.path.join(whisper, "sample_features.npy")
+    rng = np.random.default_rng(20261122)
+    if os.path.exists(sample):
+        features = np.load(sample).astype(np.float32)
+    else:
+        features = (0.5 * rng.standard_normal((1, 80, 2 * enc_len))).astype(np.float32)
+    dirs = {"encoder": write_inputs(os.path.join(tmp, "encoder"), {"input_features": features})}
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    decoder = ort.InferenceSession(os.path.join(whisper, "decoder_model_merged.onnx"), opts)
+    decl = {i.name: i.shape for i in decoder.get_inputs()}
+    del decoder
+    d_model = cfg["d_model"]
+    for p in past_lens:
+        arrays = {"input_ids": np.array([[int(rng.integers(1, 1000))]], np.int64),
+                  "encoder_hidden_states": rng.standard_normal((1, enc_len, d_model), np.float32),
+                  "use_cache_branch": np.array([True])}
+        for name, shape in decl.items():
+            if name.startswith("past_key_values."):
+                length = enc_len if ".encoder." in name else p
+                arrays[name] = rng.standard_normal((1, shape[1], length, shape[3]), np.float32)
+        missing = set(decl) - set(arrays)
+        if missing:
+            sys.exit(f"compare_ort: the merged decoder has inputs this script does not make: {sorted(missing)}")
+        dirs[f"decoder-step-{p}"] = write_inputs(os.path.join(tmp, f"decoder-step-{p}"), arrays)
+    return dirs
+
+
+def minilm_inputs(tmp, seq_len):
+    rng = np.random.default_rng(7)
+    ids = rng.integers(1000, 29000, size=(1, seq_len), dtype=np.int64)
+    ids[0, 0], ids[0, -1] = 101, 102  # [CLS] ... [SEP]
+    return write_inputs(os.path.join(tmp, "minilm"), {
+        "input_ids": ids, "attention_mask": np.ones((1, seq_len), np.int64),
+        "token_type_ids": np.zeros((1, seq_len), np.int64)})
+
+
+# ---------------------------------------------------------------- measurements
+
+class Runner:
+    def __init__(self, args, tmp):
+        self.args = args
+        self.tmp = tmp
+        self.kiln = os.path.abspath(args.kiln_bench)
+        self.worker = [sys.executable, os.path.join(HERE, "ort_worker.py")]
+        self.raw = []  # every child's result, with its command
+
+    def commands(self, case, model, input_dir, threads, extra_kiln, out_dirs):
+        common = ["--input-dir", input_dir, "--threads", str(threads)]
+        kiln = [self.kiln, case, model] + common + extra_kiln
+        ort = self.worker + [case, model] + common
+        if case != "decode":
+            iters = ["--warmup", str(self.args.warmup), "--iterations", str(self.args.iterations)]
+            kiln += iters
+            ort += iters
+        else:
+            kiln += ["--steps", str(self.args.decode_steps)]
+            ort += ["--steps", str(self.args.decode_steps)]
+        if out_dirs:
+            kiln += ["--output-dir", out_dirs[0]]
+            ort += ["--output-dir", out_dirs[1]]
+        return {"kiln": kiln, "onnxruntime": ort}
+
+    def measure(self, label, case, model, input_dir, threads, extra_kiln=(), rounds=None, compare_output=None):
+        """Alternating rounds; returns {engine: [result per round]} and the output difference."""
+        rounds = rounds or self.args.rounds
+        results = {"kiln": [], "onnxruntime": []}
+        diff = None
+        for r in range(rounds):
+            out_dirs = None
+            if r == 0 and compare_output:
+                base = os.path.join(self.tmp, "out", f"{label}-t{threads}")
+                out_dirs = (base + "-kiln", base + "-ort")
+            cmds = self.commands(case, model, input_dir, threads, list(extra_kiln), out_dirs)
+            order = ["kiln", "onnxruntime"] if r % 2 == 0 else ["onnxruntime", "kiln"]
+            for engine in order:
+                t0 = time.time()
+                res = run_child(cmds[engine])
+                results[engine].append(res)
+                self.raw.append({"command": cmds[engine], "result": res})
+                print(f"  {label} threads={threads} round={r + 1} {engine}: "
+                      f"{res.get('median_ms', res.get('decode_ms')):.2f} ms ({time.time() - t0:.1f} s)", flush=True)
+            if out_dirs:
+                a = np.load(os.path.join(out_dirs[0], compare_output + ".npy"))
+                b = np.load(os.path.join(out_dirs[1], compare_output + ".npy"))
+                diff = float(np.max(np.abs(a.astype(np.float64) - b))) if a.shape == b.shape else float("inf")
+        return results, diff
+
+
+    def profile(self, case, model, input_dir, extra_kiln=()):
+        """One untimed-for-the-table kiln run with per-node timing: where kiln spends its time."""
+        cmd = [self.kiln, case, model, "--input-dir", input_dir, "--threads", str(min(self.args.threads)),
+               "--warmup", "1", "--iterations", "1", "--profile"] + list(extra_kiln)
+        res = run_child(cmd)
+        self.raw.append({"command": cmd, "result": res})
+        ops = sorted(res["profile_ms_by_op"].items(), key=lambda x: -x[1])
+        total = sum(ms for _, ms in ops)
+        top = ", ".join(f"{op} {ms / total:.0%}" for op, ms in ops[:5])
+        return (f"Where kiln's time goes ({min(self.args.threads)} thread, one profiled run, share of the "
+                f"summed node times): {top}.")
+
+
+def summarize(runs):
+    times = [t for r in runs for t in r["iterations_ms"]]
+    return {"median": pct(times, 50), "p90": pct(times, 90), "n": len(times),
+            "load": statistics.median(r["load_ms"] for r in runs),
+            "rss": max(r["peak_rss_bytes"] for r in runs),
+            "rss_over": max(r["peak_rss_bytes"] - r["rss_before_load_bytes"] for r in runs)}
+
+
+# ---------------------------------------------------------------- report
+
+def machine():
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = "?"
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.0f} GiB"
+    return {"nproc": os.cpu_count(), "cpu": cpu, "mem": mem, "kernel": platform.release()}
+
+
+def git_commit():
+    try:
+        sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return sha + (" (with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def fmt_ms(x):
+    return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def session_table(rows, extra_col=None):
+    """rows: (extra value, threads, kiln summary, ort summary, output diff)."""
+    head = ([extra_col] if extra_col else []) + [
+        "threads", "engine", "median ms", "p90 ms", "kiln/ORT (median)", "load ms", "peak RSS MiB",
+        "RSS growth MiB"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for extra, threads, k, o, _ in rows:
+        ratio = k["median"] / o["median"]
+        for engine, s, r in (("kiln", k, f"**{ratio:.2f}**"), ("onnxruntime", o, "")):
+            cells = ([str(extra)] if extra_col else []) + [
+                str(threads), engine, fmt_ms(s["median"]), fmt_ms(s["p90"]), r, fmt_ms(s["load"]),
+                f"{s['rss'] / MIB:.0f}", f"{s['rss_over'] / MIB:.0f}"]
+            out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def verdict(rows, what):
+    lines = []
+    for extra, threads, k, o, _ in rows:
+        ratio = k["median"] / o["median"]
+        where = f"{what}{', past ' + str(extra) if extra is not None else ''}, " \
+                f"{threads} thread{'s' if threads > 1 else ''}"
+        if ratio > 1.05:
+            lines.append(f"kiln is **slower** than onnxruntime ({where}): {ratio:.2f}x its median time.")
+        elif ratio < 0.95:
+            lines.append(f"kiln is faster ({where}): {ratio:.2f}x onnxruntime's median time.")
+        else:
+            lines.append(f"kiln and onnxruntime are within 5% ({where}): {ratio:.2f}x.")
+    return lines
+
+
+def decode_section(decode, steps_requested, every):
+    threads_list = sorted(decode)
+    out = []
+    # Per step: median over rounds of each engine's step time.
+    def per_step(runs, key):
+        n = min(len(r["steps"]) for r in runs)
+        return [statistics.median(r["steps"][i][key] for r in runs) for i in range(n)]
+
+    cols = ["step", "past_len"]
+    data = {}
+    for t in threads_list:
+        k, o = decode[t]["kiln"], decode[t]["onnxruntime"]
+        data[t] = {"kiln": per_step(k, "ms"), "ort": per_step(o, "ms")}
+        cols += [f"kiln ms ({t}t)", f"ORT ms ({t}t)"]
+    first = decode[threads_list[0]]
+    kiln_steps = first["kiln"][0]["steps"]
+    ort_steps = first["onnxruntime"][0]["steps"]
+    cols += ["kiln bytes copied", "ORT present bytes written (from shapes)"]
+    n = min(len(kiln_steps), len(ort_steps))
+    shown = sorted(set([0, 1] + list(range(every, n, every)) + [n - 1]))
+    out.append("| " + " | ".join(cols) + " |")
+    out.append("|" + "---|" * len(cols))
+    for i in shown:
+        cells = [str(i), str(kiln_steps[i]["past_len"])]
+        for t in threads_list:
+            cells += [fmt_ms(data[t]["kiln"][i]), fmt_ms(data[t]["ort"][i])]
+        cells += [f"{kiln_steps[i]['bytes_copied']:,}", f"{ort_steps[i]['present_bytes']:,}"]
+        out.append("| " + " | ".join(cells) + " |")
+    # Totals (steps 1..n-1: the cached steps; step 0 runs the prompt without cache).
+    cells = ["total 1..%d" % (n - 1), ""]
+    for t in threads_list:
+        cells += [fmt_ms(sum(data[t]["kiln"][1:n])), fmt_ms(sum(data[t]["ort"][1:n]))]
+    cells += [f"{sum(s['bytes_copied'] for s in kiln_steps[1:n]):,}",
+              f"{sum(s['present_bytes'] for s in ort_steps[1:n]):,}"]
+    out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    summary = []
+    for t in threads_list:
+        k = sum(data[t]["kiln"][1:n]) / (n - 1)
+        o = sum(data[t]["ort"][1:n]) / (n - 1)
+        kr = decode[t]["kiln"]
+        orr = decode[t]["onnxruntime"]
+        summary.append(
+            f"- {t} thread{'s' if t > 1 else ''}: mean cached step kiln {k:.2f} ms, onnxruntime {o:.2f} ms "
+            f"(kiln/ORT {k / o:.2f}); encoder inside the loop kiln {statistics.median(r['encoder_ms'] for r in kr):.0f} ms, "
+            f"onnxruntime {statistics.median(r['encoder_ms'] for r in orr):.0f} ms; load (encoder + merged decoder) "
+            f"kiln {statistics.median(r['load_ms'] for r in kr):.0f} ms, onnxruntime "
+            f"{statistics.median(r['load_ms'] for r in orr):.0f} ms; peak RSS kiln "
+            f"{max(r['peak_rss_bytes'] for r in kr) / MIB:.0f} MiB, onnxruntime "
+            f"{max(r['peak_rss_bytes'] for r in orr) / MIB:.0f} MiB.")
+    summary += token_agreement(decode, threads_list)
+    return out, summary
+
+
+def token_agreement(decode, threads_list):
+    """Whether the engines generated the same tokens and, where they part, how close
+    onnxruntime's top two logits were at that step."""
+    def runs(engine):
+        return [r["tokens"] for t in threads_list for r in decode[t][engine]]
+
+    lines = []
+    for engine in ("kiln", "onnxruntime"):
+        all_same = all(tokens == runs(engine)[0] for tokens in runs(engine))
+        lines.append(f"- {engine}: the same tokens in every round and thread count: {'yes' if all_same else 'NO'}.")
+    ref = decode[threads_list[0]]["onnxruntime"][0]
+    k = decode[threads_list[0]]["kiln"][0]["tokens"]
+    o = ref["tokens"]
+    split = next((i for i, (a, b) in enumerate(zip(k, o)) if a != b), None)
+    if split is None and len(k) == len(o):
+        lines.append(f"- kiln and onnxruntime generated identical tokens ({len(k)} decoder runs, greedy, "
+                     "end-of-text suppressed).")
+    elif split is not None:
+        gap = ref["steps"][split]["top2_gap"]
+        lines.append(
+            f"- kiln and onnxruntime generated identical tokens for steps 0..{split - 1}; at step {split} "
+            f"kiln picked {k[split]} and onnxruntime {o[split]}, where onnxruntime's two highest logits "
+            f"differ by {gap:.2g} (a near-tie that float rounding decides), and the sequences differ "
+            "from there on. Step times do not depend on which tokens are fed.")
+    return lines
+
+
+def contention_notes(sections, decode, threads):
+    """Cases where an engine got slower with more threads: on a shared machine that is
+    contention, and those rows say more about the machine than about the engine."""
+    if len(threads) < 2:
+        return []
+    lo, hi = min(threads), max(threads)
+    slower = []
+    for title, _, rows, _ in sections:
+        by = {(r[0], r[1]): r for r in rows}
+        for (extra, t), r in by.items():
+            if t != hi or (extra, lo) not in by:
+                continue
+            for idx, engine in ((2, "kiln"), (3, "onnxruntime")):
+                if r[idx]["median"] > by[(extra, lo)][idx]["median"]:
+                    slower.append(f"{engine} on {title}{', past ' + str(extra) if extra is not None else ''}")
+    for engine, key in (("kiln", "kiln"), ("onnxruntime", "onnxruntime")):
+        if lo in decode and hi in decode:
+            m = {t: statistics.mean(s["ms"] for r in decode[t][key] for s in r["steps"][1:]) for t in (lo, hi)}
+            if m[hi] > m[lo]:
+                slower.append(f"{engine} on the decode loop")
+    if not slower:
+        return []
+    return ["", f"Slower with {hi} threads than with {lo}: " + "; ".join(slower) + ". On this shared "
+            "2-core machine (see the load average above) a second thread competes with other processes; "
+            "onnxruntime's worker threads spin while they wait, which suffers most. The one-thread "
+            "columns are the more reliable comparison."]
+
+
+def write_report(path, args, cmdline, info, sections, decode, started, ended, loads):
+    lines = [
+        "# Benchmarks: kiln next to onnxruntime",
+        "",
+        "Made by `tools/bench/compare_ort.py`; every number below comes from the run described here.",
+        "Regenerate with:",
+        "",
+        "```sh",
+        cmdline,
+        "```",
+        "",
+        f"- Date: {started} to {ended} (UTC)",
+        f"- Machine: {info['nproc']} cores, {info['cpu']}, {info['mem']} RAM, Linux {info['kernel']}; "
+        f"load average {loads[0]} at the start, {loads[1]} at the end (the machine is shared, so "
+        "other processes ran during the measurements)",
+        f"- kiln commit: {info['commit']}",
+        f"- onnxruntime: {info['ort_version']} (CPU execution provider, intra_op_num_threads = N, "
+        "inter_op_num_threads = 1, default graph optimizations, driven from Python)",
+        f"- Method: each engine in its own child process; {args.rounds} alternating rounds per case and "
+        f"thread count (order flipped every round), {args.warmup} warm-up + {args.iterations} timed runs "
+        "per round; median and p90 over the pooled timed runs; load = median session creation time; "
+        "peak RSS = the child's VmHWM (largest over rounds; ru_maxrss is not used because Linux carries "
+        "the parent's high-water mark over exec); RSS growth = peak minus the child's RSS "
+        "just before loading the model (so the Python interpreter and onnxruntime's import are not "
+        "counted against onnxruntime). Only `run` is timed: inputs are built before the timer starts.",
+        "- kiln feeds the decoder caches as intended: tensors made with `Tensor::with_capacity` "
+        "(room for max_target_positions) and passed by move, so the model's Concat appends in place; "
+        "onnxruntime gets plain arrays, as Optimum feeds it.",
+        "- max |kiln - ORT|: the largest absolute difference between the two engines' first output "
+        "(logits, last_hidden_state) on the same inputs.",
+        "",
+        "## Summary (kiln median / onnxruntime median; below 1 means kiln is faster)",
+        "",
+    ]
+    head = ["case"] + [f"{t} thread{'s' if t > 1 else ''}" for t in args.threads]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for title, _, rows, _ in sections:
+        by_extra = {}
+        for extra, threads, k, o, _ in rows:
+            by_extra.setdefault(extra, {})[threads] = k["median"] / o["median"]
+        for extra, ratios in by_extra.items():
+            name = title + (f", past {extra}" if extra is not None else "")
+            lines.append("| " + " | ".join([name] + [f"{ratios.get(t, float('nan')):.2f}" for t in args.threads]) + " |")
+    if decode:
+        cells = ["Whisper decode loop, mean cached step"]
+        for t in args.threads:
+            if t in decode:
+                k = statistics.mean(s["ms"] for r in decode[t]["kiln"] for s in r["steps"][1:])
+                o = statistics.mean(s["ms"] for r in decode[t]["onnxruntime"] for s in r["steps"][1:])
+                cells.append(f"{k / o:.2f}")
+            else:
+                cells.append("")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += contention_notes(sections, decode, args.threads)
+    lines.append("")
+    for title, desc, rows, extra_col in sections:
+        lines += [f"## {title}", "", desc, ""]
+        rows_tab = [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+        lines.append(session_table(rows_tab, extra_col))
+        lines.append("")
+        diffs = [f"{r[4]:.2e}" for r in rows if r[4] is not None]
+        if diffs:
+            lines.append(f"max |kiln - ORT| of the first output, per row pair above: {', '.join(diffs)}.")
+            lines.append("")
+        lines += [f"- {v}" for v in verdict(rows, title)]
+        lines.append("")
+    if decode:
+        table, summary = decode_section(decode, args.decode_steps, args.decode_every)
+        lines += [
+            f"## Whisper decode loop ({args.decode_steps} decoder runs)", "",
+            "Greedy decoding on the sample clip's features with the merged decoder: step 0 runs the "
+            "3-token prompt without cache (use_cache_branch false), then one token a step with the cache. "
+            "End-of-text is suppressed so every run decodes the same number of steps. kiln: "
+            "`Seq2SeqGenerator` (caches with room for prompt + steps tokens, passed by move). onnxruntime: "
+            "the loop Optimum runs (present.* fed back as past_key_values.* every step). A step's time "
+            "covers the decoder run and picking the token (argmax). Times are the median over "
+            f"{args.decode_rounds} alternating rounds (after one untimed warm-up generation per process); "
+            f"every {args.decode_every}th step is shown. `kiln bytes copied` is kiln's exact counter for "
+            "the step (run + generator). `ORT present bytes written` is not measured: it is the size of "
+            "all present.* outputs computed from their shapes, which onnxruntime must allocate and fill "
+            "every step because past and present are separate buffers (the Concat in each layer copies "
+            "the whole cache).", ""]
+        lines += table
+        lines += summary
+        lines.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(lines).rstrip() + "\n")
+
+
+# ---------------------------------------------------------------- main
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--whisper", default=os.path.join(ROOT, "models/cache/whisper-tiny-random"),
+                   help="Optimum Whisper export folder (make_whisper.py whisper-tiny ...)")
+    p.add_argument("--minilm", default=os.path.join(ROOT, "models/cache/all-MiniLM-L6-v2"),
+                   help="Optimum feature-extraction export folder (make_minilm.py)")
+    p.add_argument("--kiln-bench", default=os.path.join(ROOT, "build/tools/kiln-bench"))
+    p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--past-lens", default="16,128,400")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--decode-steps", type=int, default=200)
+    p.add_argument("--decode-rounds", type=int, default=2)
+    p.add_argument("--decode-every", type=int, default=10)
+    p.add_argument("--cases", default="encoder,decoder-step,minilm,decode")
+    p.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
+    p.add_argument("--raw", help="also write every child's JSON result to this file")
+    args = p.parse_args()
+    try:
+        args.threads = [int(t) for t in args.threads.split(",")]
+        past_lens = [int(x) for x in args.past_lens.split(",")]
+    except ValueError:
+        p.error("--threads and --past-lens take comma-separated integers")
+    cases = args.cases.split(",")
+    unknown = set(cases) - {"encoder", "decoder-step", "minilm", "decode"}
+    if unknown:
+        p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
+    if min(args.threads) < 1 or args.rounds < 1 or args.iterations < 1 or args.decode_rounds < 1:
+        p.error("--threads, --rounds, --iterations and --decode-rounds must be >= 1")
+    if not os.access(args.kiln_bench, os.X_OK):
+        p.error(f"{args.kiln_bench}: not found (build kiln first: cmake --build build)")
+    whisper_cases = {"encoder", "decoder-step", "decode"} & set(cases)
+    for folder, needed in ((args.whisper, whisper_cases), (args.minilm, {"minilm"} & set(cases))):
+        if needed and not os.path.isdir(folder):
+            p.error(f"{folder}: no such model folder (see models/README.md to make it)")
+
+    import onnxruntime as ort
+
+    cmdline = shlex.join(["python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)] + sys.argv[1:])
+    info = machine()
+    info["commit"] = git_commit()
+    info["ort_version"] = ort.__version__
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    load_start = loadavg()
+    t_start = time.time()
+
+    sections = []
+    decode = {}
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
+        runner = Runner(args, tmp)
+        dirs = whisper_inputs(args.whisper, tmp, past_lens) if whisper_cases else {}
+        if "encoder" in cases:
+            rows = []
+            for t in args.threads:
+                res, diff = runner.measure("encoder", "encoder", args.whisper, dirs["encoder"], t,
+                                           compare_output="last_hidden_state")
+                rows.append((None, t, summarize(res["kiln"]), summarize(res["onnxruntime"]), diff))
+            sections.append(("Whisper encoder", "whisper-tiny dimensions (d_model 384, 4 layers, 6 heads), "
+                             "random weights; `encoder_model.onnx` on input_features float32[1,80,3000] "
+                             "(the sample clip's log-mel features). " +
+                             runner.profile("encoder", args.whisper, dirs["encoder"]), rows, None))
+        if "decoder-step" in cases:
+            rows = []
+            for plen in past_lens:
+                for t in args.threads:
+                    res, diff = runner.measure(f"decoder-step-{plen}", "decoder-step", args.whisper,
+                                               dirs[f"decoder-step-{plen}"], t, ["--past-len", str(plen)],
+                                               compare_output="logits")
+                    bytes_copied = res["kiln"][0]["bytes_copied"]
+                    rows.append((plen, t, summarize(res["kiln"]), summarize(res["onnxruntime"]), diff))
+                    rows[-1][2]["bytes"] = max(bytes_copied)
+                    rows[-1][3]["bytes"] = res["onnxruntime"][0].get("present_bytes", 0)
+            desc = ("One run of `decoder_model_merged.onnx` with use_cache_branch = true: one new token, "
+                    "random decoder caches of `past` tokens and cross-attention caches of 1500 positions "
+                    "(4 layers × key/value). Per run, kiln copied (counter): " +
+                    ", ".join(f"past {r[0]}: {r[2]['bytes']:,} B" for r in rows if r[1] == args.threads[0]) +
+                    "; onnxruntime's present.* outputs (from shapes, written every run): " +
+                    ", ".join(f"past {r[0]}: {r[3]['bytes']:,} B" for r in rows if r[1] == args.threads[0]) +
+                    ". " + runner.profile("decoder-step", args.whisper, dirs[f"decoder-step-{past_lens[-1]}"],
+                                          ["--past-len", str(past_lens[-1])]).replace(
+                                              "one profiled run", f"one profiled run at past {past_lens[-1]}"))
+            sections.append(("Whisper merged decoder, one step", desc, rows, "past"))
+        if "minilm" in cases:
+            mdir = minilm_inputs(tmp, args.seq_len)
+            rows = []
+            for t in args.threads:
+                res, diff = runner.measure("minilm", "minilm", args.minilm, mdir, t,
+                                           compare_output="last_hidden_state")
+                rows.append((None, t, summarize(res["kiln"]), summarize(res["onnxruntime"]), diff))
+            sections.append(("all-MiniLM-L6-v2", f"sentence-transformers/all-MiniLM-L6-v2 (real weights, 6 layers, "
+                             f"hidden 384, 12 heads) exported by Optimum (feature-extraction, opset 18), batch 1, "
+                             f"sequence {args.seq_len} (input_ids, attention_mask, token_type_ids). " +
+                             runner.profile("minilm", args.minilm, mdir), rows, None))
+        if "decode" in cases:
+            for t in args.threads:
+                res, _ = runner.measure("decode", "decode", args.whisper, dirs["encoder"], t,
+                                        rounds=args.decode_rounds)
+                decode[t] = res
+
+    if args.raw:
+        with open(args.raw, "w") as f:
+            json.dump(runner.raw, f)
+    ended = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    write_report(args.out, args, cmdline, info, sections, decode, started, ended, (load_start, loadavg()))
+    print(f"wrote {args.out} ({time.time() - t_start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

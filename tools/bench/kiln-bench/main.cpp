@@ -1,0 +1,630 @@
+// kiln-bench: time one model case the way an application runs it and print one JSON object
+// (load time, per-iteration times, peak RSS, kiln's run counters). tools/bench/compare_ort.py
+// runs it next to onnxruntime on the same .npy inputs.
+//
+// Growing KV caches (past_key_values.*, except cross-attention ".encoder." ones) are fed the
+// way kiln is meant to be used: tensors made with Tensor::with_capacity and passed by move,
+// so the model's Concat appends in place. They are prepared before each timed run; only
+// Session::run is timed.
+//
+// Exit status: 0 ok, 2 any error (bad argument, missing file, model or input mismatch), with
+// a one-line message on stderr.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine/generate/json.h"
+#include "kiln/error.h"
+#include "kiln/generate.h"
+#include "kiln/kiln.h"
+#include "tools/common/json.h"
+#include "tools/common/npy.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using kiln::DataType;
+using kiln::NamedValue;
+using kiln::Tensor;
+using kiln::tooling::JsonWriter;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kUsage =
+    "usage: kiln-bench CASE MODEL [options]\n"
+    "cases:\n"
+    "  encoder MODEL_DIR       Whisper encoder_model.onnx on input_features [1,80,3000]\n"
+    "                          (MODEL_DIR/sample_features.npy when present, else random)\n"
+    "  decoder-step MODEL_DIR  one run of decoder_model_merged.onnx with use_cache_branch=true\n"
+    "                          and --past-len P tokens in the decoder caches\n"
+    "  minilm MODEL            a BERT-style model.onnx (or its folder) on input_ids,\n"
+    "                          attention_mask, token_type_ids [--batch, --seq-len]\n"
+    "  decode MODEL_DIR        a Whisper decode loop of --steps decoder runs (EOS suppressed)\n"
+    "  run MODEL.onnx          any model, every input from --input or --input-dir\n"
+    "options:\n"
+    "  --threads N             thread pool size (default: one per core)\n"
+    "  --warmup N              untimed runs first (default 3; decode: whole generations, 1)\n"
+    "  --iterations N          timed runs (default 10)\n"
+    "  --input NAME=FILE.npy   an input from a file (repeatable); others are generated\n"
+    "  --input-dir DIR         inputs from DIR/NAME.npy for every NAME found there\n"
+    "  --past-len P            decoder-step: tokens already in the caches (default 16)\n"
+    "  --kv-capacity N         room along the sequence axis of past_key_values.* inputs\n"
+    "                          (decoder-step default: max_target_positions from config.json)\n"
+    "  --seq-len N, --batch N  minilm: input shape (default 128, 1)\n"
+    "  --steps N               decode: decoder runs (default 200)\n"
+    "  --output-dir DIR        write the last run's outputs as DIR/NAME.npy\n"
+    "  --profile               add the last timed run's time per op type (profile_ms_by_op)\n";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  std::string kase, model;
+  int threads = 0;
+  int warmup = -1, iterations = 10;
+  std::vector<std::pair<std::string, std::string>> inputs;
+  std::string input_dir, output_dir;
+  int64_t past_len = 16, kv_capacity = 0, seq_len = 128, batch = 1, steps = 200;
+  bool profile = false;
+  std::set<std::string> given;  // flags present on the command line
+};
+
+int64_t to_int(const std::string& flag, const std::string& v, int64_t min) {
+  try {
+    size_t used = 0;
+    const long long n = std::stoll(v, &used);
+    if (used != v.size() || n < min) throw UsageError("");
+    return n;
+  } catch (const std::exception&) {
+    throw UsageError(flag + " needs an integer >= " + std::to_string(min) + ", got '" + v + "'");
+  }
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> positional;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw UsageError(a + " needs a value");
+      return argv[++i];
+    };
+    if (!a.empty() && a[0] == '-' && a != "-h" && a != "--help") o.given.insert(a);
+    if (a == "--threads") {
+      o.threads = static_cast<int>(to_int(a, value(), 1));
+    } else if (a == "--warmup") {
+      o.warmup = static_cast<int>(to_int(a, value(), 0));
+    } else if (a == "--iterations") {
+      o.iterations = static_cast<int>(to_int(a, value(), 1));
+    } else if (a == "--input") {
+      const std::string v = value();
+      const size_t eq = v.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == v.size())
+        throw UsageError("--input needs NAME=FILE.npy, got '" + v + "'");
+      o.inputs.emplace_back(v.substr(0, eq), v.substr(eq + 1));
+    } else if (a == "--input-dir") {
+      o.input_dir = value();
+    } else if (a == "--output-dir") {
+      o.output_dir = value();
+    } else if (a == "--past-len") {
+      o.past_len = to_int(a, value(), 0);
+    } else if (a == "--kv-capacity") {
+      o.kv_capacity = to_int(a, value(), 1);
+    } else if (a == "--seq-len") {
+      o.seq_len = to_int(a, value(), 1);
+    } else if (a == "--batch") {
+      o.batch = to_int(a, value(), 1);
+    } else if (a == "--steps") {
+      o.steps = to_int(a, value(), 1);
+    } else if (a == "--profile") {
+      o.profile = true;
+    } else if (a == "-h" || a == "--help") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else if (!a.empty() && a[0] == '-') {
+      throw UsageError("unknown option '" + a + "'");
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (positional.empty()) throw UsageError("no case given");
+  o.kase = positional[0];
+  static const std::map<std::string, std::set<std::string>> kCaseFlags = {
+      {"encoder", {}},
+      {"decoder-step", {"--past-len", "--kv-capacity"}},
+      {"minilm", {"--seq-len", "--batch"}},
+      {"decode", {"--steps"}},
+      {"run", {"--kv-capacity"}},
+  };
+  const auto flags = kCaseFlags.find(o.kase);
+  if (flags == kCaseFlags.end()) {
+    throw UsageError("unknown case '" + o.kase +
+                     "' (expected encoder, decoder-step, minilm, decode or run)");
+  }
+  if (positional.size() < 2) throw UsageError("no model given for case '" + o.kase + "'");
+  if (positional.size() > 2) throw UsageError("unexpected argument '" + positional[2] + "'");
+  o.model = positional[1];
+  static const std::set<std::string> kCaseSpecific = {"--past-len", "--kv-capacity", "--seq-len",
+                                                      "--batch", "--steps"};
+  for (const auto& f : o.given) {
+    if (kCaseSpecific.count(f) && !flags->second.count(f))
+      throw UsageError(f + " does not apply to case '" + o.kase + "'");
+  }
+  if (o.kase == "decode" && (o.given.count("--iterations") || o.given.count("--output-dir") ||
+                             o.given.count("--profile")))
+    throw UsageError(
+        "decode times one generation: --iterations, --output-dir and --profile do not apply");
+  if (o.warmup < 0) o.warmup = o.kase == "decode" ? 1 : 3;
+  return o;
+}
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double rank = p * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<size_t>(std::floor(rank));
+  const auto hi = static_cast<size_t>(std::ceil(rank));
+  return v[lo] + (v[hi] - v[lo]) * (rank - static_cast<double>(lo));
+}
+
+// The peak RSS of this process. getrusage's ru_maxrss keeps the high-water mark of the
+// process image replaced by exec (Linux carries it over), so a child started by a large parent
+// would report the parent's size; VmHWM belongs to this image alone. ru_maxrss is the
+// fallback where /proc is missing.
+uint64_t peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+}
+
+uint64_t current_rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+// Folder cases take MODEL_DIR/FILE; a path to the .onnx file itself is accepted too.
+std::string model_file(const std::string& path, const char* file) {
+  const fs::path p = path;
+  if (fs::is_directory(p)) return (p / file).string();
+  return path;
+}
+
+void require_file(const std::string& path) {
+  if (!fs::is_regular_file(path))
+    throw kiln::Error(kiln::ErrorKind::Io, "no such file").with_file(path);
+}
+
+// Whisper's config.json values the cases need (encoder length, decoder positions).
+int64_t config_int(const std::string& model_dir, const char* key, int64_t fallback) {
+  const fs::path cfg = fs::path(model_dir) / "config.json";
+  if (!fs::is_regular_file(cfg)) return fallback;
+  const kiln::json::Value v = kiln::json::parse_file(cfg.string());
+  const kiln::json::Value* x = v.find(key);
+  return x && x->is_number() ? x->as_int() : fallback;
+}
+
+// ---------------------------------------------------------------- inputs
+
+class Inputs {
+ public:
+  explicit Inputs(const Options& o) : rng_(20261122) {
+    for (const auto& [name, file] : o.inputs) files_[name] = file;
+    if (!o.input_dir.empty()) {
+      if (!fs::is_directory(o.input_dir))
+        throw kiln::Error(kiln::ErrorKind::Io, "not a folder").with_file(o.input_dir);
+      for (const auto& e : fs::directory_iterator(o.input_dir)) {
+        if (e.path().extension() != ".npy") continue;
+        files_.emplace(e.path().stem().string(), e.path().string());  // --input wins
+      }
+    }
+  }
+
+  // The named input from a file when one was given, else nullopt.
+  std::optional<Tensor> from_file(const std::string& name) {
+    auto it = files_.find(name);
+    if (it == files_.end()) return std::nullopt;
+    return kiln::tooling::read_npy(it->second);
+  }
+
+  Tensor normal(DataType dtype, const kiln::Shape& shape, float scale = 1.0f) {
+    if (dtype != DataType::Float)
+      throw kiln::Error(kiln::ErrorKind::Unsupported,
+                        "kiln-bench generates float32 inputs only; give this one as a file");
+    Tensor t = Tensor::zeros(dtype, shape);
+    std::normal_distribution<float> d(0.0f, scale);
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = d(rng_);
+    return t;
+  }
+
+  Tensor ints(const kiln::Shape& shape, int64_t lo, int64_t hi) {
+    Tensor t = Tensor::zeros(DataType::Int64, shape);
+    std::uniform_int_distribution<int64_t> d(lo, hi);
+    int64_t* p = t.data<int64_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = d(rng_);
+    return t;
+  }
+
+ private:
+  std::map<std::string, std::string> files_;
+  std::mt19937 rng_;
+};
+
+const kiln::IoInfo& find_input(const kiln::Session& s, const std::string& name) {
+  for (const auto& io : s.inputs()) {
+    if (io.name == name) return io;
+  }
+  throw kiln::Error(kiln::ErrorKind::InvalidModel, "has no input '" + name + "'")
+      .with_file(s.path());
+}
+
+// A growing decoder cache fed by move: `live` is the tensor handed to the next run.
+struct KvInput {
+  std::string name, present;
+  Tensor source;  // the data at the requested past length, contiguous
+  Tensor live;
+  int64_t capacity = 0;
+  const kiln::Storage* storage = nullptr;
+  uint64_t refreshed = 0;  // times `live` had to be rebuilt from `source` (outside the timer)
+
+  void refresh() {
+    kiln::Shape shape = source.shape();
+    live = Tensor::with_capacity(source.dtype(), shape, 2, std::max(capacity, shape[2]));
+    kiln::copy_elements(source, live);
+    storage = live.storage().get();
+  }
+
+  // After a run the present output is the cache one token longer in the same storage (the
+  // model's Concat appended in place): the next run gets that storage back, viewed at the
+  // original length, so every timed run sees the same past length and the same data.
+  void recover(std::vector<NamedValue>& outs) {
+    for (auto& o : outs) {
+      if (o.name != present || !o.value.is_tensor()) continue;
+      const Tensor& t = o.value.tensor();
+      if (t.storage().get() == storage && t.rank() == 4 && t.dim(2) > source.dim(2)) {
+        kiln::Shape shape = t.shape();
+        shape[2] = source.dim(2);
+        live = t.view(shape, t.strides(), t.byte_offset());
+        o.value = kiln::Value();
+        return;
+      }
+    }
+    ++refreshed;
+    refresh();
+  }
+};
+
+bool is_growing_cache(const std::string& name) {
+  return (name.rfind("past_key_values.", 0) == 0 || name.rfind("past.", 0) == 0) &&
+         name.find(".encoder.") == std::string::npos;
+}
+
+std::string present_name(const std::string& past) {
+  const std::string prefix = past.rfind("past_key_values.", 0) == 0 ? "past_key_values." : "past.";
+  return "present." + past.substr(prefix.size());
+}
+
+struct Feed {
+  std::vector<NamedValue> fixed;  // passed by copy: only read by the run
+  std::vector<KvInput> kv;        // passed by move
+  std::vector<std::pair<std::string, std::string>> described;  // name, "float32[1,6,16,64]"
+};
+
+// Builds every input of `s`: a file when one was given, else what `generate` makes; growing
+// caches become with_capacity tensors when kv_capacity > 0.
+template <typename Generate>
+Feed build_feed(const kiln::Session& s, Inputs& in, int64_t kv_capacity, Generate generate) {
+  Feed f;
+  for (const kiln::IoInfo& io : s.inputs()) {
+    std::optional<Tensor> t = in.from_file(io.name);
+    if (!t) t = generate(io);
+    if (!t) {
+      if (io.has_default) continue;
+      throw UsageError("no value for input '" + io.describe() +
+                       "': give it with --input NAME=FILE.npy or --input-dir");
+    }
+    f.described.emplace_back(io.name, t->describe());
+    if (kv_capacity > 0 && is_growing_cache(io.name) && t->rank() == 4) {
+      KvInput kv;
+      kv.name = io.name;
+      kv.present = present_name(io.name);
+      kv.source = t->contiguous();
+      kv.capacity = kv_capacity;
+      kv.refresh();
+      f.kv.push_back(std::move(kv));
+    } else {
+      f.fixed.push_back({io.name, *t});
+    }
+  }
+  return f;
+}
+
+// ---------------------------------------------------------------- timed runs
+
+struct RunResult {
+  std::vector<double> ms;
+  std::vector<uint64_t> bytes_copied, allocations;
+  kiln::RunStats last;
+  uint64_t kv_refreshed = 0;
+  std::map<std::string, double> ms_by_op;  // last timed run, main graph and nested graphs
+};
+
+RunResult time_runs(kiln::Session& s, Feed& f, const Options& o) {
+  RunResult r;
+  for (int it = 0; it < o.warmup + o.iterations; ++it) {
+    std::vector<NamedValue> feed = f.fixed;
+    for (auto& kv : f.kv) feed.push_back({kv.name, std::move(kv.live)});
+    const auto t0 = Clock::now();
+    std::vector<NamedValue> outs = s.run(std::move(feed));
+    const double ms = ms_since(t0);
+    const bool last = it + 1 == o.warmup + o.iterations;
+    if (last && !o.output_dir.empty()) {
+      fs::create_directories(o.output_dir);
+      for (const auto& out : outs) {
+        if (out.value.is_tensor())
+          kiln::tooling::write_npy((fs::path(o.output_dir) / (out.name + ".npy")).string(),
+                                   out.value.tensor());
+      }
+    }
+    for (auto& kv : f.kv) kv.recover(outs);
+    outs.clear();
+    if (it < o.warmup) continue;
+    const kiln::RunStats& st = s.last_run_stats();
+    r.ms.push_back(ms);
+    r.bytes_copied.push_back(st.bytes_copied);
+    r.allocations.push_back(st.allocations);
+    r.last = st;
+    if (o.profile) {
+      r.ms_by_op.clear();
+      // If/Loop events include their nested graphs' nodes, which have events of their own.
+      for (const kiln::NodeEvent& e : s.last_profile()) {
+        if (e.op_type != "If" && e.op_type != "Loop" && e.op_type != "Scan")
+          r.ms_by_op[e.op_type] += e.duration_us / 1000.0;
+      }
+    }
+  }
+  for (const auto& kv : f.kv) r.kv_refreshed += kv.refreshed;
+  return r;
+}
+
+void write_run_stats(JsonWriter& j, const kiln::RunStats& s) {
+  j.begin_object();
+  j.field("allocations", s.allocations).field("bytes_allocated", s.bytes_allocated);
+  j.field("pool_reuses", s.pool_reuses).field("peak_bytes_in_use", s.peak_bytes_in_use);
+  j.field("bytes_copied", s.bytes_copied);
+  j.field("bytes_copied_contiguous", s.bytes_copied_contiguous);
+  j.field("bytes_copied_concat", s.bytes_copied_concat);
+  j.field("bytes_copied_capture", s.bytes_copied_capture);
+  j.field("bytes_copied_kernels", s.bytes_copied_kernels);
+  j.field("in_place_ops", s.in_place_ops).field("nodes_run", s.nodes_run);
+  j.end_object();
+}
+
+template <typename T>
+void write_array(JsonWriter& j, const std::string& key, const std::vector<T>& v) {
+  j.key(key).begin_array();
+  for (const T& x : v) j.value(x);
+  j.end_array();
+}
+
+// ---------------------------------------------------------------- cases
+
+int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>& env) {
+  std::string file;
+  if (o.kase == "encoder") {
+    file = model_file(o.model, "encoder_model.onnx");
+  } else if (o.kase == "decoder-step") {
+    file = model_file(o.model, "decoder_model_merged.onnx");
+  } else if (o.kase == "minilm") {
+    file = model_file(o.model, "model.onnx");
+  } else {
+    file = o.model;
+  }
+  require_file(file);
+  const std::string dir = fs::path(file).parent_path().string();
+
+  const uint64_t rss_before = current_rss_bytes();
+  kiln::SessionOptions so;
+  so.environment = env;
+  so.profile = o.profile;
+  const auto t0 = Clock::now();
+  kiln::Session s(file, so);
+  const double load_ms = ms_since(t0);
+
+  // --input names must be the model's; files in --input-dir that are not are ignored.
+  for (const auto& [name, ignored] : o.inputs) {
+    const bool known = std::any_of(s.inputs().begin(), s.inputs().end(),
+                                   [&](const kiln::IoInfo& io) { return io.name == name; });
+    if (!known) throw UsageError("the model has no input '" + name + "' (--input " + name + ")");
+  }
+  Inputs in(o);
+  int64_t kv_capacity = o.kv_capacity;
+  const int64_t encoder_len = config_int(dir, "max_source_positions", 1500);
+  if (o.kase == "decoder-step") {
+    find_input(s, "use_cache_branch");
+    if (kv_capacity == 0) kv_capacity = config_int(dir, "max_target_positions", 448);
+    kv_capacity = std::max(kv_capacity, o.past_len + 1);
+  }
+  auto generate = [&](const kiln::IoInfo& io) -> std::optional<Tensor> {
+    if (o.kase == "encoder" && io.name == s.inputs()[0].name) {
+      const fs::path sample = fs::path(dir) / "sample_features.npy";
+      if (fs::is_regular_file(sample)) return kiln::tooling::read_npy(sample.string());
+      return in.normal(io.dtype, {1, 80, 2 * encoder_len}, 0.5f);
+    }
+    if (o.kase == "decoder-step") {
+      const auto dim = [&](size_t i) {
+        if (!io.has_shape || io.shape.size() <= i || io.shape[i] < 0)
+          throw kiln::Error(
+              kiln::ErrorKind::InvalidModel,
+              "input '" + io.describe() + "' needs a fixed dimension " + std::to_string(i))
+              .with_file(file);
+        return io.shape[i];
+      };
+      if (io.name == "input_ids") return in.ints({1, 1}, 1, 1000);
+      if (io.name == "use_cache_branch") return Tensor::from_vector<bool>({1}, {true});
+      if (io.name == "encoder_hidden_states") return in.normal(io.dtype, {1, encoder_len, dim(2)});
+      if (io.name.rfind("past_key_values.", 0) == 0) {
+        const bool cross = io.name.find(".encoder.") != std::string::npos;
+        return in.normal(io.dtype, {1, dim(1), cross ? encoder_len : o.past_len, dim(3)});
+      }
+    }
+    if (o.kase == "minilm") {
+      const kiln::Shape shape = {o.batch, o.seq_len};
+      if (io.name == "input_ids") {
+        // [CLS] random word pieces [SEP], as BERT tokenizers produce.
+        Tensor t = in.ints(shape, 1000, 29000);
+        int64_t* p = t.data<int64_t>();
+        for (int64_t b = 0; b < o.batch; ++b) {
+          p[b * o.seq_len] = 101;
+          p[b * o.seq_len + o.seq_len - 1] = 102;
+        }
+        return t;
+      }
+      if (io.name == "attention_mask") return in.ints(shape, 1, 1);
+      if (io.name == "token_type_ids") return in.ints(shape, 0, 0);
+    }
+    return std::nullopt;
+  };
+  Feed feed = build_feed(s, in, kv_capacity, generate);
+
+  const RunResult r = time_runs(s, feed, o);
+
+  JsonWriter j(std::cout);
+  j.begin_object();
+  j.field("engine", "kiln").field("case", o.kase).field("model", file);
+  j.field("threads", env->threads()).field("warmup", o.warmup).field("iterations", o.iterations);
+  if (o.kase == "decoder-step") j.field("past_len", o.past_len);
+  if (!feed.kv.empty()) j.field("kv_capacity", kv_capacity);
+  j.key("inputs").begin_object();
+  for (const auto& [name, d] : feed.described) j.field(name, d);
+  j.end_object();
+  j.field("load_ms", load_ms);
+  write_array(j, "iterations_ms", r.ms);
+  j.field("median_ms", percentile(r.ms, 0.5)).field("p90_ms", percentile(r.ms, 0.9));
+  j.field("min_ms", *std::min_element(r.ms.begin(), r.ms.end()));
+  write_array(j, "bytes_copied", r.bytes_copied);
+  write_array(j, "allocations", r.allocations);
+  j.key("last_run_stats");
+  write_run_stats(j, r.last);
+  if (!feed.kv.empty()) j.field("kv_rebuilt_outside_timer", r.kv_refreshed);
+  if (o.profile) {
+    j.key("profile_ms_by_op").begin_object();
+    for (const auto& [op, ms] : r.ms_by_op) j.field(op, ms);
+    j.end_object();
+  }
+  const kiln::LoadStats& ls = s.load_stats();
+  j.key("load_stats").begin_object();
+  j.field("weights_bytes", ls.weights_bytes).field("weights_mapped_bytes", ls.weights_mapped_bytes);
+  j.field("weights_copied_bytes", ls.weights_copied_bytes);
+  j.end_object();
+  j.field("rss_before_load_bytes", rss_before).field("peak_rss_bytes", peak_rss_bytes());
+  j.end_object();
+  std::cout << "\n";
+  return 0;
+}
+
+int run_decode_case(const Options& o, const std::shared_ptr<kiln::Environment>& env) {
+  if (!fs::is_directory(o.model))
+    throw kiln::Error(kiln::ErrorKind::Io, "not a folder").with_file(o.model);
+  const uint64_t rss_before = current_rss_bytes();
+  kiln::GeneratorOptions go;
+  go.environment = env;
+  const auto t0 = Clock::now();
+  kiln::Seq2SeqGenerator g(o.model, go);
+  const double load_ms = ms_since(t0);
+
+  Inputs in(o);
+  std::optional<Tensor> features = in.from_file("input_features");
+  if (!features) {
+    const fs::path sample = fs::path(o.model) / "sample_features.npy";
+    if (fs::is_regular_file(sample)) {
+      features = kiln::tooling::read_npy(sample.string());
+    } else {
+      const int64_t frames = 2 * config_int(o.model, "max_source_positions", 1500);
+      features = in.normal(DataType::Float, {1, 80, frames}, 0.5f);
+    }
+  }
+  for (const auto& [name, file] : o.inputs) {
+    if (name != "input_features")
+      throw UsageError("decode takes only --input input_features=FILE.npy, got '" + name + "'");
+  }
+
+  kiln::GenerationOptions gen;
+  gen.max_new_tokens = o.steps;
+  gen.min_new_tokens = o.steps;  // no early stop: every run is a timed decoder step
+  for (int i = 0; i < o.warmup; ++i) g.generate(*features, gen);
+  const kiln::GenerationResult r = g.generate(*features, gen);
+
+  JsonWriter j(std::cout);
+  j.begin_object();
+  j.field("engine", "kiln").field("case", "decode").field("model", o.model);
+  j.field("threads", env->threads()).field("warmup", o.warmup);
+  j.field("steps_requested", o.steps);
+  j.field("load_ms", load_ms).field("encoder_ms", r.encoder_ms);
+  double decode_ms = 0;
+  uint64_t bytes = 0;
+  for (const auto& st : r.steps) {
+    decode_ms += st.ms;
+    bytes += st.bytes_copied;
+  }
+  j.field("decode_ms", decode_ms).field("bytes_copied_total", bytes);
+  write_array(j, "prompt", r.prompt);
+  write_array(j, "tokens", r.tokens);
+  j.key("steps").begin_array();
+  for (size_t i = 0; i < r.steps.size(); ++i) {
+    const kiln::StepStats& st = r.steps[i];
+    j.begin_object();
+    j.field("step", static_cast<int64_t>(i)).field("past_len", st.past_len).field("ms", st.ms);
+    j.field("bytes_copied", st.bytes_copied).field("allocations", st.allocations);
+    j.end_object();
+  }
+  j.end_array();
+  j.field("rss_before_load_bytes", rss_before).field("peak_rss_bytes", peak_rss_bytes());
+  j.end_object();
+  std::cout << "\n";
+  return 0;
+}
+
+int run(const Options& o) {
+  auto env = std::make_shared<kiln::Environment>(o.threads);
+  if (o.kase == "decode") return run_decode_case(o, env);
+  return run_session_case(o, env);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const UsageError& e) {
+    std::cerr << "kiln-bench: " << e.what() << "\n" << kUsage;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "kiln-bench: " << e.what() << "\n";
+    return 2;
+  }
+}
