@@ -245,8 +245,9 @@ class KvCaches {
   }
 
   // Takes the present.* outputs. A decoder cache without room for the next token is moved
-  // once into a buffer with room (capacity, or twice the old capacity when longer): this
-  // is the only cache copy a generation makes. Returns the bytes it copied.
+  // once into a buffer with room (capacity, or twice the old capacity when longer); the
+  // cross-attention caches of the first step are made contiguous if they are views. These
+  // are the only cache copies a generation makes. Returns the bytes it copied.
   uint64_t take(std::vector<NamedValue>& outs, const std::string& file, bool first_step) {
     uint64_t copied = 0;
     for (const CacheSlot& c : slots_) {
@@ -264,6 +265,12 @@ class KvCaches {
           copy_elements(t, grown);
           copied += t.nbytes();
           t = grown;
+        } else if (c.cross && !t.is_contiguous()) {
+          // The cross-attention cache is read by every later step; a strided view (the
+          // export's transposes) would make each of those reads strided, so it is laid out
+          // contiguously once.
+          copied += t.nbytes();
+          t = t.contiguous();
         }
         values_[c.past] = std::move(t);
       }
