@@ -100,6 +100,9 @@ TEST_CASE("Whisper with the merged decoder reproduces transformers' greedy token
   REQUIRE(r.steps.size() == 40);
   // The cache is extended in place: from the second step on, each step copies the same
   // bytes whatever the cache length, and allocates nothing once the pool is warm.
+  // One token's keys and values over the 2 decoder layers (d_model 64, float) are 1,024
+  // bytes; a step copies twice that, whatever the cache length.
+  CHECK(r.steps[1].bytes_copied == 2 * 1024);
   for (size_t i = 2; i < r.steps.size(); ++i) {
     CHECK(r.steps[i].bytes_copied == r.steps[1].bytes_copied);
     CHECK(r.steps[i].past_len == static_cast<int64_t>(i) + 2);
