@@ -16,6 +16,8 @@
 
 namespace kiln {
 
+class WeightRelease;
+
 class Executor {
  public:
   Executor(BufferPool& pool, RunStats& stats, std::vector<NodeEvent>* profile)
@@ -28,6 +30,8 @@ class Executor {
 
   BufferPool& pool() { return pool_; }
   RunStats& stats() { return stats_; }
+  // Lets the main graph's mapped weights give their pages back after their last use.
+  void set_weight_release(WeightRelease* release) { weight_release_ = release; }
 
  private:
   friend class StepHooks;
@@ -35,6 +39,7 @@ class Executor {
   RunStats& stats_;
   std::vector<NodeEvent>* profile_;
   std::chrono::steady_clock::time_point start_;
+  WeightRelease* weight_release_ = nullptr;
 };
 
 // Allocates a tensor from `pool` (strings are not pooled).
