@@ -1,6 +1,7 @@
 // ONNX protobuf -> engine IR.
 #include "proto/onnx_proto.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <filesystem>
@@ -30,6 +31,32 @@ size_t element_alignment(DataType t) {
   return bytes > 8 ? 8 : bytes;
 }
 
+// Copies `n` bytes of a weight out of the model's bytes. From a file mapping, the pages
+// already copied are given back chunk by chunk: the copy is the weight from now on and
+// nothing reads those file bytes again, so a large weight is never resident twice (the
+// load peak stays near the weights' size instead of growing by the largest weight).
+void copy_weight_bytes(std::byte* to, const std::byte* from, size_t n,
+                       const std::shared_ptr<const void>& keepalive, Source& src) {
+  constexpr size_t kChunk = size_t{1} << 20;
+  const std::byte* released = from;  // file bytes before this are already given back
+  for (size_t done = 0; done < n;) {
+    const size_t len = std::min(kChunk, n - done);
+    std::memcpy(to + done, from + done, len);
+    done += len;
+    if (!keepalive) continue;
+    const size_t span = static_cast<size_t>(from + done - released);
+    const Tensor copied(DataType::UInt8, {static_cast<int64_t>(span)},
+                        Storage::file_mapping(released, span, keepalive));
+    const PageRelease r = release_pages(copied);
+    if (r.status == PageRelease::Status::NoWholePage) continue;
+    // The next range starts where this one's whole pages ended.
+    const uintptr_t page = page_size();
+    released =
+        reinterpret_cast<const std::byte*>(reinterpret_cast<uintptr_t>(from + done) / page * page);
+    if (src.stats && r.ok()) src.stats->weights_source_bytes_released += r.bytes;
+  }
+}
+
 // A read-only tensor over `bytes`: a view when aligned (zero copy), else one counted copy.
 Tensor tensor_over(DataType dtype, Shape shape, const std::byte* bytes, size_t n,
                    const std::shared_ptr<const void>& keepalive, Source& src) {
@@ -44,8 +71,9 @@ Tensor tensor_over(DataType dtype, Shape shape, const std::byte* bytes, size_t n
                   keepalive ? Storage::file_mapping(bytes, n, keepalive)
                             : Storage::view(bytes, n, nullptr, false));
   }
-  Tensor t = Tensor::zeros(dtype, std::move(shape));
-  if (n > 0) std::memcpy(t.raw_data(), bytes, n);
+  Tensor t = n > 0 ? Tensor(dtype, std::move(shape), Storage::heap_uninitialized(n))
+                   : Tensor::zeros(dtype, std::move(shape));
+  copy_weight_bytes(t.raw_data(), bytes, n, keepalive, src);
   if constexpr (std::endian::native == std::endian::big) {
     // ONNX raw data is little-endian.
     const size_t w = static_cast<size_t>(bits_per_element(dtype) / 8);
@@ -57,16 +85,6 @@ Tensor tensor_over(DataType dtype, Shape shape, const std::byte* bytes, size_t n
   if (src.stats && n > 0) {
     src.stats->weights_copied_bytes += n;
     ++src.stats->weights_copied_count;
-  }
-  if (keepalive && n > 0) {
-    // The copy is the weight from now on and nothing reads the file's bytes again: give
-    // their pages back rather than keep the weight resident twice.
-    const Tensor source(DataType::UInt8, {static_cast<int64_t>(n)},
-                        Storage::file_mapping(bytes, n, keepalive));
-    const PageRelease r = release_pages(source);
-    if (src.stats && r.status == PageRelease::Status::Released) {
-      src.stats->weights_source_bytes_released += r.bytes;
-    }
   }
   return t;
 }
