@@ -36,7 +36,7 @@ conformance: build
 	./$(BUILD)/test/kiln-conformance --check-allowlist test/conformance/allowlist.txt
 
 sanitize: setup
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1"
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1"
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target kiln-unit-tests
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ./$(ASAN_BUILD)/test/kiln-unit-tests
 

@@ -1,6 +1,7 @@
 // ONNX protobuf -> engine IR.
 #include "proto/onnx_proto.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <filesystem>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "kiln/error.h"
+#include "kiln/memory.h"
 #include "proto/loader.h"
 #include "proto/mapped_file.h"
 #include "proto/tensor_convert.h"
@@ -29,6 +31,32 @@ size_t element_alignment(DataType t) {
   return bytes > 8 ? 8 : bytes;
 }
 
+// Copies `n` bytes of a weight out of the model's bytes. From a file mapping, the pages
+// already copied are given back chunk by chunk: the copy is the weight from now on and
+// nothing reads those file bytes again, so a large weight is never resident twice (the
+// load peak stays near the weights' size instead of growing by the largest weight).
+void copy_weight_bytes(std::byte* to, const std::byte* from, size_t n,
+                       const std::shared_ptr<const void>& keepalive, Source& src) {
+  constexpr size_t kChunk = size_t{1} << 20;
+  const std::byte* released = from;  // file bytes before this are already given back
+  for (size_t done = 0; done < n;) {
+    const size_t len = std::min(kChunk, n - done);
+    std::memcpy(to + done, from + done, len);
+    done += len;
+    if (!keepalive) continue;
+    const size_t span = static_cast<size_t>(from + done - released);
+    const Tensor copied(DataType::UInt8, {static_cast<int64_t>(span)},
+                        Storage::file_mapping(released, span, keepalive));
+    const PageRelease r = release_pages(copied);
+    if (r.status == PageRelease::Status::NoWholePage) continue;
+    // The next range starts where this one's whole pages ended.
+    const uintptr_t page = page_size();
+    released =
+        reinterpret_cast<const std::byte*>(reinterpret_cast<uintptr_t>(from + done) / page * page);
+    if (src.stats && r.ok()) src.stats->weights_source_bytes_released += r.bytes;
+  }
+}
+
 // A read-only tensor over `bytes`: a view when aligned (zero copy), else one counted copy.
 Tensor tensor_over(DataType dtype, Shape shape, const std::byte* bytes, size_t n,
                    const std::shared_ptr<const void>& keepalive, Source& src) {
@@ -38,10 +66,14 @@ Tensor tensor_over(DataType dtype, Shape shape, const std::byte* bytes, size_t n
       std::endian::native == std::endian::little || bits_per_element(dtype) <= 8;
   if (aligned && native_order && n > 0) {
     if (src.stats) src.stats->weights_mapped_bytes += n;
-    return Tensor(dtype, std::move(shape), Storage::view(bytes, n, keepalive, false));
+    // A keepalive is always a MappedFile (PROT_READ, MAP_PRIVATE), whose pages may be released.
+    return Tensor(dtype, std::move(shape),
+                  keepalive ? Storage::file_mapping(bytes, n, keepalive)
+                            : Storage::view(bytes, n, nullptr, false));
   }
-  Tensor t = Tensor::zeros(dtype, std::move(shape));
-  if (n > 0) std::memcpy(t.raw_data(), bytes, n);
+  Tensor t = n > 0 ? Tensor(dtype, std::move(shape), Storage::heap_uninitialized(n))
+                   : Tensor::zeros(dtype, std::move(shape));
+  copy_weight_bytes(t.raw_data(), bytes, n, keepalive, src);
   if constexpr (std::endian::native == std::endian::big) {
     // ONNX raw data is little-endian.
     const size_t w = static_cast<size_t>(bits_per_element(dtype) / 8);
@@ -71,13 +103,17 @@ bool raw_ref(const onnx::TensorProto& tp, uint64_t& index) {
 }
 
 // External data location: relative, inside the model's folder, no "..", no symlink escape.
-const std::shared_ptr<MappedFile>& external_file(Source& src, const std::string& location,
-                                                 const std::string& tensor) {
+// Null when the file is missing (or cannot be located) and `defer` allows a hollow tensor.
+std::shared_ptr<MappedFile> external_file(Source& src, const std::string& location,
+                                          const std::string& tensor, bool defer) {
   auto it = src.external_files.find(location);
   if (it != src.external_files.end()) return it->second;
   const std::string where = "tensor '" + tensor + "': external data location '" + location + "'";
-  if (src.base_dir.empty()) invalid(where + " cannot be resolved for a model loaded from memory");
   if (location.empty() || location.find('\0') != std::string::npos) invalid(where + " is empty");
+  if (src.base_dir.empty()) {
+    if (defer) return nullptr;
+    invalid(where + " cannot be resolved for a model loaded from memory");
+  }
   const fs::path loc(location);
   if (loc.is_absolute() || loc.has_root_name() || loc.has_root_directory()) {
     invalid(where + " is absolute; it must be relative to the model's folder");
@@ -94,7 +130,13 @@ const std::shared_ptr<MappedFile>& external_file(Source& src, const std::string&
   for (; b != base.end(); ++b, ++f) {
     if (f == full.end() || *b != *f) invalid(where + " escapes the model's folder");
   }
-  auto file = MappedFile::open(full.string());
+  if (defer && !fs::exists(full, ec) && !ec) return nullptr;
+  std::shared_ptr<MappedFile> file;
+  try {
+    file = MappedFile::open(full.string());
+  } catch (const Error& e) {
+    throw Error(e.kind(), where + ": " + e.message());
+  }
   return src.external_files.emplace(location, std::move(file)).first->second;
 }
 
@@ -151,9 +193,18 @@ Tensor convert_tensor(const onnx::TensorProto& tp, Source& src) {
       }
     }
     if (dtype == DataType::String) invalid("tensor '" + name + "': strings cannot be external");
-    const auto& file = external_file(src, location, name);
     if (!has_length) length = expected;
     check_size(length, "external data length");
+    const bool defer = src.defer_missing_external && src.hollow_allowed;
+    const std::shared_ptr<MappedFile> file = external_file(src, location, name, defer);
+    if (!file) {
+      // A hollow constant: its type and shape now, its bytes from Session::set_constant.
+      if (src.stats) {
+        ++src.stats->weights_deferred_count;
+        src.stats->weights_deferred_bytes += expected;
+      }
+      return Tensor(dtype, std::move(shape), nullptr);
+    }
     if (offset > file->size() || length > file->size() - offset) {
       invalid("tensor '" + name + "': external data (offset " + std::to_string(offset) +
               ", length " + std::to_string(length) + ") runs past the end of '" + location + "' (" +
@@ -382,12 +433,18 @@ class Converter {
       std::vector<ir::Dim> dims;
       for (int64_t d : t.shape()) dims.push_back(ir::Dim{d, ""});
       v.type.shape = std::move(dims);
-      v.constant = std::move(t);
+      v.hollow = !t.defined();
+      if (t.defined()) v.constant = std::move(t);
       g.initializers.push_back(id);
     };
     for (const auto& init : gp.initializer()) {
       if (init.name().empty()) invalid("an initializer has no name");
-      add_initializer(init.name(), convert_tensor(init, src_));
+      // Only the main graph's initializers may be hollow (Session::set_constant names them),
+      // and not those giving a graph input its default value.
+      src_.hollow_allowed = !parent && g.find(init.name()) == ir::kNoValue;
+      Tensor t = convert_tensor(init, src_);
+      src_.hollow_allowed = false;
+      add_initializer(init.name(), std::move(t));
     }
     for (const auto& sp : gp.sparse_initializer()) {
       add_initializer(sp.values().name(), convert_sparse(sp, src_));
@@ -620,7 +677,7 @@ ir::Model convert_model(Source& src, const std::string& path) {
 
 }  // namespace
 
-ir::Model load_model_file(const std::string& path, LoadStats& stats) {
+ir::Model load_model_file(const std::string& path, LoadStats& stats, const LoadOptions& options) {
   std::shared_ptr<MappedFile> file;
   try {
     file = MappedFile::open(path);
@@ -636,11 +693,12 @@ ir::Model load_model_file(const std::string& path, LoadStats& stats) {
   src.base_dir = fs::path(path).parent_path().string();
   if (src.base_dir.empty()) src.base_dir = ".";
   src.stats = &stats;
+  src.defer_missing_external = options.defer_missing_external;
   return convert_model(src, path);
 }
 
 ir::Model load_model_buffer(const void* data, size_t size, const std::string& base_dir,
-                            LoadStats& stats) {
+                            LoadStats& stats, const LoadOptions& options) {
   if (!data || size == 0)
     throw Error(ErrorKind::InvalidModel, "empty buffer").with_file("<memory>");
   Source src;
@@ -648,6 +706,7 @@ ir::Model load_model_buffer(const void* data, size_t size, const std::string& ba
   src.size = size;
   src.base_dir = base_dir;
   src.stats = &stats;
+  src.defer_missing_external = options.defer_missing_external;
   return convert_model(src, "<memory>");
 }
 

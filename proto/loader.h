@@ -12,14 +12,21 @@
 
 namespace kiln::proto {
 
+struct LoadOptions {
+  // Main-graph initializers whose external data file does not exist (or cannot be located:
+  // a buffer without base_dir) become hollow constants instead of a load error.
+  bool defer_missing_external = false;
+};
+
 // Maps `path` and converts it. Initializers are read-only views into the mapping (or into
 // mapped external-data files) wherever alignment allows; copies are counted in `stats`.
-ir::Model load_model_file(const std::string& path, LoadStats& stats);
+ir::Model load_model_file(const std::string& path, LoadStats& stats,
+                          const LoadOptions& options = {});
 
 // The same from a caller's buffer, which must outlive every tensor of the model. External
-// data is resolved against `base_dir` (empty: external data is rejected).
+// data is resolved against `base_dir` (empty: external data is rejected, or deferred).
 ir::Model load_model_buffer(const void* data, size_t size, const std::string& base_dir,
-                            LoadStats& stats);
+                            LoadStats& stats, const LoadOptions& options = {});
 
 // Reads a serialized TensorProto, SequenceProto or OptionalProto (the ONNX test-data
 // layout). `expected` picks which; kind None means TensorProto. Sets `name` from the proto.

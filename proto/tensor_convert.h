@@ -25,9 +25,14 @@ struct Source {
   std::string base_dir;  // for external data; empty: not allowed
   std::map<std::string, std::shared_ptr<MappedFile>> external_files;
   LoadStats* stats = nullptr;
+  // Missing external data files give hollow tensors (dtype and shape, no storage) when both
+  // are set: the option, and the converter being at a main-graph initializer.
+  bool defer_missing_external = false;
+  bool hollow_allowed = false;
 };
 
-// Throws Error(InvalidModel) naming the tensor on inconsistent data.
+// Throws Error(InvalidModel) naming the tensor on inconsistent data. Returns a tensor
+// without storage (a hollow constant) only as Source::hollow_allowed permits.
 Tensor convert_tensor(const onnx::TensorProto& tp, Source& src);
 
 }  // namespace kiln::proto

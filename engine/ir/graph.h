@@ -45,6 +45,10 @@ struct ValueInfo {
   TypeInfo type;
   int32_t producer = -1;  // node index for NodeOutput
   Tensor constant;        // Initializer data, or a graph input's default value
+  // A hollow constant: an initializer whose data arrives after planning
+  // (Session::set_constant). `type` holds its element type and shape; `constant` stays
+  // undefined until then, so kernels never see it as a known value at plan time.
+  bool hollow = false;
 };
 
 struct Graph;

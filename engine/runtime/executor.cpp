@@ -3,6 +3,7 @@
 #include <new>
 #include <string>
 
+#include "engine/runtime/weight_release.h"
 #include "kiln/error.h"
 
 namespace kiln {
@@ -19,6 +20,7 @@ struct Frame {
   const plan::GraphPlan& plan;
   std::vector<Value> slots;
   std::vector<int32_t> uses;
+  WeightRelease* weights = nullptr;  // main graph with release_weights_after_use only
 };
 
 bool uniquely_owned(const Value& v) {
@@ -29,7 +31,11 @@ bool uniquely_owned(const Value& v) {
 
 void release_use(Frame& f, ir::ValueId id) {
   if (id == ir::kNoValue) return;
-  if (--f.uses[static_cast<size_t>(id)] == 0) f.slots[static_cast<size_t>(id)] = Value();
+  if (--f.uses[static_cast<size_t>(id)] == 0) {
+    Value& slot = f.slots[static_cast<size_t>(id)];
+    if (f.weights) f.weights->drop(slot);
+    slot = Value();
+  }
 }
 
 std::string value_shape(const Value* v) {
@@ -152,14 +158,21 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
     }
     if (f.uses[static_cast<size_t>(id)] == 0) slot = Value();  // never read: free it now
   }
-  for (ir::ValueId id : g.initializers)
-    f.slots[static_cast<size_t>(id)] = Value(g.value(id).constant);
+  for (ir::ValueId id : g.initializers) {
+    // A hollow constant (data not given yet) stays empty: its readers report it by name.
+    if (g.value(id).constant.defined())
+      f.slots[static_cast<size_t>(id)] = Value(g.value(id).constant);
+  }
   if (captures.size() != g.captures.size()) {
     throw Error(ErrorKind::Runtime, "nested graph '" + g.name + "' expects " +
                                         std::to_string(g.captures.size()) + " captured values");
   }
   for (size_t i = 0; i < captures.size(); ++i) {
     f.slots[static_cast<size_t>(g.captures[i])] = std::move(captures[i]);
+  }
+  if (depth == 0 && weight_release_) {
+    f.weights = weight_release_;
+    for (const Value& v : f.slots) f.weights->hold(v);
   }
 
   std::vector<const Value*> in_ptrs;
@@ -231,9 +244,12 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
         throw Error(ErrorKind::Runtime, "produced no value for output '" + g.value(id).name + "'")
             .with_node(node.name, node.op_type);
       }
-      if (f.uses[static_cast<size_t>(id)] > 0)
+      if (f.uses[static_cast<size_t>(id)] > 0) {
         f.slots[static_cast<size_t>(id)] = std::move(outs[i]);
+        if (f.weights) f.weights->hold(f.slots[static_cast<size_t>(id)]);
+      }
     }
+    if (f.weights) f.weights->end_step();
   }
 
   std::vector<Value> results;

@@ -16,6 +16,8 @@
 
 namespace kiln {
 
+class WeightRelease;
+
 class Executor {
  public:
   Executor(BufferPool& pool, RunStats& stats, std::vector<NodeEvent>* profile)
@@ -28,6 +30,8 @@ class Executor {
 
   BufferPool& pool() { return pool_; }
   RunStats& stats() { return stats_; }
+  // Lets the main graph's mapped weights give their pages back after their last use.
+  void set_weight_release(WeightRelease* release) { weight_release_ = release; }
 
  private:
   friend class StepHooks;
@@ -37,6 +41,7 @@ class Executor {
   std::chrono::steady_clock::time_point start_;
   int32_t steps_ = 0;  // steps started in this run, nested graphs included
   bool adopt_inputs_ = false;
+  WeightRelease* weight_release_ = nullptr;
 
  public:
   // Owned graph inputs (passed by move) join the pool once read for the last time, so

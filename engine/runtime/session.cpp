@@ -1,6 +1,7 @@
 #include "kiln/session.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "engine/ir/graph.h"
@@ -10,6 +11,7 @@
 #include "engine/runtime/buffer_pool.h"
 #include "engine/runtime/executor.h"
 #include "engine/runtime/session_internal.h"
+#include "engine/runtime/weight_release.h"
 #include "kiln/error.h"
 #include "proto/loader.h"
 
@@ -104,6 +106,9 @@ struct Session::Impl {
     arena_lower_bound = mp.lower_bound;
     arena_signature = std::move(signature);
   }
+  std::unique_ptr<WeightRelease> weight_release;  // release_weights_after_use only
+  std::vector<ir::ValueId> hollow;                // main-graph hollow constants
+  size_t hollow_missing = 0;                      // of which still without data
 
   void prepare(SessionOptions options) {
     try {
@@ -120,6 +125,41 @@ struct Session::Impl {
     const ir::Graph& g = *model.graph;
     for (ir::ValueId id : g.inputs) inputs.push_back(io_info(g.value(id)));
     for (ir::ValueId id : g.outputs) outputs.push_back(io_info(g.value(id)));
+    for (ir::ValueId id : g.initializers) {
+      if (!g.value(id).hollow) continue;
+      const IoInfo io = io_info(g.value(id));
+      const bool fixed = io.has_shape && std::none_of(io.shape.begin(), io.shape.end(),
+                                                      [](int64_t d) { return d < 0; });
+      if (!fixed || io.dtype == DataType::Undefined || io.dtype == DataType::String) {
+        throw Error(ErrorKind::InvalidModel, "hollow constant '" + io.describe() +
+                                                 "' needs a fixed shape and a numeric type")
+            .with_file(model.path);
+      }
+      hollow.push_back(id);
+    }
+    for (ir::ValueId id : hollow) hollow_missing += g.value(id).constant.defined() ? 0 : 1;
+    if (options.release_weights_after_use) weight_release = std::make_unique<WeightRelease>(g);
+  }
+
+  void check_constants_given() const {
+    if (hollow_missing == 0) return;
+    const ir::Graph& g = *model.graph;
+    std::string names;
+    size_t listed = 0;
+    for (ir::ValueId id : hollow) {
+      if (g.value(id).constant.defined()) continue;
+      if (listed == 8) {
+        names += ", and " + std::to_string(hollow_missing - listed) + " more";
+        break;
+      }
+      names += (listed++ ? ", " : "") + io_info(g.value(id)).describe();
+    }
+    throw Error(ErrorKind::InvalidArgument,
+                std::to_string(hollow_missing) +
+                    " constant(s) have no data yet (give them with Session::set_constant "
+                    "before running): " +
+                    names)
+        .with_file(model.path);
   }
 
   void check_input(const IoInfo& io, const Value& v) const {
@@ -151,14 +191,16 @@ Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Session::Session(const std::string& path, SessionOptions options)
     : impl_(std::make_unique<Impl>()) {
-  impl_->model = proto::load_model_file(path, impl_->load_stats);
+  impl_->model = proto::load_model_file(path, impl_->load_stats,
+                                        {.defer_missing_external = options.defer_missing_weights});
   impl_->prepare(std::move(options));
 }
 
 Session Session::from_memory(const void* data, size_t size, SessionOptions options,
                              const std::string& base_dir) {
   auto impl = std::make_unique<Impl>();
-  impl->model = proto::load_model_buffer(data, size, base_dir, impl->load_stats);
+  impl->model = proto::load_model_buffer(data, size, base_dir, impl->load_stats,
+                                         {.defer_missing_external = options.defer_missing_weights});
   impl->prepare(std::move(options));
   return Session(std::move(impl));
 }
@@ -197,6 +239,50 @@ int64_t Session::opset(const std::string& domain) const {
   auto it = impl_->model.opsets.find(domain);
   return it == impl_->model.opsets.end() ? 0 : it->second;
 }
+void Session::set_constant(const std::string& name, const void* data, size_t size) {
+  Impl& s = *impl_;
+  ir::Graph& g = *s.model.graph;
+  auto fail = [&](const std::string& why) {
+    throw Error(ErrorKind::InvalidArgument, "set_constant('" + name + "'): " + why)
+        .with_file(s.model.path);
+  };
+  const ir::ValueId id = g.find(name);
+  if (id == ir::kNoValue) fail("the model has no value of that name");
+  ir::ValueInfo& v = g.value(id);
+  if (!v.hollow) {
+    fail(v.origin == ir::ValueOrigin::Initializer
+             ? "not a hollow constant: its data was loaded with the model"
+             : "not a hollow constant but a graph input or a computed value");
+  }
+  const IoInfo io = io_info(v);
+  if (v.constant.defined()) fail("its data was already given");
+  const Shape shape(io.shape.begin(), io.shape.end());
+  const size_t expected = storage_bytes(io.dtype, checked_numel(shape));
+  if (size != expected) {
+    fail(io.describe() + " takes " + std::to_string(expected) + " bytes, given " +
+         std::to_string(size));
+  }
+  if (size > 0 && !data) fail("no data given");
+  // One copy, straight into the buffer the weight keeps for the session's lifetime.
+  std::shared_ptr<Storage> storage = Storage::heap_uninitialized(size);
+  if (size > 0) std::memcpy(storage->data(), data, size);
+  storage->set_read_only();
+  v.constant = Tensor(io.dtype, shape, std::move(storage));
+  --s.hollow_missing;
+  s.load_stats.weights_bytes += size;
+  s.load_stats.weights_copied_bytes += size;
+  ++s.load_stats.weights_copied_count;
+}
+
+std::vector<IoInfo> Session::missing_constants() const {
+  std::vector<IoInfo> out;
+  const ir::Graph& g = *impl_->model.graph;
+  for (ir::ValueId id : impl_->hollow) {
+    if (!g.value(id).constant.defined()) out.push_back(io_info(g.value(id)));
+  }
+  return out;
+}
+
 const RunStats& Session::last_run_stats() const {
   return impl_->run_stats;
 }
@@ -216,6 +302,7 @@ std::vector<NamedValue> Session::run(std::initializer_list<NamedValue> inputs) {
 
 std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
   Impl& s = *impl_;
+  s.check_constants_given();
   const ir::Graph& g = *s.model.graph;
   std::vector<Value> ordered(g.inputs.size());
   std::vector<bool> given(g.inputs.size(), false);
@@ -267,6 +354,10 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
   std::vector<Value> results;
   Executor ex(s.pool, s.run_stats, s.profile ? &s.events : nullptr);
   ex.set_adopt_inputs(s.reuse_inputs);
+  if (s.weight_release) {
+    s.weight_release->start_run(s.run_stats);
+    ex.set_weight_release(s.weight_release.get());
+  }
   try {
     s.env->execute([&] { results = ex.run(*s.plan, std::move(ordered), {}); });
   } catch (Error& e) {

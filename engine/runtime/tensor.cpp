@@ -30,10 +30,15 @@ Storage::~Storage() {
 }
 
 std::shared_ptr<Storage> Storage::heap(size_t bytes) {
+  std::shared_ptr<Storage> s = heap_uninitialized(bytes);
+  std::memset(s->data_, 0, bytes == 0 ? 64 : (bytes + 63) / 64 * 64);
+  return s;
+}
+
+std::shared_ptr<Storage> Storage::heap_uninitialized(size_t bytes) {
   const size_t rounded = (bytes + 63) / 64 * 64;
   auto* p = static_cast<std::byte*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
   if (!p) throw std::bad_alloc();
-  std::memset(p, 0, rounded == 0 ? 64 : rounded);
   std::shared_ptr<Storage> s(new Storage());
   s->data_ = p;
   s->capacity_ = bytes;
@@ -49,6 +54,13 @@ std::shared_ptr<Storage> Storage::view(const void* data, size_t bytes,
   s->kind_ = Kind::View;
   s->writable_ = writable;
   s->keepalive_ = std::move(keepalive);
+  return s;
+}
+
+std::shared_ptr<Storage> Storage::file_mapping(const void* data, size_t bytes,
+                                               std::shared_ptr<const void> mapping) {
+  std::shared_ptr<Storage> s = view(data, bytes, std::move(mapping), false);
+  s->file_mapped_ = true;
   return s;
 }
 

@@ -4,6 +4,7 @@
 #include "kiln/data_type.h"
 #include "kiln/environment.h"
 #include "kiln/error.h"
+#include "kiln/memory.h"
 #include "kiln/session.h"
 #include "kiln/tensor.h"
 #include "kiln/value.h"

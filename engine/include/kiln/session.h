@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kiln/environment.h"
+#include "kiln/memory.h"
 #include "kiln/value.h"
 
 namespace kiln {
@@ -40,13 +41,23 @@ struct RunStats {
   uint64_t arena_served = 0;
   uint64_t arena_missed = 0;
   uint64_t nodes_run = 0;  // nodes executed, subgraph nodes included
+  // With SessionOptions::release_weights_after_use: mapped weights whose pages were given
+  // back after their last use. A failure leaves the pages resident and the run going; the
+  // first one is described in weight_release_error ("" when none).
+  PageReleaseCounters weight_pages;
+  std::string weight_release_error;
 };
 
 struct LoadStats {
   uint64_t weights_bytes = 0;         // bytes of all initializers and Constant values
   uint64_t weights_mapped_bytes = 0;  // of which used in place from a mapping or caller memory
   uint64_t weights_copied_bytes = 0;  // of which copied (misaligned, typed fields, byte order)
-  uint64_t weights_copied_count = 0;  // number of tensors copied
+  uint64_t weights_copied_count = 0;  // number of tensors copied (set_constant included)
+  // Whole pages of the file behind copied weights, given back once copied (never read again).
+  uint64_t weights_source_bytes_released = 0;
+  // Hollow constants (SessionOptions::defer_missing_weights): declared, data not loaded.
+  uint64_t weights_deferred_count = 0;
+  uint64_t weights_deferred_bytes = 0;
 };
 
 // One node's execution, for profiles.
@@ -81,6 +92,18 @@ struct SessionOptions {
   // Graph inputs passed by move join the pool after their last read, so later buffers
   // reuse their memory. Off by default: the caller's buffers are overwritten.
   bool reuse_input_buffers = false;
+  // Low-memory runs: after each weight's last use in a run (a nested graph reading it counts
+  // as a use by its If/Loop/Scan node), give its pages back to the OS, so that about one
+  // layer's weights are resident at a time. Applies to the main graph's weights viewed in
+  // place from a file mapping (copied weights stay); they are re-read from the file on the
+  // next run. Counted in RunStats::weight_pages.
+  bool release_weights_after_use = false;
+  // "Graph first, weights later": an initializer of the main graph whose external data file
+  // does not exist loads as a hollow constant (its type and shape only), and so does every
+  // external initializer of a model given to from_memory without a base_dir. The session is
+  // planned from shapes; Session::set_constant gives each one its data before the first run.
+  // Off: a missing external data file is a load error.
+  bool defer_missing_weights = false;
 };
 
 class Session {
@@ -106,6 +129,15 @@ class Session {
   std::vector<NamedValue> run(std::vector<NamedValue> inputs);
   // The same for a braced list: values moved into the list are owned by the run.
   std::vector<NamedValue> run(std::initializer_list<NamedValue> inputs);
+
+  // Gives the hollow constant `name` its data: exactly the tensor's byte size, in kiln's
+  // layout (row-major, native byte order, as ONNX raw_data on little-endian machines). The
+  // bytes are copied once into a 64-byte aligned buffer the session owns (counted in
+  // LoadStats). Throws kiln::Error (InvalidArgument) for an unknown name, a name that is not
+  // a hollow constant (or was already given), or a wrong size.
+  void set_constant(const std::string& name, const void* data, size_t size);
+  // Hollow constants still waiting for set_constant; run() refuses to start until it is empty.
+  std::vector<IoInfo> missing_constants() const;
 
   const RunStats& last_run_stats() const;
   const LoadStats& load_stats() const;

@@ -40,14 +40,24 @@ class Storage {
   size_t capacity() const { return capacity_; }
   Kind kind() const { return kind_; }
   bool writable() const { return writable_; }
+  // True for bytes of a read-only, private file mapping: their pages may be given back to
+  // the OS (release_pages) and are read from the file again on the next access.
+  bool file_mapped() const { return file_mapped_; }
   // Weights are marked read-only after loading, whatever their kind.
   void set_read_only() { writable_ = false; }
 
   // A 64-byte aligned buffer of `bytes`, zero-filled.
   static std::shared_ptr<Storage> heap(size_t bytes);
+  // The same without the fill, for a buffer about to be overwritten in full.
+  static std::shared_ptr<Storage> heap_uninitialized(size_t bytes);
   // Bytes owned elsewhere; `keepalive` (e.g. the file mapping) is held as long as the view.
   static std::shared_ptr<Storage> view(const void* data, size_t bytes,
                                        std::shared_ptr<const void> keepalive, bool writable);
+  // A read-only view of bytes in a file mapped with PROT_READ and MAP_PRIVATE; `mapping`
+  // keeps it alive. Only such bytes can be released with release_pages: anything else
+  // (anonymous or caller memory) would lose its contents.
+  static std::shared_ptr<Storage> file_mapping(const void* data, size_t bytes,
+                                               std::shared_ptr<const void> mapping);
   // `count` default-constructed strings.
   static std::shared_ptr<Storage> strings(size_t count);
 
@@ -58,6 +68,7 @@ class Storage {
   size_t capacity_ = 0;
   Kind kind_ = Kind::Heap;
   bool writable_ = true;
+  bool file_mapped_ = false;
   size_t string_count_ = 0;
   std::shared_ptr<const void> keepalive_;
   std::shared_ptr<detail::PoolCore> pool_;

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Peak resident memory of kiln and onnxruntime on the Whisper export, each run in its own
+child process (peak = the child's ru_maxrss from os.wait4, so nothing of this script counts).
+
+  1. Weights: page release (layer streaming): the encoder run with and without
+     SessionOptions::release_weights_after_use (kiln-rss --release-weights), both as exported
+     (weights embedded in the .onnx, mostly misaligned, hence copied at load) and re-saved by
+     the onnx package with external data (aligned, hence used in place from the mapping).
+  2. Load peak: loading + first run of decoder_model_merged.onnx, kiln vs onnxruntime.
+
+Usage (from the repository root, after building):
+  /work/venv/bin/python tools/bench/memory_rss.py --kiln-rss build/tools/kiln-rss \
+      --model-dir /work/model-cache/whisper-tiny-random [--threads 2] [--repeat 3] [--json]
+
+Needs numpy and onnxruntime in the Python running it (onnxruntime only for part 2).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+MiB = 1024 * 1024
+
+ORT_CHILD = r"""
+import json, resource, sys, time
+import numpy as np
+import onnxruntime as ort
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+model, threads, save, *specs = sys.argv[1:]
+feeds = {}
+for spec in specs:
+    name, path = spec.split("=", 1)
+    feeds[name] = np.load(path)
+rss_inputs = rss()
+opts = ort.SessionOptions()
+opts.intra_op_num_threads = int(threads)
+opts.inter_op_num_threads = 1
+t0 = time.perf_counter()
+sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+load_ms = (time.perf_counter() - t0) * 1e3
+rss_loaded, peak_loaded = rss(), peak()
+t0 = time.perf_counter()
+out = sess.run(None, feeds)
+run_ms = (time.perf_counter() - t0) * 1e3
+np.save(save, out[0])
+print(json.dumps({"rss_inputs_bytes": rss_inputs, "load_ms": load_ms,
+                  "rss_after_load_bytes": rss_loaded, "peak_rss_after_load_bytes": peak_loaded,
+                  "runs": [{"ms": run_ms, "rss_after_bytes": rss(), "peak_rss_bytes": peak()}],
+                  "onnxruntime": ort.__version__}))
+"""
+
+
+def run_child(cmd):
+    """Runs `cmd`, returns (parsed JSON stdout, peak RSS bytes of the child from wait4)."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err)
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            sys.exit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n"
+                     f"{err.read().decode()}")
+    return json.loads(out), usage.ru_maxrss * 1024  # ru_maxrss is in KiB on Linux
+
+
+def npy_args(flag, inputs):
+    args = []
+    for name, path in inputs.items():
+        args += ([flag, f"{name}={path}"] if flag else [f"{name}={path}"])
+    return args
+
+
+def external_data_copy(model, tmp):
+    """The same model with its initializers in one external data file beside it."""
+    import onnx
+    out_dir = os.path.join(tmp, "external")
+    os.makedirs(out_dir, exist_ok=True)
+    out = os.path.join(out_dir, os.path.basename(model))
+    m = onnx.load(model)
+    onnx.save_model(m, out, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=os.path.basename(model) + ".data", size_threshold=1024)
+    return out
+
+
+def encoder_inputs(model_dir, tmp):
+    features = os.path.join(model_dir, "sample_features.npy")
+    if not os.path.exists(features):
+        features = os.path.join(tmp, "input_features.npy")
+        rng = np.random.default_rng(0)
+        np.save(features, rng.standard_normal((1, 80, 3000), dtype=np.float32))
+    return {"input_features": features}
+
+
+def decoder_inputs(model_dir, tmp):
+    """First step of the merged decoder: a 4-token prompt, empty caches, no-cache branch."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    d_model = config["d_model"]
+    heads = config["decoder_attention_heads"]
+    layers = config["decoder_layers"]
+    enc_len = config["max_source_positions"]
+    rng = np.random.default_rng(0)
+    start = config["decoder_start_token_id"]
+    arrays = {
+        "input_ids": np.array([[start, 100, 200, 300]], dtype=np.int64),
+        "encoder_hidden_states": rng.standard_normal((1, enc_len, d_model), dtype=np.float32),
+        "use_cache_branch": np.array([False]),
+    }
+    head_dim = d_model // heads
+    for layer in range(layers):
+        for part in ("decoder", "encoder"):
+            for kv in ("key", "value"):
+                arrays[f"past_key_values.{layer}.{part}.{kv}"] = np.zeros(
+                    (1, heads, 0, head_dim), dtype=np.float32)
+    paths = {}
+    for name, a in arrays.items():
+        paths[name] = os.path.join(tmp, f"dec_{name}.npy")
+        np.save(paths[name], a)
+    return paths
+
+
+def measure_kiln(kiln_rss, model, inputs, threads, release, save=None):
+    cmd = [kiln_rss, model, "--threads", str(threads)] + npy_args("--input", inputs)
+    if release:
+        cmd.append("--release-weights")
+    if save:
+        cmd += ["--save-output", save]
+    report, peak = run_child(cmd)
+    report["child_peak_rss_bytes"] = peak
+    return report
+
+
+def measure_ort(model, inputs, threads, save):
+    cmd = [sys.executable, "-c", ORT_CHILD, model, str(threads), save] + npy_args(None, inputs)
+    report, peak = run_child(cmd)
+    report["child_peak_rss_bytes"] = peak
+    return report
+
+
+def median_report(reports):
+    """The report whose child peak is the median one (odd counts) or the lower middle."""
+    ordered = sorted(reports, key=lambda r: r["child_peak_rss_bytes"])
+    return ordered[(len(ordered) - 1) // 2], [r["child_peak_rss_bytes"] for r in reports]
+
+
+def mib(b):
+    return f"{b / MiB:.1f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--kiln-rss", default="build/tools/kiln-rss")
+    ap.add_argument("--model-dir", default="/work/model-cache/whisper-tiny-random")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3, help="children per configuration")
+    ap.add_argument("--json", action="store_true", help="print the raw reports as JSON")
+    args = ap.parse_args()
+
+    encoder = os.path.join(args.model_dir, "encoder_model.onnx")
+    decoder = os.path.join(args.model_dir, "decoder_model_merged.onnx")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        enc_in = encoder_inputs(args.model_dir, tmp)
+        variants = {"embedded": encoder, "external": external_data_copy(encoder, tmp)}
+        outputs = []
+        for variant, path in variants.items():
+            for release in (False, True):
+                save = os.path.join(tmp, f"enc_{variant}_{release}.npy")
+                outputs.append(save)
+                reports = [measure_kiln(args.kiln_rss, path, enc_in, args.threads, release, save)
+                           for _ in range(args.repeat)]
+                results[f"encoder_{variant}_release_{release}"] = median_report(reports)
+        encoder_diff = max(float(np.max(np.abs(np.load(o) - np.load(outputs[0]))))
+                           for o in outputs)
+
+        dec_in = decoder_inputs(args.model_dir, tmp)
+        kiln_out, ort_out = os.path.join(tmp, "kiln_logits.npy"), os.path.join(tmp, "ort.npy")
+        reports = [measure_kiln(args.kiln_rss, decoder, dec_in, args.threads, False, kiln_out)
+                   for _ in range(args.repeat)]
+        results["decoder_kiln"] = median_report(reports)
+        reports = [measure_ort(decoder, dec_in, args.threads, ort_out)
+                   for _ in range(args.repeat)]
+        results["decoder_ort"] = median_report(reports)
+        logits_diff = float(np.max(np.abs(np.load(kiln_out) - np.load(ort_out))))
+
+    if args.json:
+        print(json.dumps({k: v[0] for k, v in results.items()}, indent=2))
+
+    print(f"model sizes: encoder_model.onnx {mib(os.path.getsize(encoder))} MiB, "
+          f"decoder_model_merged.onnx {mib(os.path.getsize(decoder))} MiB; "
+          f"threads {args.threads}; {args.repeat} children per row (median peak shown)")
+    print()
+    print("## Encoder run, kiln, with and without release_weights_after_use")
+    print("| weights | release | child peak RSS MiB (all children) | RSS after load MiB | "
+          "RSS after run MiB | pool peak MiB | mapped / copied MiB | released MiB (calls) | "
+          "run ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for variant in ("embedded", "external"):
+        for release in (False, True):
+            rep, peaks = results[f"encoder_{variant}_release_{release}"]
+            run = rep["runs"][0]
+            print(f"| {variant} | {'on' if release else 'off'} | "
+                  f"{mib(rep['child_peak_rss_bytes'])} ({', '.join(mib(p) for p in peaks)}) | "
+                  f"{mib(rep['rss_after_load_bytes'])} | {mib(run['rss_after_bytes'])} | "
+                  f"{mib(run['pool_peak_bytes'])} | {mib(rep['weights_mapped_bytes'])} / "
+                  f"{mib(rep['weights_copied_bytes'])} | "
+                  f"{mib(run['weight_bytes_released'])} ({run['weight_release_calls']}) | "
+                  f"{run['ms']:.0f} |")
+    print()
+    print(f"encoder outputs, max difference between the four configurations: {encoder_diff:.3g}")
+    print()
+    print("## Merged decoder, load + first run, kiln vs onnxruntime")
+    print("| engine | child peak RSS MiB (all children) | RSS before load (inputs read) MiB | "
+          "RSS after load MiB | peak after load MiB | RSS after run MiB | load ms | run ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for key, name in (("decoder_kiln", "kiln"), ("decoder_ort", "onnxruntime")):
+        rep, peaks = results[key]
+        run = rep["runs"][0]
+        label = name if name == "kiln" else f"onnxruntime {rep['onnxruntime']}"
+        print(f"| {label} | {mib(rep['child_peak_rss_bytes'])} "
+              f"({', '.join(mib(p) for p in peaks)}) | {mib(rep['rss_inputs_bytes'])} | "
+              f"{mib(rep['rss_after_load_bytes'])} | {mib(rep['peak_rss_after_load_bytes'])} | "
+              f"{mib(run['rss_after_bytes'])} | {rep['load_ms']:.0f} | {run['ms']:.0f} |")
+    print()
+    print(f"logits max |kiln - onnxruntime| = {logits_diff:.3g}")
+
+
+if __name__ == "__main__":
+    main()
