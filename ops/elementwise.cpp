@@ -1,6 +1,21 @@
 #include "ops/elementwise.h"
 
+#include <cstring>
+#include <string>
+
 namespace kiln::ops {
+namespace {
+
+template <typename U>
+void copy_run(std::byte* dst, const std::byte* src, int64_t n, int64_t ds, int64_t ss) {
+  for (int64_t i = 0; i < n; ++i) {
+    U v;
+    std::memcpy(&v, src + i * ss * static_cast<int64_t>(sizeof(U)), sizeof(U));
+    std::memcpy(dst + i * ds * static_cast<int64_t>(sizeof(U)), &v, sizeof(U));
+  }
+}
+
+}  // namespace
 
 void for_each_row_impl(const Shape& shape, size_t operands, const Shape* strides, RowFn fn,
                        void* state) {
@@ -56,6 +71,52 @@ void for_each_row_impl(const Shape& shape, size_t operands, const Shape* strides
         for (size_t k = 0; k < operands; ++k) off[k] -= idx[d] * st[k][d];
         idx[d] = 0;
       }
+    }
+  });
+}
+
+void copy_strided(const Tensor& src, const Tensor& dst) {
+  const std::array<Shape, 2> strides{src.strides(), dst.strides()};
+  if (src.dtype() == DataType::String) {
+    const std::string* s = src.data<const std::string>();
+    std::string* d = dst.data<std::string>();
+    for_each_row<2>(src.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* st) {
+      for (int64_t i = 0; i < n; ++i) d[off[1] + i * st[1]] = s[off[0] + i * st[0]];
+    });
+    return;
+  }
+  const int bits = bits_per_element(src.dtype());
+  if (bits % 8 != 0) {
+    copy_elements(src, dst);  // sub-byte elements: contiguous tensors only
+    return;
+  }
+  const int64_t es = bits / 8;
+  const std::byte* s = src.raw_data();
+  std::byte* d = dst.raw_data();
+  for_each_row<2>(src.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* st) {
+    const std::byte* a = s + off[0] * es;
+    std::byte* o = d + off[1] * es;
+    if (st[0] == 1 && st[1] == 1) {
+      std::memcpy(o, a, static_cast<size_t>(n * es));
+      return;
+    }
+    switch (es) {
+      case 1:
+        copy_run<uint8_t>(o, a, n, st[1], st[0]);
+        break;
+      case 2:
+        copy_run<uint16_t>(o, a, n, st[1], st[0]);
+        break;
+      case 4:
+        copy_run<uint32_t>(o, a, n, st[1], st[0]);
+        break;
+      case 8:
+        copy_run<uint64_t>(o, a, n, st[1], st[0]);
+        break;
+      default:
+        for (int64_t i = 0; i < n; ++i) {
+          std::memcpy(o + i * st[1] * es, a + i * st[0] * es, static_cast<size_t>(es));
+        }
     }
   });
 }

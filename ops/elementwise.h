@@ -32,6 +32,10 @@ void for_each_row(const Shape& shape, const std::array<Shape, K>& strides, F&& f
       const_cast<void*>(static_cast<const void*>(&f)));
 }
 
+// dst = src for tensors of the same shape and type in any layouts (strings and byte-sized
+// elements; sub-byte types contiguous only). Rows run in parallel.
+void copy_strided(const Tensor& src, const Tensor& dst);
+
 // out[i] = op(in[i]) over any input layout; `out` is contiguous and may alias `in`.
 template <typename TI, typename TO, typename Op>
 void unary_loop(const Tensor& in, const Tensor& out, Op op) {

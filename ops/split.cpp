@@ -11,62 +11,6 @@
 namespace kiln::ops {
 namespace {
 
-template <typename U>
-void copy_run(std::byte* dst, const std::byte* src, int64_t n, int64_t ds, int64_t ss) {
-  for (int64_t i = 0; i < n; ++i) {
-    U v;
-    std::memcpy(&v, src + i * ss * static_cast<int64_t>(sizeof(U)), sizeof(U));
-    std::memcpy(dst + i * ds * static_cast<int64_t>(sizeof(U)), &v, sizeof(U));
-  }
-}
-
-// dst = src for tensors of the same shape and type in any layouts; rows run in parallel.
-void copy_strided(const Tensor& src, const Tensor& dst) {
-  const std::array<Shape, 2> strides{src.strides(), dst.strides()};
-  if (src.dtype() == DataType::String) {
-    const std::string* s = src.data<const std::string>();
-    std::string* d = dst.data<std::string>();
-    for_each_row<2>(src.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* st) {
-      for (int64_t i = 0; i < n; ++i) d[off[1] + i * st[1]] = s[off[0] + i * st[0]];
-    });
-    return;
-  }
-  const int bits = bits_per_element(src.dtype());
-  if (bits % 8 != 0) {
-    copy_elements(src, dst);  // sub-byte elements: contiguous tensors only
-    return;
-  }
-  const int64_t es = bits / 8;
-  const std::byte* s = src.raw_data();
-  std::byte* d = dst.raw_data();
-  for_each_row<2>(src.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* st) {
-    const std::byte* a = s + off[0] * es;
-    std::byte* o = d + off[1] * es;
-    if (st[0] == 1 && st[1] == 1) {
-      std::memcpy(o, a, static_cast<size_t>(n * es));
-      return;
-    }
-    switch (es) {
-      case 1:
-        copy_run<uint8_t>(o, a, n, st[1], st[0]);
-        break;
-      case 2:
-        copy_run<uint16_t>(o, a, n, st[1], st[0]);
-        break;
-      case 4:
-        copy_run<uint32_t>(o, a, n, st[1], st[0]);
-        break;
-      case 8:
-        copy_run<uint64_t>(o, a, n, st[1], st[0]);
-        break;
-      default:
-        for (int64_t i = 0; i < n; ++i) {
-          std::memcpy(o + i * st[1] * es, a + i * st[0] * es, static_cast<size_t>(es));
-        }
-    }
-  });
-}
-
 class Split final : public Kernel {
  public:
   explicit Split(const NodeInfo& info)
