@@ -23,6 +23,14 @@ const Tensor* NodeInfo::constant_input(size_t i) const {
   return nullptr;
 }
 
+std::shared_ptr<const Tensor> NodeInfo::prepared_input(
+    size_t i, const std::string& packing, const std::function<Tensor(const Tensor&)>& make) const {
+  const Tensor* w = constant_input(i);
+  if (!w) return nullptr;
+  if (!preparer_) return std::make_shared<const Tensor>(make(*w));
+  return preparer_->prepare(graph_, node_.inputs[i], packing, make);
+}
+
 const ir::TypeInfo& NodeInfo::input_type(size_t i) const {
   static const ir::TypeInfo none;
   return has_input(i) ? graph_.value(node_.inputs[i]).type : none;

@@ -9,6 +9,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,11 +70,22 @@ class Kernel {
   virtual void run(OpContext& ctx) = 0;
 };
 
+// Makes (or finds) prepared forms of constant inputs; implemented by the runtime, which
+// shares them between the sessions of an Environment.
+class WeightPreparer {
+ public:
+  virtual ~WeightPreparer() = default;
+  virtual std::shared_ptr<const Tensor> prepare(
+      const ir::Graph& graph, ir::ValueId weight, const std::string& packing,
+      const std::function<Tensor(const Tensor&)>& make) = 0;
+};
+
 // A node as its kernel sees it at plan time.
 class NodeInfo {
  public:
-  NodeInfo(const ir::Graph& graph, const ir::Node& node, const OpRegistration& reg)
-      : graph_(graph), node_(node), reg_(reg) {}
+  NodeInfo(const ir::Graph& graph, const ir::Node& node, const OpRegistration& reg,
+           WeightPreparer* preparer = nullptr)
+      : graph_(graph), node_(node), reg_(reg), preparer_(preparer) {}
 
   const ir::Node& node() const { return node_; }
   const ir::Graph& graph() const { return graph_; }
@@ -86,6 +98,13 @@ class NodeInfo {
   bool has_output(size_t i) const;
   // The value of input i if it is known now (an initializer), else null.
   const Tensor* constant_input(size_t i) const;
+  // A prepared form of constant input i (see constant_input): `make` turns the weight into
+  // the form the kernel runs on (packed, widened, reordered), and `packing` names that form
+  // (the same name must always mean the same `make`). Sessions of one Environment share one
+  // copy; the kernel holds it for its lifetime. When every reader of a mapped weight uses a
+  // prepared form, the original's pages are given back. Null when input i is not a constant.
+  std::shared_ptr<const Tensor> prepared_input(
+      size_t i, const std::string& packing, const std::function<Tensor(const Tensor&)>& make) const;
   // Declared type of input/output i (kind None when undeclared).
   const ir::TypeInfo& input_type(size_t i) const;
   const ir::TypeInfo& output_type(size_t i) const;
@@ -116,6 +135,7 @@ class NodeInfo {
   const ir::Graph& graph_;
   const ir::Node& node_;
   const OpRegistration& reg_;
+  WeightPreparer* preparer_;
 };
 
 enum class CopyCause { Contiguous, Concat, Capture, Kernel };

@@ -225,9 +225,25 @@ void run_integer(const Problem& p, const T* a, const T* b, T* y) {
 using MatMulTypes =
     TypeList<float, double, float16, bfloat16, int32_t, int64_t, uint32_t, uint64_t>;
 
+// A half-type weight widened to float once, the form run_half multiplies with.
+Tensor widen_to_float(const Tensor& w) {
+  Tensor f(DataType::Float, w.shape(),
+           Storage::heap_uninitialized(storage_bytes(DataType::Float, w.numel())));
+  dispatch(TypeList<float16, bfloat16>{}, w.dtype(), [&]<typename H>() {
+    unary_loop<H, float>(w, f, [](H v) { return static_cast<float>(v); });
+  });
+  f.storage()->set_read_only();
+  return f;
+}
+
 class MatMul final : public Kernel {
  public:
-  explicit MatMul(const NodeInfo&) {}
+  explicit MatMul(const NodeInfo& info) {
+    const Tensor* b = info.constant_input(1);
+    if (b && (b->dtype() == DataType::Float16 || b->dtype() == DataType::BFloat16)) {
+      b_float_ = info.prepared_input(1, "float32", widen_to_float);
+    }
+  }
 
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -282,15 +298,22 @@ class MatMul final : public Kernel {
   template <typename H>
   void run_half(OpContext& ctx, const Tensor& a, const Tensor& b) {
     Tensor fa = ctx.allocate(DataType::Float, a.shape());
-    Tensor fb = ctx.allocate(DataType::Float, b.shape());
     unary_loop<H, float>(a, fa, [](H v) { return static_cast<float>(v); });
-    unary_loop<H, float>(b, fb, [](H v) { return static_cast<float>(v); });
+    Tensor fb;
+    if (b_float_) {
+      fb = *b_float_;  // the constant weight, widened when the session was planned
+    } else {
+      fb = ctx.allocate(DataType::Float, b.shape());
+      unary_loop<H, float>(b, fb, [](H v) { return static_cast<float>(v); });
+    }
     const Problem p = describe(fa, fb);
     Tensor fy = ctx.allocate(DataType::Float, p.out_shape);
     compute<float>(ctx, fa, fb, &fy);
     Tensor& y = ctx.output(0, a.dtype(), p.out_shape);
     unary_loop<float, H>(fy, y, [](float v) { return H(v); });
   }
+
+  std::shared_ptr<const Tensor> b_float_;
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "engine/runtime/weights_cache.h"
 #include "kiln/error.h"
 #include "kiln/memory.h"
 #include "proto/loader.h"
@@ -31,23 +32,25 @@ size_t element_alignment(DataType t) {
   return bytes > 8 ? 8 : bytes;
 }
 
-// Copies `n` bytes of a weight out of the model's bytes. From a file mapping, the pages
-// already copied are given back chunk by chunk: the copy is the weight from now on and
-// nothing reads those file bytes again, so a large weight is never resident twice (the
-// load peak stays near the weights' size instead of growing by the largest weight).
-void copy_weight_bytes(std::byte* to, const std::byte* from, size_t n,
-                       const std::shared_ptr<const void>& keepalive, Source& src) {
+// Visits the `n` bytes of a weight at `from` in chunks, `fn(offset, length)` returning
+// false to stop. From a file mapping, the pages already visited are given back chunk by
+// chunk: the caller copies them (the copy is the weight from now on) or compares them with
+// an equal weight already loaded, so nothing reads those file bytes again and a large weight
+// is never resident twice (the load peak stays near the weights' size).
+template <typename Fn>
+bool walk_weight_bytes(const std::byte* from, size_t n,
+                       const std::shared_ptr<const void>& keepalive, Source& src, Fn&& fn) {
   constexpr size_t kChunk = size_t{1} << 20;
   const std::byte* released = from;  // file bytes before this are already given back
   for (size_t done = 0; done < n;) {
     const size_t len = std::min(kChunk, n - done);
-    std::memcpy(to + done, from + done, len);
+    if (!fn(done, len)) return false;
     done += len;
     if (!keepalive) continue;
     const size_t span = static_cast<size_t>(from + done - released);
-    const Tensor copied(DataType::UInt8, {static_cast<int64_t>(span)},
-                        Storage::file_mapping(released, span, keepalive));
-    const PageRelease r = release_pages(copied);
+    const Tensor visited(DataType::UInt8, {static_cast<int64_t>(span)},
+                         Storage::file_mapping(released, span, keepalive));
+    const PageRelease r = release_pages(visited);
     if (r.status == PageRelease::Status::NoWholePage) continue;
     // The next range starts where this one's whole pages ended.
     const uintptr_t page = page_size();
@@ -55,12 +58,12 @@ void copy_weight_bytes(std::byte* to, const std::byte* from, size_t n,
         reinterpret_cast<const std::byte*>(reinterpret_cast<uintptr_t>(from + done) / page * page);
     if (src.stats && r.ok()) src.stats->weights_source_bytes_released += r.bytes;
   }
+  return true;
 }
 
-// A read-only tensor over `bytes`: a view when aligned (zero copy), else one counted copy.
-Tensor tensor_over(DataType dtype, Shape shape, const std::byte* bytes, size_t n,
+// The weight as loaded: a view when aligned (zero copy), else one counted copy.
+Tensor load_weight(DataType dtype, Shape shape, const std::byte* bytes, size_t n,
                    const std::shared_ptr<const void>& keepalive, Source& src) {
-  if (src.stats) src.stats->weights_bytes += n;
   const bool aligned = reinterpret_cast<uintptr_t>(bytes) % element_alignment(dtype) == 0;
   const bool native_order =
       std::endian::native == std::endian::little || bits_per_element(dtype) <= 8;
@@ -73,7 +76,11 @@ Tensor tensor_over(DataType dtype, Shape shape, const std::byte* bytes, size_t n
   }
   Tensor t = n > 0 ? Tensor(dtype, std::move(shape), Storage::heap_uninitialized(n))
                    : Tensor::zeros(dtype, std::move(shape));
-  copy_weight_bytes(t.raw_data(), bytes, n, keepalive, src);
+  std::byte* to = t.raw_data();
+  walk_weight_bytes(bytes, n, keepalive, src, [&](size_t off, size_t len) {
+    std::memcpy(to + off, bytes + off, len);
+    return true;
+  });
   if constexpr (std::endian::native == std::endian::big) {
     // ONNX raw data is little-endian.
     const size_t w = static_cast<size_t>(bits_per_element(dtype) / 8);
@@ -87,6 +94,39 @@ Tensor tensor_over(DataType dtype, Shape shape, const std::byte* bytes, size_t n
     ++src.stats->weights_copied_count;
   }
   return t;
+}
+
+// A read-only tensor over `bytes`. With a weights cache, an equal weight already loaded (by
+// another session of the environment, or earlier in this model) is shared instead, and the
+// pages of this copy are given back once compared.
+Tensor tensor_over(DataType dtype, Shape shape, const std::byte* bytes, size_t n,
+                   const std::shared_ptr<const void>& keepalive, Source& src) {
+  if (src.stats) src.stats->weights_bytes += n;
+  const bool big_endian_copy =
+      std::endian::native == std::endian::big && bits_per_element(dtype) > 8;
+  if (!src.cache || n == 0 || big_endian_copy) {
+    return load_weight(dtype, std::move(shape), bytes, n, keepalive, src);
+  }
+  const uint64_t fingerprint = detail::weight_fingerprint(dtype, shape, bytes, n);
+  auto equal = [&](const std::byte* cached) {
+    return walk_weight_bytes(bytes, n, keepalive, src, [&](size_t off, size_t len) {
+      return std::memcmp(cached + off, bytes + off, len) == 0;
+    });
+  };
+  if (auto lease = src.cache->find_loaded(fingerprint, dtype, shape, n, equal)) {
+    if (src.stats) {
+      src.stats->weights_shared_bytes += n;
+      ++src.stats->weights_shared_count;
+    }
+    src.leases->push_back(lease);
+    return lease->tensor;
+  }
+  Tensor t = load_weight(dtype, std::move(shape), bytes, n, keepalive, src);
+  // Views of a caller's buffer are not shared: other sessions would outlive the buffer.
+  if (!keepalive && t.storage()->kind() == Storage::Kind::View) return t;
+  auto lease = src.cache->add_loaded(fingerprint, t);
+  src.leases->push_back(lease);
+  return lease->tensor;
 }
 
 bool raw_ref(const onnx::TensorProto& tp, uint64_t& index) {
@@ -694,6 +734,8 @@ ir::Model load_model_file(const std::string& path, LoadStats& stats, const LoadO
   if (src.base_dir.empty()) src.base_dir = ".";
   src.stats = &stats;
   src.defer_missing_external = options.defer_missing_external;
+  src.cache = options.weights_cache;
+  src.leases = options.leases;
   return convert_model(src, path);
 }
 
@@ -707,6 +749,8 @@ ir::Model load_model_buffer(const void* data, size_t size, const std::string& ba
   src.base_dir = base_dir;
   src.stats = &stats;
   src.defer_missing_external = options.defer_missing_external;
+  src.cache = options.weights_cache;
+  src.leases = options.leases;
   return convert_model(src, "<memory>");
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/ir/graph.h"
+#include "engine/runtime/weights_cache.h"
 #include "kiln/session.h"
 #include "kiln/value.h"
 
@@ -16,6 +17,10 @@ struct LoadOptions {
   // Main-graph initializers whose external data file does not exist (or cannot be located:
   // a buffer without base_dir) become hollow constants instead of a load error.
   bool defer_missing_external = false;
+  // Share weights equal to ones already in this cache (and add the others to it); the
+  // entries used are appended to `leases`, which must then be set too.
+  detail::WeightsCache* weights_cache = nullptr;
+  std::vector<std::shared_ptr<const detail::WeightsCache::Entry>>* leases = nullptr;
 };
 
 // Maps `path` and converts it. Initializers are read-only views into the mapping (or into

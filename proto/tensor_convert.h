@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/runtime/weights_cache.h"
 #include "kiln/session.h"
 #include "kiln/tensor.h"
 #include "proto/mapped_file.h"
@@ -29,6 +30,9 @@ struct Source {
   // are set: the option, and the converter being at a main-graph initializer.
   bool defer_missing_external = false;
   bool hollow_allowed = false;
+  // Equal weights are shared through the cache when set; each one used is leased here.
+  detail::WeightsCache* cache = nullptr;
+  std::vector<std::shared_ptr<const detail::WeightsCache::Entry>>* leases = nullptr;
 };
 
 // Throws Error(InvalidModel) naming the tensor on inconsistent data. Returns a tensor

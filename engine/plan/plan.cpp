@@ -90,7 +90,7 @@ std::vector<int32_t> execution_order(const ir::Graph& g) {
   return order;
 }
 
-std::unique_ptr<GraphPlan> build_plan(const ir::Graph& g) {
+std::unique_ptr<GraphPlan> build_plan(const ir::Graph& g, ops::WeightPreparer* preparer) {
   auto plan = std::make_unique<GraphPlan>();
   plan->graph = &g;
   plan->use_counts.assign(g.values.size(), 0);
@@ -113,7 +113,7 @@ std::unique_ptr<GraphPlan> build_plan(const ir::Graph& g) {
     step.op = reg;
     for (const ir::Attribute* a : node.graph_attributes()) {
       const ir::Graph& sub = *a->g;
-      step.subgraphs.push_back(build_plan(sub));
+      step.subgraphs.push_back(build_plan(sub, preparer));
       std::vector<int32_t> slots;
       for (ir::ValueId c : sub.captures) {
         const std::string& name = sub.value(c).name;
@@ -131,7 +131,7 @@ std::unique_ptr<GraphPlan> build_plan(const ir::Graph& g) {
       step.capture_slots.push_back(std::move(slots));
     }
     try {
-      step.kernel = reg->create(ops::NodeInfo(g, node, *reg));
+      step.kernel = reg->create(ops::NodeInfo(g, node, *reg, preparer));
     } catch (Error& e) {
       e.with_node(node.name, node.op_type);
       throw;

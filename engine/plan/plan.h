@@ -34,7 +34,9 @@ struct GraphPlan {
 
 // Orders the graph and creates its kernels (recursively for nested graphs). Throws
 // kiln::Error naming the node for unsupported ops or invalid attributes.
-std::unique_ptr<GraphPlan> build_plan(const ir::Graph& graph);
+// Kernels ask `preparer` (may be null) for prepared forms of their constant inputs.
+std::unique_ptr<GraphPlan> build_plan(const ir::Graph& graph,
+                                      ops::WeightPreparer* preparer = nullptr);
 
 // The execution order alone: a topological order in which, among the nodes ready to run,
 // those that never write into their inputs go first. A value read by both Shape and an

@@ -3,12 +3,15 @@
 #include <tbb/info.h>
 #include <tbb/task_arena.h>
 
+#include "engine/runtime/weights_cache.h"
+
 namespace kiln {
 
 struct Environment::Impl {
-  explicit Impl(int n) : threads(n), arena(n) {}
+  explicit Impl(int n) : threads(n), arena(n), cache(std::make_shared<detail::WeightsCache>()) {}
   int threads;
   tbb::task_arena arena;
+  std::shared_ptr<detail::WeightsCache> cache;
 };
 
 static int resolve_threads(int threads) {
@@ -27,5 +30,15 @@ int Environment::threads() const {
 void Environment::execute(const std::function<void()>& fn) const {
   impl_->arena.execute(fn);
 }
+
+WeightsCacheStats Environment::weights_cache_stats() const {
+  return impl_->cache->stats();
+}
+
+namespace detail {
+WeightsCache& weights_cache(const Environment& env) {
+  return *env.impl_->cache;
+}
+}  // namespace detail
 
 }  // namespace kiln

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <string>
 
 #include "engine/ir/graph.h"
@@ -12,6 +13,7 @@
 #include "engine/runtime/executor.h"
 #include "engine/runtime/session_internal.h"
 #include "engine/runtime/weight_release.h"
+#include "engine/runtime/weights_cache.h"
 #include "kiln/error.h"
 #include "proto/loader.h"
 
@@ -66,10 +68,63 @@ std::string IoInfo::describe() const {
   return s;
 }
 
+namespace {
+
+// Prepared forms through the weights cache, counting which weights' readers all use one.
+class Preparer final : public ops::WeightPreparer {
+ public:
+  Preparer(detail::WeightsCache& cache, LoadStats& stats) : cache_(cache), stats_(stats) {}
+
+  std::shared_ptr<const Tensor> prepare(const ir::Graph& graph, ir::ValueId weight,
+                                        const std::string& packing,
+                                        const std::function<Tensor(const Tensor&)>& make) override {
+    bool made = false;
+    auto lease = cache_.prepared(graph.value(weight).constant, packing, make, &made);
+    if (made) {
+      ++stats_.weights_prepared_count;
+      stats_.weights_prepared_bytes += lease->tensor.nbytes();
+    } else {
+      ++stats_.weights_prepared_shared;
+    }
+    ++prepared_reads_[{&graph, weight}];
+    return {lease, &lease->tensor};
+  }
+
+  // Gives back the pages of mapped weights that no reader of `plan` (nested plans
+  // included) reads in their original form.
+  void release_unread_originals(const plan::GraphPlan& plan) {
+    for (const auto& [key, reads] : prepared_reads_) {
+      if (key.first != plan.graph) continue;
+      const ir::ValueInfo& v = plan.graph->value(key.second);
+      if (reads != plan.use_counts[static_cast<size_t>(key.second)]) continue;
+      if (!released_.insert(key).second || !pages_releasable(v.constant)) continue;
+      const PageRelease r = release_pages(v.constant);
+      if (r.status == PageRelease::Status::Released)
+        stats_.weights_original_released_bytes += r.bytes;
+    }
+    for (const plan::Step& step : plan.steps) {
+      for (const auto& sub : step.subgraphs) release_unread_originals(*sub);
+    }
+  }
+
+ private:
+  detail::WeightsCache& cache_;
+  LoadStats& stats_;
+  std::map<std::pair<const ir::Graph*, ir::ValueId>, int32_t> prepared_reads_;
+  std::set<std::pair<const ir::Graph*, ir::ValueId>> released_;
+};
+
+}  // namespace
+
 struct Session::Impl {
+  // The environment and the weights cache come first: loading shares weights through it.
+  std::shared_ptr<Environment> env;
+  std::shared_ptr<detail::WeightsCache> private_cache;  // share_weights off
+  detail::WeightsCache* cache = nullptr;
+  std::vector<detail::WeightsCache::Lease> leases;  // loaded weights this session uses
+  std::unique_ptr<Preparer> preparer;
   ir::Model model;
   std::unique_ptr<plan::GraphPlan> plan;
-  std::shared_ptr<Environment> env;
   BufferPool pool;
   std::vector<IoInfo> inputs, outputs;
   LoadStats load_stats;
@@ -110,15 +165,31 @@ struct Session::Impl {
   std::vector<ir::ValueId> hollow;                // main-graph hollow constants
   size_t hollow_missing = 0;                      // of which still without data
 
+  // Before loading: the environment, and the cache weights are shared through.
+  proto::LoadOptions begin(const SessionOptions& options) {
+    env = options.environment ? options.environment : std::make_shared<Environment>(0);
+    if (options.share_weights) {
+      cache = &detail::weights_cache(*env);
+    } else {
+      private_cache = std::make_shared<detail::WeightsCache>();
+      cache = private_cache.get();
+    }
+    preparer = std::make_unique<Preparer>(*cache, load_stats);
+    return {.defer_missing_external = options.defer_missing_weights,
+            .weights_cache = cache,
+            .leases = &leases};
+  }
+
   void prepare(SessionOptions options) {
+    if (!cache) begin(options);
     try {
       passes::fold_constant_nodes(*model.graph);
-      plan = plan::build_plan(*model.graph);
+      plan = plan::build_plan(*model.graph, preparer.get());
     } catch (Error& e) {
       e.with_file(model.path);
       throw;
     }
-    env = options.environment ? options.environment : std::make_shared<Environment>(0);
+    preparer->release_unread_originals(*plan);
     profile = options.profile;
     memory_arena = options.memory_arena;
     reuse_inputs = options.reuse_input_buffers;
@@ -139,6 +210,16 @@ struct Session::Impl {
     }
     for (ir::ValueId id : hollow) hollow_missing += g.value(id).constant.defined() ? 0 : 1;
     if (options.release_weights_after_use) weight_release = std::make_unique<WeightRelease>(g);
+  }
+
+  void recreate_kernels_reading(ir::ValueId id) {
+    const ir::Graph& g = *model.graph;
+    for (plan::Step& step : plan->steps) {
+      const auto& in = step.node->inputs;
+      if (std::find(in.begin(), in.end(), id) == in.end()) continue;
+      step.kernel = step.op->create(ops::NodeInfo(g, *step.node, *step.op, preparer.get()));
+    }
+    preparer->release_unread_originals(*plan);
   }
 
   void check_constants_given() const {
@@ -191,16 +272,15 @@ Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Session::Session(const std::string& path, SessionOptions options)
     : impl_(std::make_unique<Impl>()) {
-  impl_->model = proto::load_model_file(path, impl_->load_stats,
-                                        {.defer_missing_external = options.defer_missing_weights});
+  impl_->model = proto::load_model_file(path, impl_->load_stats, impl_->begin(options));
   impl_->prepare(std::move(options));
 }
 
 Session Session::from_memory(const void* data, size_t size, SessionOptions options,
                              const std::string& base_dir) {
   auto impl = std::make_unique<Impl>();
-  impl->model = proto::load_model_buffer(data, size, base_dir, impl->load_stats,
-                                         {.defer_missing_external = options.defer_missing_weights});
+  impl->model =
+      proto::load_model_buffer(data, size, base_dir, impl->load_stats, impl->begin(options));
   impl->prepare(std::move(options));
   return Session(std::move(impl));
 }
@@ -263,15 +343,37 @@ void Session::set_constant(const std::string& name, const void* data, size_t siz
          std::to_string(size));
   }
   if (size > 0 && !data) fail("no data given");
-  // One copy, straight into the buffer the weight keeps for the session's lifetime.
-  std::shared_ptr<Storage> storage = Storage::heap_uninitialized(size);
-  if (size > 0) std::memcpy(storage->data(), data, size);
-  storage->set_read_only();
-  v.constant = Tensor(io.dtype, shape, std::move(storage));
-  --s.hollow_missing;
+  const auto* bytes = static_cast<const std::byte*>(data);
+  const uint64_t fingerprint =
+      size > 0 ? detail::weight_fingerprint(io.dtype, shape, bytes, size) : 0;
+  detail::WeightsCache::Lease lease;
+  if (size > 0) {
+    lease = s.cache->find_loaded(fingerprint, io.dtype, shape, size, [&](const std::byte* c) {
+      return std::memcmp(c, bytes, size) == 0;
+    });
+  }
   s.load_stats.weights_bytes += size;
-  s.load_stats.weights_copied_bytes += size;
-  ++s.load_stats.weights_copied_count;
+  if (lease) {
+    s.load_stats.weights_shared_bytes += size;
+    ++s.load_stats.weights_shared_count;
+  } else {
+    // One copy, straight into the buffer the weight keeps for the session's lifetime.
+    std::shared_ptr<Storage> storage = Storage::heap_uninitialized(size);
+    if (size > 0) std::memcpy(storage->data(), data, size);
+    storage->set_read_only();
+    const Tensor t(io.dtype, shape, std::move(storage));
+    if (size > 0) lease = s.cache->add_loaded(fingerprint, t);
+    v.constant = t;
+    s.load_stats.weights_copied_bytes += size;
+    ++s.load_stats.weights_copied_count;
+  }
+  if (lease) {
+    v.constant = lease->tensor;
+    s.leases.push_back(std::move(lease));
+  }
+  --s.hollow_missing;
+  // Kernels reading the constant are made again, now that they can prepare its final form.
+  s.recreate_kernels_reading(id);
 }
 
 std::vector<IoInfo> Session::missing_constants() const {

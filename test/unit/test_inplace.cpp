@@ -208,7 +208,7 @@ TEST_CASE("a Loop carries a growing tensor, appending in place each iteration", 
   CHECK(s.last_run_stats().in_place_ops >= 30);
 }
 
-TEST_CASE("Cast between equal-size types writes into an owned input; a borrowed one is kept",
+TEST_CASE("Cast between equal-size types writes into an owned input, a borrowed one is kept",
           "[inplace][cast]") {
   GraphBuilder b;
   b.input("x", DataType::Float, {-1});

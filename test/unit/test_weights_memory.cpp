@@ -377,7 +377,7 @@ TEST_CASE("a failed release leaves the run going, counted and described", "[weig
 }
 
 TEST_CASE(
-    "weights captured by a nested graph are released after the outer node; views of a "
+    "weights captured by a nested graph are released after the outer node, views of a "
     "weight keep it resident",
     "[weights-memory]") {
   TempDir dir;
@@ -481,7 +481,7 @@ TEST_CASE("a missing external data file is a load error unless weights may come 
              Catch::Contains("already given"));
 }
 
-TEST_CASE("hollow constants next to loaded ones; a loaded one cannot be replaced",
+TEST_CASE("hollow constants next to loaded ones, a loaded one cannot be replaced",
           "[weights-memory]") {
   TempDir dir;
   dir.file("weights.bin", blob_with({{0, 4}}));

@@ -7,6 +7,10 @@ child process (peak = the child's ru_maxrss from os.wait4, so nothing of this sc
      (weights embedded in the .onnx, mostly misaligned, hence copied at load) and re-saved by
      the onnx package with external data (aligned, hence used in place from the mapping).
   2. Load peak: loading + first run of decoder_model_merged.onnx, kiln vs onnxruntime.
+  3. Two sessions over the same weights: decoder_model.onnx alone, then beside
+     decoder_with_past_model.onnx in one Environment (weights shared, kiln-rss --also) and
+     with sharing off (--no-share-weights); onnxruntime with two InferenceSessions. The first
+     session is run once after both are loaded, so its weights are resident in every row.
 
 Usage (from the repository root, after building):
   /work/venv/bin/python tools/bench/memory_rss.py --kiln-rss build/tools/kiln-rss \
@@ -133,8 +137,41 @@ def decoder_inputs(model_dir, tmp):
     return paths
 
 
-def measure_kiln(kiln_rss, model, inputs, threads, release, save=None):
+ORT_PAIR_CHILD = r"""
+import json, resource, sys
+import numpy as np
+import onnxruntime as ort
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+threads, models, *specs = sys.argv[1:]
+feeds = {}
+for spec in specs:
+    name, path = spec.split("=", 1)
+    feeds[name] = np.load(path)
+opts = ort.SessionOptions()
+opts.intra_op_num_threads = int(threads)
+opts.inter_op_num_threads = 1
+sessions = [ort.InferenceSession(m, opts, providers=["CPUExecutionProvider"])
+            for m in models.split(",")]
+rss_loaded = rss()
+sessions[0].run(None, feeds)
+print(json.dumps({"rss_after_all_loaded_bytes": rss_loaded, "rss_after_run_bytes": rss(),
+                  "onnxruntime": ort.__version__}))
+"""
+
+
+def first_decoder_inputs(model_dir, tmp):
+    """decoder_model.onnx (no cache): a 4-token prompt and encoder states."""
+    paths = decoder_inputs(model_dir, tmp)
+    return {k: paths[k] for k in ("input_ids", "encoder_hidden_states")}
+
+
+def measure_kiln(kiln_rss, model, inputs, threads, release, save=None, extra=()):
     cmd = [kiln_rss, model, "--threads", str(threads)] + npy_args("--input", inputs)
+    cmd += list(extra)
     if release:
         cmd.append("--release-weights")
     if save:
@@ -197,6 +234,24 @@ def main():
         results["decoder_ort"] = median_report(reports)
         logits_diff = float(np.max(np.abs(np.load(kiln_out) - np.load(ort_out))))
 
+        first = os.path.join(args.model_dir, "decoder_model.onnx")
+        with_past = os.path.join(args.model_dir, "decoder_with_past_model.onnx")
+        pair_in = first_decoder_inputs(args.model_dir, tmp)
+        for key, extra in (("pair_one", ()), ("pair_shared", ("--also", with_past)),
+                           ("pair_unshared", ("--also", with_past, "--no-share-weights"))):
+            reports = [measure_kiln(args.kiln_rss, first, pair_in, args.threads, False,
+                                    extra=extra) for _ in range(args.repeat)]
+            results[key] = median_report(reports)
+        for key, models in (("pair_ort_one", first), ("pair_ort_two", f"{first},{with_past}")):
+            cmd = [sys.executable, "-c", ORT_PAIR_CHILD, str(args.threads), models]
+            cmd += npy_args(None, pair_in)
+            reports = []
+            for _ in range(args.repeat):
+                report, peak = run_child(cmd)
+                report["child_peak_rss_bytes"] = peak
+                reports.append(report)
+            results[key] = median_report(reports)
+
     if args.json:
         print(json.dumps({k: v[0] for k, v in results.items()}, indent=2))
 
@@ -237,6 +292,32 @@ def main():
               f"{mib(run['rss_after_bytes'])} | {rep['load_ms']:.0f} | {run['ms']:.0f} |")
     print()
     print(f"logits max |kiln - onnxruntime| = {logits_diff:.3g}")
+    print()
+    print("## decoder_model.onnx alone, and beside decoder_with_past_model.onnx")
+    print("| engine | sessions | RSS after loading MiB | RSS after the first session's run MiB | "
+          "child peak RSS MiB (all children) | weights shared by the second MiB | "
+          "second session's weights MiB |")
+    print("|---|---|---|---|---|---|---|")
+    one = results["pair_one"][0]["runs"][0]["rss_after_bytes"]
+    for key, label in (("pair_one", "decoder_model"),
+                       ("pair_shared", "+ decoder_with_past, one Environment"),
+                       ("pair_unshared", "+ decoder_with_past, share_weights off")):
+        rep, peaks = results[key]
+        also = rep["also"][0] if rep["also"] else None
+        after_run = rep["runs"][0]["rss_after_bytes"]
+        print(f"| kiln | {label} | {mib(rep['rss_after_all_loaded_bytes'])} | {mib(after_run)} "
+              f"({after_run / one:.2f}x) | {mib(rep['child_peak_rss_bytes'])} "
+              f"({', '.join(mib(p) for p in peaks)}) | "
+              f"{mib(also['weights_shared_bytes']) if also else '-'} | "
+              f"{mib(also['weights_bytes']) if also else '-'} |")
+    ort_one = results["pair_ort_one"][0]["rss_after_run_bytes"]
+    for key, label in (("pair_ort_one", "decoder_model"),
+                       ("pair_ort_two", "+ decoder_with_past, two InferenceSessions")):
+        rep, peaks = results[key]
+        print(f"| onnxruntime {rep['onnxruntime']} | {label} | "
+              f"{mib(rep['rss_after_all_loaded_bytes'])} | {mib(rep['rss_after_run_bytes'])} "
+              f"({rep['rss_after_run_bytes'] / ort_one:.2f}x) | {mib(rep['child_peak_rss_bytes'])} "
+              f"({', '.join(mib(p) for p in peaks)}) | - | - |")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,18 @@ struct LoadStats {
   // Hollow constants (SessionOptions::defer_missing_weights): declared, data not loaded.
   uint64_t weights_deferred_count = 0;
   uint64_t weights_deferred_bytes = 0;
+  // Weights equal to ones already loaded in the environment's weights cache (by another
+  // session, or earlier in this model), used from there instead of loaded again
+  // (SessionOptions::share_weights). Not counted as mapped or copied.
+  uint64_t weights_shared_count = 0;
+  uint64_t weights_shared_bytes = 0;
+  // Prepared forms of weights (packed, widened, ...) kernels asked for: made by this session,
+  // or found made by another session of the environment; and the bytes of mapped originals
+  // given back because every reader uses a prepared form.
+  uint64_t weights_prepared_count = 0;
+  uint64_t weights_prepared_bytes = 0;
+  uint64_t weights_prepared_shared = 0;
+  uint64_t weights_original_released_bytes = 0;
 };
 
 // One node's execution, for profiles.
@@ -104,6 +116,11 @@ struct SessionOptions {
   // planned from shapes; Session::set_constant gives each one its data before the first run.
   // Off: a missing external data file is a load error.
   bool defer_missing_weights = false;
+  // Share weights and their prepared forms through the environment's weights cache: a weight
+  // equal byte for byte to one a session of the same Environment has loaded (or to an
+  // earlier weight of this model) is used from there, and the pages of this file's copy are
+  // given back after the comparison. Off: the session keeps a cache of its own.
+  bool share_weights = true;
 };
 
 class Session {

@@ -3,6 +3,10 @@
 //
 //   kiln-rss MODEL [--input NAME=FILE.npy ...] [--runs N] [--threads N]
 //            [--release-weights] [--save-output FILE.npy]
+//            [--also MODEL2 ...] [--no-share-weights]
+//
+// --also loads more sessions in the same Environment after MODEL (they are not run), to
+// measure what a second session over the same weights adds.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -37,7 +41,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 int usage() {
   std::cerr << "usage: kiln-rss MODEL [--input NAME=FILE.npy ...] [--runs N] [--threads N]\n"
-               "                [--release-weights] [--save-output FILE.npy]\n";
+               "                [--release-weights] [--save-output FILE.npy]\n"
+               "                [--also MODEL2 ...] [--no-share-weights]\n";
   return 2;
 }
 
@@ -48,8 +53,9 @@ int main(int argc, char** argv) {
   const std::string model = argv[1];
   std::vector<std::pair<std::string, std::string>> input_files;
   int runs = 1, threads = 0;
-  bool release = false;
+  bool release = false, share = true;
   std::string save_output;
+  std::vector<std::string> also;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -68,6 +74,10 @@ int main(int argc, char** argv) {
         threads = std::stoi(next());
       } else if (a == "--release-weights") {
         release = true;
+      } else if (a == "--also") {
+        also.push_back(next());
+      } else if (a == "--no-share-weights") {
+        share = false;
       } else if (a == "--save-output") {
         save_output = next();
       } else {
@@ -90,10 +100,14 @@ int main(int argc, char** argv) {
     kiln::SessionOptions so;
     so.environment = std::make_shared<kiln::Environment>(threads);
     so.release_weights_after_use = release;
+    so.share_weights = share;
     auto t0 = std::chrono::steady_clock::now();
     kiln::Session session(model, so);
     const double load_ms = ms_since(t0);
     const uint64_t rss_loaded = current_rss_bytes(), peak_loaded = peak_rss_bytes();
+    std::vector<kiln::Session> others;
+    for (const std::string& path : also) others.emplace_back(path, so);
+    const uint64_t rss_all_loaded = current_rss_bytes(), peak_all_loaded = peak_rss_bytes();
 
     struct RunRecord {
       double ms;
@@ -128,6 +142,29 @@ int main(int argc, char** argv) {
     j.field("weights_bytes", session.load_stats().weights_bytes);
     j.field("weights_mapped_bytes", session.load_stats().weights_mapped_bytes);
     j.field("weights_copied_bytes", session.load_stats().weights_copied_bytes);
+    j.field("weights_prepared_count", session.load_stats().weights_prepared_count);
+    j.field("share_weights", share);
+    j.key("also").begin_array();
+    for (const kiln::Session& o : others) {
+      const kiln::LoadStats& l = o.load_stats();
+      j.begin_object();
+      j.field("model", o.path());
+      j.field("weights_bytes", l.weights_bytes);
+      j.field("weights_shared_bytes", l.weights_shared_bytes);
+      j.field("weights_mapped_bytes", l.weights_mapped_bytes);
+      j.field("weights_copied_bytes", l.weights_copied_bytes);
+      j.field("weights_source_bytes_released", l.weights_source_bytes_released);
+      j.field("weights_prepared_count", l.weights_prepared_count);
+      j.field("weights_prepared_shared", l.weights_prepared_shared);
+      j.end_object();
+    }
+    j.end_array();
+    j.field("rss_after_all_loaded_bytes", rss_all_loaded);
+    j.field("peak_rss_after_all_loaded_bytes", peak_all_loaded);
+    const kiln::WeightsCacheStats cs = so.environment->weights_cache_stats();
+    j.field("cache_entries", cs.entries);
+    j.field("cache_bytes", cs.bytes);
+    j.field("cache_references", cs.references);
     j.key("runs").begin_array();
     for (const RunRecord& r : records) {
       j.begin_object();

@@ -1,0 +1,370 @@
+// The weights cache of an Environment: equal weights loaded by several sessions (or twice
+// in one model) are kept once, prepared forms are made once, entries are refcounted by the
+// sessions holding them, and originals nobody reads are given back.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "kiln/memory.h"
+#include "proto/testing/model_writer.h"
+#include "test/unit/op_test.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+using namespace kiln::proto::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "kiln-cache-XXXXXX").string();
+    path = mkdtemp(tmpl.data());
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name, const std::string& bytes) const {
+    const fs::path p = path / name;
+    std::ofstream(p, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return p.string();
+  }
+};
+
+std::vector<float> values(size_t n, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 97) * scale;
+  return v;
+}
+
+TensorSpec float_weight(const std::string& name, std::vector<float> v) {
+  TensorSpec t;
+  t.name = name;
+  t.dims = {static_cast<int64_t>(v.size())};
+  t.values = std::move(v);
+  return t;
+}
+
+// y = (x + a) * b, with `prefix` naming nodes and weights so that two files holding the
+// same weights differ in their bytes (as decoder_model and decoder_with_past_model do).
+ModelSpec add_mul_model(const std::string& prefix, const std::vector<float>& a,
+                        const std::vector<float>& b) {
+  ModelSpec m;
+  const auto n = static_cast<int64_t>(a.size());
+  m.inputs = {{"x", {n}}};
+  m.initializers = {float_weight(prefix + "a", a), float_weight(prefix + "b", b)};
+  m.nodes = {{"Add", {"x", prefix + "a"}, {"t"}, prefix + "add", {}},
+             {"Mul", {"t", prefix + "b"}, {"y"}, prefix + "mul", {}}};
+  m.outputs = {"y"};
+  return m;
+}
+
+std::vector<float> run_add_mul(Session& s, size_t n) {
+  auto out = s.run(
+      {{"x", Tensor::from_vector<float>({static_cast<int64_t>(n)}, std::vector<float>(n, 1.0f))}});
+  return out.at(0).value.tensor().to_vector<float>();
+}
+
+std::vector<float> expected_add_mul(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> y(a.size());
+  for (size_t i = 0; i < a.size(); ++i) y[i] = (1.0f + a[i]) * b[i];
+  return y;
+}
+
+SessionOptions in(const std::shared_ptr<Environment>& env) {
+  SessionOptions o;
+  o.environment = env;
+  return o;
+}
+
+// float16 raw bytes of `v` (values exact in half precision).
+std::vector<uint8_t> half_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> raw(v.size() * 2);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const float16 h(v[i]);
+    std::memcpy(raw.data() + 2 * i, &h, 2);
+  }
+  return raw;
+}
+
+// y = Cast<float>(MatMul(Cast<float16>(x), w)) with w a float16 [k, n] initializer.
+ModelSpec half_matmul_model(const std::string& prefix, int64_t m, int64_t k, int64_t n,
+                            const std::vector<float>& w) {
+  ModelSpec spec;
+  spec.inputs = {{"x", {m, k}}};
+  TensorSpec t;
+  t.name = prefix + "w";
+  t.dtype = DataType::Float16;
+  t.dims = {k, n};
+  t.raw = half_bytes(w);
+  spec.initializers = {t};
+  spec.nodes = {{"Cast", {"x"}, {"xh"}, prefix + "cast_in", {{"to", 10}}},
+                {"MatMul", {"xh", prefix + "w"}, {"yh"}, prefix + "matmul", {}},
+                {"Cast", {"yh"}, {"y"}, prefix + "cast_out", {{"to", 1}}}};
+  spec.outputs = {"y"};
+  return spec;
+}
+
+// The product in double over the half-rounded operands, rounded to half as MatMul's output.
+std::vector<float> naive_half_matmul(const std::vector<float>& x, const std::vector<float>& w,
+                                     int64_t m, int64_t k, int64_t n) {
+  std::vector<float> y(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        acc += static_cast<double>(static_cast<float>(float16(x[i * k + p]))) *
+               static_cast<float>(float16(w[p * n + j]));
+      }
+      y[i * n + j] = static_cast<float>(float16(static_cast<float>(acc)));
+    }
+  }
+  return y;
+}
+
+std::vector<float> run_matmul(Session& s, const std::vector<float>& x, int64_t m, int64_t k) {
+  auto out = s.run({{"x", Tensor::from_vector<float>({m, k}, x)}});
+  return out.at(0).value.tensor().to_vector<float>();
+}
+
+void check_close(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    // One half ulp of the result: the float sum may round differently from the double one.
+    REQUIRE(std::abs(got[i] - want[i]) <= std::abs(want[i]) * 1e-3f + 1e-3f);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("sessions of one Environment keep one copy of equal weights from different files",
+          "[weights-cache]") {
+  TempDir dir;
+  const size_t n = 5000;  // several pages
+  const auto a = values(n, 0.5f), b = values(n, 0.25f);
+  const std::string p1 = dir.file("first.onnx", model_bytes(add_mul_model("first_", a, b)));
+  const std::string p2 = dir.file("second.onnx", model_bytes(add_mul_model("other_", a, b)));
+  auto env = std::make_shared<Environment>(1);
+  {
+    Session s1(p1, in(env));
+    CHECK(s1.load_stats().weights_shared_count == 0);
+    WeightsCacheStats st = env->weights_cache_stats();
+    CHECK(st.entries == 2);
+    CHECK(st.loaded_entries == 2);
+    CHECK(st.bytes == 2 * n * sizeof(float));
+    CHECK(st.references == 2);
+    {
+      Session s2(p2, in(env));
+      const LoadStats& l2 = s2.load_stats();
+      CHECK(l2.weights_shared_count == 2);
+      CHECK(l2.weights_shared_bytes == 2 * n * sizeof(float));
+      CHECK(l2.weights_mapped_bytes + l2.weights_copied_bytes == 0);
+      st = env->weights_cache_stats();
+      CHECK(st.entries == 2);
+      CHECK(st.references == 4);
+      CHECK(run_add_mul(s2, n) == expected_add_mul(a, b));
+      CHECK(run_add_mul(s1, n) == expected_add_mul(a, b));
+    }
+    CHECK(env->weights_cache_stats().references == 2);
+    // The first session still runs on them.
+    CHECK(run_add_mul(s1, n) == expected_add_mul(a, b));
+  }
+  const WeightsCacheStats st = env->weights_cache_stats();
+  CHECK(st.entries == 0);
+  CHECK(st.references == 0);
+  CHECK(st.bytes == 0);
+}
+
+TEST_CASE("weights that differ only outside the fingerprinted blocks are not shared",
+          "[weights-cache]") {
+  TempDir dir;
+  const size_t n = 16384;  // 64 KiB: sampled at the start, middle and end only
+  const auto a = values(n, 0.5f), b = values(n, 0.25f);
+  auto b2 = b;
+  b2[2048] += 1.0f;  // byte 8192: after the first 4 KiB block, before the middle one
+  const std::string p1 = dir.file("first.onnx", model_bytes(add_mul_model("", a, b)));
+  const std::string p2 = dir.file("second.onnx", model_bytes(add_mul_model("", a, b2)));
+  auto env = std::make_shared<Environment>(1);
+  Session s1(p1, in(env));
+  Session s2(p2, in(env));
+  CHECK(s2.load_stats().weights_shared_count == 1);  // `a` only
+  CHECK(env->weights_cache_stats().entries == 3);
+  CHECK(run_add_mul(s1, n) == expected_add_mul(a, b));
+  CHECK(run_add_mul(s2, n) == expected_add_mul(a, b2));
+}
+
+TEST_CASE("equal weights within one model are loaded once, share_weights off keeps them apart",
+          "[weights-cache]") {
+  TempDir dir;
+  const size_t n = 1000;
+  const auto a = values(n, 0.5f);
+  const std::string path = dir.file("tied.onnx", model_bytes(add_mul_model("", a, a)));
+  auto env = std::make_shared<Environment>(1);
+  {
+    Session s(path, in(env));
+    CHECK(s.load_stats().weights_shared_count == 1);
+    CHECK(s.load_stats().weights_shared_bytes == n * sizeof(float));
+    CHECK(env->weights_cache_stats().entries == 1);
+    CHECK(env->weights_cache_stats().references == 2);
+    CHECK(run_add_mul(s, n) == expected_add_mul(a, a));
+
+    SessionOptions apart = in(env);
+    apart.share_weights = false;
+    Session other(path, apart);
+    CHECK(other.load_stats().weights_shared_count == 1);  // its own cache, within the model
+    CHECK(env->weights_cache_stats().entries == 1);       // nothing added to the shared one
+    CHECK(env->weights_cache_stats().references == 2);
+    CHECK(run_add_mul(other, n) == expected_add_mul(a, a));
+  }
+  CHECK(env->weights_cache_stats().entries == 0);
+}
+
+TEST_CASE("a prepared form is made by the first session and shared by the next",
+          "[weights-cache]") {
+  TempDir dir;
+  const int64_t m = 3, k = 64, n = 48;
+  const auto w = values(static_cast<size_t>(k * n), 0.125f);
+  const auto x = values(static_cast<size_t>(m * k), 0.0625f);
+  const std::string p1 = dir.file("a.onnx", model_bytes(half_matmul_model("a_", m, k, n, w)));
+  const std::string p2 = dir.file("b.onnx", model_bytes(half_matmul_model("b_", m, k, n, w)));
+  const auto want = naive_half_matmul(x, w, m, k, n);
+  auto env = std::make_shared<Environment>(1);
+  {
+    Session s1(p1, in(env));
+    CHECK(s1.load_stats().weights_prepared_count == 1);
+    CHECK(s1.load_stats().weights_prepared_bytes == static_cast<uint64_t>(k * n * 4));
+    CHECK(s1.load_stats().weights_prepared_shared == 0);
+    Session s2(p2, in(env));
+    CHECK(s2.load_stats().weights_shared_count == 1);
+    CHECK(s2.load_stats().weights_prepared_count == 0);  // prepares nothing
+    CHECK(s2.load_stats().weights_prepared_shared == 1);
+    const WeightsCacheStats st = env->weights_cache_stats();
+    CHECK(st.prepared_made == 1);
+    CHECK(st.prepared_hits == 1);
+    CHECK(st.prepared_entries == 1);
+    CHECK(st.loaded_entries == 1);
+    CHECK(st.bytes == static_cast<uint64_t>(k * n * (2 + 4)));
+    check_close(run_matmul(s1, x, m, k), want);
+    check_close(run_matmul(s2, x, m, k), want);
+    // A session with a cache of its own prepares its own copy.
+    SessionOptions apart = in(env);
+    apart.share_weights = false;
+    Session s3(p1, apart);
+    CHECK(s3.load_stats().weights_prepared_count == 1);
+    check_close(run_matmul(s3, x, m, k), want);
+  }
+  const WeightsCacheStats st = env->weights_cache_stats();
+  CHECK(st.entries == 0);
+  CHECK(st.references == 0);
+}
+
+TEST_CASE("a half MatMul with a prepared weight matches the naive product on random shapes",
+          "[weights-cache]") {
+  TempDir dir;
+  std::mt19937 rng(7);
+  auto env = std::make_shared<Environment>(1);
+  for (int trial = 0; trial < 6; ++trial) {
+    const int64_t m = 1 + static_cast<int64_t>(rng() % 9), k = 1 + static_cast<int64_t>(rng() % 70),
+                  n = 1 + static_cast<int64_t>(rng() % 40);
+    std::uniform_int_distribution<int> q(-64, 64);
+    std::vector<float> w(static_cast<size_t>(k * n)), x(static_cast<size_t>(m * k));
+    for (float& v : w) v = static_cast<float>(q(rng)) / 64.0f;
+    for (float& v : x) v = static_cast<float>(q(rng)) / 32.0f;
+    const std::string path = dir.file("r" + std::to_string(trial) + ".onnx",
+                                      model_bytes(half_matmul_model("", m, k, n, w)));
+    Session s(path, in(env));
+    CHECK(s.load_stats().weights_prepared_count == 1);
+    check_close(run_matmul(s, x, m, k), naive_half_matmul(x, w, m, k, n));
+  }
+  CHECK(env->weights_cache_stats().entries == 0);
+}
+
+TEST_CASE("the mapped original of a weight read only in prepared form is given back",
+          "[weights-cache]") {
+  TempDir dir;
+  const int64_t m = 2, k = 512, n = 64;  // 64 KiB of float16: whole pages inside
+  const auto w = values(static_cast<size_t>(k * n), 0.125f);
+  ModelSpec spec = half_matmul_model("", m, k, n, w);
+  // External data, page aligned: the weight is a view of the mapped file.
+  spec.initializers[0].store = TensorSpec::Store::External;
+  spec.initializers[0].location = "w.bin";
+  spec.initializers[0].offset = "0";
+  spec.initializers[0].length = std::to_string(k * n * 2);
+  const std::vector<uint8_t> raw = half_bytes(w);
+  dir.file("w.bin", std::string(raw.begin(), raw.end()));
+  const std::string path = dir.file("model.onnx", model_bytes(spec));
+  Session s(path);
+  CHECK(s.load_stats().weights_mapped_bytes == static_cast<uint64_t>(k * n * 2));
+  CHECK(s.load_stats().weights_original_released_bytes ==
+        static_cast<uint64_t>(k * n * 2) / page_size() * page_size());
+  const auto x = values(static_cast<size_t>(m * k), 0.0625f);
+  check_close(run_matmul(s, x, m, k), naive_half_matmul(x, w, m, k, n));
+}
+
+TEST_CASE("a hollow constant given later is shared and prepared at set_constant",
+          "[weights-cache]") {
+  TempDir dir;
+  const int64_t m = 2, k = 32, n = 16;
+  const auto w = values(static_cast<size_t>(k * n), 0.125f);
+  ModelSpec spec = half_matmul_model("", m, k, n, w);
+  spec.initializers[0].store = TensorSpec::Store::External;
+  spec.initializers[0].location = "missing.bin";
+  spec.initializers[0].offset = "0";
+  spec.initializers[0].length = std::to_string(k * n * 2);
+  const std::string path = dir.file("model.onnx", model_bytes(spec));
+  auto env = std::make_shared<Environment>(1);
+  SessionOptions o = in(env);
+  o.defer_missing_weights = true;
+  const std::vector<uint8_t> raw = half_bytes(w);
+  const auto x = values(static_cast<size_t>(m * k), 0.0625f);
+  Session s1(path, o);
+  CHECK(s1.load_stats().weights_prepared_count == 0);  // nothing to prepare yet
+  s1.set_constant("w", raw.data(), raw.size());
+  CHECK(s1.load_stats().weights_copied_bytes == raw.size());
+  CHECK(s1.load_stats().weights_prepared_count == 1);
+  check_close(run_matmul(s1, x, m, k), naive_half_matmul(x, w, m, k, n));
+  Session s2(path, o);
+  s2.set_constant("w", raw.data(), raw.size());
+  CHECK(s2.load_stats().weights_copied_bytes == 0);
+  CHECK(s2.load_stats().weights_shared_bytes == raw.size());
+  CHECK(s2.load_stats().weights_prepared_count == 0);
+  CHECK(s2.load_stats().weights_prepared_shared == 1);
+  check_close(run_matmul(s2, x, m, k), naive_half_matmul(x, w, m, k, n));
+}
+
+TEST_CASE("sessions created concurrently share one copy and one prepared form", "[weights-cache]") {
+  TempDir dir;
+  const int64_t m = 2, k = 128, n = 96;
+  const auto w = values(static_cast<size_t>(k * n), 0.125f);
+  std::vector<std::string> paths;
+  for (int i = 0; i < 4; ++i) {
+    paths.push_back(
+        dir.file("m" + std::to_string(i) + ".onnx",
+                 model_bytes(half_matmul_model("s" + std::to_string(i) + "_", m, k, n, w))));
+  }
+  auto env = std::make_shared<Environment>(2);
+  const auto x = values(static_cast<size_t>(m * k), 0.0625f);
+  const auto want = naive_half_matmul(x, w, m, k, n);
+  {
+    std::vector<std::unique_ptr<Session>> sessions(paths.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < paths.size(); ++i) {
+      threads.emplace_back([&, i] { sessions[i] = std::make_unique<Session>(paths[i], in(env)); });
+    }
+    for (auto& t : threads) t.join();
+    const WeightsCacheStats st = env->weights_cache_stats();
+    CHECK(st.loaded_entries == 1);
+    CHECK(st.prepared_entries == 1);
+    CHECK(st.references == 8);  // each session: the weight and its prepared form
+    uint64_t made = 0, shared = 0;
+    for (auto& s : sessions) {
+      made += s->load_stats().weights_prepared_count;
+      shared += s->load_stats().weights_prepared_shared;
+      check_close(run_matmul(*s, x, m, k), want);
+    }
+    CHECK(made + shared == 4);
+  }
+  CHECK(env->weights_cache_stats().entries == 0);
+}
