@@ -124,6 +124,12 @@ Tensor tensor_over(DataType dtype, Shape shape, const std::byte* bytes, size_t n
   Tensor t = load_weight(dtype, std::move(shape), bytes, n, keepalive, src);
   // Views of a caller's buffer are not shared: other sessions would outlive the buffer.
   if (!keepalive && t.storage()->kind() == Storage::Kind::View) return t;
+  if (t.storage()->file_mapped()) {
+    // Reading the fingerprint's blocks mapped them, and the kernel maps more around a fault
+    // (fault-around, large folios): give the weight's pages back, so a weight used in place
+    // stays out of resident memory until a run reads it.
+    release_pages(t);
+  }
   auto lease = src.cache->add_loaded(fingerprint, t);
   src.leases->push_back(lease);
   return lease->tensor;
