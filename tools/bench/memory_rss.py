@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """Peak resident memory of kiln and onnxruntime on the Whisper export, each run in its own
-child process (peak = the child's ru_maxrss from os.wait4, so nothing of this script counts).
+child process (peak = the child's own VmHWM, so nothing of this script counts).
 
   1. Weights: page release (layer streaming): the encoder run with and without
      SessionOptions::release_weights_after_use (kiln-rss --release-weights), both as exported
      (weights embedded in the .onnx, mostly misaligned, hence copied at load) and re-saved by
      the onnx package with external data (aligned, hence used in place from the mapping).
-  2. Load peak: loading + first run of decoder_model_merged.onnx, kiln vs onnxruntime.
+  2. Load peak: loading + first run of decoder_model_merged.onnx, and of all-MiniLM-L6-v2
+     (sequence 128, from --minilm-dir when it exists), kiln vs onnxruntime.
   3. Two sessions over the same weights: decoder_model.onnx alone, then beside
      decoder_with_past_model.onnx in one Environment (weights shared, kiln-rss --also) and
      with sharing off (--no-share-weights); onnxruntime with two InferenceSessions. The first
      session is run once after both are loaded, so its weights are resident in every row.
+
+Peaks are each child's own high-water mark (VmHWM from /proc/self/status).
 
 Usage (from the repository root, after building):
   /work/venv/bin/python tools/bench/memory_rss.py --kiln-rss build/tools/kiln-rss \
@@ -41,7 +44,11 @@ def rss():
         return int(f.read().split()[1]) * resource.getpagesize()
 
 def peak():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM: ru_maxrss would include the parent's size (Linux keeps it across exec).
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
 
 model, threads, save, *specs = sys.argv[1:]
 feeds = {}
@@ -63,22 +70,25 @@ np.save(save, out[0])
 print(json.dumps({"rss_inputs_bytes": rss_inputs, "load_ms": load_ms,
                   "rss_after_load_bytes": rss_loaded, "peak_rss_after_load_bytes": peak_loaded,
                   "runs": [{"ms": run_ms, "rss_after_bytes": rss(), "peak_rss_bytes": peak()}],
-                  "onnxruntime": ort.__version__}))
+                  "peak_rss_end_bytes": peak(), "onnxruntime": ort.__version__}))
 """
 
 
 def run_child(cmd):
-    """Runs `cmd`, returns (parsed JSON stdout, peak RSS bytes of the child from wait4)."""
+    """Runs `cmd`, returns (parsed JSON stdout, the child's peak RSS in bytes). The peak is
+    the child's own VmHWM, which it reports as peak_rss_end_bytes: the ru_maxrss that wait4
+    returns is not used, because Linux carries a process's high-water mark across exec, so a
+    child forked from this Python process would include this process's size."""
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err)
         out = proc.stdout.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc.wait()
         if proc.returncode != 0:
             err.seek(0)
-            sys.exit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n"
-                     f"{err.read().decode()}")
-    return json.loads(out), usage.ru_maxrss * 1024  # ru_maxrss is in KiB on Linux
+            raise SystemExit(f"{' '.join(cmd[:2])} failed ({proc.returncode}):\n"
+                             f"{err.read().decode()}")
+    report = json.loads(out)
+    return report, report["peak_rss_end_bytes"]
 
 
 def npy_args(flag, inputs):
@@ -158,9 +168,27 @@ sessions = [ort.InferenceSession(m, opts, providers=["CPUExecutionProvider"])
             for m in models.split(",")]
 rss_loaded = rss()
 sessions[0].run(None, feeds)
+with open("/proc/self/status") as f:
+    hwm = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
 print(json.dumps({"rss_after_all_loaded_bytes": rss_loaded, "rss_after_run_bytes": rss(),
-                  "onnxruntime": ort.__version__}))
+                  "peak_rss_end_bytes": hwm, "onnxruntime": ort.__version__}))
 """
+
+
+def minilm_inputs(tmp, seq=128):
+    """One sentence of `seq` tokens: ids drawn from the vocabulary, full attention mask."""
+    rng = np.random.default_rng(0)
+    arrays = {
+        "input_ids": np.concatenate([[101], rng.integers(1000, 30000, seq - 2), [102]])
+        .astype(np.int64)[None, :],
+        "attention_mask": np.ones((1, seq), dtype=np.int64),
+        "token_type_ids": np.zeros((1, seq), dtype=np.int64),
+    }
+    paths = {}
+    for name, a in arrays.items():
+        paths[name] = os.path.join(tmp, f"minilm_{name}.npy")
+        np.save(paths[name], a)
+    return paths
 
 
 def first_decoder_inputs(model_dir, tmp):
@@ -202,6 +230,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--kiln-rss", default="build/tools/kiln-rss")
     ap.add_argument("--model-dir", default="/work/model-cache/whisper-tiny-random")
+    ap.add_argument("--minilm-dir", default="/work/model-cache/all-MiniLM-L6-v2")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3, help="children per configuration")
     ap.add_argument("--json", action="store_true", help="print the raw reports as JSON")
@@ -233,6 +262,19 @@ def main():
                    for _ in range(args.repeat)]
         results["decoder_ort"] = median_report(reports)
         logits_diff = float(np.max(np.abs(np.load(kiln_out) - np.load(ort_out))))
+
+        minilm = os.path.join(args.minilm_dir, "model.onnx")
+        minilm_diff = None
+        if os.path.exists(minilm):
+            mini_in = minilm_inputs(tmp)
+            k_out, o_out = os.path.join(tmp, "kiln_minilm.npy"), os.path.join(tmp, "ort_minilm.npy")
+            reports = [measure_kiln(args.kiln_rss, minilm, mini_in, args.threads, False, k_out)
+                       for _ in range(args.repeat)]
+            results["minilm_kiln"] = median_report(reports)
+            reports = [measure_ort(minilm, mini_in, args.threads, o_out)
+                       for _ in range(args.repeat)]
+            results["minilm_ort"] = median_report(reports)
+            minilm_diff = float(np.max(np.abs(np.load(k_out) - np.load(o_out))))
 
         first = os.path.join(args.model_dir, "decoder_model.onnx")
         with_past = os.path.join(args.model_dir, "decoder_with_past_model.onnx")
@@ -282,7 +324,18 @@ def main():
     print("| engine | child peak RSS MiB (all children) | RSS before load (inputs read) MiB | "
           "RSS after load MiB | peak after load MiB | RSS after run MiB | load ms | run ms |")
     print("|---|---|---|---|---|---|---|---|")
-    for key, name in (("decoder_kiln", "kiln"), ("decoder_ort", "onnxruntime")):
+    rows = [("decoder_kiln", "kiln"), ("decoder_ort", "onnxruntime")]
+    if "minilm_kiln" in results:
+        rows += [("minilm_kiln", "kiln"), ("minilm_ort", "onnxruntime")]
+    for key, name in rows:
+        if key == "minilm_kiln":
+            print()
+            print(f"## all-MiniLM-L6-v2 (model.onnx {mib(os.path.getsize(minilm))} MiB, embedded "
+                  "weights), load + first run at sequence 128, kiln vs onnxruntime")
+            print("| engine | child peak RSS MiB (all children) | RSS before load (inputs read) "
+                  "MiB | RSS after load MiB | peak after load MiB | RSS after run MiB | load ms | "
+                  "run ms |")
+            print("|---|---|---|---|---|---|---|---|")
         rep, peaks = results[key]
         run = rep["runs"][0]
         label = name if name == "kiln" else f"onnxruntime {rep['onnxruntime']}"
@@ -292,6 +345,8 @@ def main():
               f"{mib(run['rss_after_bytes'])} | {rep['load_ms']:.0f} | {run['ms']:.0f} |")
     print()
     print(f"logits max |kiln - onnxruntime| = {logits_diff:.3g}")
+    if minilm_diff is not None:
+        print(f"MiniLM first output max |kiln - onnxruntime| = {minilm_diff:.3g}")
     print()
     print("## decoder_model.onnx alone, and beside decoder_with_past_model.onnx")
     print("| engine | sessions | RSS after loading MiB | RSS after the first session's run MiB | "

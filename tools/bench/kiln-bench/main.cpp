@@ -32,6 +32,7 @@
 #include "kiln/kiln.h"
 #include "tools/common/json.h"
 #include "tools/common/npy.h"
+#include "tools/common/rss.h"
 
 namespace {
 
@@ -39,7 +40,9 @@ namespace fs = std::filesystem;
 using kiln::DataType;
 using kiln::NamedValue;
 using kiln::Tensor;
+using kiln::tooling::current_rss_bytes;
 using kiln::tooling::JsonWriter;
+using kiln::tooling::peak_rss_bytes;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kUsage =
@@ -182,28 +185,6 @@ double percentile(std::vector<double> v, double p) {
   const auto lo = static_cast<size_t>(std::floor(rank));
   const auto hi = static_cast<size_t>(std::ceil(rank));
   return v[lo] + (v[hi] - v[lo]) * (rank - static_cast<double>(lo));
-}
-
-// The peak RSS of this process. getrusage's ru_maxrss keeps the high-water mark of the
-// process image replaced by exec (Linux carries it over), so a child started by a large parent
-// would report the parent's size; VmHWM belongs to this image alone. ru_maxrss is the
-// fallback where /proc is missing.
-uint64_t peak_rss_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
-}
-
-uint64_t current_rss_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  uint64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
 // Folder cases take MODEL_DIR/FILE; a path to the .onnx file itself is accepted too.

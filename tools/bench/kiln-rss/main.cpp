@@ -7,7 +7,6 @@
 //
 // --also loads more sessions in the same Environment after MODEL (they are not run), to
 // measure what a second session over the same weights adds.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,21 +18,12 @@
 #include "kiln/kiln.h"
 #include "tools/common/json.h"
 #include "tools/common/npy.h"
+#include "tools/common/rss.h"
+
+using kiln::tooling::current_rss_bytes;
+using kiln::tooling::peak_rss_bytes;
 
 namespace {
-
-uint64_t peak_rss_bytes() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
-}
-
-uint64_t current_rss_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  uint64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-}
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -178,6 +168,7 @@ int main(int argc, char** argv) {
       j.end_object();
     }
     j.end_array();
+    j.field("peak_rss_end_bytes", peak_rss_bytes());
     j.end_object();
     std::cout << "\n";
   } catch (const kiln::Error& e) {
