@@ -97,8 +97,8 @@ struct Session::Impl {
   struct AllocatedInput {
     std::string name, key;
     std::weak_ptr<Storage> storage;  // weak: passing it by move must leave it uniquely owned
-    uint64_t bytes = 0;
-    bool in_arena = false;  // placed at layout entry (its position in `allocated`)
+    uint64_t bytes = 0;              // requested
+    uint64_t arena_bytes = 0;        // taken in the arena: placed at entry `position in allocated`
   };
   std::vector<AllocatedInput> allocated;
   bool cycle_open = false;
@@ -124,7 +124,9 @@ struct Session::Impl {
     std::vector<plan::BufferLifetime> lifetimes;
     std::vector<size_t> index;
     for (size_t i = 0; i < recorded.size(); ++i) {
-      if (recorded[i].last < 0) continue;  // outlived the run: stays in the pool
+      // Outlived the run, or empty (an empty range could not be told from a buffer at
+      // the same offset when released): stays in the pool.
+      if (recorded[i].last < 0 || recorded[i].bytes == 0) continue;
       lifetimes.push_back({recorded[i].bytes, recorded[i].first, recorded[i].last});
       index.push_back(i);
     }
@@ -372,9 +374,9 @@ Tensor Session::allocate_input(const std::string& name, DataType dtype, const Sh
         s.allocated_match && position < s.arena_inputs.size() && s.arena_inputs[position] == key;
     if (s.allocated_match) storage = s.pool.core().acquire_arena_input(s.arena, position, bytes);
   }
-  const bool in_arena = storage != nullptr;
+  const uint64_t arena_bytes = storage ? storage->capacity() : 0;
   if (!storage) storage = s.pool.acquire(bytes);
-  s.allocated.push_back({name, key, storage, bytes, in_arena});
+  s.allocated.push_back({name, key, storage, bytes, arena_bytes});
   return Tensor(dtype, shape, std::move(storage));
 }
 
@@ -470,15 +472,15 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
     }
   }
   for (size_t j = 0; j < allocated.size(); ++j) {
-    if (held[j] && allocated[j].in_arena) {
+    if (held[j] && allocated[j].arena_bytes > 0) {
       ++s.run_stats.arena_served;
-      s.run_stats.arena_input_bytes += allocated[j].bytes;
+      s.run_stats.arena_input_bytes += allocated[j].arena_bytes;
     }
   }
   if (in_arena) {
     // Planned inputs not in their place: made otherwise, not given by move, or diverging.
     for (size_t j = 0; j < s.arena_inputs.size(); ++j) {
-      const bool placed = j < allocated.size() && held[j] && allocated[j].in_arena;
+      const bool placed = j < allocated.size() && held[j] && allocated[j].arena_bytes > 0;
       if (s.arena->in_arena[j] && !placed) ++s.run_stats.arena_missed;
     }
   }

@@ -389,3 +389,24 @@ TEST_CASE("allocate_input checks the name, element type and declared shape", "[a
   auto out = s.run({{"x", std::move(t)}});
   CHECK(out[0].value.tensor().to_vector<float>() == std::vector<float>(10, 2.0f));
 }
+
+TEST_CASE("empty inputs and intermediates stay out of the arena", "[arena][inputs]") {
+  Session s = session_with(big_chain(), true, false, true);
+  for (int run = 1; run <= 4; ++run) {
+    INFO("run " << run);
+    Tensor t = s.allocate_input("x", DataType::Float, {0});
+    auto out = s.run({{"x", std::move(t)}});
+    CHECK(out[0].value.tensor().numel() == 0);
+    CHECK(s.last_run_stats().arena_bytes == 0);
+    CHECK(s.last_run_stats().arena_served == 0);
+    CHECK(s.last_run_stats().arena_missed == 0);
+    CHECK(s.last_run_stats().arena_input_bytes == 0);
+  }
+  // The 1 MiB input after them: planned and placed as usual.
+  const std::vector<float> x = ramp(kM);
+  for (int run = 1; run <= 3; ++run) {
+    CHECK(output_of(s.run({{"x", allocated(s, "x", x)}})) == expected_chain(x));
+  }
+  CHECK(s.last_run_stats().arena_served == 4);
+  CHECK(s.last_run_stats().arena_input_bytes == kMiB);
+}

@@ -40,8 +40,9 @@ struct RunStats {
   uint64_t arena_lower_bound = 0;
   uint64_t arena_served = 0;
   uint64_t arena_missed = 0;
-  // With SessionOptions::inputs_in_arena: bytes of the graph inputs of this run that
-  // Session::allocate_input placed in the arena (they are counted in arena_served too).
+  // With SessionOptions::inputs_in_arena: the arena bytes taken by the graph inputs of this
+  // run that Session::allocate_input placed in it (each rounded up to 64, as in
+  // arena_bytes; they are counted in arena_served too).
   uint64_t arena_input_bytes = 0;
   uint64_t nodes_run = 0;  // nodes executed, subgraph nodes included
   // With SessionOptions::release_weights_after_use: mapped weights whose pages were given
