@@ -98,7 +98,9 @@ struct Session::Impl {
     std::string name, key;
     std::weak_ptr<Storage> storage;  // weak: passing it by move must leave it uniquely owned
     uint64_t bytes = 0;              // requested
-    uint64_t arena_bytes = 0;        // taken in the arena: placed at entry `position in allocated`
+    // Bytes taken in the arena (0: a pool buffer). The i-th allocation of a cycle is placed
+    // at the layout's i-th entry.
+    uint64_t arena_bytes = 0;
   };
   std::vector<AllocatedInput> allocated;
   bool cycle_open = false;
@@ -117,8 +119,8 @@ struct Session::Impl {
     mark_reuses = core.reuses;
   }
 
-  // Plans the arena from the buffers of a recorded run; the first `inputs.size()` of them
-  // are the graph inputs with those keys.
+  // Plans the arena from the buffers of a recorded run; the first `input_keys.size()` of
+  // them are the graph inputs with those keys.
   void plan_arena(const std::vector<detail::RecordedBuffer>& recorded, std::string signature,
                   std::string shapes, std::vector<std::string> input_keys) {
     std::vector<plan::BufferLifetime> lifetimes;
