@@ -36,18 +36,49 @@ std::shared_ptr<Storage> PoolCore::make_storage(std::byte* data, size_t capacity
   return s;
 }
 
-// Called with mutex_ held while an arena is active.
-std::byte* PoolCore::acquire_from_arena(size_t bytes, size_t& capacity) {
-  const size_t index = arena_next_++;
-  const ArenaLayout& l = *layout_;
+// Called with mutex_ held: the range of entry `index`, if it takes `bytes` and overlaps no
+// live arena buffer.
+std::byte* PoolCore::place_in_arena(const ArenaLayout& l, size_t index, size_t bytes,
+                                    size_t& capacity) {
   if (index >= l.bytes.size() || !l.in_arena[index] || bytes > l.bytes[index]) return nullptr;
   const uint64_t begin = l.offsets[index], end = begin + l.bytes[index];
+  if (end > arena_capacity_) return nullptr;
   // The live buffer starting last before `end` is the only one that can overlap.
   auto it = arena_live_.lower_bound(end);
   if (it != arena_live_.begin() && std::prev(it)->second > begin) return nullptr;
   arena_live_.emplace(begin, end);
   capacity = l.bytes[index];
   return arena_ + begin;
+}
+
+// Called with mutex_ held while an arena is active.
+std::byte* PoolCore::acquire_from_arena(size_t bytes, size_t& capacity) {
+  return place_in_arena(*layout_, arena_next_++, bytes, capacity);
+}
+
+// Called with mutex_ held. The arena moves only while nothing lives in it.
+bool PoolCore::reserve_arena(uint64_t bytes) {
+  if (bytes <= arena_capacity_) return true;
+  if (!arena_live_.empty()) return false;
+  const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  auto* fresh = static_cast<std::byte*>(std::aligned_alloc(kAlignment, rounded));
+  if (!fresh) return false;
+  std::free(arena_);
+  arena_ = fresh;
+  arena_capacity_ = rounded;
+  ++allocations;
+  bytes_allocated += rounded;
+  return true;
+}
+
+std::shared_ptr<Storage> PoolCore::acquire_arena_input(
+    const std::shared_ptr<const ArenaLayout>& layout, size_t index, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (arena_active_ || !reserve_arena(layout->arena_bytes)) return nullptr;
+  size_t capacity = 0;
+  std::byte* data = place_in_arena(*layout, index, bytes, capacity);
+  if (!data) return nullptr;
+  return make_storage(data, capacity);
 }
 
 std::shared_ptr<Storage> PoolCore::acquire(size_t bytes) {
@@ -94,16 +125,16 @@ std::shared_ptr<Storage> PoolCore::acquire(size_t bytes) {
 void PoolCore::release(std::byte* data, size_t capacity) {
   bytes_in_use -= capacity;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (arena_ && data >= arena_ && data < arena_ + arena_capacity_) {
-    arena_live_.erase(static_cast<uint64_t>(data - arena_));
-    return;
-  }
   if (recording_) {
     auto it = recorded_live_.find(data);
     if (it != recorded_live_.end()) {
       recorded_[it->second].last = step_;
       recorded_live_.erase(it);
     }
+  }
+  if (arena_ && data >= arena_ && data < arena_ + arena_capacity_) {
+    arena_live_.erase(static_cast<uint64_t>(data - arena_));
+    return;
   }
   free_.emplace(capacity, data);
   bytes_cached += capacity;
@@ -117,11 +148,15 @@ bool PoolCore::adopt(Storage& s) {
   return true;
 }
 
-void PoolCore::begin_recording() {
+void PoolCore::begin_recording(const std::vector<std::pair<const std::byte*, uint64_t>>& held) {
   std::lock_guard<std::mutex> lock(mutex_);
   recording_ = true;
   recorded_.clear();
   recorded_live_.clear();
+  for (const auto& [data, bytes] : held) {
+    recorded_live_[data] = recorded_.size();
+    recorded_.push_back({bytes, step_, -1});
+  }
 }
 
 std::vector<RecordedBuffer> PoolCore::end_recording() {
@@ -131,21 +166,13 @@ std::vector<RecordedBuffer> PoolCore::end_recording() {
   return std::move(recorded_);
 }
 
-bool PoolCore::begin_arena(std::shared_ptr<const ArenaLayout> layout) {
+bool PoolCore::begin_arena(std::shared_ptr<const ArenaLayout> layout, size_t first) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!arena_live_.empty()) return false;
-  if (layout->arena_bytes > arena_capacity_) {
-    const size_t bytes = (layout->arena_bytes + kAlignment - 1) / kAlignment * kAlignment;
-    auto* fresh = static_cast<std::byte*>(std::aligned_alloc(kAlignment, bytes));
-    if (!fresh) return false;
-    std::free(arena_);
-    arena_ = fresh;
-    arena_capacity_ = bytes;
-    ++allocations;
-    bytes_allocated += bytes;
-  }
+  // Buffers still live in the arena (the run's inputs, or an earlier run's buffer the caller
+  // kept) are safe: every request is checked against them.
+  if (!reserve_arena(layout->arena_bytes)) return false;
   layout_ = std::move(layout);
-  arena_next_ = 0;
+  arena_next_ = first;
   arena_active_ = true;
   return true;
 }

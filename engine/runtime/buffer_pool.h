@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "kiln/tensor.h"
@@ -46,15 +47,23 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
 
   // The executor's step counter, for recorded lifetimes.
   void set_step(int32_t step) { step_.store(step, std::memory_order_relaxed); }
-  // Records the lifetime of every buffer acquired until end_recording().
-  void begin_recording();
+  // Records the lifetime of every buffer acquired until end_recording(), and of `held`
+  // (pool buffers acquired earlier, the run's graph inputs: data and requested bytes),
+  // which come first in the recording, alive from the current step.
+  void begin_recording(const std::vector<std::pair<const std::byte*, uint64_t>>& held = {});
   std::vector<RecordedBuffer> end_recording();
   // Serves the run's requests, in order, from one arena laid out by `layout`. A request
   // larger than its planned size, or whose planned range overlaps a live arena buffer (the
-  // run diverged from the recorded one), is served by the pool instead. False when the
-  // arena cannot be used now (buffers of an earlier run still live in it).
-  bool begin_arena(std::shared_ptr<const ArenaLayout> layout);
+  // run diverged from the recorded one), is served by the pool instead. Requests are matched
+  // with the layout from index `first` on (the ones before are graph inputs, placed by
+  // acquire_arena_input). False when the arena cannot be used now (it must grow while
+  // buffers still live in it).
+  bool begin_arena(std::shared_ptr<const ArenaLayout> layout, size_t first = 0);
   void end_arena();
+  // A buffer at the place of entry `index` of `layout`, before the run starts (a graph
+  // input). Null when the entry does not take `bytes` there or its range is in use.
+  std::shared_ptr<Storage> acquire_arena_input(const std::shared_ptr<const ArenaLayout>& layout,
+                                               size_t index, size_t bytes);
 
   std::atomic<uint64_t> arena_served{0};
   std::atomic<uint64_t> arena_missed{0};
@@ -69,13 +78,15 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
  private:
   std::shared_ptr<Storage> make_storage(std::byte* data, size_t capacity);
   std::byte* acquire_from_arena(size_t bytes, size_t& capacity);
+  std::byte* place_in_arena(const ArenaLayout& l, size_t index, size_t bytes, size_t& capacity);
+  bool reserve_arena(uint64_t bytes);
 
   std::mutex mutex_;
   std::multimap<size_t, std::byte*> free_;  // capacity -> buffer
   std::atomic<int32_t> step_{0};
   std::atomic<bool> recording_{false};
   std::vector<RecordedBuffer> recorded_;
-  std::map<std::byte*, size_t> recorded_live_;  // buffer -> index in recorded_
+  std::map<const std::byte*, size_t> recorded_live_;  // buffer -> index in recorded_
   std::shared_ptr<const ArenaLayout> layout_;
   bool arena_active_ = false;
   size_t arena_next_ = 0;

@@ -37,6 +37,13 @@ IoInfo io_info(const ir::ValueInfo& v) {
   return io;
 }
 
+// Identifies an input allocated with allocate_input: its name, element type and shape.
+std::string input_key(const std::string& name, DataType dtype, const Shape& shape) {
+  std::string k = name + ":" + std::string(data_type_name(dtype)) + "[";
+  for (size_t i = 0; i < shape.size(); ++i) k += (i ? "," : "") + std::to_string(shape[i]);
+  return k + "];";
+}
+
 std::string names_of(const std::vector<IoInfo>& ios) {
   std::string s;
   for (const auto& io : ios) s += (s.empty() ? "" : ", ") + io.name;
@@ -131,18 +138,52 @@ struct Session::Impl {
   RunStats run_stats;
   bool profile = false;
   std::vector<NodeEvent> events;
-  bool memory_arena = true, reuse_inputs = false;
-  std::string last_signature;   // input shapes of the previous run
-  std::string arena_signature;  // input shapes `arena` was planned for
+  bool memory_arena = true, reuse_inputs = false, inputs_in_arena = false;
+  // A run's signature is the shapes of its inputs, then (inputs_in_arena) the keys of the
+  // inputs it was given by move from allocate_input, in allocation order.
+  std::string last_signature;             // of the previous run
+  std::string arena_signature;            // of the run `arena` was planned from
+  std::string arena_shapes;               // the shapes part of arena_signature
+  std::vector<std::string> arena_inputs;  // keys of the layout's first entries (graph inputs)
   std::shared_ptr<const detail::ArenaLayout> arena;
   uint64_t arena_lower_bound = 0;
 
-  // Plans the arena from the buffers of a recorded run.
-  void plan_arena(const std::vector<detail::RecordedBuffer>& recorded, std::string signature) {
+  // Inputs handed out by allocate_input since the last run (the next run's "cycle").
+  struct AllocatedInput {
+    std::string name, key;
+    std::weak_ptr<Storage> storage;  // weak: passing it by move must leave it uniquely owned
+    uint64_t bytes = 0;              // requested
+    // Bytes taken in the arena (0: a pool buffer). The i-th allocation of a cycle is placed
+    // at the layout's i-th entry.
+    uint64_t arena_bytes = 0;
+  };
+  std::vector<AllocatedInput> allocated;
+  bool cycle_open = false;
+  bool allocated_match = true;  // every allocation of the cycle matched arena_inputs so far
+  // Pool counters when the cycle opened: the run's counters include its inputs' allocations.
+  uint64_t mark_allocations = 0, mark_bytes = 0, mark_reuses = 0;
+
+  void open_cycle() {
+    if (cycle_open) return;
+    cycle_open = true;
+    allocated.clear();
+    allocated_match = true;
+    detail::PoolCore& core = pool.core();
+    mark_allocations = core.allocations;
+    mark_bytes = core.bytes_allocated;
+    mark_reuses = core.reuses;
+  }
+
+  // Plans the arena from the buffers of a recorded run; the first `input_keys.size()` of
+  // them are the graph inputs with those keys.
+  void plan_arena(const std::vector<detail::RecordedBuffer>& recorded, std::string signature,
+                  std::string shapes, std::vector<std::string> input_keys) {
     std::vector<plan::BufferLifetime> lifetimes;
     std::vector<size_t> index;
     for (size_t i = 0; i < recorded.size(); ++i) {
-      if (recorded[i].last < 0) continue;  // outlived the run: stays in the pool
+      // Outlived the run, or empty (an empty range could not be told from a buffer at
+      // the same offset when released): stays in the pool.
+      if (recorded[i].last < 0 || recorded[i].bytes == 0) continue;
       lifetimes.push_back({recorded[i].bytes, recorded[i].first, recorded[i].last});
       index.push_back(i);
     }
@@ -160,6 +201,8 @@ struct Session::Impl {
     arena = std::move(layout);
     arena_lower_bound = mp.lower_bound;
     arena_signature = std::move(signature);
+    arena_shapes = std::move(shapes);
+    arena_inputs = std::move(input_keys);
   }
   std::unique_ptr<WeightRelease> weight_release;  // release_weights_after_use only
   std::vector<ir::ValueId> hollow;                // main-graph hollow constants
@@ -193,6 +236,7 @@ struct Session::Impl {
     profile = options.profile;
     memory_arena = options.memory_arena;
     reuse_inputs = options.reuse_input_buffers;
+    inputs_in_arena = options.inputs_in_arena;
     const ir::Graph& g = *model.graph;
     for (ir::ValueId id : g.inputs) inputs.push_back(io_info(g.value(id)));
     for (ir::ValueId id : g.outputs) outputs.push_back(io_info(g.value(id)));
@@ -395,6 +439,51 @@ const std::vector<NodeEvent>& Session::last_profile() const {
   return impl_->events;
 }
 
+Tensor Session::allocate_input(const std::string& name, DataType dtype, const Shape& shape) {
+  Impl& s = *impl_;
+  auto fail = [&](const std::string& why) {
+    throw Error(ErrorKind::InvalidArgument, "allocate_input('" + name + "'): " + why)
+        .with_file(s.model.path);
+  };
+  auto it = std::find_if(s.inputs.begin(), s.inputs.end(),
+                         [&](const IoInfo& io) { return io.name == name; });
+  if (it == s.inputs.end()) fail("not a graph input (model inputs: " + names_of(s.inputs) + ")");
+  const IoInfo& io = *it;
+  const std::string declared = " (model expects " + io.describe() + ")";
+  if (io.kind != Value::Kind::Tensor) fail("not a tensor input" + declared);
+  if (dtype == DataType::Undefined) fail("undefined element type");
+  if (io.dtype != DataType::Undefined && dtype != io.dtype) {
+    fail("element type " + std::string(data_type_name(dtype)) + declared);
+  }
+  if (io.has_shape) {
+    if (shape.size() != io.shape.size()) fail("rank " + std::to_string(shape.size()) + declared);
+    for (size_t i = 0; i < shape.size(); ++i) {
+      if (io.shape[i] >= 0 && shape[i] != io.shape[i]) {
+        fail("dimension " + std::to_string(i) + " is " + std::to_string(shape[i]) + declared);
+      }
+    }
+  }
+  const int64_t count = checked_numel(shape);
+  if (dtype == DataType::String) return Tensor::zeros(dtype, shape);  // strings are not pooled
+  const uint64_t bytes = storage_bytes(dtype, count);
+
+  s.open_cycle();
+  const size_t position = s.allocated.size();
+  const std::string key = input_key(name, dtype, shape);
+  std::shared_ptr<Storage> storage;
+  if (s.inputs_in_arena && s.memory_arena && s.arena) {
+    // The layout's entry `position` is meant for this input only if every allocation of
+    // the cycle so far repeated the planned run's.
+    s.allocated_match =
+        s.allocated_match && position < s.arena_inputs.size() && s.arena_inputs[position] == key;
+    if (s.allocated_match) storage = s.pool.core().acquire_arena_input(s.arena, position, bytes);
+  }
+  const uint64_t arena_bytes = storage ? storage->capacity() : 0;
+  if (!storage) storage = s.pool.acquire(bytes);
+  s.allocated.push_back({name, key, storage, bytes, arena_bytes});
+  return Tensor(dtype, shape, std::move(storage));
+}
+
 std::vector<NamedValue> Session::run(std::initializer_list<NamedValue> inputs) {
   std::vector<NamedValue> named;
   named.reserve(inputs.size());
@@ -404,6 +493,14 @@ std::vector<NamedValue> Session::run(std::initializer_list<NamedValue> inputs) {
 
 std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
   Impl& s = *impl_;
+  detail::PoolCore& pool = s.pool.core();
+  // The inputs allocated since the last run belong to this run, whatever becomes of it.
+  s.open_cycle();
+  s.cycle_open = false;
+  const std::vector<Impl::AllocatedInput> allocated = std::move(s.allocated);
+  s.allocated.clear();
+  const uint64_t alloc0 = s.mark_allocations, bytes0 = s.mark_bytes, reuse0 = s.mark_reuses;
+
   s.check_constants_given();
   const ir::Graph& g = *s.model.graph;
   std::vector<Value> ordered(g.inputs.size());
@@ -433,24 +530,62 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
     }
   }
 
-  detail::PoolCore& pool = s.pool.core();
-  const uint64_t alloc0 = pool.allocations, bytes0 = pool.bytes_allocated, reuse0 = pool.reuses;
   const uint64_t served0 = pool.arena_served, missed0 = pool.arena_missed;
   pool.peak_bytes_in_use = pool.bytes_in_use.load();
   s.run_stats = RunStats{};
   s.events.clear();
 
-  // The arena is planned from the second run with the same input shapes and used from the
+  // inputs_in_arena: the allocated inputs this run owns (given by move under their own
+  // name), in allocation order. Only they may join the recorded lifetimes.
+  std::vector<bool> held(allocated.size(), false);
+  std::vector<std::pair<const std::byte*, uint64_t>> held_buffers;
+  std::vector<std::string> held_keys;
+  if (s.memory_arena && s.inputs_in_arena) {
+    for (size_t j = 0; j < allocated.size(); ++j) {
+      const Impl::AllocatedInput& a = allocated[j];
+      for (size_t i = 0; i < ordered.size(); ++i) {
+        if (s.inputs[i].name != a.name || !ordered[i].is_tensor()) continue;
+        const std::shared_ptr<Storage>& st = ordered[i].tensor().storage();
+        const bool same = !a.storage.owner_before(st) && !st.owner_before(a.storage);
+        if (same && st && st.use_count() == 1) {
+          held[j] = true;
+          held_buffers.push_back({st->data(), a.bytes});
+          held_keys.push_back(a.key);
+        }
+      }
+    }
+  }
+
+  // The arena is planned from the second run with the same signature and used from the
   // third, so a decode loop whose shapes change every step never pays for recording.
-  std::string signature;
+  std::string shapes, signature;
   bool recording = false, in_arena = false;
   if (s.memory_arena) {
-    for (const Value& v : ordered) signature += v.defined() ? v.describe() + ";" : "-;";
+    for (const Value& v : ordered) shapes += v.defined() ? v.describe() + ";" : "-;";
+    signature = shapes + "|";
+    for (const std::string& k : held_keys) signature += k;
+    pool.set_step(0);  // inputs are alive from before the first step
     if (s.arena && signature == s.arena_signature) {
-      in_arena = pool.begin_arena(s.arena);
+      in_arena = pool.begin_arena(s.arena, s.arena_inputs.size());
     } else if (signature == s.last_signature) {
-      pool.begin_recording();
+      pool.begin_recording(held_buffers);
       recording = true;
+    } else if (s.arena && shapes == s.arena_shapes) {
+      // Planned for other inputs from allocate_input: the intermediates may still use it.
+      in_arena = pool.begin_arena(s.arena, s.arena_inputs.size());
+    }
+  }
+  for (size_t j = 0; j < allocated.size(); ++j) {
+    if (held[j] && allocated[j].arena_bytes > 0) {
+      ++s.run_stats.arena_served;
+      s.run_stats.arena_input_bytes += allocated[j].arena_bytes;
+    }
+  }
+  if (in_arena) {
+    // Planned inputs not in their place: made otherwise, not given by move, or diverging.
+    for (size_t j = 0; j < s.arena_inputs.size(); ++j) {
+      const bool placed = j < allocated.size() && held[j] && allocated[j].arena_bytes > 0;
+      if (s.arena->in_arena[j] && !placed) ++s.run_stats.arena_missed;
     }
   }
   std::vector<Value> results;
@@ -468,15 +603,17 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
     e.with_file(s.model.path);
     throw;
   }
-  if (recording) s.plan_arena(pool.end_recording(), signature);
+  if (recording) {
+    s.plan_arena(pool.end_recording(), signature, shapes, std::move(held_keys));
+  }
   if (in_arena) pool.end_arena();
   if (s.memory_arena) s.last_signature = std::move(signature);
   if (s.arena && (recording || in_arena)) {
     s.run_stats.arena_bytes = s.arena->arena_bytes;
     s.run_stats.arena_lower_bound = s.arena_lower_bound;
   }
-  s.run_stats.arena_served = pool.arena_served - served0;
-  s.run_stats.arena_missed = pool.arena_missed - missed0;
+  s.run_stats.arena_served += pool.arena_served - served0;
+  s.run_stats.arena_missed += pool.arena_missed - missed0;
   s.run_stats.allocations = pool.allocations - alloc0;
   s.run_stats.bytes_allocated = pool.bytes_allocated - bytes0;
   s.run_stats.pool_reuses = pool.reuses - reuse0;

@@ -34,6 +34,13 @@ expect 0 '"median"' -- "$model" --test-data "$data" --json --profile "$tmp/trace
 grep -q '"ph":"X"' "$tmp/trace.json" || { echo "FAIL: profile has no events"; failures=$((failures + 1)); }
 grep -q '_kernel_time' "$tmp/trace.json" || { echo "FAIL: profile lacks node events"; failures=$((failures + 1)); }
 
+# Arena flags: results unchanged; with --inputs-in-arena the third run (planned on the
+# second) places the input in the arena.
+expect 0 '"passed":true' -- "$model" --test-data "$data" --json --repeat 3 --no-arena
+expect 0 '"passed":true.*"arena_input_bytes":0[,}]' -- "$model" --test-data "$data" --json --repeat 3
+expect 0 '"passed":true.*"arena_input_bytes":[1-9]' -- "$model" --test-data "$data" --json --repeat 3 --inputs-in-arena
+expect 0 "bytes of inputs in it" -- "$model" --test-data "$data" --repeat 3 --inputs-in-arena
+
 # Tight tolerances make the comparison fail: status 1.
 expect 1 "MISMATCH" -- "$model" --test-data "$data" --rtol 0 --atol 0
 

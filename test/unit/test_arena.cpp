@@ -1,6 +1,6 @@
 // The activation arena and input-buffer reuse, with exact counters: the layout planned from a
 // recorded run, runs served from it, a run that diverges from the recording staying correct,
-// and dead graph inputs serving later buffers.
+// dead graph inputs serving later buffers, and graph inputs placed in the arena.
 #include "engine/runtime/session_internal.h"
 #include "test/unit/op_test.h"
 
@@ -11,11 +11,13 @@ namespace {
 
 constexpr int64_t kN = 256;  // 1 KiB of float32
 
-Session session_with(std::shared_ptr<ir::Graph> g, bool arena, bool reuse_inputs) {
+Session session_with(std::shared_ptr<ir::Graph> g, bool arena, bool reuse_inputs,
+                     bool inputs_in_arena = false) {
   SessionOptions so;
   so.environment = std::make_shared<Environment>(1);
   so.memory_arena = arena;
   so.reuse_input_buffers = reuse_inputs;
+  so.inputs_in_arena = inputs_in_arena;
   return session_from_model(make_model(std::move(g)), so);
 }
 
@@ -146,4 +148,265 @@ TEST_CASE("graph inputs passed by move serve later buffers once dead, when asked
     CHECK(fresh.last_run_stats().allocations == 2);
     CHECK(kept.to_vector<float>() == x);
   }
+}
+
+namespace {
+
+constexpr int64_t kM = 256 * 1024;  // 1 MiB of float32
+constexpr uint64_t kMiB = 1 << 20;
+
+// The chain above on a 1 MiB input whose first dimension is not fixed: x is read for the
+// last time by the first node, so with inputs in the arena b can take x's place.
+std::shared_ptr<ir::Graph> big_chain() {
+  GraphBuilder b;
+  b.input("x", DataType::Float, {-1});
+  b.node("Mul", {"x", "x"}, {"a"});
+  b.node("Mul", {"a", "a"}, {"b"});
+  b.node("Mul", {"b", "b"}, {"c"});
+  b.node("Add", {"c", "c"}, {"y"});
+  b.output("y");
+  return b.build();
+}
+
+std::vector<float> ramp(int64_t n) {
+  std::vector<float> x(static_cast<size_t>(n));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 1.0f + static_cast<float>(i % 64) / 256.0f;
+  return x;
+}
+
+// A tensor for `name` from the session, filled with `values`.
+Tensor allocated(Session& s, const std::string& name, const std::vector<float>& values) {
+  Tensor t = s.allocate_input(name, DataType::Float, {static_cast<int64_t>(values.size())});
+  std::copy(values.begin(), values.end(), t.data<float>());
+  return t;
+}
+
+std::vector<float> output_of(std::vector<NamedValue> out) {
+  return out.at(0).value.tensor().to_vector<float>();
+}
+
+}  // namespace
+
+TEST_CASE("graph inputs from allocate_input live in the arena and their bytes are reused",
+          "[arena][inputs]") {
+  const std::vector<float> x = ramp(kM);
+  const auto want = expected_chain(x);
+
+  // Without the option the input stays a pool buffer beside the arena of a, b and c.
+  Session off = session_with(big_chain(), true, false, false);
+  for (int run = 1; run <= 4; ++run) {
+    INFO("run " << run);
+    CHECK(output_of(off.run({{"x", allocated(off, "x", x)}})) == want);
+    CHECK(off.last_run_stats().arena_input_bytes == 0);
+  }
+  CHECK(off.last_run_stats().arena_bytes == 2 * kMiB);  // a and c share an offset
+  CHECK(off.last_run_stats().arena_served == 3);
+  CHECK(off.last_run_stats().arena_missed == 0);
+
+  // With it, x is alive from the start of the run to the first node, then b takes its place.
+  Session on = session_with(big_chain(), true, false, true);
+  const std::byte* placed = nullptr;
+  for (int run = 1; run <= 4; ++run) {
+    INFO("run " << run);
+    Tensor t = allocated(on, "x", x);
+    const std::byte* bytes = t.raw_data();
+    CHECK(output_of(on.run({{"x", std::move(t)}})) == want);
+    const RunStats& st = on.last_run_stats();
+    if (run == 1) {  // first run with these shapes: nothing recorded
+      CHECK(st.arena_bytes == 0);
+      CHECK(st.arena_input_bytes == 0);
+    } else if (run == 2) {  // recorded with x among the lifetimes
+      CHECK(st.arena_bytes == 2 * kMiB);
+      CHECK(st.arena_lower_bound == 2 * kMiB);
+      CHECK(st.arena_served == 0);
+      CHECK(st.arena_input_bytes == 0);
+    } else {  // x, a, b, c from the arena; y (an output) from the pool
+      CHECK(st.arena_bytes == 2 * kMiB);
+      CHECK(st.arena_lower_bound == 2 * kMiB);
+      CHECK(st.arena_served == 4);
+      CHECK(st.arena_missed == 0);
+      CHECK(st.arena_input_bytes == kMiB);
+      // Run 3 obtains the arena itself (2 MiB), run 4 nothing.
+      CHECK(st.allocations == (run == 3 ? 1u : 0u));
+      CHECK(st.bytes_allocated == (run == 3 ? 2 * kMiB : 0u));
+      if (run == 3) placed = bytes;
+      CHECK(bytes == placed);  // the same place in the same arena every run
+    }
+  }
+  // The arena holds the input too, and is still smaller than the arena without it plus x.
+  CHECK(on.last_run_stats().arena_bytes < off.last_run_stats().arena_bytes + kMiB);
+}
+
+TEST_CASE("runs whose inputs are not the planned ones stay correct", "[arena][inputs]") {
+  const std::vector<float> x = ramp(kM);
+  const auto want = expected_chain(x);
+  Session s = session_with(big_chain(), true, false, true);
+  for (int run = 1; run <= 3; ++run) CHECK(output_of(s.run({{"x", allocated(s, "x", x)}})) == want);
+  REQUIRE(s.last_run_stats().arena_served == 4);
+  REQUIRE(s.last_run_stats().arena_input_bytes == kMiB);
+
+  SECTION("an allocated input passed by copy is only read, and its place is not reused") {
+    const Tensor kept = allocated(s, "x", x);  // in the arena, where b was planned
+    CHECK(output_of(s.run({{"x", kept}})) == want);
+    CHECK(kept.to_vector<float>() == x);
+    // a and c from the arena; b and the input's planned place missed.
+    CHECK(s.last_run_stats().arena_served == 2);
+    CHECK(s.last_run_stats().arena_missed == 2);
+    CHECK(s.last_run_stats().arena_input_bytes == 0);
+  }
+
+  SECTION("inputs made otherwise: the intermediates still use the arena, then it is replanned") {
+    CHECK(output_of(s.run({{"x", Tensor::from_vector<float>({kM}, x)}})) == want);
+    CHECK(s.last_run_stats().arena_served == 3);
+    CHECK(s.last_run_stats().arena_missed == 1);  // x's planned place
+    CHECK(s.last_run_stats().arena_input_bytes == 0);
+    // The same again: recorded without the input.
+    CHECK(output_of(s.run({{"x", Tensor::from_vector<float>({kM}, x)}})) == want);
+    CHECK(s.last_run_stats().arena_bytes == 2 * kMiB);
+    CHECK(output_of(s.run({{"x", Tensor::from_vector<float>({kM}, x)}})) == want);
+    CHECK(s.last_run_stats().arena_served == 3);
+    CHECK(s.last_run_stats().arena_missed == 0);
+    // Back to allocated inputs: served by the pool, planned again, then placed.
+    for (int run = 1; run <= 3; ++run) {
+      INFO("run " << run);
+      CHECK(output_of(s.run({{"x", allocated(s, "x", x)}})) == want);
+      CHECK(s.last_run_stats().arena_missed == 0);
+      CHECK(s.last_run_stats().arena_input_bytes == (run == 3 ? kMiB : 0u));
+    }
+    CHECK(s.last_run_stats().arena_served == 4);
+  }
+
+  SECTION("another input shape goes to the pool, and the plan serves its shapes again after") {
+    const std::vector<float> half = ramp(kM / 2);
+    CHECK(output_of(s.run({{"x", allocated(s, "x", half)}})) == expected_chain(half));
+    CHECK(s.last_run_stats().arena_bytes == 0);
+    CHECK(s.last_run_stats().arena_served == 0);
+    CHECK(s.last_run_stats().arena_missed == 0);
+    CHECK(output_of(s.run({{"x", allocated(s, "x", x)}})) == want);
+    CHECK(s.last_run_stats().arena_served == 4);
+    CHECK(s.last_run_stats().arena_input_bytes == kMiB);
+  }
+
+  SECTION("an allocation the run does not use shifts the order: only the intermediates") {
+    const Tensor unused = allocated(s, "x", x);  // takes x's planned place and keeps it
+    CHECK(output_of(s.run({{"x", allocated(s, "x", x)}})) == want);
+    CHECK(s.last_run_stats().arena_served == 2);  // a and c; b overlaps the unused tensor
+    CHECK(s.last_run_stats().arena_missed == 2);  // b, and x (allocated second: pool)
+    CHECK(unused.to_vector<float>() == x);
+  }
+}
+
+TEST_CASE("inputs in the arena with several inputs, given in another number or order",
+          "[arena][inputs]") {
+  // z = (x*x)*(x*x)*w: x dies at the first node, w at the last.
+  GraphBuilder b;
+  b.input("x", DataType::Float, {kM});
+  b.input("w", DataType::Float, {kM});
+  b.node("Mul", {"x", "x"}, {"a"});
+  b.node("Mul", {"a", "a"}, {"m"});
+  b.node("Mul", {"m", "w"}, {"z"});
+  b.output("z");
+  Session s = session_with(b.build(), true, false, true);
+  const std::vector<float> x = ramp(kM), w(kM, 0.5f);
+  std::vector<float> want(kM);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const float a = x[i] * x[i];
+    want[i] = a * a * w[i];
+  }
+  auto both = [&] {
+    Tensor tx = allocated(s, "x", x), tw = allocated(s, "w", w);
+    return output_of(s.run({{"x", std::move(tx)}, {"w", std::move(tw)}}));
+  };
+  for (int run = 1; run <= 3; ++run) CHECK(both() == want);
+  REQUIRE(s.last_run_stats().arena_input_bytes == 2 * kMiB);
+  REQUIRE(s.last_run_stats().arena_missed == 0);
+  const uint64_t served = s.last_run_stats().arena_served;
+
+  // Only x from allocate_input.
+  {
+    Tensor tx = allocated(s, "x", x);
+    CHECK(output_of(s.run({{"x", std::move(tx)}, {"w", Tensor::from_vector<float>({kM}, w)}})) ==
+          want);
+    CHECK(s.last_run_stats().arena_input_bytes == kMiB);
+    CHECK(s.last_run_stats().arena_missed == 1);  // w's place
+    CHECK(s.last_run_stats().arena_served == served - 1);
+  }
+  // Both, allocated in the other order: neither matches the plan's first entry.
+  {
+    Tensor tw = allocated(s, "w", w), tx = allocated(s, "x", x);
+    CHECK(output_of(s.run({{"x", std::move(tx)}, {"w", std::move(tw)}})) == want);
+    CHECK(s.last_run_stats().arena_input_bytes == 0);
+    CHECK(s.last_run_stats().arena_missed == 2);
+  }
+  CHECK(both() == want);
+  CHECK(s.last_run_stats().arena_missed == 0);
+  CHECK(s.last_run_stats().arena_input_bytes == 2 * kMiB);
+}
+
+TEST_CASE("an input written in place into an output stays out of the arena", "[arena][inputs]") {
+  GraphBuilder b;
+  b.input("x", DataType::Float, {kN});
+  b.node("Relu", {"x"}, {"y"});
+  b.output("y");
+  Session s = session_with(b.build(), true, false, true);
+  const std::vector<float> x(kN, -1.0f), want(kN, 0.0f);
+  for (int run = 1; run <= 4; ++run) {
+    INFO("run " << run);
+    Tensor t = allocated(s, "x", x);
+    const std::byte* bytes = t.raw_data();
+    auto out = s.run({{"x", std::move(t)}});
+    CHECK(out[0].value.tensor().to_vector<float>() == want);
+    CHECK(out[0].value.tensor().raw_data() == bytes);  // Relu wrote into the input
+    CHECK(s.last_run_stats().arena_bytes == 0);
+    CHECK(s.last_run_stats().arena_missed == 0);
+    CHECK(s.last_run_stats().arena_input_bytes == 0);
+  }
+}
+
+TEST_CASE("allocate_input checks the name, element type and declared shape", "[arena][inputs]") {
+  GraphBuilder b;
+  b.input("x", DataType::Float, {2, -1});
+  b.node("Relu", {"x"}, {"y"});
+  b.output("y");
+  Session s = session_with(b.build(), true, false, true);
+  auto error = [&](const std::string& name, DataType dtype, const Shape& shape) -> std::string {
+    try {
+      s.allocate_input(name, dtype, shape);
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::InvalidArgument);
+      return e.what();
+    }
+    return "";
+  };
+  CHECK_THAT(error("nope", DataType::Float, {2, 3}), Catch::Contains("not a graph input"));
+  CHECK_THAT(error("y", DataType::Float, {2, 3}), Catch::Contains("not a graph input"));
+  CHECK_THAT(error("x", DataType::Int64, {2, 3}), Catch::Contains("element type int64"));
+  CHECK_THAT(error("x", DataType::Float, {2}), Catch::Contains("rank 1"));
+  CHECK_THAT(error("x", DataType::Float, {3, 3}), Catch::Contains("dimension 0 is 3"));
+  Tensor t = s.allocate_input("x", DataType::Float, {2, 5});  // any size where not fixed
+  CHECK(t.shape() == Shape{2, 5});
+  std::fill_n(t.data<float>(), 10, 2.0f);
+  auto out = s.run({{"x", std::move(t)}});
+  CHECK(out[0].value.tensor().to_vector<float>() == std::vector<float>(10, 2.0f));
+}
+
+TEST_CASE("empty inputs and intermediates stay out of the arena", "[arena][inputs]") {
+  Session s = session_with(big_chain(), true, false, true);
+  for (int run = 1; run <= 4; ++run) {
+    INFO("run " << run);
+    Tensor t = s.allocate_input("x", DataType::Float, {0});
+    auto out = s.run({{"x", std::move(t)}});
+    CHECK(out[0].value.tensor().numel() == 0);
+    CHECK(s.last_run_stats().arena_bytes == 0);
+    CHECK(s.last_run_stats().arena_served == 0);
+    CHECK(s.last_run_stats().arena_missed == 0);
+    CHECK(s.last_run_stats().arena_input_bytes == 0);
+  }
+  // The 1 MiB input after them: planned and placed as usual.
+  const std::vector<float> x = ramp(kM);
+  for (int run = 1; run <= 3; ++run) {
+    CHECK(output_of(s.run({{"x", allocated(s, "x", x)}})) == expected_chain(x));
+  }
+  CHECK(s.last_run_stats().arena_served == 4);
+  CHECK(s.last_run_stats().arena_input_bytes == kMiB);
 }

@@ -40,6 +40,10 @@ struct RunStats {
   uint64_t arena_lower_bound = 0;
   uint64_t arena_served = 0;
   uint64_t arena_missed = 0;
+  // With SessionOptions::inputs_in_arena: the arena bytes taken by the graph inputs of this
+  // run that Session::allocate_input placed in it (each rounded up to 64, as in
+  // arena_bytes; they are counted in arena_served too).
+  uint64_t arena_input_bytes = 0;
   uint64_t nodes_run = 0;  // nodes executed, subgraph nodes included
   // With SessionOptions::release_weights_after_use: mapped weights whose pages were given
   // back after their last use. A failure leaves the pages resident and the run going; the
@@ -104,6 +108,12 @@ struct SessionOptions {
   // Graph inputs passed by move join the pool after their last read, so later buffers
   // reuse their memory. Off by default: the caller's buffers are overwritten.
   bool reuse_input_buffers = false;
+  // Graph inputs made with Session::allocate_input and passed to run() by move take part in
+  // the arena: they are recorded as alive from the start of the run to their last read,
+  // and once an arena is planned for the run's shapes, allocate_input places them at their
+  // planned offsets, so later intermediates reuse their bytes after their last read. Off by
+  // default: the data of such inputs is overwritten during the run.
+  bool inputs_in_arena = false;
   // Low-memory runs: after each weight's last use in a run (a nested graph reading it counts
   // as a use by its If/Loop/Scan node), give its pages back to the OS, so that about one
   // layer's weights are resident at a time. Applies to the main graph's weights viewed in
@@ -146,6 +156,15 @@ class Session {
   std::vector<NamedValue> run(std::vector<NamedValue> inputs);
   // The same for a braced list: values moved into the list are owned by the run.
   std::vector<NamedValue> run(std::initializer_list<NamedValue> inputs);
+
+  // A tensor for graph input `name`, to fill and pass to the next run() by move: its storage
+  // comes from the session's buffer pool (uninitialized) and, with
+  // SessionOptions::inputs_in_arena, from the activation arena once one is planned for the
+  // shapes of the inputs allocated since the last run (in the same order). Any run stays
+  // correct whatever it is given: a tensor not passed, passed by copy or under other shapes
+  // only costs arena reuse. Throws kiln::Error (InvalidArgument) when `name` is not a graph
+  // input, or `dtype` or `shape` contradict its declared type.
+  Tensor allocate_input(const std::string& name, DataType dtype, const Shape& shape);
 
   // Gives the hollow constant `name` its data: exactly the tensor's byte size, in kiln's
   // layout (row-major, native byte order, as ONNX raw_data on little-endian machines). The
