@@ -8,6 +8,10 @@ child process (peak = the child's own VmHWM, so nothing of this script counts).
      the onnx package with external data (aligned, hence used in place from the mapping).
   2. Load peak: loading + first run of decoder_model_merged.onnx, and of all-MiniLM-L6-v2
      (sequence 128, from --minilm-dir when it exists), kiln vs onnxruntime.
+  4. Graph first, weights later: the encoder re-saved with external data, loaded without its
+     data file (hollow constants), then each weight given with Session::set_constant, read
+     one at a time (kiln-rss --constants-from); peak vs weights + largest weight + 16 MiB.
+     Run alone with --parts hollow.
   3. Two sessions over the same weights: decoder_model.onnx alone, then beside
      decoder_with_past_model.onnx in one Environment (weights shared, kiln-rss --also) and
      with sharing off (--no-share-weights); onnxruntime with two InferenceSessions. The first
@@ -197,6 +201,46 @@ def first_decoder_inputs(model_dir, tmp):
     return {k: paths[k] for k in ("input_ids", "encoder_hidden_states")}
 
 
+def hollow_part(args):
+    import onnx
+    import shutil
+    encoder = os.path.join(args.model_dir, "encoder_model.onnx")
+    with tempfile.TemporaryDirectory() as tmp:
+        full = external_data_copy(encoder, tmp)
+        data_dir = os.path.dirname(full)
+        hollow_dir = os.path.join(tmp, "hollow")
+        os.makedirs(hollow_dir)
+        hollow = os.path.join(hollow_dir, os.path.basename(full))
+        shutil.copy(full, hollow)  # the .onnx alone: its data file is missing there
+        m = onnx.load(full, load_external_data=False)
+        manifest = os.path.join(tmp, "manifest.tsv")
+        weights = 0
+        with open(manifest, "w") as f:
+            for t in m.graph.initializer:
+                if t.data_location != onnx.TensorProto.EXTERNAL:
+                    continue
+                kv = {e.key: e.value for e in t.external_data}
+                f.write(f"{t.name}\t{os.path.join(data_dir, kv['location'])}\t"
+                        f"{kv.get('offset', '0')}\t{kv['length']}\n")
+                weights += int(kv["length"])
+        enc_in = encoder_inputs(args.model_dir, tmp)
+        reports = [measure_kiln(args.kiln_rss, hollow, enc_in, args.threads, False,
+                                extra=("--constants-from", manifest))
+                   for _ in range(args.repeat)]
+        rep, peaks = median_report(reports)
+    largest = rep["largest_constant_bytes"]
+    bound = rep["weights_bytes"] + largest + 16 * MiB
+    print("## Encoder, graph first, weights later (set_constant)")
+    print("| RSS before load MiB | RSS after load, hollow MiB | peak after set_constant MiB | "
+          "external weights MiB (constants set) | largest weight MiB | "
+          "weights + largest + 16 MiB | RSS after run MiB | child peak MiB (all children) |")
+    print("|---|---|---|---|---|---|---|---|")
+    print(f"| {mib(rep['rss_inputs_bytes'])} | {mib(rep['rss_hollow_bytes'])} | "
+          f"{mib(rep['peak_rss_after_load_bytes'])} | {mib(weights)} ({rep['constants_set']}) | "
+          f"{mib(largest)} | {mib(bound)} | {mib(rep['runs'][0]['rss_after_bytes'])} | "
+          f"{mib(rep['child_peak_rss_bytes'])} ({', '.join(mib(p) for p in peaks)}) |")
+
+
 def measure_kiln(kiln_rss, model, inputs, threads, release, save=None, extra=()):
     cmd = [kiln_rss, model, "--threads", str(threads)] + npy_args("--input", inputs)
     cmd += list(extra)
@@ -234,7 +278,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3, help="children per configuration")
     ap.add_argument("--json", action="store_true", help="print the raw reports as JSON")
+    ap.add_argument("--parts", default="all", choices=["all", "hollow"])
     args = ap.parse_args()
+    if args.parts == "hollow":
+        return hollow_part(args)
 
     encoder = os.path.join(args.model_dir, "encoder_model.onnx")
     decoder = os.path.join(args.model_dir, "decoder_model_merged.onnx")

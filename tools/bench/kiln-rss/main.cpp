@@ -5,10 +5,15 @@
 //            [--release-weights] [--save-output FILE.npy]
 //            [--also MODEL2 ...] [--no-share-weights]
 //
+// --constants-from MANIFEST loads MODEL with defer_missing_weights (its external data file
+// absent) and then gives each hollow constant its bytes with Session::set_constant, read one
+// at a time from the files the manifest names (lines "name<TAB>file<TAB>offset<TAB>length").
+//
 // --also loads more sessions in the same Environment after MODEL (they are not run), to
 // measure what a second session over the same weights adds.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -32,7 +37,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 int usage() {
   std::cerr << "usage: kiln-rss MODEL [--input NAME=FILE.npy ...] [--runs N] [--threads N]\n"
                "                [--release-weights] [--save-output FILE.npy]\n"
-               "                [--also MODEL2 ...] [--no-share-weights]\n";
+               "                [--also MODEL2 ...] [--no-share-weights]\n"
+               "                [--constants-from MANIFEST]\n";
   return 2;
 }
 
@@ -46,6 +52,7 @@ int main(int argc, char** argv) {
   bool release = false, share = true;
   std::string save_output;
   std::vector<std::string> also;
+  std::string manifest;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -66,6 +73,8 @@ int main(int argc, char** argv) {
         release = true;
       } else if (a == "--also") {
         also.push_back(next());
+      } else if (a == "--constants-from") {
+        manifest = next();
       } else if (a == "--no-share-weights") {
         share = false;
       } else if (a == "--save-output") {
@@ -91,8 +100,35 @@ int main(int argc, char** argv) {
     so.environment = std::make_shared<kiln::Environment>(threads);
     so.release_weights_after_use = release;
     so.share_weights = share;
+    so.defer_missing_weights = !manifest.empty();
     auto t0 = std::chrono::steady_clock::now();
     kiln::Session session(model, so);
+    const uint64_t rss_hollow = current_rss_bytes();
+    uint64_t constants_set = 0, largest_constant = 0;
+    if (!manifest.empty()) {
+      std::ifstream lines(manifest);
+      std::string name, file;
+      uint64_t offset = 0, length = 0;
+      while (std::getline(lines, name, '\t') && std::getline(lines, file, '\t') &&
+             lines >> offset >> length) {
+        lines.ignore(1);
+        // One weight at a time: the read buffer is the only extra copy, freed after each.
+        std::vector<char> bytes(length);
+        std::ifstream in(file, std::ios::binary);
+        in.seekg(static_cast<std::streamoff>(offset));
+        if (!in.read(bytes.data(), static_cast<std::streamsize>(length))) {
+          throw kiln::Error(kiln::ErrorKind::InvalidArgument, "cannot read " + file);
+        }
+        session.set_constant(name, bytes.data(), bytes.size());
+        ++constants_set;
+        largest_constant = std::max<uint64_t>(largest_constant, length);
+      }
+      if (!session.missing_constants().empty()) {
+        throw kiln::Error(
+            kiln::ErrorKind::InvalidArgument,
+            std::to_string(session.missing_constants().size()) + " constants not in the manifest");
+      }
+    }
     const double load_ms = ms_since(t0);
     const uint64_t rss_loaded = current_rss_bytes(), peak_loaded = peak_rss_bytes();
     std::vector<kiln::Session> others;
@@ -133,6 +169,9 @@ int main(int argc, char** argv) {
     j.field("weights_mapped_bytes", session.load_stats().weights_mapped_bytes);
     j.field("weights_copied_bytes", session.load_stats().weights_copied_bytes);
     j.field("weights_prepared_count", session.load_stats().weights_prepared_count);
+    j.field("rss_hollow_bytes", rss_hollow);
+    j.field("constants_set", constants_set);
+    j.field("largest_constant_bytes", largest_constant);
     j.field("share_weights", share);
     j.key("also").begin_array();
     for (const kiln::Session& o : others) {
