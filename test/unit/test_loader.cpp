@@ -9,29 +9,14 @@
 #include "proto/loader.h"
 #include "proto/testing/model_writer.h"
 #include "test/unit/op_test.h"
+#include "test/unit/temp_dir.h"
 
 using namespace kiln;
+using kiln::testing::TempDir;
 using namespace kiln::proto::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh temporary folder, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kiln-test-XXXXXX").string();
-    path = mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name, const std::string& bytes) const {
-    const fs::path p = path / name;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary)
-        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    return p.string();
-  }
-};
 
 std::vector<uint8_t> float_bytes(const std::vector<float>& v) {
   std::vector<uint8_t> b(v.size() * sizeof(float));

@@ -15,6 +15,7 @@
 #include "proto/loader.h"
 #include "proto/testing/model_writer.h"
 #include "test/unit/op_test.h"
+#include "test/unit/temp_dir.h"
 
 using namespace kiln;
 using namespace kiln::testing;
@@ -22,21 +23,6 @@ using namespace kiln::proto::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kiln-weights-XXXXXX").string();
-    path = mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name, const std::string& bytes) const {
-    const fs::path p = path / name;
-    std::ofstream(p, std::ios::binary)
-        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    return p.string();
-  }
-};
 
 const size_t kPage = page_size();
 
