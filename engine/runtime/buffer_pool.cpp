@@ -51,9 +51,23 @@ std::byte* PoolCore::place_in_arena(const ArenaLayout& l, size_t index, size_t b
   return arena_ + begin;
 }
 
-// Called with mutex_ held while an arena is active.
-std::byte* PoolCore::acquire_from_arena(size_t bytes, size_t& capacity) {
-  return place_in_arena(*layout_, arena_next_++, bytes, capacity);
+// Called with mutex_ held while an arena is active. `missed`: the request was planned in
+// the arena (or not planned at all) and is not served from it.
+std::byte* PoolCore::acquire_from_arena(size_t bytes, size_t& capacity, bool& missed) {
+  const ArenaLayout& l = *layout_;
+  if (!l.steps.empty()) {
+    const int32_t step = step_.load(std::memory_order_relaxed);
+    while (arena_next_ < l.steps.size() && l.steps[arena_next_] < step) ++arena_next_;
+    if (arena_next_ >= l.steps.size() || l.steps[arena_next_] != step) {
+      missed = true;  // not foreseen by the plan
+      return nullptr;
+    }
+  }
+  const size_t index = arena_next_++;
+  std::byte* data = place_in_arena(l, index, bytes, capacity);
+  // Buffers planned outside the arena (they outlive the run) are no miss.
+  missed = !data && (index >= l.in_arena.size() || l.in_arena[index]);
+  return data;
 }
 
 // Called with mutex_ held. The arena moves only while nothing lives in it.
@@ -88,18 +102,17 @@ std::shared_ptr<Storage> PoolCore::acquire(size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (arena_active_) {
-      const size_t index = arena_next_;
-      data = acquire_from_arena(bytes, capacity);
+      bool missed = false;
+      data = acquire_from_arena(bytes, capacity, missed);
       if (data) {
         ++arena_served;
-        return make_storage(data, capacity);
+      } else {
+        if (missed) ++arena_missed;
+        capacity = cls;
       }
-      // Buffers planned outside the arena (they outlive the run) are no miss.
-      if (index >= layout_->in_arena.size() || layout_->in_arena[index]) ++arena_missed;
-      capacity = cls;
     }
     // Best fit among cached buffers no more than twice the size class.
-    auto it = free_.lower_bound(cls);
+    auto it = data ? free_.end() : free_.lower_bound(cls);
     if (it != free_.end() && it->first <= 2 * cls) {
       capacity = it->first;
       data = it->second;
@@ -114,6 +127,7 @@ std::shared_ptr<Storage> PoolCore::acquire(size_t bytes) {
     ++allocations;
     bytes_allocated += capacity;
   }
+  // Recorded wherever served: a run in an arena planned from shapes records the exact one.
   if (recording_) {
     std::lock_guard<std::mutex> lock(mutex_);
     recorded_live_[data] = recorded_.size();

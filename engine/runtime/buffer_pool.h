@@ -17,12 +17,17 @@ namespace kiln {
 namespace detail {
 
 // Where each buffer of a run goes in the activation arena, in the order the run acquires
-// them. Buffers that outlived the recorded run (outputs handed to the caller) stay in the
-// pool (`in_arena` false).
+// them. Buffers that outlived the planned run (outputs handed to the caller) stay in the
+// pool (`in_arena` false). `steps` (when given) is the executor step each entry is acquired
+// at: a request is matched with the next entry of its own step, so a request the plan did
+// not foresee, or a planned one that did not come (the kernel wrote in place), shifts
+// nothing after it.
 struct ArenaLayout {
   std::vector<uint64_t> bytes, offsets;
   std::vector<bool> in_arena;
+  std::vector<int32_t> steps;
   uint64_t arena_bytes = 0;
+  uint64_t lower_bound = 0;  // most bytes alive at once in the plan
 };
 
 // One buffer acquired while recording: its size and the steps at which it was acquired
@@ -77,7 +82,7 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
 
  private:
   std::shared_ptr<Storage> make_storage(std::byte* data, size_t capacity);
-  std::byte* acquire_from_arena(size_t bytes, size_t& capacity);
+  std::byte* acquire_from_arena(size_t bytes, size_t& capacity, bool& missed);
   std::byte* place_in_arena(const ArenaLayout& l, size_t index, size_t bytes, size_t& capacity);
   bool reserve_arena(uint64_t bytes);
 

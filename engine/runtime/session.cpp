@@ -7,8 +7,10 @@
 
 #include "engine/ir/graph.h"
 #include "engine/passes/passes.h"
+#include "engine/plan/buffer_prediction.h"
 #include "engine/plan/memory_plan.h"
 #include "engine/plan/plan.h"
+#include "engine/plan/shape_inference.h"
 #include "engine/runtime/buffer_pool.h"
 #include "engine/runtime/executor.h"
 #include "engine/runtime/session_internal.h"
@@ -146,7 +148,10 @@ struct Session::Impl {
   std::string arena_shapes;               // the shapes part of arena_signature
   std::vector<std::string> arena_inputs;  // keys of the layout's first entries (graph inputs)
   std::shared_ptr<const detail::ArenaLayout> arena;
-  uint64_t arena_lower_bound = 0;
+  // Plan the arena from inferred shapes (SessionOptions::arena_from_shapes, and shape
+  // inference covers every node of the main graph, which has no nested graphs).
+  bool shape_planning = false;
+  std::string shapes_not_planned;  // the last input shapes shape planning failed for
 
   // Inputs handed out by allocate_input since the last run (the next run's "cycle").
   struct AllocatedInput {
@@ -174,8 +179,8 @@ struct Session::Impl {
     mark_reuses = core.reuses;
   }
 
-  // Plans the arena from the buffers of a recorded run; the first `input_keys.size()` of
-  // them are the graph inputs with those keys.
+  // Plans the arena from the buffers of a run (recorded, or predicted from shapes); the
+  // first `input_keys.size()` of them are the graph inputs with those keys.
   void plan_arena(const std::vector<detail::RecordedBuffer>& recorded, std::string signature,
                   std::string shapes, std::vector<std::string> input_keys) {
     std::vector<plan::BufferLifetime> lifetimes;
@@ -192,17 +197,47 @@ struct Session::Impl {
     layout->bytes.resize(recorded.size());
     layout->offsets.resize(recorded.size());
     layout->in_arena.assign(recorded.size(), false);
+    for (const detail::RecordedBuffer& b : recorded) layout->steps.push_back(b.first);
     for (size_t k = 0; k < index.size(); ++k) {
       layout->bytes[index[k]] = (lifetimes[k].bytes + 63) / 64 * 64;
       layout->offsets[index[k]] = mp.offsets[k];
       layout->in_arena[index[k]] = true;
     }
     layout->arena_bytes = mp.arena_bytes;
+    layout->lower_bound = mp.lower_bound;
     arena = std::move(layout);
-    arena_lower_bound = mp.lower_bound;
     arena_signature = std::move(signature);
     arena_shapes = std::move(shapes);
     arena_inputs = std::move(input_keys);
+  }
+
+  // Plans the arena for a run on `ordered` before it starts, from the shapes inferred for
+  // its inputs. False when some shape or buffer cannot be known before the run.
+  bool plan_arena_from_shapes(const std::vector<Value>& ordered, const std::string& shapes) {
+    if (!shape_planning || shapes == shapes_not_planned) return false;
+    const ir::Graph& g = *model.graph;
+    std::vector<plan::InferredValue> given(g.inputs.size());
+    for (size_t i = 0; i < g.inputs.size() && i < ordered.size(); ++i) {
+      if (!ordered[i].is_tensor() || !ordered[i].tensor().defined()) continue;
+      // Shapes only: the plan must hold for any data of these shapes.
+      given[i].known = true;
+      given[i].dtype = ordered[i].tensor().dtype();
+      given[i].shape = ordered[i].tensor().shape();
+    }
+    std::vector<int32_t> order;
+    for (const plan::Step& step : plan->steps) order.push_back(step.node_index);
+    const plan::ShapeInference inferred = plan::infer_shapes(g, order, given);
+    plan::BufferPrediction predicted;
+    if (inferred.first_unknown.empty()) predicted = plan::predict_buffers(*plan, inferred.values);
+    if (!predicted.complete) {
+      shapes_not_planned = shapes;
+      return false;
+    }
+    std::vector<detail::RecordedBuffer> buffers;
+    for (const plan::PredictedBuffer& b : predicted.buffers)
+      buffers.push_back({b.bytes, b.first, b.last});
+    plan_arena(buffers, shapes + "|", shapes, {});
+    return true;
   }
   std::unique_ptr<WeightRelease> weight_release;  // release_weights_after_use only
   std::vector<ir::ValueId> hollow;                // main-graph hollow constants
@@ -235,6 +270,11 @@ struct Session::Impl {
     preparer->release_unread_originals(*plan);
     profile = options.profile;
     memory_arena = options.memory_arena;
+    shape_planning = memory_arena && options.arena_from_shapes;
+    for (const plan::Step& step : plan->steps) {
+      shape_planning =
+          shape_planning && step.subgraphs.empty() && plan::shape_inference_covers(*step.node);
+    }
     reuse_inputs = options.reuse_input_buffers;
     inputs_in_arena = options.inputs_in_arena;
     const ir::Graph& g = *model.graph;
@@ -556,10 +596,13 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
     }
   }
 
-  // The arena is planned from the second run with the same signature and used from the
-  // third, so a decode loop whose shapes change every step never pays for recording.
+  // A graph whose shapes follow from its input shapes gets its arena before the first run
+  // with those shapes; that run is recorded too, and the exact recorded layout serves the
+  // later ones. Otherwise the arena is planned from the second run with the same signature
+  // and used from the third, so a decode loop whose shapes change every step never pays
+  // for recording.
   std::string shapes, signature;
-  bool recording = false, in_arena = false;
+  bool recording = false, in_arena = false, from_shapes = false;
   if (s.memory_arena) {
     for (const Value& v : ordered) shapes += v.defined() ? v.describe() + ";" : "-;";
     signature = shapes + "|";
@@ -567,6 +610,10 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
     pool.set_step(0);  // inputs are alive from before the first step
     if (s.arena && signature == s.arena_signature) {
       in_arena = pool.begin_arena(s.arena, s.arena_inputs.size());
+    } else if (held_keys.empty() && s.plan_arena_from_shapes(ordered, shapes)) {
+      in_arena = from_shapes = pool.begin_arena(s.arena, 0);
+      pool.begin_recording();
+      recording = true;
     } else if (signature == s.last_signature) {
       pool.begin_recording(held_buffers);
       recording = true;
@@ -588,6 +635,7 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
       if (s.arena->in_arena[j] && !placed) ++s.run_stats.arena_missed;
     }
   }
+  const std::shared_ptr<const detail::ArenaLayout> used = in_arena ? s.arena : nullptr;
   std::vector<Value> results;
   Executor ex(s.pool, s.run_stats, s.profile ? &s.events : nullptr);
   ex.set_adopt_inputs(s.reuse_inputs);
@@ -608,10 +656,12 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
   }
   if (in_arena) pool.end_arena();
   if (s.memory_arena) s.last_signature = std::move(signature);
-  if (s.arena && (recording || in_arena)) {
-    s.run_stats.arena_bytes = s.arena->arena_bytes;
-    s.run_stats.arena_lower_bound = s.arena_lower_bound;
+  const std::shared_ptr<const detail::ArenaLayout> reported = used ? used : s.arena;
+  if (reported && (recording || in_arena)) {
+    s.run_stats.arena_bytes = reported->arena_bytes;
+    s.run_stats.arena_lower_bound = reported->lower_bound;
   }
+  s.run_stats.arena_from_shapes = from_shapes;
   s.run_stats.arena_served += pool.arena_served - served0;
   s.run_stats.arena_missed += pool.arena_missed - missed0;
   s.run_stats.allocations = pool.allocations - alloc0;

@@ -1,5 +1,6 @@
-// The activation arena and input-buffer reuse, with exact counters: the layout planned from a
-// recorded run, runs served from it, a run that diverges from the recording staying correct,
+// The activation arena and input-buffer reuse, with exact counters: the layout planned from
+// inferred shapes before the first run, the layout planned from a recorded run, runs served
+// from it, a run that diverges from the recording staying correct,
 // dead graph inputs serving later buffers, and graph inputs placed in the arena.
 #include "engine/runtime/session_internal.h"
 #include "test/unit/op_test.h"
@@ -11,13 +12,15 @@ namespace {
 
 constexpr int64_t kN = 256;  // 1 KiB of float32
 
+// Unless `from_shapes`, arenas come from recorded runs only (the tests of that path).
 Session session_with(std::shared_ptr<ir::Graph> g, bool arena, bool reuse_inputs,
-                     bool inputs_in_arena = false) {
+                     bool inputs_in_arena = false, bool from_shapes = false) {
   SessionOptions so;
   so.environment = std::make_shared<Environment>(1);
   so.memory_arena = arena;
   so.reuse_input_buffers = reuse_inputs;
   so.inputs_in_arena = inputs_in_arena;
+  so.arena_from_shapes = from_shapes;
   return session_from_model(make_model(std::move(g)), so);
 }
 
@@ -409,4 +412,139 @@ TEST_CASE("empty inputs and intermediates stay out of the arena", "[arena][input
   }
   CHECK(s.last_run_stats().arena_served == 4);
   CHECK(s.last_run_stats().arena_input_bytes == kMiB);
+}
+
+TEST_CASE("the arena is planned from inferred shapes before the first run", "[arena][shapes]") {
+  Session s = session_with(chain(), true, false, false, true);
+  std::vector<float> x(kN);
+  for (int64_t i = 0; i < kN; ++i) x[static_cast<size_t>(i)] = 0.25f * static_cast<float>(i % 7);
+  const Tensor input = Tensor::from_vector<float>({kN}, x);
+  const auto want = expected_chain(x);
+
+  auto out = s.run({{"x", input}});  // the first run with these shapes is served already
+  CHECK(out[0].value.tensor().to_vector<float>() == want);
+  const RunStats first = s.last_run_stats();
+  CHECK(first.arena_from_shapes);
+  CHECK(first.arena_bytes == 2048);  // a and c share an offset, as in the recorded plan
+  CHECK(first.arena_lower_bound == 2048);
+  CHECK(first.arena_served == 3);
+  CHECK(first.arena_missed == 0);
+  CHECK(first.allocations == 2);  // the arena and y
+
+  out = s.run({{"x", input}});  // the layout recorded in the first run serves the others
+  CHECK(out[0].value.tensor().to_vector<float>() == want);
+  CHECK_FALSE(s.last_run_stats().arena_from_shapes);
+  CHECK(s.last_run_stats().arena_bytes == 2048);
+  CHECK(s.last_run_stats().arena_served == 3);
+  CHECK(s.last_run_stats().allocations == 1);  // y, while the caller still holds the first
+  out.clear();
+  out = s.run({{"x", input}});
+  CHECK(s.last_run_stats().allocations == 0);
+}
+
+TEST_CASE("planning from shapes follows views and in-place writes", "[arena][shapes]") {
+  // a = x*x                  A (1 KiB), alive from step 1
+  // r = Reshape(a, [16,16])  a view of A
+  // b = Relu(r)              in place: r owns A alone and is read for the last time
+  // c = b*b                  C (1 KiB); b is read twice, so not in place; A dies here
+  // d = Sigmoid(c)           in place in C
+  // e = d + x                in place in C (x is the caller's, never written)
+  // y = e*e                  the output, from the pool
+  // A lives over steps 1-4 and C over 4-7, so they overlap: 2 KiB, the lower bound.
+  GraphBuilder b;
+  b.input("x", DataType::Float, {kN});
+  b.initializer("shape", Tensor::from_vector<int64_t>({2}, {16, 16}));
+  b.initializer("flat", Tensor::from_vector<int64_t>({1}, {kN}));
+  b.node("Mul", {"x", "x"}, {"a"});
+  b.node("Reshape", {"a", "shape"}, {"r"});
+  b.node("Relu", {"r"}, {"b"});
+  b.node("Mul", {"b", "b"}, {"c"});
+  b.node("Sigmoid", {"c"}, {"d"});
+  b.node("Reshape", {"d", "flat"}, {"d2"});
+  b.node("Add", {"d2", "x"}, {"e"});
+  b.node("Mul", {"e", "e"}, {"y"});
+  b.output("y");
+  Session s = session_with(b.build(), true, false, false, true);
+  std::vector<float> x(kN);
+  for (int64_t i = 0; i < kN; ++i) x[static_cast<size_t>(i)] = 0.01f * static_cast<float>(i - 128);
+  std::vector<float> want(kN);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float a = std::max(x[i] * x[i], 0.0f), c = a * a;
+    const float e = 1.0f / (1.0f + std::exp(-c)) + x[i];
+    want[i] = e * e;
+  }
+  auto out = s.run({{"x", Tensor::from_vector<float>({kN}, x)}});
+  const std::vector<float> got = out[0].value.tensor().to_vector<float>();
+  for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-6));
+  const RunStats first = s.last_run_stats();
+  CHECK(first.arena_from_shapes);
+  CHECK(first.in_place_ops == 3);
+  CHECK(first.arena_bytes == 2048);
+  CHECK(first.arena_lower_bound == 2048);
+  CHECK(first.arena_served == 2);
+  CHECK(first.arena_missed == 0);
+  s.run({{"x", Tensor::from_vector<float>({kN}, x)}});
+  CHECK(s.last_run_stats().arena_bytes == first.arena_bytes);  // the recorded plan agrees
+  CHECK(s.last_run_stats().arena_served == 2);
+}
+
+TEST_CASE("shapes computed by the graph (Shape, Gather, Concat, Reshape) plan every new length",
+          "[arena][shapes]") {
+  // a = x*x (n x 64 floats), s = Shape(a), g = Gather(s, 0), u = Unsqueeze(g),
+  // t = Concat(u, [8, 8]) appended in place (G's 64 bytes have room for 3 values),
+  // r = Reshape(a, t), z = Softmax(r) in place, y = z*z.
+  // Buffers: A (256n bytes, steps 1-8), S (16 bytes, 2-3), G (8 bytes, 3-6): the two small
+  // ones take 64 bytes each and overlap at step 3, so the arena is 256n + 128.
+  GraphBuilder b;
+  b.input("x", DataType::Float, {-1, 64});
+  b.initializer("zero", Tensor::from_vector<int64_t>({}, {0}));
+  b.initializer("axes", Tensor::from_vector<int64_t>({1}, {0}));
+  b.initializer("eights", Tensor::from_vector<int64_t>({2}, {8, 8}));
+  b.node("Mul", {"x", "x"}, {"a"});
+  b.node("Shape", {"a"}, {"s"});
+  b.node("Gather", {"s", "zero"}, {"g"});
+  b.node("Unsqueeze", {"g", "axes"}, {"u"});
+  b.node("Concat", {"u", "eights"}, {"t"}, {int_attr("axis", 0)});
+  b.node("Reshape", {"a", "t"}, {"r"});
+  b.node("Softmax", {"r"}, {"z"}, {int_attr("axis", -1)});
+  b.node("Mul", {"z", "z"}, {"y"});
+  b.output("y");
+  Session s = session_with(b.build(), true, false, false, true);
+  for (int64_t n : {2, 3, 2}) {
+    INFO("n = " << n);
+    const Tensor x = Tensor::from_vector<float>({n, 64}, std::vector<float>(n * 64, 1.0f));
+    auto out = s.run({{"x", x}});
+    CHECK(out[0].value.tensor().shape() == Shape{n, 8, 8});
+    // Softmax over 8 equal values is 1/8 everywhere.
+    CHECK(out[0].value.tensor().to_vector<float>() == std::vector<float>(n * 64, 1.0f / 64));
+    const RunStats& st = s.last_run_stats();
+    CHECK(st.arena_from_shapes);  // each length is new to the run before it
+    CHECK(st.arena_bytes == static_cast<uint64_t>(256 * n + 128));
+    CHECK(st.arena_lower_bound == static_cast<uint64_t>(256 * n + 128));
+    CHECK(st.arena_served == 3);
+    CHECK(st.arena_missed == 0);
+    CHECK(st.in_place_ops == 2);  // Concat and Softmax
+  }
+}
+
+TEST_CASE("shapes known only when run fall back to a recorded arena", "[arena][shapes]") {
+  // The Reshape target is a graph input: its values, not only its shape, fix y's shape.
+  GraphBuilder b;
+  b.input("x", DataType::Float, {kN});
+  b.input("target", DataType::Int64, {2});
+  b.node("Mul", {"x", "x"}, {"a"});
+  b.node("Reshape", {"a", "target"}, {"r"});
+  b.node("Mul", {"r", "r"}, {"c"});
+  b.node("Mul", {"c", "c"}, {"y"});
+  b.output("y");
+  Session s = session_with(b.build(), true, false, false, true);
+  const Tensor x = Tensor::from_vector<float>({kN}, std::vector<float>(kN, 2.0f));
+  const Tensor target = Tensor::from_vector<int64_t>({2}, {16, 16});
+  for (int run = 0; run < 3; ++run) {
+    auto out = s.run({{"x", x}, {"target", target}});
+    CHECK(out[0].value.tensor().to_vector<float>() == std::vector<float>(kN, 256.0f));
+    CHECK_FALSE(s.last_run_stats().arena_from_shapes);
+  }
+  CHECK(s.last_run_stats().arena_bytes == 2048);  // recorded on the 2nd run, used on the 3rd
+  CHECK(s.last_run_stats().arena_served == 2);
 }

@@ -1,6 +1,7 @@
 // The executor and planner on hand-built graphs: values freed after their last use, the
 // pool reused across runs, in-place writes only into owned values, captures through
 // nested graphs, and exact copy counts.
+#include "engine/runtime/session_internal.h"
 #include "test/unit/op_test.h"
 
 using namespace kiln;
@@ -13,7 +14,10 @@ TEST_CASE("a value's buffer is reused once its last reader has run", "[executor]
   b.node("Less", {"t1", "x"}, {"t2"});  // last reader of t1
   b.node("Exp", {"x"}, {"t3"});         // gets t1's buffer back from the pool
   b.output("t2").output("t3");
-  Session s = make_session(b.build());
+  SessionOptions so;  // the pool alone (the arena would serve t1)
+  so.environment = std::make_shared<Environment>(1);
+  so.memory_arena = false;
+  Session s = session_from_model(make_model(b.build()), so);
   Tensor x = Tensor::zeros(DataType::Float, {1024});
   s.run({{"x", x}});
   CHECK(s.last_run_stats().allocations == 2);

@@ -35,7 +35,7 @@ constexpr const char* kUsage =
     "usage: onnx-run MODEL [--input NAME=FILE.npy|.pb ...] [--test-data DIR] [--threads N]\n"
     "                [--warmup N] [--repeat N] [--profile trace.json] [--json]\n"
     "                [--output-dir DIR] [--rtol X] [--atol X] [--no-arena] [--reuse-inputs]\n"
-    "                [--inputs-in-arena]\n";
+    "                [--inputs-in-arena] [--arena-from-recording]\n";
 
 struct Options {
   std::string model;
@@ -46,7 +46,7 @@ struct Options {
   int repeat = 1;
   std::string profile;
   bool json = false;
-  bool arena = true, reuse_inputs = false, inputs_in_arena = false;
+  bool arena = true, reuse_inputs = false, inputs_in_arena = false, arena_from_shapes = true;
   std::string output_dir;
   double rtol = 1e-3, atol = 1e-5;
 };
@@ -109,6 +109,8 @@ Options parse(int argc, char** argv) {
       o.reuse_inputs = true;
     } else if (a == "--inputs-in-arena") {
       o.inputs_in_arena = true;
+    } else if (a == "--arena-from-recording") {
+      o.arena_from_shapes = false;
     } else if (a == "--output-dir") {
       o.output_dir = value();
     } else if (a == "--rtol") {
@@ -237,6 +239,7 @@ int run(const Options& o) {
   so.memory_arena = o.arena;
   so.reuse_input_buffers = o.reuse_inputs;
   so.inputs_in_arena = o.inputs_in_arena;
+  so.arena_from_shapes = o.arena_from_shapes;
   kiln::Session session(o.model, so);
   const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t_load).count();
 
@@ -345,6 +348,7 @@ int run(const Options& o) {
     j.field("arena_bytes", stats.arena_bytes).field("arena_lower_bound", stats.arena_lower_bound);
     j.field("arena_served", stats.arena_served).field("arena_missed", stats.arena_missed);
     j.field("arena_input_bytes", stats.arena_input_bytes);
+    j.field("arena_from_shapes", stats.arena_from_shapes);
     j.end_object();
     const kiln::LoadStats& ls = session.load_stats();
     j.key("load_stats").begin_object();
@@ -396,7 +400,8 @@ int run(const Options& o) {
     if (stats.arena_bytes > 0) {
       std::cout << "arena: " << stats.arena_bytes << " bytes (lower bound "
                 << stats.arena_lower_bound << "), " << stats.arena_served << " buffers served, "
-                << stats.arena_missed << " missed";
+                << stats.arena_missed << " missed"
+                << (stats.arena_from_shapes ? ", planned from inferred shapes" : "");
       if (stats.arena_input_bytes > 0) {
         std::cout << ", " << stats.arena_input_bytes << " bytes of inputs in it";
       }

@@ -32,14 +32,16 @@ struct RunStats {
   uint64_t bytes_copied_capture = 0;     // captured values copied into a subgraph
   uint64_t bytes_copied_kernels = 0;     // other data movement (Transpose, Slice, Expand, ...)
   uint64_t in_place_ops = 0;             // nodes that wrote into an input's storage
-  // Activation arena (SessionOptions::memory_arena): the layout planned for these input
-  // shapes (0 until a run with the same shapes as the previous one has been recorded), the
-  // most bytes alive at once in that recording (no layout can be smaller), and the
-  // requests of this run served from the arena or, diverging from the plan, by the pool.
+  // Activation arena (SessionOptions::memory_arena): the layout this run used or recorded
+  // (0 when none), the most bytes alive at once in its plan (no layout can be smaller), and
+  // the requests of this run served from the arena or, diverging from the plan, by the
+  // pool. arena_from_shapes: the layout was planned before this run from the shapes
+  // inferred for its inputs (the first run with these shapes), not from a recorded run.
   uint64_t arena_bytes = 0;
   uint64_t arena_lower_bound = 0;
   uint64_t arena_served = 0;
   uint64_t arena_missed = 0;
+  bool arena_from_shapes = false;
   // With SessionOptions::inputs_in_arena: the arena bytes taken by the graph inputs of this
   // run that Session::allocate_input placed in it (each rounded up to 64, as in
   // arena_bytes; they are counted in arena_served too).
@@ -99,12 +101,18 @@ struct IoInfo {
 struct SessionOptions {
   std::shared_ptr<Environment> environment;  // null: a new one, one thread per core
   bool profile = false;                      // record a NodeEvent per node per run
-  // Liveness-planned activation arena: when a run repeats the input shapes of the run
-  // before it, the buffers it acquires and their lifetimes are recorded and laid out in
-  // one arena (largest first, each at the lowest offset free over its lifetime); later
-  // runs with those shapes are served from it. A run that diverges from the recording
-  // falls back to the pool for the requests concerned, never sharing live memory.
+  // Liveness-planned activation arena: the buffers of a run and their lifetimes are laid
+  // out in one arena (largest first, each at the lowest offset free over its lifetime) and
+  // served from it. For graphs whose shapes follow from the input shapes (static shape
+  // inference covers their ops; no nested graphs) the arena is planned before the first run
+  // with those shapes (arena_from_shapes); that run is also recorded, and later runs with
+  // those shapes use the recorded layout. Other graphs are recorded when a run repeats the
+  // input shapes of the run before it, and served from the third such run. A run that
+  // diverges from the plan falls back to the pool for the requests concerned, never
+  // sharing live memory.
   bool memory_arena = true;
+  // Off: plan the arena only from recorded runs, as above for other graphs.
+  bool arena_from_shapes = true;
   // Graph inputs passed by move join the pool after their last read, so later buffers
   // reuse their memory. Off by default: the caller's buffers are overwritten.
   bool reuse_input_buffers = false;

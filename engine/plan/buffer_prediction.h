@@ -1,0 +1,35 @@
+// Buffer prediction: the pool requests a run of a plan will make, in order, with the steps
+// at which each buffer is acquired and released, derived from inferred shapes before the
+// run. It follows the executor's rules: views (Reshape, Transpose, Slice, ...) share their
+// input's buffer, a kernel that may write into an input does so when the input is owned by
+// the run, read for the last time, contiguous and of the output's type and shape, and a
+// non-contiguous input of a kernel that needs contiguous data is copied outside the pool.
+// A kernel's own scratch buffers are not predicted (they are served by the pool).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/plan/plan.h"
+#include "engine/plan/shape_inference.h"
+
+namespace kiln::plan {
+
+struct PredictedBuffer {
+  uint64_t bytes = 0;
+  int32_t first = 0;  // the executor's step that acquires it (steps count from 1)
+  int32_t last = -1;  // the step at which it is released; -1 when it outlives the run
+};
+
+struct BufferPrediction {
+  bool complete = false;
+  std::string why;                       // when not complete: the node that could not be predicted
+  std::vector<PredictedBuffer> buffers;  // in request order
+};
+
+// Predicts the buffers of one run of `plan` (a graph without nested graphs) from the
+// inferred values of its graph.
+BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<InferredValue>& values);
+
+}  // namespace kiln::plan
