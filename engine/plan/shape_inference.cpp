@@ -744,11 +744,7 @@ const std::unordered_map<std::string, ShapeFn>& shape_functions() {
                            "BitwiseAnd", "BitwiseOr", "BitwiseXor"}) {
       t[op] = [](Ctx& c) { elementwise(c, DataType::Undefined, 0, nullptr); };
     }
-    t["PRelu"] = [](Ctx& c) {
-      const Shape out = broadcast(c.shape(0), c.shape(1));
-      if (out != c.shape(0)) unknown("slope widens the input");
-      unary(c);
-    };
+    t["PRelu"] = unary;  // the slope broadcasts to the input (per channel in older exports)
     t["Equal"] = [](Ctx& c) {
       elementwise(c, DataType::Bool, 0,
                   [](const std::vector<int64_t>& a) -> int64_t { return a[0] == a[1]; });

@@ -9,6 +9,11 @@ obtained for one run without the arena. Prints a Markdown table.
   python3 tools/bench/arena_report.py --onnx-run build/tools/onnx-run \
       --data ../shared/onnx-backend-tests
 
+With --from-shapes it reports the arena planned before the first run from the shapes
+inferred for its inputs (onnx-run --repeat 1): whether the model could be planned so, that
+arena's size, the requests of the first run it did not foresee (a kernel's scratch buffers;
+served by the pool), and the arena recorded from a run (--arena-from-recording) beside it.
+
 With --inputs-in-arena it compares instead the arena without and with graph inputs in it
 (onnx-run --inputs-in-arena): both arenas, the input bytes the third run placed in the
 arena, and the bytes saved against keeping the inputs beside the arena.
@@ -58,6 +63,8 @@ def main():
                                                      "../shared/onnx-backend-tests"))
     ap.add_argument("--inputs-in-arena", action="store_true",
                     help="compare the arena without and with the graph inputs in it")
+    ap.add_argument("--from-shapes", action="store_true",
+                    help="the arena planned from inferred shapes before the first run")
     a = ap.parse_args()
     cases = []
     light = os.path.join(a.data, "light")
@@ -72,6 +79,9 @@ def main():
 
     if a.inputs_in_arena:
         inputs_report(a, cases)
+        return
+    if a.from_shapes:
+        shapes_report(a, cases)
         return
     print("| model | arena bytes | lower bound | arena / bound | pool, one run without arena |")
     print("|---|---|---|---|---|")
@@ -91,6 +101,32 @@ def main():
             totals[2] += pool["bytes_allocated"]
     print(f"| **all {len(cases)}** | {totals[0]:,} | {totals[1]:,} | "
           f"{totals[0] / totals[1]:.3f} | {totals[2]:,} |")
+
+
+def shapes_report(a, cases):
+    print("| model | first run: arena from shapes | unforeseen requests | served | "
+          "recorded arena | from shapes / recorded |")
+    print("|---|---|---|---|---|---|")
+    planned, totals = 0, [0, 0]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, model, data in cases:
+            args = ["--test-data", data] if data else zero_inputs(model, tmp)
+            first = run(a.onnx_run, model, args + ["--repeat", "1"])["run_stats"]
+            recorded = run(a.onnx_run, model,
+                           args + ["--repeat", "3", "--arena-from-recording"])["run_stats"]
+            if not first["arena_from_shapes"]:
+                print(f"| {name} | not planned | - | - | {recorded['arena_bytes']:,} | - |")
+                continue
+            planned += 1
+            totals[0] += first["arena_bytes"]
+            totals[1] += recorded["arena_bytes"]
+            ratio = (f"{first['arena_bytes'] / recorded['arena_bytes']:.3f}"
+                     if recorded["arena_bytes"] else "-")
+            print(f"| {name} | {first['arena_bytes']:,} | {first['arena_missed']:,} | "
+                  f"{first['arena_served']:,} | {recorded['arena_bytes']:,} | {ratio} |")
+    ratio = f"{totals[0] / totals[1]:.3f}" if totals[1] else "-"
+    print(f"| **{planned} of {len(cases)} planned from shapes** | {totals[0]:,} | | | "
+          f"{totals[1]:,} | {ratio} |")
 
 
 def inputs_report(a, cases):
