@@ -176,8 +176,36 @@ void elementwise(Ctx& c, DataType out_type, size_t type_from,
   c.set(0, dtype, shape, &out);
 }
 
+// Integer arithmetic on inferred values; an overflow leaves the value unknown.
+int64_t add(const std::vector<int64_t>& a) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(a[0], a[1], &r)) unknown("overflow");
+  return r;
+}
+
+int64_t subtract(const std::vector<int64_t>& a) {
+  int64_t r = 0;
+  if (__builtin_sub_overflow(a[0], a[1], &r)) unknown("overflow");
+  return r;
+}
+
+int64_t multiply(const std::vector<int64_t>& a) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a[0], a[1], &r)) unknown("overflow");
+  return r;
+}
+
+int64_t negate(const std::vector<int64_t>& a) {
+  return subtract({0, a[0]});
+}
+
+int64_t absolute(const std::vector<int64_t>& a) {
+  return a[0] < 0 ? negate(a) : a[0];
+}
+
 int64_t divide(const std::vector<int64_t>& a) {
   if (a[1] == 0) unknown("division by zero");
+  if (a[1] == -1) return negate(a);
   return a[0] / a[1];
 }
 
@@ -538,7 +566,9 @@ void range(Ctx& c) {
   if (!is_integer_type(start.dtype)) unknown("a float Range's length is only known when run");
   const int64_t s = c.data(0).at(0), limit = c.data(1).at(0), delta = c.data(2).at(0);
   if (delta == 0) unknown("delta 0");
-  const int64_t n = std::max<int64_t>(0, (limit - s + delta + (delta > 0 ? -1 : 1)) / delta);
+  const int64_t span = subtract({limit, s});
+  const int64_t n =
+      std::max<int64_t>(0, divide({add({span, delta - (delta > 0 ? 1 : -1)}), delta}));
   std::vector<int64_t> data;
   for (int64_t k = 0; k < n && k <= kMaxInferredData; ++k) data.push_back(s + k * delta);
   c.set(0, start.dtype, {n}, &data);
@@ -707,28 +737,14 @@ const std::unordered_map<std::string, ShapeFn>& shape_functions() {
       t[op] = unary;
     }
     t["Identity"] = [](Ctx& c) { c.same(0, 0); };
-    t["Neg"] = [](Ctx& c) {
-      elementwise(c, DataType::Undefined, 0, [](const std::vector<int64_t>& a) { return -a[0]; });
-    };
-    t["Abs"] = [](Ctx& c) {
-      elementwise(c, DataType::Undefined, 0,
-                  [](const std::vector<int64_t>& a) { return a[0] < 0 ? -a[0] : a[0]; });
-    };
+    t["Neg"] = [](Ctx& c) { elementwise(c, DataType::Undefined, 0, negate); };
+    t["Abs"] = [](Ctx& c) { elementwise(c, DataType::Undefined, 0, absolute); };
     for (const char* op : {"IsNaN", "IsInf"}) {
       t[op] = [](Ctx& c) { c.set(0, DataType::Bool, c.shape(0)); };
     }
-    t["Add"] = [](Ctx& c) {
-      elementwise(c, DataType::Undefined, 0,
-                  [](const std::vector<int64_t>& a) { return a[0] + a[1]; });
-    };
-    t["Sub"] = [](Ctx& c) {
-      elementwise(c, DataType::Undefined, 0,
-                  [](const std::vector<int64_t>& a) { return a[0] - a[1]; });
-    };
-    t["Mul"] = [](Ctx& c) {
-      elementwise(c, DataType::Undefined, 0,
-                  [](const std::vector<int64_t>& a) { return a[0] * a[1]; });
-    };
+    t["Add"] = [](Ctx& c) { elementwise(c, DataType::Undefined, 0, add); };
+    t["Sub"] = [](Ctx& c) { elementwise(c, DataType::Undefined, 0, subtract); };
+    t["Mul"] = [](Ctx& c) { elementwise(c, DataType::Undefined, 0, multiply); };
     t["Div"] = [](Ctx& c) { elementwise(c, DataType::Undefined, 0, divide); };
     t["Max"] = [](Ctx& c) {
       elementwise(c, DataType::Undefined, 0, [](const std::vector<int64_t>& a) {
