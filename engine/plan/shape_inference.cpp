@@ -6,6 +6,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "ops/common.h"
+
 namespace kiln::plan {
 
 namespace {
@@ -33,19 +35,6 @@ int64_t numel_or_unknown(const Shape& s) {
   return n;
 }
 
-Shape broadcast(const Shape& a, const Shape& b) {
-  Shape out(std::max(a.size(), b.size()), 1);
-  for (size_t i = 0; i < out.size(); ++i) {
-    const int64_t da = i < out.size() - a.size() ? 1 : a[i - (out.size() - a.size())];
-    const int64_t db = i < out.size() - b.size() ? 1 : b[i - (out.size() - b.size())];
-    if (da != db && da != 1 && db != 1) {
-      unknown("shapes " + shape_to_string(a) + " and " + shape_to_string(b) + " do not broadcast");
-    }
-    out[i] = da == 1 ? db : da;
-  }
-  return out;
-}
-
 // The flat index into a tensor of shape `in` read for flat index `flat` of the broadcast
 // shape `out`.
 int64_t broadcast_index(const Shape& in, const Shape& out, int64_t flat) {
@@ -64,9 +53,7 @@ int64_t broadcast_index(const Shape& in, const Shape& out, int64_t flat) {
 }
 
 int64_t normalize_axis(int64_t axis, size_t rank) {
-  const auto r = static_cast<int64_t>(rank);
-  if (axis < -r || axis >= r) unknown("axis " + std::to_string(axis) + " out of range");
-  return axis < 0 ? axis + r : axis;
+  return ops::normalize_axis(axis, static_cast<int64_t>(rank));
 }
 
 class Ctx {
@@ -154,7 +141,7 @@ void elementwise(Ctx& c, DataType out_type, size_t type_from,
   bool first = true;
   for (size_t i = 0; i < c.num_inputs(); ++i) {
     if (!c.has(i)) continue;
-    shape = first ? c.shape(i) : broadcast(shape, c.shape(i));
+    shape = first ? c.shape(i) : ops::broadcast_shapes(shape, c.shape(i));
     first = false;
   }
   if (first) unknown("no inputs");
@@ -307,7 +294,7 @@ void matmul(Ctx& c) {
   if (a1) a.insert(a.begin(), 1);
   if (b1) b.push_back(1);
   if (a.back() != b[b.size() - 2]) unknown("inner dimensions differ");
-  Shape batch = broadcast(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2));
+  Shape batch = ops::broadcast_shapes(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2));
   if (!a1) batch.push_back(a[a.size() - 2]);
   if (!b1) batch.push_back(b.back());
   c.set(0, c.in(0).dtype, batch);
@@ -549,7 +536,7 @@ void constant_of_shape(Ctx& c) {
 
 void expand(Ctx& c) {
   const InferredValue& x = c.in(0);
-  const Shape out = broadcast(x.shape, c.data(1));
+  const Shape out = ops::broadcast_shapes(x.shape, c.data(1));
   const int64_t n = numel_or_unknown(out);
   if (x.has_data && n <= kMaxInferredData) {
     std::vector<int64_t> data;
