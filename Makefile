@@ -6,7 +6,9 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 DEMO_MODEL ?= models/tiny-cnn
 
-.PHONY: all setup build demo test unit conformance sanitize format format-check conformance-report ops-doc clean
+V4_BUILD ?= build-v4
+
+.PHONY: all setup build demo test unit conformance sanitize check-v4 format format-check conformance-report ops-doc clean
 
 all: build
 
@@ -23,11 +25,20 @@ build: setup $(BUILD)/CMakeCache.txt
 demo: build
 	./$(BUILD)/tools/onnx-run $(DEMO_MODEL)/model.onnx --test-data $(DEMO_MODEL)/test_data_set_0 --warmup 3 --repeat 20
 
-# Every test: unit tests and the conformance allow-list (release build), the unit tests
-# again under AddressSanitizer + UndefinedBehaviorSanitizer, and the formatting check.
+# Every test: unit tests and the conformance allow-list (release build, at each instruction-set
+# level the processor runs), the library compiled for x86-64-v4, the unit tests again under
+# AddressSanitizer + UndefinedBehaviorSanitizer, and the formatting check.
 test: build format-check
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	$(MAKE) check-v4
 	$(MAKE) sanitize
+
+# The library compiled with everything at -march=x86-64-v4 (AVX-512), warnings as errors:
+# whatever processor builds it, code that only warns when AVX-512 is enabled fails here
+# (as it would for a user building with KILN_NATIVE on an AVX-512 machine). Compiled only.
+check-v4: setup
+	cmake -S . -B $(V4_BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS=-march=x86-64-v4 -DKILN_BUILD_TESTS=OFF
+	cmake --build $(V4_BUILD) -j $(JOBS) --target kiln
 
 unit: build
 	./$(BUILD)/test/kiln-unit-tests
@@ -57,4 +68,4 @@ format-check: setup
 	@clang-format --dry-run --Werror $(FORMAT_FILES) && echo "format-check: ok"
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(V4_BUILD)

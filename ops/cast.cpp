@@ -16,9 +16,9 @@
 
 #include "ops/common.h"
 #include "ops/float8.h"
+#include "ops/math/kernels.h"
 
 #if defined(__F16C__)
-#include <immintrin.h>
 #endif
 
 namespace kiln::ops {
@@ -320,47 +320,35 @@ bool try_direct(const Tensor& in, Tensor& out) {
   return true;
 }
 
-// float <-> float16 with the F16C instructions when the build targets them: the same round
-// to nearest even, eight elements at a time.
-bool half_hardware(const Tensor& in, Tensor& out) {
-#if defined(__F16C__)
+// float <-> float16 / bfloat16 through the dispatched conversion kernels (F16C or AVX-512
+// where the processor has them), in blocks across threads.
+bool half_vectorised(const Tensor& in, Tensor& out) {
+  const math::ConvertKernels& cv = math::kernels().convert;
+  using ToFloat = void (*)(const uint16_t*, float*, int64_t);
+  using FromFloat = void (*)(const float*, uint16_t*, int64_t);
+  ToFloat widen = nullptr;
+  FromFloat narrow = nullptr;
+  if (out.dtype() == DataType::Float) {
+    if (in.dtype() == DataType::Float16) widen = cv.f16_to_f32;
+    if (in.dtype() == DataType::BFloat16) widen = cv.bf16_to_f32;
+  } else if (in.dtype() == DataType::Float) {
+    if (out.dtype() == DataType::Float16) narrow = cv.f32_to_f16;
+    if (out.dtype() == DataType::BFloat16) narrow = cv.f32_to_bf16;
+  }
+  if (!widen && !narrow) return false;
   const int64_t n = in.numel();
-  if (in.dtype() == DataType::Float && out.dtype() == DataType::Float16) {
-    const float* src = in.data<const float>();
-    auto* dst = reinterpret_cast<uint16_t*>(out.raw_data());
-    parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
-      int64_t k = b;
-      for (; k + 8 <= e; k += 8) {
-        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + k), _MM_FROUND_TO_NEAREST_INT);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + k), h);
-      }
-      for (; k < e; ++k) dst[k] = float16::from_float(src[k]);
-    });
-    return true;
-  }
-  if (in.dtype() == DataType::Float16 && out.dtype() == DataType::Float) {
-    const auto* src = reinterpret_cast<const uint16_t*>(in.raw_data());
-    float* dst = out.data<float>();
-    parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
-      int64_t k = b;
-      for (; k + 8 <= e; k += 8) {
-        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k));
-        _mm256_storeu_ps(dst + k, _mm256_cvtph_ps(h));
-      }
-      for (; k < e; ++k) dst[k] = float16::to_float(src[k]);
-    });
-    return true;
-  }
-#else
-  (void)in, (void)out;
-#endif
-  return false;
+  parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+    if (widen) {
+      widen(reinterpret_cast<const uint16_t*>(in.raw_data()) + b, out.data<float>() + b, e - b);
+    } else {
+      narrow(in.data<const float>() + b, reinterpret_cast<uint16_t*>(out.raw_data()) + b, e - b);
+    }
+  });
+  return true;
 }
 
 void cast_tensor(const Tensor& in, Tensor& out, const CastOptions& opt) {
-  if (half_hardware(in, out) || try_direct<float, float16>(in, out) ||
-      try_direct<float16, float>(in, out) || try_direct<float, bfloat16>(in, out) ||
-      try_direct<bfloat16, float>(in, out) || try_direct<float, double>(in, out) ||
+  if (half_vectorised(in, out) || try_direct<float, double>(in, out) ||
       try_direct<double, float>(in, out) || try_direct<int32_t, int64_t>(in, out) ||
       try_direct<int64_t, int32_t>(in, out) || try_direct<int64_t, float>(in, out) ||
       try_direct<int32_t, float>(in, out)) {

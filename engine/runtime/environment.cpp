@@ -4,6 +4,7 @@
 #include <tbb/task_arena.h>
 
 #include "engine/runtime/weights_cache.h"
+#include "kiln/version.h"
 
 namespace kiln {
 
@@ -20,7 +21,11 @@ static int resolve_threads(int threads) {
   return n > 0 ? n : 1;
 }
 
-Environment::Environment(int threads) : impl_(std::make_unique<Impl>(resolve_threads(threads))) {}
+// KILN_ISA is checked here, so a bad value is an error when the first Environment (or
+// Session) is made rather than in the middle of a run.
+Environment::Environment(int threads) : impl_(std::make_unique<Impl>(resolve_threads(threads))) {
+  isa_level();
+}
 Environment::~Environment() = default;
 
 int Environment::threads() const {

@@ -57,7 +57,7 @@ expect_status() {
 
 common="engine=kiln load_ms iterations_ms median_ms p90_ms min_ms bytes_copied allocations
         last_run_stats/bytes_copied last_run_stats/allocations last_run_stats/nodes_run
-        load_stats/weights_bytes rss_before_load_bytes peak_rss_bytes threads=1"
+        load_stats/weights_bytes rss_before_load_bytes peak_rss_bytes threads=1 kiln_version isa"
 
 # shellcheck disable=SC2086
 expect_json encoder $common case=encoder iterations_ms#=2 bytes_copied#=2 \
@@ -78,7 +78,7 @@ if [ ! -s "$tmp/out/last_hidden_state.npy" ]; then
   failures=$((failures + 1))
 fi
 # Steps with the cache copy the same bytes whatever its length (the cache is not copied).
-expect_json decode engine=kiln case=decode threads=1 load_ms encoder_ms decode_ms tokens#=5 \
+expect_json decode engine=kiln case=decode kiln_version isa threads=1 load_ms encoder_ms decode_ms tokens#=5 \
   prompt#=3 steps#=5 steps/0/step=0 steps/0/past_len=0 steps/1/past_len=3 steps/4/step=4 \
   steps/4/past_len=6 steps/4/ms steps/4/bytes_copied=@steps/1/bytes_copied steps/4/allocations \
   peak_rss_bytes \

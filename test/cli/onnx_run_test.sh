@@ -71,6 +71,35 @@ else
   echo "note: ONNX backend test data not found; test_add skipped"
 fi
 
+# The version and the instruction-set level in use; KILN_ISA caps it, and a bad or
+# unsupported value is one clear error with status 2.
+expect 0 "onnx-run \(kiln\) [0-9]+\.[0-9]+\.[0-9]+" -- --version
+expect 0 '"kiln_version":"[0-9.]+","isa":"(generic|avx2|avx512)"' -- --version --json
+expect 0 '"isa":"(generic|avx2|avx512)"' -- "$model" --test-data "$data" --json
+check_isa_output() {
+  label=$1
+  pattern=$2
+  out=$3
+  if printf '%s' "$out" | grep -Eq "$pattern"; then
+    echo "ok: $label"
+  else
+    echo "FAIL: $label, output:"
+    printf '%s\n' "$out" | sed 's/^/    /'
+    failures=$((failures + 1))
+  fi
+}
+out=$(KILN_ISA=generic "$run" "$model" --test-data "$data" --json 2>&1; echo "status $?")
+check_isa_output "KILN_ISA=generic runs the generic kernels" '"isa":"generic".*"passed":true|"passed":true.*"isa":"generic"' "$out"
+check_isa_output "KILN_ISA=generic exits 0" 'status 0$' "$out"
+out=$(KILN_ISA=sse9 "$run" "$model" 2>&1; echo "status $?")
+check_isa_output "KILN_ISA=sse9 is an error" '^onnx-run: KILN_ISA=sse9 is not an instruction-set level.*status 2$' "$(printf '%s' "$out" | tr '\n' ' ')"
+out=$(KILN_ISA=avx512 "$run" --version 2>&1; echo "status $?")
+if grep -q avx512f /proc/cpuinfo 2>/dev/null && grep -q avx512bw /proc/cpuinfo && grep -q avx512dq /proc/cpuinfo && grep -q avx512vl /proc/cpuinfo; then
+  check_isa_output "KILN_ISA=avx512 on a processor with AVX-512" 'kernels: avx512.*status 0' "$(printf '%s' "$out" | tr '\n' ' ')"
+else
+  check_isa_output "KILN_ISA=avx512 on a processor without AVX-512 is an error" 'lacks.*status 2' "$(printf '%s' "$out" | tr '\n' ' ')"
+fi
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed"
   exit 1

@@ -35,7 +35,8 @@ constexpr const char* kUsage =
     "usage: onnx-run MODEL [--input NAME=FILE.npy|.pb ...] [--test-data DIR] [--threads N]\n"
     "                [--warmup N] [--repeat N] [--profile trace.json] [--json]\n"
     "                [--output-dir DIR] [--rtol X] [--atol X] [--no-arena] [--reuse-inputs]\n"
-    "                [--inputs-in-arena] [--arena-from-recording]\n";
+    "                [--inputs-in-arena] [--arena-from-recording]\n"
+    "       onnx-run --version\n";
 
 struct Options {
   std::string model;
@@ -46,6 +47,7 @@ struct Options {
   int repeat = 1;
   std::string profile;
   bool json = false;
+  bool version = false;
   bool arena = true, reuse_inputs = false, inputs_in_arena = false, arena_from_shapes = true;
   std::string output_dir;
   double rtol = 1e-3, atol = 1e-5;
@@ -120,6 +122,8 @@ Options parse(int argc, char** argv) {
     } else if (a == "-h" || a == "--help") {
       std::cout << kUsage;
       std::exit(0);
+    } else if (a == "--version") {
+      o.version = true;
     } else if (!a.empty() && a[0] == '-') {
       throw UsageError("unknown option '" + a + "'");
     } else if (o.model.empty()) {
@@ -128,7 +132,7 @@ Options parse(int argc, char** argv) {
       throw UsageError("unexpected argument '" + a + "'");
     }
   }
-  if (o.model.empty()) throw UsageError("no model given");
+  if (o.model.empty() && !o.version) throw UsageError("no model given");
   return o;
 }
 
@@ -230,7 +234,27 @@ void write_profile(const std::string& path, const std::vector<kiln::NodeEvent>& 
   out << "\n";
 }
 
+// "onnx-run (kiln) 0.1.0, kernels: avx512 (...)": the version and the instruction-set
+// level in use (see KILN_ISA in README.md).
+int print_version(const Options& o) {
+  const char* isa = kiln::isa_level();  // throws on a bad KILN_ISA before anything is printed
+  if (o.json) {
+    JsonWriter j(std::cout);
+    j.begin_object();
+    j.field("kiln_version", kiln::version()).field("isa", isa);
+    j.end_object();
+    std::cout << "\n";
+  } else {
+    std::cout << "onnx-run (kiln) " << kiln::version() << "\nkernels: " << isa;
+    const char* cap = std::getenv("KILN_ISA");
+    std::cout << (cap && *cap ? " (capped by KILN_ISA)" : " (the highest this processor runs)")
+              << "\n";
+  }
+  return 0;
+}
+
 int run(const Options& o) {
+  if (o.version) return print_version(o);
   using clock = std::chrono::steady_clock;
   const auto t_load = clock::now();
   kiln::SessionOptions so;
@@ -322,6 +346,7 @@ int run(const Options& o) {
     JsonWriter j(std::cout);
     j.begin_object();
     j.field("model", o.model);
+    j.field("kiln_version", kiln::version()).field("isa", kiln::isa_level());
     if (expected.empty()) {
       j.key("passed").null();
     } else {
@@ -393,7 +418,8 @@ int run(const Options& o) {
       std::cout << "\n";
     }
     std::cout << "latency: median " << median << " ms, p90 " << p90 << " ms over " << times.size()
-              << " run(s), " << so.environment->threads() << " thread(s)\n";
+              << " run(s), " << so.environment->threads() << " thread(s), kiln " << kiln::version()
+              << " (" << kiln::isa_level() << ")\n";
     std::cout << "memory: peak RSS " << peak_rss_bytes() / 1024 << " KiB, pool peak "
               << stats.peak_bytes_in_use << " bytes, " << stats.allocations << " allocations, "
               << stats.bytes_copied << " bytes copied\n";

@@ -8,3 +8,4 @@
 #include "kiln/session.h"
 #include "kiln/tensor.h"
 #include "kiln/value.h"
+#include "kiln/version.h"

@@ -497,6 +497,7 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
   JsonWriter j(std::cout);
   j.begin_object();
   j.field("engine", "kiln").field("case", o.kase).field("model", file);
+  j.field("kiln_version", kiln::version()).field("isa", kiln::isa_level());
   j.field("threads", env->threads()).field("warmup", o.warmup).field("iterations", o.iterations);
   if (o.kase == "decoder-step") j.field("past_len", o.past_len);
   if (!feed.kv.empty()) j.field("kv_capacity", kv_capacity);
@@ -563,6 +564,7 @@ int run_decode_case(const Options& o, const std::shared_ptr<kiln::Environment>& 
   JsonWriter j(std::cout);
   j.begin_object();
   j.field("engine", "kiln").field("case", "decode").field("model", o.model);
+  j.field("kiln_version", kiln::version()).field("isa", kiln::isa_level());
   j.field("threads", env->threads()).field("warmup", o.warmup);
   j.field("steps_requested", o.steps);
   j.field("load_ms", load_ms).field("encoder_ms", r.encoder_ms);

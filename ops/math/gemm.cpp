@@ -1,0 +1,236 @@
+#include "ops/math/gemm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "kiln/error.h"
+#include "ops/math/threading.h"
+
+namespace kiln::math {
+namespace {
+
+// k block: a B panel block (kKc x nr floats, 32 KiB at nr = 32) stays in L1 while a row
+// block of packed A (mc x kKc) stays in L2.
+constexpr int64_t kKc = 256;
+// Rows of A packed at once: a multiple of the tile rows near 128.
+int64_t row_block(int mr) {
+  return std::max<int64_t>(mr, 128 / mr * mr);
+}
+
+std::atomic<uint64_t> b_packs{0};
+
+// A 64-byte aligned scratch buffer per thread, grown on demand and kept.
+struct Scratch {
+  float* data = nullptr;
+  int64_t size = 0;
+  ~Scratch() { std::free(data); }
+  float* get(int64_t floats) {
+    if (floats > size) {
+      std::free(data);
+      const auto bytes = static_cast<size_t>((floats * 4 + 63) / 64 * 64);
+      data = static_cast<float*>(std::aligned_alloc(64, bytes));
+      if (!data) throw std::bad_alloc();
+      size = floats;
+    }
+    return data;
+  }
+};
+
+Scratch& a_scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+void apply_epilogue(const GemmOptions& o, float* c, int64_t ldc, int64_t rows, int64_t cols,
+                    int64_t i0, int64_t j0) {
+  if (!o.bias && !o.row_bias && o.activation == Activation::None) return;
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = c + i * ldc;
+    if (o.bias) {
+      const float* b = o.bias + j0;
+      for (int64_t j = 0; j < cols; ++j) row[j] += b[j];
+    }
+    if (o.row_bias) {
+      const float rb = o.row_bias[i0 + i];
+      for (int64_t j = 0; j < cols; ++j) row[j] += rb;
+    }
+    if (o.activation == Activation::Relu) {
+      for (int64_t j = 0; j < cols; ++j) row[j] = row[j] > 0.0f ? row[j] : 0.0f;
+    }
+  }
+}
+
+// The product over rows [m0, m1) and columns [n0, n1) (n0 a multiple of nr). B column j0
+// starts at b + (packed ? j0 * k : j0) and rows step by ldb.
+void run_block(const GemmKernels& g, const MatrixView& a, const float* b, bool packed, int64_t ldb,
+               int64_t k, float* c, int64_t ldc, const GemmOptions& o, int64_t m0, int64_t m1,
+               int64_t n0, int64_t n1) {
+  const int mr = g.mr, nr = g.nr;
+  const int64_t mc = row_block(mr);
+  float* apack = a_scratch().get(mc * std::min(k, kKc));
+  for (int64_t p0 = 0; p0 < k; p0 += kKc) {
+    const int64_t kc = std::min(kKc, k - p0);
+    const bool first = p0 == 0, last = p0 + kc == k;
+    const bool accumulate = !first || o.accumulate;
+    for (int64_t i0 = m0; i0 < m1; i0 += mc) {
+      const int64_t rows = std::min(mc, m1 - i0);
+      for (int64_t r = 0; r < rows; r += mr) {
+        const int tr = static_cast<int>(std::min<int64_t>(mr, rows - r));
+        g.pack_a(a.data + (i0 + r) * a.rs + p0 * a.cs, a.rs, a.cs, tr, kc, o.alpha, apack + r * kc);
+      }
+      for (int64_t j0 = n0; j0 < n1; j0 += nr) {
+        const int tc = static_cast<int>(std::min<int64_t>(nr, n1 - j0));
+        const float* bp = packed ? b + j0 * k + p0 * nr : b + p0 * ldb + j0;
+        for (int64_t r = 0; r < rows; r += mr) {
+          const int tr = static_cast<int>(std::min<int64_t>(mr, rows - r));
+          float* ct = c + (i0 + r) * ldc + j0;
+          g.kernel(kc, apack + r * kc, bp, ldb, ct, ldc, tr, tc, accumulate);
+          if (last) apply_epilogue(o, ct, ldc, tr, tc, i0 + r, j0);
+        }
+      }
+    }
+  }
+}
+
+// Splits [0, m) x [0, n) into `tasks` blocks: rows in multiples of mr when there are
+// enough, else columns in multiples of nr.
+struct Split {
+  int row_parts = 1, col_parts = 1;
+};
+
+Split split_for(int tasks, int64_t m, int64_t n, int mr, int nr) {
+  Split s;
+  const int64_t row_tiles = (m + mr - 1) / mr, col_tiles = (n + nr - 1) / nr;
+  if (row_tiles >= 2 * tasks || row_tiles >= col_tiles) {
+    s.row_parts = static_cast<int>(std::min<int64_t>(tasks, row_tiles));
+  } else {
+    s.col_parts = static_cast<int>(std::min<int64_t>(tasks, col_tiles));
+  }
+  return s;
+}
+
+// Boundaries of part `i` of `parts` over `tiles` tiles of `step` (clamped to `total`).
+int64_t part_edge(int i, int parts, int64_t total, int step) {
+  const int64_t tiles = (total + step - 1) / step;
+  return std::min(total, tiles * i / parts * step);
+}
+
+void run(const GemmKernels& g, const MatrixView& a, const float* b, bool packed, int64_t ldb,
+         int64_t k, int64_t n, float* c, int64_t ldc, const GemmOptions& o) {
+  const int64_t m = a.rows;
+  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const int tasks = task_count(work, o.max_threads);
+  const Split s = split_for(tasks, m, n, g.mr, g.nr);
+  run_tasks(s.row_parts * s.col_parts, [&](int t) {
+    const int ri = t / s.col_parts, ci = t % s.col_parts;
+    const int64_t m0 = part_edge(ri, s.row_parts, m, g.mr),
+                  m1 = part_edge(ri + 1, s.row_parts, m, g.mr);
+    const int64_t n0 = part_edge(ci, s.col_parts, n, g.nr),
+                  n1 = part_edge(ci + 1, s.col_parts, n, g.nr);
+    if (m0 < m1 && n0 < n1) run_block(g, a, b, packed, ldb, k, c, ldc, o, m0, m1, n0, n1);
+  });
+}
+
+// C = 0 (or unchanged when accumulating) plus the epilogue, for k == 0.
+void empty_product(int64_t m, int64_t n, float* c, int64_t ldc, const GemmOptions& o) {
+  for (int64_t i = 0; i < m; ++i) {
+    if (!o.accumulate) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+  }
+  apply_epilogue(o, c, ldc, m, n, 0, 0);
+}
+
+// y (1 x n) = alpha * x (1 x k) * B with B column-major: one dot product per column.
+void gemv_columns(const GemmKernels& g, const MatrixView& a, const MatrixView& b, float* c,
+                  const GemmOptions& o) {
+  const int64_t k = b.rows, n = b.cols;
+  // x must be contiguous for the dot kernel.
+  const float* x = a.data;
+  float* xcopy = nullptr;
+  if (a.cs != 1) {
+    xcopy = a_scratch().get(k);
+    for (int64_t p = 0; p < k; ++p) xcopy[p] = a.data[p * a.cs];
+    x = xcopy;
+  }
+  const int tasks = task_count(static_cast<double>(k) * static_cast<double>(n), o.max_threads);
+  run_tasks(tasks, [&](int t) {
+    const int64_t j0 = n * t / tasks, j1 = n * (t + 1) / tasks;
+    for (int64_t j = j0; j < j1; ++j) {
+      const float v = o.alpha * g.dot(x, b.data + j * b.cs, k);
+      c[j] = o.accumulate ? c[j] + v : v;
+    }
+  });
+  apply_epilogue(o, c, 0, 1, n, 0, 0);
+}
+
+const MathKernels& table_of(const GemmOptions& o) {
+  return o.kernels ? *o.kernels : kernels();
+}
+
+void check_shapes(const MatrixView& a, int64_t brows) {
+  if (a.cols != brows) {
+    throw Error(ErrorKind::Runtime, "sgemm: A has " + std::to_string(a.cols) +
+                                        " columns but B has " + std::to_string(brows) + " rows");
+  }
+}
+
+}  // namespace
+
+int64_t PackedB::packed_floats(int64_t k, int64_t n, int nr) {
+  return (n + nr - 1) / nr * nr * k;
+}
+
+void PackedB::pack_into(const MatrixView& b, float* out, const MathKernels& t) {
+  t.gemm.pack_b(b.data, b.rs, b.cs, b.rows, b.cols, out);
+}
+
+PackedB::PackedB(const MatrixView& b, const MathKernels* t) {
+  const MathKernels& table = t ? *t : kernels();
+  k_ = b.rows;
+  n_ = b.cols;
+  nr_ = table.gemm.nr;
+  const int64_t floats = packed_floats(k_, n_, nr_);
+  owned_ = std::shared_ptr<float[]>(new (std::align_val_t(64)) float[static_cast<size_t>(floats)],
+                                    [](float* p) { operator delete[](p, std::align_val_t(64)); });
+  pack_into(b, owned_.get(), table);
+  data_ = owned_.get();
+}
+
+PackedB::PackedB(const float* data, int64_t k, int64_t n, int nr)
+    : data_(data), k_(k), n_(n), nr_(nr) {}
+
+void sgemm(const MatrixView& a, const MatrixView& b, float* c, int64_t ldc, const GemmOptions& o) {
+  check_shapes(a, b.rows);
+  const GemmKernels& g = table_of(o).gemm;
+  const int64_t m = a.rows, n = b.cols, k = a.cols;
+  if (m == 0 || n == 0) return;
+  if (k == 0) return empty_product(m, n, c, ldc, o);
+  if (m == 1 && b.rs == 1 && b.cs != 1) return gemv_columns(g, a, b, c, o);
+  // A row-major B is read in place while A is too short to repay packing it.
+  if (b.cs == 1 && m <= 4 * g.mr) return run(g, a, b.data, false, b.rs, k, n, c, ldc, o);
+  // Otherwise pack B once for all tasks.
+  b_packs.fetch_add(1, std::memory_order_relaxed);
+  const PackedB packed(b, &table_of(o));
+  run(g, a, packed.data(), true, g.nr, k, n, c, ldc, o);
+}
+
+void sgemm(const MatrixView& a, const PackedB& b, float* c, int64_t ldc, const GemmOptions& o) {
+  check_shapes(a, b.k());
+  const GemmKernels& g = table_of(o).gemm;
+  if (b.nr() != g.nr) {
+    throw Error(ErrorKind::Runtime, "sgemm: B was packed for tiles of " + std::to_string(b.nr()) +
+                                        " columns, the kernels use " + std::to_string(g.nr));
+  }
+  const int64_t m = a.rows, n = b.n(), k = b.k();
+  if (m == 0 || n == 0) return;
+  if (k == 0) return empty_product(m, n, c, ldc, o);
+  run(g, a, b.data(), true, g.nr, k, n, c, ldc, o);
+}
+
+uint64_t gemm_b_packs() {
+  return b_packs.load(std::memory_order_relaxed);
+}
+
+}  // namespace kiln::math

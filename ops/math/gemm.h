@@ -1,0 +1,88 @@
+// The one GEMM layer: every float matrix product in kiln goes through sgemm().
+//
+//   C[m x n] = alpha * A[m x k] * B[k x n]  (+ C when accumulate)  (+ bias)  -> activation
+//
+// A is any strided view (row- or column-major, a transposed or sliced tensor). B is either
+// a strided view or a PackedB made once (a constant weight, at session creation) for the
+// active level's register tile. The driver blocks for the caches (BLIS order: k blocks, row
+// blocks of packed A, B panels, register tiles), packs A per task into thread-local
+// buffers, reads a row-major B directly when M is small (a decode step's GEMV streams the
+// weights once) and packs it otherwise, and applies the epilogue to each tile while it is
+// still in cache. Work is split across the environment's threads only in tasks of at
+// least kMinTaskWork multiply-adds (ops/math/threading.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "ops/math/kernels.h"
+
+namespace kiln::math {
+
+// Element (i, j) at data[i * rs + j * cs].
+struct MatrixView {
+  const float* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  int64_t rs = 0, cs = 0;
+
+  static MatrixView row_major(const float* p, int64_t rows, int64_t cols, int64_t ld) {
+    return {p, rows, cols, ld, 1};
+  }
+  static MatrixView col_major(const float* p, int64_t rows, int64_t cols, int64_t ld) {
+    return {p, rows, cols, 1, ld};
+  }
+  MatrixView transposed() const { return {data, cols, rows, cs, rs}; }
+};
+
+// What is applied to each output element after the product, in this order.
+enum class Activation : uint8_t { None, Relu };
+
+struct GemmOptions {
+  float alpha = 1.0f;
+  bool accumulate = false;          // C += product (C must hold values) instead of C =
+  const float* bias = nullptr;      // bias[j] added to column j (n values)
+  const float* row_bias = nullptr;  // row_bias[i] added to row i (m values)
+  Activation activation = Activation::None;
+  int max_threads = 0;                   // 0: the current arena's; 1: stay on this thread
+  const MathKernels* kernels = nullptr;  // null: the active level's (tests pick a level)
+};
+
+// B packed into panels of the register tile's width for one level.
+class PackedB {
+ public:
+  PackedB() = default;
+  // Packs `b` with `kernels` (null: the active level's) into memory it owns.
+  PackedB(const MatrixView& b, const MathKernels* kernels = nullptr);
+  // Uses panels already packed by pack_into() at `data` (not owned).
+  PackedB(const float* data, int64_t k, int64_t n, int nr);
+
+  // Floats needed to pack a k x n B for tile width nr.
+  static int64_t packed_floats(int64_t k, int64_t n, int nr);
+  // Packs `b` into `out` (packed_floats() floats) with `kernels`' layout.
+  static void pack_into(const MatrixView& b, float* out, const MathKernels& kernels);
+
+  const float* data() const { return data_; }
+  int64_t k() const { return k_; }
+  int64_t n() const { return n_; }
+  int nr() const { return nr_; }
+  // The panel holding column j0 (a multiple of nr).
+  const float* panel(int64_t j0) const { return data_ + j0 * k_; }
+
+ private:
+  std::shared_ptr<float[]> owned_;
+  const float* data_ = nullptr;
+  int64_t k_ = 0, n_ = 0;
+  int nr_ = 0;
+};
+
+// C (row-major, leading dimension ldc) = the product above. A.cols == B.rows.
+void sgemm(const MatrixView& a, const MatrixView& b, float* c, int64_t ldc,
+           const GemmOptions& options = {});
+// The same with B packed; throws if it was packed for another tile width.
+void sgemm(const MatrixView& a, const PackedB& b, float* c, int64_t ldc,
+           const GemmOptions& options = {});
+
+// Counters for tests and benchmarks: B matrices packed by sgemm on the fly (not prepacked).
+uint64_t gemm_b_packs();
+
+}  // namespace kiln::math

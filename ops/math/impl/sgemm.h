@@ -1,0 +1,183 @@
+// Single-precision GEMM kernels, written once against the level's vector type: the MR x NR
+// register tile (C += A_panel * B_panel over k), and the packing of A and B into the panels
+// it reads. Included by each ops/math/isa_*.cpp inside its namespace; includes nothing.
+//
+// Layouts (see ops/math/gemm.h for the driver):
+//   packed A: for each k, kGemmMr consecutive floats (rows of the tile; alpha applied,
+//             rows past the matrix zero);
+//   packed B: panels of kGemmNr columns; panel j holds, for each k, kGemmNr consecutive
+//             floats (columns past the matrix zero). The tile reads B with a row stride
+//             `ldb`, so a row-major unpacked B (ldb = its row stride) is read the same way.
+
+// Rows of the tile: as many as the level's registers hold beside the B vectors
+// (kGemmMr x kGemmNv accumulators + kGemmNv B vectors + one broadcast).
+constexpr int kGemmNv = 2;
+constexpr int kGemmNr = kGemmNv * kLanes;
+constexpr int kGemmMr = kLanes == 16 ? 12 : 6;
+
+// Rows x (kGemmNv vectors) of C += A * B; `Full`: all kGemmNr columns are valid in B and C.
+template <int Rows, bool Full>
+inline void gemm_tile(int64_t k, const float* a, const float* b, int64_t ldb, float* c, int64_t ldc,
+                      int cols, bool accumulate) {
+  VF acc[Rows][kGemmNv];
+#pragma GCC unroll 16
+  for (int r = 0; r < Rows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < kGemmNv; ++v) acc[r][v] = vzero();
+  }
+  for (int64_t p = 0; p < k; ++p) {
+    VF bv[kGemmNv];
+#pragma GCC unroll 4
+    for (int v = 0; v < kGemmNv; ++v) {
+      if (Full) {
+        bv[v] = vload(b + v * kLanes);
+      } else {
+        const int left = cols - v * kLanes;
+        bv[v] = left >= kLanes ? vload(b + v * kLanes)
+                               : (left > 0 ? vload_partial(b + v * kLanes, left) : vzero());
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < Rows; ++r) {
+      const VF ar = vbroadcast(a + r);
+#pragma GCC unroll 4
+      for (int v = 0; v < kGemmNv; ++v) acc[r][v] = vfmadd(ar, bv[v], acc[r][v]);
+    }
+    a += kGemmMr;
+    b += ldb;
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < Rows; ++r) {
+    float* cr = c + r * ldc;
+#pragma GCC unroll 4
+    for (int v = 0; v < kGemmNv; ++v) {
+      const int left = Full ? kLanes : cols - v * kLanes;
+      if (left >= kLanes) {
+        vstore(cr + v * kLanes, accumulate ? vadd(vload(cr + v * kLanes), acc[r][v]) : acc[r][v]);
+      } else if (left > 0) {
+        const VF old = accumulate ? vload_partial(cr + v * kLanes, left) : vzero();
+        vstore_partial(cr + v * kLanes, vadd(old, acc[r][v]), left);
+      }
+    }
+  }
+}
+
+template <int Rows>
+inline void gemm_rows(int64_t k, const float* a, const float* b, int64_t ldb, float* c, int64_t ldc,
+                      int cols, bool accumulate) {
+  if (cols == kGemmNr) {
+    gemm_tile<Rows, true>(k, a, b, ldb, c, ldc, cols, accumulate);
+  } else {
+    gemm_tile<Rows, false>(k, a, b, ldb, c, ldc, cols, accumulate);
+  }
+}
+
+// C[rows x cols] (+)= packed A [k x kGemmMr] * B [k x kGemmNr, row stride ldb].
+void sgemm_kernel(int64_t k, const float* a, const float* b, int64_t ldb, float* c, int64_t ldc,
+                  int rows, int cols, bool accumulate) {
+  switch (rows) {
+#define KILN_GEMM_ROWS(R)                                   \
+  case R:                                                   \
+    if constexpr (R <= kGemmMr) {                           \
+      gemm_rows<R>(k, a, b, ldb, c, ldc, cols, accumulate); \
+    }                                                       \
+    break;
+    KILN_GEMM_ROWS(1)
+    KILN_GEMM_ROWS(2)
+    KILN_GEMM_ROWS(3)
+    KILN_GEMM_ROWS(4)
+    KILN_GEMM_ROWS(5)
+    KILN_GEMM_ROWS(6)
+    KILN_GEMM_ROWS(7)
+    KILN_GEMM_ROWS(8)
+    KILN_GEMM_ROWS(9)
+    KILN_GEMM_ROWS(10)
+    KILN_GEMM_ROWS(11)
+    KILN_GEMM_ROWS(12)
+#undef KILN_GEMM_ROWS
+    default:
+      break;
+  }
+}
+
+// rows (<= kGemmMr) x k of A, element (r, p) at a[r * rs + p * cs], into one packed panel,
+// times alpha.
+void sgemm_pack_a(const float* a, int64_t rs, int64_t cs, int rows, int64_t k, float alpha,
+                  float* out) {
+  if (cs == 1 && rows == kGemmMr) {
+    // Row-major: read each row once, in blocks of kLanes columns.
+    const VF va = vset1(alpha);
+    int64_t p = 0;
+    alignas(64) float t[kGemmMr][kLanes];
+    for (; p + kLanes <= k; p += kLanes) {
+      for (int r = 0; r < kGemmMr; ++r) vstore(t[r], vmul(vload(a + r * rs + p), va));
+      for (int q = 0; q < kLanes; ++q) {
+        for (int r = 0; r < kGemmMr; ++r) out[(p + q) * kGemmMr + r] = t[r][q];
+      }
+    }
+    for (; p < k; ++p) {
+      for (int r = 0; r < kGemmMr; ++r) out[p * kGemmMr + r] = alpha * a[r * rs + p];
+    }
+    return;
+  }
+  for (int64_t p = 0; p < k; ++p) {
+    float* o = out + p * kGemmMr;
+    const float* src = a + p * cs;
+    int r = 0;
+    for (; r < rows; ++r) o[r] = alpha * src[r * rs];
+    for (; r < kGemmMr; ++r) o[r] = 0.0f;
+  }
+}
+
+// k x n of B, element (p, j) at b[p * rs + j * cs], into ceil(n / kGemmNr) panels.
+void sgemm_pack_b(const float* b, int64_t rs, int64_t cs, int64_t k, int64_t n, float* out) {
+  for (int64_t j0 = 0; j0 < n; j0 += kGemmNr) {
+    const int cols = static_cast<int>(n - j0 < kGemmNr ? n - j0 : kGemmNr);
+    float* panel = out + j0 * k;
+    if (cs == 1) {
+      for (int64_t p = 0; p < k; ++p) {
+        const float* src = b + p * rs + j0;
+        float* o = panel + p * kGemmNr;
+#pragma GCC unroll 4
+        for (int v = 0; v < kGemmNv; ++v) {
+          const int left = cols - v * kLanes;
+          const VF x = left >= kLanes
+                           ? vload(src + v * kLanes)
+                           : (left > 0 ? vload_partial(src + v * kLanes, left) : vzero());
+          vstore(o + v * kLanes, x);
+        }
+      }
+    } else {
+      // Column-major (a transposed view): each column is contiguous along k.
+      for (int j = 0; j < kGemmNr; ++j) {
+        if (j < cols) {
+          const float* src = b + (j0 + j) * cs;
+          for (int64_t p = 0; p < k; ++p) panel[p * kGemmNr + j] = src[p * rs];
+        } else {
+          for (int64_t p = 0; p < k; ++p) panel[p * kGemmNr + j] = 0.0f;
+        }
+      }
+    }
+  }
+}
+
+// sum over p of x[p] * y[p].
+float sdot(const float* x, const float* y, int64_t n) {
+  VF s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
+  int64_t i = 0;
+  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
+    s0 = vfmadd(vload(x + i), vload(y + i), s0);
+    s1 = vfmadd(vload(x + i + kLanes), vload(y + i + kLanes), s1);
+    s2 = vfmadd(vload(x + i + 2 * kLanes), vload(y + i + 2 * kLanes), s2);
+    s3 = vfmadd(vload(x + i + 3 * kLanes), vload(y + i + 3 * kLanes), s3);
+  }
+  for (; i + kLanes <= n; i += kLanes) s0 = vfmadd(vload(x + i), vload(y + i), s0);
+  if (i < n) {
+    const int left = static_cast<int>(n - i);
+    s1 = vfmadd(vload_partial(x + i, left), vload_partial(y + i, left), s1);
+  }
+  return vreduce_add(vadd(vadd(s0, s1), vadd(s2, s3)));
+}
+
+constexpr GemmKernels kGemmKernels{kGemmMr,      kGemmNr,      sgemm_kernel,
+                                   sgemm_pack_a, sgemm_pack_b, sdot};

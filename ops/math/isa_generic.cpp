@@ -1,0 +1,25 @@
+// The kernels of the generic level (x86-64-v2, 128-bit SSE): what every x86-64-v2 processor runs.
+//
+// Compiled with this level's -march (ops/math/CMakeLists.txt). Everything defined here
+// lives in namespace kiln::math::generic, so no function compiled for this level can be
+// merged with one compiled for another (test/build/check_isa.sh checks both the objects
+// and the linked library).
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "ops/math/kernels.h"
+
+namespace kiln::math::generic {
+
+#include "ops/math/simd/sse.h"
+// Kernel sources, written once against the vector type above.
+#include "ops/math/impl/convert.h"
+#include "ops/math/impl/sgemm.h"
+
+const MathKernels& table() {
+  static constexpr MathKernels kTable{Isa::Generic, kConvertKernels, kGemmKernels};
+  return kTable;
+}
+
+}  // namespace kiln::math::generic

@@ -1,0 +1,53 @@
+// The dispatch table: every kernel compiled once per instruction-set level.
+//
+// Each level's unit (isa_generic.cpp, isa_avx2.cpp, isa_avx512.cpp) compiles the sources in
+// ops/math/impl/ against its vector type (ops/math/simd/) inside its own namespace and fills
+// one MathKernels. Op files call kernels().family.fn(...) and never test the processor
+// themselves. A new kernel family is a struct of function pointers here, its source in
+// impl/, and one line in each unit's table.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/math/isa.h"
+
+namespace kiln::math {
+
+// Element conversions between float and the 16-bit float types (round to nearest even;
+// NaN stays NaN).
+struct ConvertKernels {
+  void (*f16_to_f32)(const uint16_t* src, float* dst, int64_t n) = nullptr;
+  void (*f32_to_f16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
+  void (*bf16_to_f32)(const uint16_t* src, float* dst, int64_t n) = nullptr;
+  void (*f32_to_bf16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
+};
+
+// Single-precision GEMM building blocks (impl/sgemm.h; the driver is gemm.h).
+struct GemmKernels {
+  int mr = 0, nr = 0;  // the register tile: rows of A, columns of B
+  // C[rows x cols] (+)= A_packed[k x mr] * B[k x nr] (row stride ldb: nr when B is packed);
+  // rows <= mr, cols <= nr.
+  void (*kernel)(int64_t k, const float* a, const float* b, int64_t ldb, float* c, int64_t ldc,
+                 int rows, int cols, bool accumulate) = nullptr;
+  // rows (<= mr) x k of a strided A, times alpha, into one packed panel of k x mr.
+  void (*pack_a)(const float* a, int64_t rs, int64_t cs, int rows, int64_t k, float alpha,
+                 float* out) = nullptr;
+  // k x n of a strided B into ceil(n / nr) panels of k x nr (padded with zeros).
+  void (*pack_b)(const float* b, int64_t rs, int64_t cs, int64_t k, int64_t n,
+                 float* out) = nullptr;
+  float (*dot)(const float* x, const float* y, int64_t n) = nullptr;
+};
+
+struct MathKernels {
+  Isa isa = Isa::Generic;
+  ConvertKernels convert;
+  GemmKernels gemm;
+};
+
+// The table of active_isa() (throws as active_isa() does).
+const MathKernels& kernels();
+// The table of one level; throws kiln::Error when this processor does not run it. Tests
+// use it to compare every level the processor runs within one process.
+const MathKernels& kernels_for(Isa isa);
+
+}  // namespace kiln::math

@@ -1,0 +1,162 @@
+// The GEMM layer (ops/math/gemm.h) against a naive triple loop in double precision, at every
+// instruction-set level: random shapes (odd sizes, M/N/K of 1, K across the k blocks),
+// strided and transposed A, row- and column-major B, prepacked B, alpha, accumulation, bias
+// and activation.
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kiln/error.h"
+#include "ops/math/gemm.h"
+#include "test/unit/isa_test.h"
+
+using namespace kiln;
+using math::MatrixView;
+
+namespace {
+
+struct Case {
+  int64_t m, n, k;
+  bool a_col_major, b_col_major, packed, accumulate, bias, row_bias, relu;
+  float alpha;
+};
+
+// Naive C = alpha * A * B (+ C) (+ bias) (relu), in double.
+std::vector<double> reference(const Case& t, const MatrixView& a, const MatrixView& b,
+                              const std::vector<float>& c0, const std::vector<float>& bias,
+                              const std::vector<float>& row_bias) {
+  std::vector<double> c(static_cast<size_t>(t.m * t.n));
+  for (int64_t i = 0; i < t.m; ++i) {
+    for (int64_t j = 0; j < t.n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < t.k; ++p) {
+        s += static_cast<double>(a.data[i * a.rs + p * a.cs]) * b.data[p * b.rs + j * b.cs];
+      }
+      double v = t.alpha * s;
+      if (t.accumulate) v += c0[static_cast<size_t>(i * t.n + j)];
+      if (t.bias) v += bias[static_cast<size_t>(j)];
+      if (t.row_bias) v += row_bias[static_cast<size_t>(i)];
+      if (t.relu) v = v > 0 ? v : 0;
+      c[static_cast<size_t>(i * t.n + j)] = v;
+    }
+  }
+  return c;
+}
+
+void check_case(const Case& t, const math::MathKernels& kernels, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto random = [&](int64_t count) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (auto& x : v) x = dist(rng);
+    return v;
+  };
+  // Leading dimensions with padding, so strides differ from the sizes.
+  const int64_t lda = (t.a_col_major ? t.m : t.k) + 3;
+  const int64_t ldb = (t.b_col_major ? t.k : t.n) + 5;
+  const std::vector<float> abuf = random(lda * (t.a_col_major ? t.k : t.m) + 1);
+  const std::vector<float> bbuf = random(ldb * (t.b_col_major ? t.n : t.k) + 1);
+  const MatrixView a = t.a_col_major ? MatrixView::col_major(abuf.data(), t.m, t.k, lda)
+                                     : MatrixView::row_major(abuf.data(), t.m, t.k, lda);
+  const MatrixView b = t.b_col_major ? MatrixView::col_major(bbuf.data(), t.k, t.n, ldb)
+                                     : MatrixView::row_major(bbuf.data(), t.k, t.n, ldb);
+  const std::vector<float> bias = random(t.n), row_bias = random(t.m);
+  const int64_t ldc = t.n + 2;
+  std::vector<float> c = random(t.m * ldc);
+  std::vector<float> c0(static_cast<size_t>(t.m * t.n));
+  for (int64_t i = 0; i < t.m; ++i) {
+    for (int64_t j = 0; j < t.n; ++j) c0[static_cast<size_t>(i * t.n + j)] = c[i * ldc + j];
+  }
+  const std::vector<float> guard(c.begin(), c.end());
+
+  math::GemmOptions o;
+  o.alpha = t.alpha;
+  o.accumulate = t.accumulate;
+  o.bias = t.bias ? bias.data() : nullptr;
+  o.row_bias = t.row_bias ? row_bias.data() : nullptr;
+  o.activation = t.relu ? math::Activation::Relu : math::Activation::None;
+  o.kernels = &kernels;
+  if (t.packed) {
+    const math::PackedB packed(b, &kernels);
+    math::sgemm(a, packed, c.data(), ldc, o);
+  } else {
+    math::sgemm(a, b, c.data(), ldc, o);
+  }
+  const std::vector<double> want = reference(t, a, b, c0, bias, row_bias);
+  INFO("m " << t.m << " n " << t.n << " k " << t.k << " a_col " << t.a_col_major << " b_col "
+            << t.b_col_major << " packed " << t.packed << " acc " << t.accumulate << " alpha "
+            << t.alpha);
+  double worst = 0;
+  bool padding_kept = true;
+  for (int64_t i = 0; i < t.m; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const float got = c[i * ldc + j];
+      if (j >= t.n) {
+        padding_kept = padding_kept && got == guard[i * ldc + j];
+        continue;
+      }
+      const double w = want[static_cast<size_t>(i * t.n + j)];
+      worst = std::max(worst, std::abs(got - w) / (1.0 + std::abs(w)));
+    }
+  }
+  CHECK(padding_kept);
+  // Float accumulation over k terms of magnitude <= 1.
+  CHECK(worst <= 2e-6 * std::sqrt(static_cast<double>(t.k) + 1) + 1e-6);
+}
+
+}  // namespace
+
+KILN_ISA_TEST_CASE("sgemm matches a naive product over random shapes and layouts", "[math][gemm]") {
+  KILN_REQUIRE_ISA();
+  std::mt19937 rng(1234);
+  const int64_t sizes[] = {1, 2, 3, 5, 7, 12, 13, 16, 17, 31, 32, 33, 47, 64, 100};
+  std::uniform_int_distribution<int> pick(0, std::size(sizes) - 1);
+  std::bernoulli_distribution coin(0.5);
+  for (int iter = 0; iter < 300; ++iter) {
+    Case t{};
+    t.m = sizes[pick(rng)];
+    t.n = sizes[pick(rng)];
+    t.k = sizes[pick(rng)];
+    t.a_col_major = coin(rng);
+    t.b_col_major = coin(rng);
+    t.packed = coin(rng);
+    t.accumulate = coin(rng);
+    t.bias = coin(rng);
+    t.row_bias = coin(rng) && coin(rng);
+    t.relu = coin(rng) && coin(rng);
+    t.alpha = coin(rng) ? 1.0f : 0.37f;
+    check_case(t, isa_kernels, rng);
+  }
+}
+
+KILN_ISA_TEST_CASE("sgemm crosses k blocks, row blocks and threads", "[math][gemm]") {
+  KILN_REQUIRE_ISA();
+  std::mt19937 rng(99);
+  // K beyond the 256-wide k block, M beyond a row block, N over many panels; large enough
+  // to be split across threads.
+  const Case cases[] = {
+      {301, 203, 517, false, false, false, false, false, false, false, 1.0f},
+      {301, 203, 517, false, false, true, true, true, false, true, 0.5f},
+      {130, 1000, 300, true, true, false, false, true, true, false, 1.0f},
+      {1, 3000, 700, false, false, false, false, true, false, false, 1.0f},   // GEMV, row-major B
+      {1, 3000, 700, false, true, false, true, false, false, false, 1.0f},    // GEMV, columns
+      {1, 3000, 700, true, false, true, false, false, false, true, 2.0f},     // GEMV, packed
+      {40, 2000, 64, false, false, false, false, false, false, false, 1.0f},  // small M, in place
+      {1000, 8, 300, false, true, true, false, true, false, false, 1.0f},     // tall and thin
+  };
+  for (const Case& t : cases) check_case(t, isa_kernels, rng);
+}
+
+KILN_ISA_TEST_CASE("sgemm with k = 0 writes zeros (or keeps C) and the epilogue", "[math][gemm]") {
+  KILN_REQUIRE_ISA();
+  std::mt19937 rng(5);
+  check_case({4, 9, 0, false, false, false, false, true, false, false, 1.0f}, isa_kernels, rng);
+  check_case({4, 9, 0, false, false, true, true, false, false, true, 1.0f}, isa_kernels, rng);
+}
+
+TEST_CASE("a B packed for another tile width is refused", "[math][gemm]") {
+  std::vector<float> a(4 * 8, 1.0f), b(8 * 8, 1.0f), c(4 * 8);
+  const math::PackedB wrong(b.data(), 8, 8, math::kernels().gemm.nr * 2);
+  CHECK_THROWS_AS(math::sgemm(MatrixView::row_major(a.data(), 4, 8, 8), wrong, c.data(), 8),
+                  kiln::Error);
+}
