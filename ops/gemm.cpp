@@ -1,20 +1,21 @@
 // Gemm: Y = alpha * op(A) * op(B) + beta * C, op() an optional transpose, C broadcast to
 // [M, N] (and optional from opset 11).
 //
-// A and B are read through their strides (a transposed or sliced view maps directly when
-// one axis has unit stride). When C already has Y's shape and is not needed afterwards, Y
-// is written over it. Large products are split into row or column blocks across threads.
-#include <tbb/task_arena.h>
-
-#include <Eigen/Core>
+// Float products go through the GEMM layer (ops/math/gemm.h): A and B are read through
+// their strides, a constant B (transposed or not) is packed once when the session is
+// planned, and C is applied by the epilogue when it is a row of biases ([N] or [1, N]) or a
+// column ([M, 1]); a full [M, N] C is scaled into Y (in C's storage when it is free) and the
+// product accumulated onto it.
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/math/gemm.h"
 
 namespace kiln::ops {
 namespace {
@@ -38,64 +39,26 @@ Tensor broadcast_view(const Tensor& t, const Shape& shape) {
   return t.view(shape, broadcast_strides(t, shape), t.byte_offset());
 }
 
-bool mappable(const Operand& o) {
-  return (o.cs == 1 && o.rs >= 0) || (o.rs == 1 && o.cs >= 0);
-}
-
-// y[m x n] (row-major, leading dimension ldy) = alpha * a * b (+ y when `accumulate`).
+// Double products: plain loops over rows (not a hot type in models); y holds beta * C when
+// accumulating.
 template <typename T>
-void product(const T* a, int64_t m, int64_t k, const Operand& ao, const T* b, int64_t n,
-             const Operand& bo, T* y, int64_t ldy, T alpha, bool accumulate) {
-  using RM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using CM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
-  using S = Eigen::OuterStride<>;
-  Eigen::Map<RM, 0, S> ym(y, m, n, S(ldy));
-  auto times_b = [&](const auto& am) {
-    auto apply = [&](const auto& bm) {
-      if (accumulate) {
-        ym.noalias() += alpha * am * bm;
-      } else if (alpha == T(1)) {
-        ym.noalias() = am * bm;
-      } else {
-        ym.noalias() = alpha * am * bm;
-      }
-    };
-    if (bo.cs == 1) {
-      apply(Eigen::Map<const RM, 0, S>(b, k, n, S(bo.rs)));
-    } else {
-      apply(Eigen::Map<const CM, 0, S>(b, k, n, S(bo.cs)));
-    }
-  };
-  if (ao.cs == 1) {
-    times_b(Eigen::Map<const RM, 0, S>(a, m, k, S(ao.rs)));
-  } else {
-    times_b(Eigen::Map<const CM, 0, S>(a, m, k, S(ao.cs)));
-  }
-}
-
-template <typename T>
-void run_float(const T* a, const Operand& ao, const T* b, const Operand& bo, T* y, T alpha,
+void run_loops(const T* a, const Operand& ao, const T* b, const Operand& bo, T* y, T alpha,
                bool accumulate) {
   const int64_t m = ao.rows, k = ao.cols, n = bo.cols;
-  auto block = [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    product<T>(a + m0 * ao.rs, m1 - m0, k, ao, b + n0 * bo.cs, n1 - n0, bo, y + m0 * n + n0, n,
-               alpha, accumulate);
-  };
-  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  const int threads = tbb::this_task_arena::max_concurrency();
-  constexpr double kMinParallel = 1 << 17, kMinTask = 1 << 15;
-  if (threads <= 1 || work < kMinParallel) {
-    block(0, m, 0, n);
-    return;
-  }
-  const int64_t splits =
-      std::clamp<int64_t>(static_cast<int64_t>(work / kMinTask), 1, int64_t{2} * threads);
-  const int64_t rb = m >= n ? std::clamp<int64_t>(m / 4, 1, splits) : 1;
-  const int64_t cb = m >= n ? 1 : std::clamp<int64_t>(n / 16, 1, splits);
-  parallel_for(rb * cb, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t r = t / cb, c = t % cb;
-      block(r * m / rb, (r + 1) * m / rb, c * n / cb, (c + 1) * n / cb);
+  parallel_for(m, grain_for(n * k + 1), [&](int64_t lo, int64_t hi) {
+    std::vector<T> acc(static_cast<size_t>(n));
+    for (int64_t i = lo; i < hi; ++i) {
+      std::fill(acc.begin(), acc.end(), T(0));
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const T av = a[i * ao.rs + kk * ao.cs];
+        const T* row = b + kk * bo.rs;
+        for (int64_t j = 0; j < n; ++j) acc[static_cast<size_t>(j)] += av * row[j * bo.cs];
+      }
+      T* out = y + i * n;
+      for (int64_t j = 0; j < n; ++j) {
+        const T v = alpha * acc[static_cast<size_t>(j)];
+        out[j] = accumulate ? out[j] + v : v;
+      }
     }
   });
 }
@@ -128,13 +91,72 @@ void run_integer(const T* a, const Operand& ao, const T* b, const Operand& bo, T
 
 using GemmTypes = TypeList<float, double, float16, bfloat16, int32_t, int64_t, uint32_t, uint64_t>;
 
+// float16 / bfloat16 (contiguous) to float.
+void widen(DataType dt, const void* src, float* dst, int64_t n) {
+  const math::ConvertKernels& cv = math::kernels().convert;
+  (dt == DataType::Float16 ? cv.f16_to_f32 : cv.bf16_to_f32)(static_cast<const uint16_t*>(src), dst,
+                                                             n);
+}
+
+Tensor to_float(const Tensor& t, const std::function<Tensor(const Shape&)>& alloc) {
+  if (t.dtype() == DataType::Float) return t;
+  const Tensor c = t.contiguous();
+  Tensor f = alloc(c.shape());
+  widen(c.dtype(), c.raw_data(), f.data<float>(), c.numel());
+  return f;
+}
+
+// The packed form of a constant B (op(B) when transposed), widened from a half type.
+Tensor pack_weight(const Tensor& w, bool transpose) {
+  const Tensor f = to_float(w, [](const Shape& s) {
+    return Tensor(DataType::Float, s,
+                  Storage::heap_uninitialized(storage_bytes(DataType::Float, shape_numel(s))));
+  });
+  const Operand o = operand(f, transpose);
+  const math::MathKernels& t = math::kernels();
+  const int64_t floats = math::PackedB::packed_floats(o.rows, o.cols, t.gemm.nr);
+  Tensor packed(DataType::Float, Shape{floats},
+                Storage::heap_uninitialized(storage_bytes(DataType::Float, floats)));
+  math::PackedB::pack_into({f.data<const float>(), o.rows, o.cols, o.rs, o.cs},
+                           packed.data<float>(), t);
+  packed.storage()->set_read_only();
+  return packed;
+}
+
+// How C enters the product.
+enum class CForm { ColumnBias, RowBias, Full };
+
+CForm c_form(const Tensor& c, int64_t m, int64_t n) {
+  const int64_t rows = c.rank() == 2 ? c.dim(0) : 1;
+  const int64_t cols = c.rank() >= 1 ? c.dim(c.rank() - 1) : 1;
+  if (rows == m && cols == n && m > 1) return CForm::Full;
+  if (rows == 1) return CForm::ColumnBias;  // [N], [1, N], or one value for every column
+  if (cols == 1) return CForm::RowBias;     // [M, 1]
+  return CForm::Full;
+}
+
 class Gemm final : public Kernel {
  public:
   explicit Gemm(const NodeInfo& info)
       : trans_a_(info.attr_int("transA", 0) != 0),
         trans_b_(info.attr_int("transB", 0) != 0),
         alpha_(info.attr_float("alpha", 1.0f)),
-        beta_(info.attr_float("beta", 1.0f)) {}
+        beta_(info.attr_float("beta", 1.0f)) {
+    const Tensor* b = info.constant_input(1);
+    if (b && b->rank() == 2 && b->dim(0) > 0 && b->dim(1) > 0 &&
+        (b->dtype() == DataType::Float || b->dtype() == DataType::Float16 ||
+         b->dtype() == DataType::BFloat16)) {
+      const math::MathKernels& t = math::kernels();
+      const bool trans = trans_b_;
+      packed_storage_ =
+          info.prepared_input(1,
+                              std::string("sgemm-b") + (trans ? "t-" : "-") +
+                                  math::isa_name(t.isa) + "-nr" + std::to_string(t.gemm.nr),
+                              [trans](const Tensor& w) { return pack_weight(w, trans); });
+      const Operand o = operand(*b, trans);
+      packed_ = math::PackedB(packed_storage_->data<const float>(), o.rows, o.cols, t.gemm.nr);
+    }
+  }
 
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -160,11 +182,24 @@ class Gemm final : public Kernel {
       }
     }
     dispatch(GemmTypes{}, a.dtype(), [&]<typename T>() {
-      if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
-        run_half<T>(ctx, shape, has_c);
+      if constexpr (std::is_same_v<T, float>) {
+        run_float(ctx, shape, has_c);
+      } else if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
+        run_half(ctx, shape, has_c);
       } else {
         Tensor& y = init_output<T>(ctx, shape, has_c);
-        compute<T>(ctx, a, b, y, has_c);
+        if (y.numel() == 0) return;
+        if (ao.cols == 0) {
+          if (!has_c) std::fill(y.data<T>(), y.data<T>() + y.numel(), T(0));
+          return;
+        }
+        if constexpr (std::is_floating_point_v<T>) {
+          run_loops<T>(a.data<const T>(), ao, b.data<const T>(), bo, y.data<T>(),
+                       static_cast<T>(alpha_), has_c);
+        } else {
+          run_integer<T>(a.data<const T>(), ao, b.data<const T>(), bo, y.data<T>(),
+                         static_cast<T>(alpha_), has_c);
+        }
       }
     });
   }
@@ -189,56 +224,76 @@ class Gemm final : public Kernel {
     return y;
   }
 
-  template <typename T>
-  void compute(OpContext& ctx, const Tensor& a_in, const Tensor& b_in, Tensor& y, bool has_c) {
-    Tensor a = a_in, b = b_in;
-    Operand ao = operand(a, trans_a_), bo = operand(b, trans_b_);
-    if (!mappable(ao)) {
-      ctx.count_copy(a.nbytes(), CopyCause::Contiguous);
-      a = a.contiguous();
-      ao = operand(a, trans_a_);
+  // y[m x n] = alpha * op(a) * op(b) + C's part, all float: `c` is C as float (or null); y
+  // already holds beta * C when `full_c`, else a row or column of C is added by the
+  // epilogue.
+  void product(const Tensor& a, const Tensor& b, const Tensor* c, float* y, int64_t m, int64_t n,
+               bool full_c) const {
+    const Operand ao = operand(a, trans_a_);
+    const math::MatrixView av{a.data<const float>(), ao.rows, ao.cols, ao.rs, ao.cs};
+    math::GemmOptions o;
+    o.alpha = alpha_;
+    o.accumulate = full_c;
+    std::vector<float> bias;
+    if (c && !full_c) {
+      const CForm form = c_form(*c, m, n);
+      const bool rows = form == CForm::RowBias;
+      const int64_t len = rows ? m : n;
+      const Tensor cb = broadcast_view(*c, rows ? Shape{m, 1} : Shape{1, n});
+      const float* base = cb.data<const float>();
+      const int64_t step = rows ? cb.strides()[0] : cb.strides()[1];
+      bias.resize(static_cast<size_t>(len));
+      for (int64_t i = 0; i < len; ++i) bias[static_cast<size_t>(i)] = beta_ * base[i * step];
+      (rows ? o.row_bias : o.bias) = bias.data();
     }
-    if (!mappable(bo)) {
-      ctx.count_copy(b.nbytes(), CopyCause::Contiguous);
-      b = b.contiguous();
-      bo = operand(b, trans_b_);
-    }
-    if (y.numel() == 0) return;
-    T* py = y.data<T>();
-    if (ao.cols == 0) {
-      if (!has_c) std::fill(py, py + y.numel(), T(0));
-      return;
-    }
-    const T alpha = static_cast<T>(alpha_);
-    if constexpr (std::is_floating_point_v<T>) {
-      run_float<T>(a.data<const T>(), ao, b.data<const T>(), bo, py, alpha, has_c);
+    if (packed_storage_ && ao.cols > 0) {
+      math::sgemm(av, packed_, y, n, o);
     } else {
-      run_integer<T>(a.data<const T>(), ao, b.data<const T>(), bo, py, alpha, has_c);
+      const Operand bo = operand(b, trans_b_);
+      math::sgemm(av, math::MatrixView{b.data<const float>(), bo.rows, bo.cols, bo.rs, bo.cs}, y, n,
+                  o);
     }
   }
 
+  void run_float(OpContext& ctx, const Shape& shape, bool has_c) {
+    const int64_t m = shape[0], n = shape[1];
+    const bool full_c = has_c && c_form(ctx.input(2), m, n) == CForm::Full;
+    Tensor& y =
+        full_c ? init_output<float>(ctx, shape, true) : ctx.output(0, DataType::Float, shape);
+    if (y.numel() == 0) return;
+    const Tensor c = has_c ? ctx.input(2) : Tensor();
+    product(ctx.input(0), ctx.input(1), has_c ? &c : nullptr, y.data<float>(), m, n, full_c);
+  }
+
   // Half types: widen to float, compute, narrow.
-  template <typename H>
   void run_half(OpContext& ctx, const Shape& shape, bool has_c) {
-    auto widen = [&](const Tensor& t) {
-      Tensor f = ctx.allocate(DataType::Float, t.shape());
-      unary_loop<H, float>(t, f, [](H v) { return static_cast<float>(v); });
-      return f;
-    };
-    const Tensor fa = widen(ctx.input(0)), fb = widen(ctx.input(1));
+    const int64_t m = shape[0], n = shape[1];
+    auto alloc = [&](const Shape& s) { return ctx.allocate(DataType::Float, s); };
+    const Tensor fa = to_float(ctx.input(0), alloc);
+    const Tensor fb = packed_storage_ ? ctx.input(1) : to_float(ctx.input(1), alloc);
     Tensor fy = ctx.allocate(DataType::Float, shape);
+    Tensor fc;
+    bool full_c = false;
     if (has_c) {
-      const Tensor fc = widen(ctx.input(2));
-      const float beta = beta_;
-      unary_loop<float, float>(broadcast_view(fc, shape), fy, [beta](float v) { return beta * v; });
+      fc = to_float(ctx.input(2), alloc);
+      full_c = c_form(fc, m, n) == CForm::Full;
+      if (full_c) {
+        const float beta = beta_;
+        unary_loop<float, float>(broadcast_view(fc, shape), fy,
+                                 [beta](float v) { return beta * v; });
+      }
     }
-    compute<float>(ctx, fa, fb, fy, has_c);
+    if (fy.numel() > 0) product(fa, fb, has_c ? &fc : nullptr, fy.data<float>(), m, n, full_c);
     Tensor& y = ctx.output(0, ctx.input(0).dtype(), shape);
-    unary_loop<float, H>(fy, y, [](float v) { return H(v); });
+    const math::ConvertKernels& cv = math::kernels().convert;
+    (y.dtype() == DataType::Float16 ? cv.f32_to_f16 : cv.f32_to_bf16)(
+        fy.data<const float>(), reinterpret_cast<uint16_t*>(y.raw_data()), y.numel());
   }
 
   bool trans_a_, trans_b_;
   float alpha_, beta_;
+  std::shared_ptr<const Tensor> packed_storage_;  // the weights cache's packed op(B)
+  math::PackedB packed_;
 };
 
 }  // namespace

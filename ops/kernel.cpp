@@ -18,8 +18,16 @@ bool NodeInfo::has_output(size_t i) const {
 
 const Tensor* NodeInfo::constant_input(size_t i) const {
   if (!has_input(i)) return nullptr;
-  const ir::ValueInfo& v = graph_.value(node_.inputs[i]);
-  if (v.origin == ir::ValueOrigin::Initializer && v.constant.defined()) return &v.constant;
+  const ir::Graph* g = &graph_;
+  const ir::ValueInfo* v = &g->value(node_.inputs[i]);
+  // A capture names a value of an enclosing graph; follow it to where it is defined.
+  while (v->origin == ir::ValueOrigin::Capture && g->parent) {
+    g = g->parent;
+    const ir::ValueId outer = g->find(v->name);
+    if (outer == ir::kNoValue) return nullptr;
+    v = &g->value(outer);
+  }
+  if (v->origin == ir::ValueOrigin::Initializer && v->constant.defined()) return &v->constant;
   return nullptr;
 }
 
@@ -28,7 +36,7 @@ std::shared_ptr<const Tensor> NodeInfo::prepared_input(
   const Tensor* w = constant_input(i);
   if (!w) return nullptr;
   if (!preparer_) return std::make_shared<const Tensor>(make(*w));
-  return preparer_->prepare(graph_, node_.inputs[i], packing, make);
+  return preparer_->prepare(graph_, node_.inputs[i], *w, packing, make);
 }
 
 const ir::TypeInfo& NodeInfo::input_type(size_t i) const {

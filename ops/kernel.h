@@ -75,9 +75,11 @@ class Kernel {
 class WeightPreparer {
  public:
   virtual ~WeightPreparer() = default;
+  // `weight` is the reading graph's value (an initializer, or a capture of one), `constant`
+  // its data.
   virtual std::shared_ptr<const Tensor> prepare(
-      const ir::Graph& graph, ir::ValueId weight, const std::string& packing,
-      const std::function<Tensor(const Tensor&)>& make) = 0;
+      const ir::Graph& graph, ir::ValueId weight, const Tensor& constant,
+      const std::string& packing, const std::function<Tensor(const Tensor&)>& make) = 0;
 };
 
 // A node as its kernel sees it at plan time.
@@ -96,7 +98,9 @@ class NodeInfo {
   size_t num_outputs() const { return node_.outputs.size(); }
   bool has_input(size_t i) const;
   bool has_output(size_t i) const;
-  // The value of input i if it is known now (an initializer), else null.
+  // The value of input i if it is known now, else null: an initializer of this graph, or
+  // one of an enclosing graph that a nested graph captures (Optimum's merged decoders keep
+  // every weight in the outer graph).
   const Tensor* constant_input(size_t i) const;
   // A prepared form of constant input i (see constant_input): `make` turns the weight into
   // the form the kernel runs on (packed, widened, reordered), and `packing` names that form

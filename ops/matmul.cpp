@@ -1,13 +1,12 @@
 // MatMul: numpy-style matrix products, batched and broadcast over the leading dimensions.
 //
-// Operands are read through their strides. A matrix only needs unit stride along its rows
-// or along its columns (a transposed K^T view, a KV cache with spare capacity along the
-// sequence, a slice), so attention graphs run without contiguous copies; anything else is
-// copied once inside the kernel. Products are Eigen maps; large ones are split into row or
-// column blocks across the thread pool, each block one single-threaded Eigen product.
-#include <tbb/task_arena.h>
-
-#include <Eigen/Core>
+// Every float product goes through the GEMM layer (ops/math/gemm.h), which reads operands
+// through their strides (a transposed K^T view, a KV cache with spare capacity along the
+// sequence, a slice), so attention graphs run without contiguous copies. A constant B (a
+// weight, in this graph or captured from an enclosing one) is packed once when the session
+// is planned and shared through the Environment's weights cache; half-precision weights are
+// widened as they are packed. Batches run in parallel when there are enough of them,
+// otherwise each product is split across threads by the GEMM layer.
 #include <algorithm>
 #include <string>
 #include <type_traits>
@@ -15,6 +14,8 @@
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/math/gemm.h"
+#include "ops/math/threading.h"
 
 namespace kiln::ops {
 namespace {
@@ -32,11 +33,6 @@ struct Problem {
   Shape out_shape;
   Operand a, b;
 };
-
-// Each matrix needs unit stride along one of its two axes for an Eigen map.
-bool mappable(const Operand& o) {
-  return (o.cs == 1 && o.rs >= 0) || (o.rs == 1 && o.cs >= 0);
-}
 
 // Strides of size-1 axes are arbitrary: choose them so that the matrix maps (a single
 // strided row becomes a column-major 1 x k matrix).
@@ -114,29 +110,6 @@ Problem describe(const Tensor& a, const Tensor& b) {
   return p;
 }
 
-// y[m x n] (row-major, leading dimension ldy) = a[m x k] * b[k x n], each operand either
-// row-major (cs == 1) or column-major (rs == 1) with its own leading dimension.
-template <typename T>
-void product(const T* a, int64_t m, int64_t k, int64_t ars, int64_t acs, const T* b, int64_t n,
-             int64_t brs, int64_t bcs, T* y, int64_t ldy) {
-  using RM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using CM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
-  using S = Eigen::OuterStride<>;
-  Eigen::Map<RM, 0, S> ym(y, m, n, S(ldy));
-  auto times_b = [&](const auto& am) {
-    if (bcs == 1) {
-      ym.noalias() = am * Eigen::Map<const RM, 0, S>(b, k, n, S(brs));
-    } else {
-      ym.noalias() = am * Eigen::Map<const CM, 0, S>(b, k, n, S(bcs));
-    }
-  };
-  if (acs == 1) {
-    times_b(Eigen::Map<const RM, 0, S>(a, m, k, S(ars)));
-  } else {
-    times_b(Eigen::Map<const CM, 0, S>(a, m, k, S(acs)));
-  }
-}
-
 // A batch of row vectors (or a batch of matrices stacked along their rows) times one shared
 // right operand is a single taller product.
 void fold_batches(Problem& p) {
@@ -158,41 +131,56 @@ void fold_batches(Problem& p) {
   p.b.offsets.resize(1);
 }
 
-template <typename T>
-void run_float(const Problem& p, const T* a, const T* b, T* y) {
-  const int64_t m = p.m, n = p.n, k = p.k;
-  auto block = [&](int64_t bi, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+math::MatrixView view(const Operand& o, const float* base, size_t batch, int64_t rows) {
+  return {base + o.offsets[batch], rows, o.cols, o.rs, o.cs};
+}
+
+// y (contiguous [batches, m, n]) = a * b, with b packed when `packed` is given.
+void run_float(const Problem& p, const float* a, const float* b, const math::PackedB* packed,
+               float* y) {
+  const int64_t m = p.m, n = p.n;
+  const double work = static_cast<double>(p.batches) * static_cast<double>(m) *
+                      static_cast<double>(n) * static_cast<double>(p.k);
+  const int tasks = math::task_count(work);
+  // Enough batches for every task: one single-threaded product per batch; otherwise one
+  // product after another, each split across the threads.
+  const bool by_batch = tasks > 1 && p.batches >= 2 * tasks;
+  math::GemmOptions o;
+  if (by_batch) o.max_threads = 1;
+  auto product = [&](int64_t bi) {
     const size_t i = static_cast<size_t>(bi);
-    product<T>(a + p.a.offsets[i] + m0 * p.a.rs, m1 - m0, k, p.a.rs, p.a.cs,
-               b + p.b.offsets[i] + n0 * p.b.cs, n1 - n0, p.b.rs, p.b.cs,
-               y + bi * m * n + m0 * n + n0, n);
+    const math::MatrixView av = view(p.a, a, i, m);
+    float* yb = y + bi * m * n;
+    if (packed) {
+      math::sgemm(av, *packed, yb, n, o);
+    } else {
+      math::sgemm(av, math::MatrixView{b + p.b.offsets[i], p.k, n, p.b.rs, p.b.cs}, yb, n, o);
+    }
   };
-  const double work = static_cast<double>(p.batches) * static_cast<double>(m * n) * k;
-  const int threads = tbb::this_task_arena::max_concurrency();
-  constexpr double kMinParallel = 1 << 17, kMinTask = 1 << 15;
-  if (threads <= 1 || work < kMinParallel) {
-    for (int64_t bi = 0; bi < p.batches; ++bi) block(bi, 0, m, 0, n);
-    return;
-  }
-  // Split each matrix when there are fewer batches than tasks wanted: rows when the output
-  // is tall, columns when it is wide (a row vector times a matrix).
-  const int64_t want = int64_t{2} * threads;
-  int64_t splits = (want + p.batches - 1) / p.batches;
-  splits = std::min<int64_t>(
-      splits, std::max<int64_t>(1, static_cast<int64_t>(work / p.batches / kMinTask)));
-  int64_t rb = 1, cb = 1;
-  if (m >= n) {
-    rb = std::clamp<int64_t>(m / 4, 1, splits);
+  if (by_batch) {
+    parallel_for(p.batches, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t bi = lo; bi < hi; ++bi) product(bi);
+    });
   } else {
-    cb = std::clamp<int64_t>(n / 16, 1, splits);
+    for (int64_t bi = 0; bi < p.batches; ++bi) product(bi);
   }
-  const int64_t per = rb * cb;
-  const double task_work = work / static_cast<double>(p.batches * per);
-  const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(kMinTask / task_work));
-  parallel_for(p.batches * per, grain, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t bi = t / per, r = (t % per) / cb, c = t % cb;
-      block(bi, r * m / rb, (r + 1) * m / rb, c * n / cb, (c + 1) * n / cb);
+}
+
+// Double products: a plain loop, rows split across threads (not a hot type in models).
+void run_double(const Problem& p, const double* a, const double* b, double* y) {
+  const int64_t m = p.m, n = p.n, k = p.k;
+  parallel_for(p.batches * m, grain_for(n * k + 1), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const int64_t bi = r / m, i = r % m;
+      const double* pa = a + p.a.offsets[static_cast<size_t>(bi)] + i * p.a.rs;
+      const double* pb = b + p.b.offsets[static_cast<size_t>(bi)];
+      double* out = y + r * n;
+      std::fill(out, out + n, 0.0);
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double av = pa[kk * p.a.cs];
+        const double* row = pb + kk * p.b.rs;
+        for (int64_t j = 0; j < n; ++j) out[j] += av * row[j * p.b.cs];
+      }
     }
   });
 }
@@ -225,23 +213,60 @@ void run_integer(const Problem& p, const T* a, const T* b, T* y) {
 using MatMulTypes =
     TypeList<float, double, float16, bfloat16, int32_t, int64_t, uint32_t, uint64_t>;
 
-// A half-type weight widened to float once, the form run_half multiplies with.
-Tensor widen_to_float(const Tensor& w) {
-  Tensor f(DataType::Float, w.shape(),
-           Storage::heap_uninitialized(storage_bytes(DataType::Float, w.numel())));
-  dispatch(TypeList<float16, bfloat16>{}, w.dtype(), [&]<typename H>() {
-    unary_loop<H, float>(w, f, [](H v) { return static_cast<float>(v); });
+// float16 / bfloat16 elements to float (contiguous `src`, `n` elements).
+void widen(DataType dt, const void* src, float* dst, int64_t n) {
+  const math::ConvertKernels& cv = math::kernels().convert;
+  parallel_for(n, 1 << 16, [&](int64_t lo, int64_t hi) {
+    const auto* s = static_cast<const uint16_t*>(src) + lo;
+    (dt == DataType::Float16 ? cv.f16_to_f32 : cv.bf16_to_f32)(s, dst + lo, hi - lo);
   });
-  f.storage()->set_read_only();
+}
+
+// `t` as float: itself, or widened into a buffer from `ctx` (contiguous).
+Tensor as_float(OpContext& ctx, const Tensor& t) {
+  if (t.dtype() == DataType::Float) return t;
+  const Tensor c = t.contiguous();
+  Tensor f = ctx.allocate(DataType::Float, c.shape());
+  widen(c.dtype(), c.raw_data(), f.data<float>(), c.numel());
   return f;
+}
+
+// The packed form of a constant 2-D B (float, or a half type widened as it is packed).
+Tensor pack_weight(const Tensor& w) {
+  Tensor f = w;
+  if (w.dtype() != DataType::Float) {
+    const Tensor c = w.contiguous();
+    f = Tensor(DataType::Float, c.shape(),
+               Storage::heap_uninitialized(storage_bytes(DataType::Float, c.numel())));
+    widen(c.dtype(), c.raw_data(), f.data<float>(), c.numel());
+  }
+  const math::MathKernels& t = math::kernels();
+  const int64_t k = f.dim(0), n = f.dim(1);
+  const int64_t floats = math::PackedB::packed_floats(k, n, t.gemm.nr);
+  Tensor packed(DataType::Float, Shape{floats},
+                Storage::heap_uninitialized(storage_bytes(DataType::Float, floats)));
+  math::PackedB::pack_into({f.data<const float>(), k, n, f.strides()[0], f.strides()[1]},
+                           packed.data<float>(), t);
+  packed.storage()->set_read_only();
+  return packed;
+}
+
+// The weights cache's name for pack_weight's layout: the level decides the tile width.
+std::string packing_name() {
+  const math::MathKernels& t = math::kernels();
+  return std::string("sgemm-b-") + math::isa_name(t.isa) + "-nr" + std::to_string(t.gemm.nr);
 }
 
 class MatMul final : public Kernel {
  public:
   explicit MatMul(const NodeInfo& info) {
     const Tensor* b = info.constant_input(1);
-    if (b && (b->dtype() == DataType::Float16 || b->dtype() == DataType::BFloat16)) {
-      b_float_ = info.prepared_input(1, "float32", widen_to_float);
+    if (b && b->rank() == 2 && b->dim(0) > 0 && b->dim(1) > 0 &&
+        (b->dtype() == DataType::Float || b->dtype() == DataType::Float16 ||
+         b->dtype() == DataType::BFloat16)) {
+      packed_storage_ = info.prepared_input(1, packing_name(), pack_weight);
+      packed_ = math::PackedB(packed_storage_->data<const float>(), b->dim(0), b->dim(1),
+                              math::kernels().gemm.nr);
     }
   }
 
@@ -254,7 +279,7 @@ class MatMul final : public Kernel {
     }
     dispatch(MatMulTypes{}, a.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
-        run_half<T>(ctx, a, b);
+        run_half(ctx, a, b);
       } else {
         compute<T>(ctx, a, b, nullptr);
       }
@@ -264,21 +289,8 @@ class MatMul final : public Kernel {
  private:
   // Computes into output 0, or into `dst` when given (the float result of a half product).
   template <typename T>
-  void compute(OpContext& ctx, const Tensor& a_in, const Tensor& b_in, Tensor* dst) {
-    Problem p = describe(a_in, b_in);
-    Tensor a = a_in, b = b_in;
-    if (!mappable(p.a) || !mappable(p.b)) {
-      // Neither axis of a matrix has unit stride: one contiguous copy, then plain maps.
-      if (!mappable(p.a)) {
-        ctx.count_copy(a.nbytes(), CopyCause::Contiguous);
-        a = a.contiguous();
-      }
-      if (!mappable(p.b)) {
-        ctx.count_copy(b.nbytes(), CopyCause::Contiguous);
-        b = b.contiguous();
-      }
-      p = describe(a, b);
-    }
+  void compute(OpContext& ctx, const Tensor& a, const Tensor& b, Tensor* dst) {
+    Problem p = describe(a, b);
     Tensor& y = dst ? *dst : ctx.output(0, a.dtype(), p.out_shape);
     if (y.numel() == 0) return;
     T* py = y.data<T>();
@@ -286,34 +298,48 @@ class MatMul final : public Kernel {
       std::fill(py, py + y.numel(), T(0));
       return;
     }
-    if constexpr (std::is_floating_point_v<T>) {
+    if constexpr (std::is_same_v<T, float>) {
       fold_batches(p);
-      run_float<T>(p, a.data<const T>(), b.data<const T>(), py);
+      const bool use_packed = packed_storage_ && b.rank() == 2;
+      run_float(p, a.data<const float>(), use_packed ? nullptr : b.data<const float>(),
+                use_packed ? &packed_ : nullptr, py);
+    } else if constexpr (std::is_same_v<T, double>) {
+      run_double(p, a.data<const double>(), b.data<const double>(), py);
     } else {
       run_integer<T>(p, a.data<const T>(), b.data<const T>(), py);
     }
   }
 
-  // Half types: widen both operands to float, multiply, narrow the result.
-  template <typename H>
+  // Half types: float products (B from the packed weight when there is one), the result
+  // narrowed back.
   void run_half(OpContext& ctx, const Tensor& a, const Tensor& b) {
-    Tensor fa = ctx.allocate(DataType::Float, a.shape());
-    unary_loop<H, float>(a, fa, [](H v) { return static_cast<float>(v); });
-    Tensor fb;
-    if (b_float_) {
-      fb = *b_float_;  // the constant weight, widened when the session was planned
-    } else {
-      fb = ctx.allocate(DataType::Float, b.shape());
-      unary_loop<H, float>(b, fb, [](H v) { return static_cast<float>(v); });
-    }
-    const Problem p = describe(fa, fb);
+    const Tensor fa = as_float(ctx, a);
+    const Tensor fb = packed_storage_ && b.rank() == 2 ? b : as_float(ctx, b);
+    Problem p = describe(a, b);
     Tensor fy = ctx.allocate(DataType::Float, p.out_shape);
-    compute<float>(ctx, fa, fb, &fy);
+    if (fy.numel() > 0) {
+      if (p.k == 0) {
+        std::fill(fy.data<float>(), fy.data<float>() + fy.numel(), 0.0f);
+      } else {
+        p = describe(fa, fb);
+        fold_batches(p);
+        const bool use_packed = packed_storage_ && b.rank() == 2;
+        run_float(p, fa.data<const float>(), use_packed ? nullptr : fb.data<const float>(),
+                  use_packed ? &packed_ : nullptr, fy.data<float>());
+      }
+    }
     Tensor& y = ctx.output(0, a.dtype(), p.out_shape);
-    unary_loop<float, H>(fy, y, [](float v) { return H(v); });
+    const math::ConvertKernels& cv = math::kernels().convert;
+    const float* src = fy.data<const float>();
+    auto* dst = reinterpret_cast<uint16_t*>(y.raw_data());
+    parallel_for(y.numel(), 1 << 16, [&](int64_t lo, int64_t hi) {
+      (a.dtype() == DataType::Float16 ? cv.f32_to_f16 : cv.f32_to_bf16)(src + lo, dst + lo,
+                                                                        hi - lo);
+    });
   }
 
-  std::shared_ptr<const Tensor> b_float_;
+  std::shared_ptr<const Tensor> packed_storage_;  // the weights cache's packed B
+  math::PackedB packed_;                          // a view of it
 };
 
 }  // namespace

@@ -85,10 +85,10 @@ class Preparer final : public ops::WeightPreparer {
   Preparer(detail::WeightsCache& cache, LoadStats& stats) : cache_(cache), stats_(stats) {}
 
   std::shared_ptr<const Tensor> prepare(const ir::Graph& graph, ir::ValueId weight,
-                                        const std::string& packing,
+                                        const Tensor& constant, const std::string& packing,
                                         const std::function<Tensor(const Tensor&)>& make) override {
     bool made = false;
-    auto lease = cache_.prepared(graph.value(weight).constant, packing, make, &made);
+    auto lease = cache_.prepared(constant, packing, make, &made);
     if (made) {
       ++stats_.weights_prepared_count;
       stats_.weights_prepared_bytes += lease->tensor.nbytes();

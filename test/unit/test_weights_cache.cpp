@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "kiln/memory.h"
+#include "ops/math/gemm.h"
 #include "proto/testing/model_writer.h"
 #include "test/unit/op_test.h"
 #include "test/unit/temp_dir.h"
@@ -220,7 +221,10 @@ TEST_CASE("a prepared form is made by the first session and shared by the next",
   {
     Session s1(p1, in(env));
     CHECK(s1.load_stats().weights_prepared_count == 1);
-    CHECK(s1.load_stats().weights_prepared_bytes == static_cast<uint64_t>(k * n * 4));
+    // The prepared form is the weight widened and packed into the GEMM tiles' panels.
+    const auto packed_bytes =
+        static_cast<uint64_t>(math::PackedB::packed_floats(k, n, math::kernels().gemm.nr) * 4);
+    CHECK(s1.load_stats().weights_prepared_bytes == packed_bytes);
     CHECK(s1.load_stats().weights_prepared_shared == 0);
     Session s2(p2, in(env));
     CHECK(s2.load_stats().weights_shared_count == 1);
@@ -231,7 +235,7 @@ TEST_CASE("a prepared form is made by the first session and shared by the next",
     CHECK(st.prepared_hits == 1);
     CHECK(st.prepared_entries == 1);
     CHECK(st.loaded_entries == 1);
-    CHECK(st.bytes == static_cast<uint64_t>(k * n * (2 + 4)));
+    CHECK(st.bytes == static_cast<uint64_t>(k * n * 2) + packed_bytes);
     check_close(run_matmul(s1, x, m, k), want);
     check_close(run_matmul(s2, x, m, k), want);
     // A session with a cache of its own prepares its own copy.
