@@ -1,14 +1,12 @@
 // Conv: 1-D, 2-D and 3-D convolution with groups, strides, dilations, explicit or automatic
 // padding, and an optional bias.
 //
-// General convolutions are im2col + GEMM: the output of each (image, group) is split into
-// column blocks (and row blocks when there are few columns), each task lowering its block
-// of input patches into a per-thread scratch buffer and multiplying it with an Eigen
-// product. 1x1 convolutions with unit stride and no padding multiply the input directly;
-// convolutions with one input channel per group (depthwise) run as direct loops.
-#include <tbb/task_arena.h>
-
-#include <Eigen/Core>
+// General float convolutions are products in the GEMM layer (ops/math/gemm.h): the filter
+// of each group is packed once when the session is planned (shared through the weights
+// cache), and the input patches are lowered straight into the GEMM's B panels block by
+// block (im2col without an intermediate matrix); 1x1 convolutions with unit stride and no
+// padding pack the input itself. Bias is the GEMM's row epilogue. Convolutions with one
+// input channel per group (depthwise) run as direct loops; double uses plain loops.
 #include <algorithm>
 #include <array>
 #include <string>
@@ -17,6 +15,8 @@
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/math/gemm.h"
+#include "ops/math/threading.h"
 
 namespace kiln::ops {
 namespace {
@@ -267,16 +267,120 @@ void direct_plane(const T* x, const T* split, const T* w, const Geometry& g, T* 
   }
 }
 
+// Lowers input patches straight into GEMM panels: rows [p0, p0 + kc) of the patch matrix
+// (channel, kd, kh, kw) and output positions [j0, j0 + nc), as panels of nr positions.
+void pack_patches(const float* x, const Geometry& g, int nr, int64_t p0, int64_t kc, int64_t j0,
+                  int64_t nc, float* out) {
+  const int64_t ip = g.in_size(), kp = g.k_size(), ohw = g.out[1] * g.out[2];
+  const int64_t khw = g.k[1] * g.k[2];
+  for (int64_t r = 0; r < kc; ++r) {
+    const int64_t row = p0 + r, c = row / kp, t = row % kp;
+    const int64_t kd = t / khw, kh = (t % khw) / g.k[2], kw = t % g.k[2];
+    const float* xc = x + c * ip;
+    const int64_t wbase = kw * g.dil[2] - g.pad[2];
+    for (int64_t q = 0; q * nr < nc; ++q) {
+      float* d = out + q * kc * nr + r * nr;
+      const int64_t first = j0 + q * nr, last = first + std::min<int64_t>(nr, nc - q * nr);
+      for (int64_t p = first; p < last;) {
+        const int64_t od = p / ohw, oh = (p % ohw) / g.out[2], ow = p % g.out[2];
+        const int64_t run = std::min(last - p, g.out[2] - ow);
+        const int64_t id = od * g.stride[0] - g.pad[0] + kd * g.dil[0];
+        const int64_t ih = oh * g.stride[1] - g.pad[1] + kh * g.dil[1];
+        if (id < 0 || id >= g.in[0] || ih < 0 || ih >= g.in[1]) {
+          std::fill(d, d + run, 0.0f);
+        } else {
+          const int64_t base = ow * g.stride[2] + wbase;
+          const float* src = xc + (id * g.in[1] + ih) * g.in[2];
+          gather_row(d, run, src, base, g.stride[2], first_at_least(base, g.stride[2], 0),
+                     first_at_least(base, g.stride[2], g.in[2]));
+        }
+        d += run;
+        p += run;
+      }
+      std::fill(d, out + q * kc * nr + r * nr + nr, 0.0f);
+    }
+  }
+}
+
+// The filter of each group as a packed GEMM A ([mg x cg * kernel] each, one after another).
+Tensor pack_filter(const Tensor& w, int64_t groups) {
+  Tensor f = w.contiguous();
+  if (f.dtype() != DataType::Float) {
+    Tensor wide(DataType::Float, f.shape(),
+                Storage::heap_uninitialized(storage_bytes(DataType::Float, f.numel())));
+    const math::ConvertKernels& cv = math::kernels().convert;
+    (f.dtype() == DataType::Float16 ? cv.f16_to_f32 : cv.bf16_to_f32)(
+        reinterpret_cast<const uint16_t*>(f.raw_data()), wide.data<float>(), f.numel());
+    f = wide;
+  }
+  const math::MathKernels& t = math::kernels();
+  const int64_t mg = f.dim(0) / groups, kk = f.numel() / f.dim(0);
+  const int64_t per = math::PackedA::packed_floats(mg, kk, t.gemm.mr);
+  Tensor packed(DataType::Float, Shape{groups * per},
+                Storage::heap_uninitialized(storage_bytes(DataType::Float, groups * per)));
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    math::PackedA::pack_into(
+        math::MatrixView::row_major(f.data<const float>() + grp * mg * kk, mg, kk, kk),
+        packed.data<float>() + grp * per, t);
+  }
+  packed.storage()->set_read_only();
+  return packed;
+}
+
 struct Sizes {
   int64_t n, c, m, groups, cg, mg;
 };
 
-// Y[n, m, :] for all n and m; x, w, bias (may be null) and y contiguous.
+// Float convolution through the GEMM layer; `packed` is pack_filter's form of the filter.
+void gemm_convolve(const float* x, const float* packed, const float* bias, float* y, const Sizes& s,
+                   const Geometry& g) {
+  const math::MathKernels& t = math::kernels();
+  const int nr = t.gemm.nr;
+  const int64_t ip = g.in_size(), op = g.out_size(), kk = s.cg * g.k_size();
+  const int64_t per = math::PackedA::packed_floats(s.mg, kk, t.gemm.mr);
+  const bool pointwise = g.k_size() == 1 && g.stride == std::array<int64_t, 3>{1, 1, 1} &&
+                         g.pad == std::array<int64_t, 3>{0, 0, 0};
+  const int64_t units = s.n * s.groups;
+  const double work = static_cast<double>(units) * static_cast<double>(s.mg) *
+                      static_cast<double>(kk) * static_cast<double>(op);
+  const int tasks = math::task_count(work);
+  // Many (image, group) units: one single-threaded product each; else one after another,
+  // each split across the threads.
+  const bool by_unit = tasks > 1 && units >= 2 * tasks;
+  math::GemmOptions o;
+  if (by_unit) o.max_threads = 1;
+  auto unit_product = [&](int64_t unit) {
+    const int64_t n = unit / s.groups, grp = unit % s.groups;
+    const float* xg = x + (n * s.c + grp * s.cg) * ip;
+    const math::PackedA a(packed + grp * per, s.mg, kk, t.gemm.mr);
+    math::GemmOptions uo = o;
+    uo.row_bias = bias ? bias + grp * s.mg : nullptr;
+    math::BPacker pack_b;
+    if (pointwise) {
+      pack_b = [&](int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
+        t.gemm.pack_b(xg + p0 * ip + j0, ip, 1, kc, nc, out);
+      };
+    } else {
+      pack_b = [&](int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
+        pack_patches(xg, g, nr, p0, kc, j0, nc, out);
+      };
+    }
+    math::sgemm(a, op, pack_b, y + (n * s.m + grp * s.mg) * op, op, uo);
+  };
+  if (by_unit) {
+    parallel_for(units, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t u = lo; u < hi; ++u) unit_product(u);
+    });
+  } else {
+    for (int64_t u = 0; u < units; ++u) unit_product(u);
+  }
+}
+
+// Y[n, m, :] for all n and m; x, w, bias (may be null) and y contiguous. `packed` holds the
+// float filter of every group packed for the GEMM (null for depthwise and double).
 template <typename T>
-void convolve(OpContext& ctx, const T* x, const T* w, const T* bias, T* y, const Sizes& s,
+void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, const Sizes& s,
               const Geometry& g) {
-  using RM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using S = Eigen::OuterStride<>;
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size(), kk = s.cg * kp;
   if (op == 0 || s.m == 0 || s.n == 0) return;
 
@@ -301,78 +405,31 @@ void convolve(OpContext& ctx, const T* x, const T* w, const T* bias, T* y, const
     return;
   }
 
-  const bool pointwise = kp == 1 && g.stride == std::array<int64_t, 3>{1, 1, 1} &&
-                         g.pad == std::array<int64_t, 3>{0, 0, 0};
   const int64_t units = s.n * s.groups;
-  const double unit_work = static_cast<double>(s.mg) * static_cast<double>(kk) * op;
-  const int threads = tbb::this_task_arena::max_concurrency();
-  constexpr double kMinParallel = 1 << 17, kMinTask = 1 << 15;
-  // Per-thread patch buffers hold about 1 MB of columns, but at least 256 columns (up to
-  // 16 MB): every product packs the weights again, which only pays off over wide blocks.
-  constexpr int64_t kScratchElems = 1 << 18, kMaxScratchElems = 1 << 22, kMinColumns = 256;
-
-  // Column blocks bound the scratch size; more blocks (columns, then rows) feed threads.
-  const int64_t max_blk = std::max<int64_t>(
-      1, std::max(kScratchElems / kk, std::min(kMinColumns, kMaxScratchElems / kk)));
-  int64_t cb = pointwise ? 1 : (op + max_blk - 1) / max_blk;
-  int64_t rb = 1;
-  const double total = unit_work * static_cast<double>(units);
-  if (threads > 1 && total >= kMinParallel) {
-    const int64_t want = 2 * static_cast<int64_t>(threads);
-    const int64_t max_tasks = std::max<int64_t>(1, static_cast<int64_t>(total / kMinTask));
-    const int64_t target = std::min(want, max_tasks);
-    // Split output channels first when there are many: each task then packs only its own
-    // weights, and repeating the (cheap) patch lowering costs less than repacking weights.
-    if (units * cb < target && s.mg >= 64) {
-      rb = std::min<int64_t>((target + units * cb - 1) / (units * cb), s.mg / 32);
-    }
-    if (units * cb * rb < target) {
-      cb = std::max(cb, std::min<int64_t>((target + units * rb - 1) / (units * rb),
-                                          std::max<int64_t>(1, op / 16)));
-    }
-    // Few tasks: make their number a multiple of the thread count so no thread idles.
-    if (units * cb * rb < 8 * threads && cb * threads <= op) {
-      while ((units * cb * rb) % threads != 0) ++cb;
+  if constexpr (std::is_same_v<T, float>) {
+    gemm_convolve(x, packed, bias, y, s, g);
+  } else {
+    // Double: lower each (image, group) whole, then plain loops.
+    (void)packed;
+    std::vector<T> col(static_cast<size_t>(kk * op));
+    for (int64_t unit = 0; unit < units; ++unit) {
+      const int64_t n = unit / s.groups, grp = unit % s.groups;
+      im2col(x + (n * s.c + grp * s.cg) * ip, s.cg, g, 0, op, col.data());
+      parallel_for(s.mg, grain_for(kk * op), [&](int64_t m0, int64_t m1) {
+        for (int64_t mi = m0; mi < m1; ++mi) {
+          const int64_t mo = grp * s.mg + mi;
+          T* yr = y + (n * s.m + mo) * op;
+          std::fill(yr, yr + op, bias ? bias[mo] : T(0));
+          const T* wr = w + mo * kk;
+          for (int64_t q = 0; q < kk; ++q) {
+            const T wv = wr[q];
+            const T* cr = col.data() + q * op;
+            for (int64_t j = 0; j < op; ++j) yr[j] += wv * cr[j];
+          }
+        }
+      });
     }
   }
-  cb = std::clamp<int64_t>(cb, 1, op);
-  const int64_t blk = (op + cb - 1) / cb;
-  const int64_t slots = std::max(threads, 1);
-  Tensor scratch;
-  if (!pointwise) scratch = ctx.allocate(data_type_of<T>(), {slots, kk * blk});
-
-  const int64_t per_unit = cb * rb;
-  parallel_for(units * per_unit, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t unit = t / per_unit, c = (t % per_unit) / rb, r = t % rb;
-      const int64_t n = unit / s.groups, grp = unit % s.groups;
-      const int64_t p0 = c * blk, p1 = std::min(op, p0 + blk);
-      const int64_t m0 = r * s.mg / rb, m1 = (r + 1) * s.mg / rb;
-      if (p0 >= p1 || m0 >= m1) continue;
-      const T* xg = x + (n * s.c + grp * s.cg) * ip;
-      const T* cols;
-      int64_t ld;
-      if (pointwise) {
-        cols = xg + p0;
-        ld = ip;
-      } else {
-        int slot = tbb::this_task_arena::current_thread_index();
-        if (slot < 0 || slot >= slots) slot = 0;
-        T* buf = scratch.data<T>() + slot * kk * blk;
-        im2col(xg, s.cg, g, p0, p1, buf);
-        cols = buf;
-        ld = p1 - p0;
-      }
-      const int64_t mo = grp * s.mg + m0;
-      Eigen::Map<const RM> wm(w + mo * kk, m1 - m0, kk);
-      Eigen::Map<const RM, 0, S> cm(cols, kk, p1 - p0, S(ld));
-      Eigen::Map<RM, 0, S> ym(y + (n * s.m + mo) * op + p0, m1 - m0, p1 - p0, S(op));
-      ym.noalias() = wm * cm;
-      if (bias) {
-        for (int64_t i = 0; i < m1 - m0; ++i) ym.row(i).array() += bias[mo + i];
-      }
-    }
-  });
 }
 
 class Conv final : public Kernel {
@@ -393,6 +450,20 @@ class Conv final : public Kernel {
       if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
     for (int64_t v : kernel_shape_)
       if (v < 1 || v > kMaxAttr) info.fail("kernel_shape must be in [1, 2^31]");
+    // A constant filter is packed for the GEMM once (not for depthwise convolutions, which
+    // read it directly).
+    const Tensor* w = info.constant_input(1);
+    if (w && w->rank() >= 3 && w->numel() > 0 && w->dim(1) > 1 && w->dim(0) % group_ == 0 &&
+        (w->dtype() == DataType::Float || w->dtype() == DataType::Float16 ||
+         w->dtype() == DataType::BFloat16)) {
+      const math::MathKernels& t = math::kernels();
+      const int64_t groups = group_;
+      packed_ = info.prepared_input(1,
+                                    std::string("conv-filter-") + math::isa_name(t.isa) + "-mr" +
+                                        std::to_string(t.gemm.mr) + "-g" + std::to_string(groups),
+                                    [groups](const Tensor& f) { return pack_filter(f, groups); });
+      packed_groups_ = group_;
+    }
   }
 
   void run(OpContext& ctx) override {
@@ -424,23 +495,40 @@ class Conv final : public Kernel {
     check_output_size(ctx, out_shape);
 
     dispatch(TypeList<float, double, float16, bfloat16>{}, x.dtype(), [&]<typename T>() {
-      if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
+      if constexpr (std::is_same_v<T, double>) {
+        Tensor& y = ctx.output(0, x.dtype(), out_shape);
+        convolve<T>(x.data<const T>(), w.data<const T>(), nullptr,
+                    has_bias ? ctx.input(2).data<const T>() : nullptr, y.data<T>(), s, g);
+      } else {
+        // Float, or a half type computed in float.
         auto widen = [&](const Tensor& t) {
+          if (t.dtype() == DataType::Float) return t;
           Tensor f = ctx.allocate(DataType::Float, t.shape());
           unary_loop<T, float>(t, f, [](T v) { return static_cast<float>(v); });
           return f;
         };
-        const Tensor fx = widen(x), fw = widen(w);
+        const Tensor fx = widen(x);
         const Tensor fb = has_bias ? widen(ctx.input(2)) : Tensor();
-        Tensor fy = ctx.allocate(DataType::Float, out_shape);
-        convolve<float>(ctx, fx.data<const float>(), fw.data<const float>(),
-                        has_bias ? fb.data<const float>() : nullptr, fy.data<float>(), s, g);
-        Tensor& y = ctx.output(0, x.dtype(), out_shape);
-        unary_loop<float, T>(fy, y, [](float v) { return T(v); });
-      } else {
-        Tensor& y = ctx.output(0, x.dtype(), out_shape);
-        convolve<T>(ctx, x.data<const T>(), w.data<const T>(),
-                    has_bias ? ctx.input(2).data<const T>() : nullptr, y.data<T>(), s, g);
+        Tensor fw;
+        const float* packed = nullptr;
+        Tensor packed_now;
+        if (s.cg == 1) {
+          fw = widen(w);  // depthwise: direct loops read the filter as it is
+        } else if (packed_ && packed_groups_ == s.groups) {
+          packed = packed_->data<const float>();
+        } else {
+          packed_now = pack_filter(w, s.groups);  // a filter computed at run time
+          packed = packed_now.data<const float>();
+        }
+        const bool direct = std::is_same_v<T, float>;
+        Tensor fy = direct ? Tensor() : ctx.allocate(DataType::Float, out_shape);
+        Tensor& y = direct ? ctx.output(0, x.dtype(), out_shape) : fy;
+        convolve<float>(fx.data<const float>(), fw.defined() ? fw.data<const float>() : nullptr,
+                        packed, has_bias ? fb.data<const float>() : nullptr, y.data<float>(), s, g);
+        if (!direct) {
+          Tensor& out = ctx.output(0, x.dtype(), out_shape);
+          unary_loop<float, T>(fy, out, [](float v) { return T(v); });
+        }
       }
     });
   }
@@ -487,6 +575,8 @@ class Conv final : public Kernel {
   AutoPad auto_pad_;
   int64_t group_;
   std::vector<int64_t> kernel_shape_, strides_, dilations_, pads_;
+  std::shared_ptr<const Tensor> packed_;  // the weights cache's packed filter
+  int64_t packed_groups_ = 0;
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "kiln/error.h"
 #include "ops/math/threading.h"
@@ -147,12 +148,14 @@ void gemv_columns(const GemmKernels& g, const MatrixView& a, const MatrixView& b
                   const GemmOptions& o) {
   const int64_t k = b.rows, n = b.cols;
   // x must be contiguous for the dot kernel.
+  // (Not in the thread's scratch: while this thread waits for the tasks below it may run
+  // another product that uses it.)
   const float* x = a.data;
-  float* xcopy = nullptr;
+  std::vector<float> xcopy;
   if (a.cs != 1) {
-    xcopy = a_scratch().get(k);
-    for (int64_t p = 0; p < k; ++p) xcopy[p] = a.data[p * a.cs];
-    x = xcopy;
+    xcopy.resize(static_cast<size_t>(k));
+    for (int64_t p = 0; p < k; ++p) xcopy[static_cast<size_t>(p)] = a.data[p * a.cs];
+    x = xcopy.data();
   }
   const int tasks = task_count(static_cast<double>(k) * static_cast<double>(n), o.max_threads);
   run_tasks(tasks, [&](int t) {
@@ -176,7 +179,107 @@ void check_shapes(const MatrixView& a, int64_t brows) {
   }
 }
 
+// Columns of B packed per block when B comes from a BPacker, and rows of A per block: the
+// B block (kKc x nc) and the A rows it meets (mc x kKc) stay in L2 together.
+constexpr int64_t kPanelsPerBlock = 8;
+constexpr int64_t kRowsPerBlock = 252;  // a multiple of every level's tile height
+
+Scratch& b_scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+// The product over rows [m0, m1) and columns [n0, n1) (both multiples of the tile) with A
+// packed and B packed block by block into this thread's buffer.
+void run_packed_a_block(const GemmKernels& g, const PackedA& a, const BPacker& pack_b, float* c,
+                        int64_t ldc, const GemmOptions& o, int64_t m0, int64_t m1, int64_t n0,
+                        int64_t n1) {
+  const int mr = g.mr, nr = g.nr;
+  const int64_t k = a.k(), nc_max = kPanelsPerBlock * nr;
+  float* bpack = b_scratch().get(std::min(k, kKc) * nc_max);
+  for (int64_t j0 = n0; j0 < n1; j0 += nc_max) {
+    const int64_t nc = std::min(nc_max, n1 - j0);
+    for (int64_t p0 = 0; p0 < k; p0 += kKc) {
+      const int64_t kc = std::min(kKc, k - p0);
+      const bool last = p0 + kc == k;
+      const bool accumulate = p0 > 0 || o.accumulate;
+      pack_b(p0, kc, j0, nc, bpack);
+      for (int64_t i0 = m0; i0 < m1; i0 += kRowsPerBlock) {
+        const int64_t i1 = std::min(m1, i0 + kRowsPerBlock);
+        for (int64_t q = 0; q * nr < nc; ++q) {
+          const int tc = static_cast<int>(std::min<int64_t>(nr, nc - q * nr));
+          const float* bp = bpack + q * kc * nr;
+          for (int64_t i = i0; i < i1; i += mr) {
+            const int tr = static_cast<int>(std::min<int64_t>(mr, i1 - i));
+            float* ct = c + i * ldc + j0 + q * nr;
+            g.kernel(kc, a.data() + i * k + p0 * mr, bp, nr, ct, ldc, tr, tc, accumulate);
+            if (last) apply_epilogue(o, ct, ldc, tr, tc, i, j0 + q * nr);
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+int64_t PackedA::packed_floats(int64_t m, int64_t k, int mr) {
+  return (m + mr - 1) / mr * mr * k;
+}
+
+void PackedA::pack_into(const MatrixView& a, float* out, const MathKernels& t) {
+  const int mr = t.gemm.mr;
+  for (int64_t i0 = 0; i0 < a.rows; i0 += mr) {
+    const int rows = static_cast<int>(std::min<int64_t>(mr, a.rows - i0));
+    t.gemm.pack_a(a.data + i0 * a.rs, a.rs, a.cs, rows, a.cols, 1.0f, out + i0 * a.cols);
+  }
+}
+
+PackedA::PackedA(const MatrixView& a, const MathKernels* t) {
+  const MathKernels& table = t ? *t : kernels();
+  m_ = a.rows;
+  k_ = a.cols;
+  mr_ = table.gemm.mr;
+  const int64_t floats = packed_floats(m_, k_, mr_);
+  owned_ = std::shared_ptr<float[]>(new (std::align_val_t(64)) float[static_cast<size_t>(floats)],
+                                    [](float* p) { operator delete[](p, std::align_val_t(64)); });
+  pack_into(a, owned_.get(), table);
+  data_ = owned_.get();
+}
+
+PackedA::PackedA(const float* data, int64_t m, int64_t k, int mr)
+    : data_(data), m_(m), k_(k), mr_(mr) {}
+
+void sgemm(const PackedA& a, int64_t n, const BPacker& pack_b, float* c, int64_t ldc,
+           const GemmOptions& o) {
+  const GemmKernels& g = table_of(o).gemm;
+  if (a.mr() != g.mr) {
+    throw Error(ErrorKind::Runtime, "sgemm: A was packed for tiles of " + std::to_string(a.mr()) +
+                                        " rows, the kernels use " + std::to_string(g.mr));
+  }
+  if (o.alpha != 1.0f) throw Error(ErrorKind::Runtime, "sgemm: a packed A takes no alpha");
+  const int64_t m = a.m(), k = a.k();
+  if (m == 0 || n == 0) return;
+  if (k == 0) return empty_product(m, n, c, ldc, o);
+  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const int tasks = task_count(work, o.max_threads);
+  // Columns first: each task then lowers only its own part of B.
+  Split s;
+  const int64_t col_tiles = (n + g.nr - 1) / g.nr, row_tiles = (m + g.mr - 1) / g.mr;
+  if (col_tiles >= tasks || col_tiles >= row_tiles) {
+    s.col_parts = static_cast<int>(std::min<int64_t>(tasks, col_tiles));
+  } else {
+    s.row_parts = static_cast<int>(std::min<int64_t>(tasks, row_tiles));
+  }
+  run_tasks(s.row_parts * s.col_parts, [&](int t) {
+    const int ri = t / s.col_parts, ci = t % s.col_parts;
+    const int64_t m0 = part_edge(ri, s.row_parts, m, g.mr);
+    const int64_t m1 = part_edge(ri + 1, s.row_parts, m, g.mr);
+    const int64_t n0 = part_edge(ci, s.col_parts, n, g.nr);
+    const int64_t n1 = part_edge(ci + 1, s.col_parts, n, g.nr);
+    if (m0 < m1 && n0 < n1) run_packed_a_block(g, a, pack_b, c, ldc, o, m0, m1, n0, n1);
+  });
+}
 
 int64_t PackedB::packed_floats(int64_t k, int64_t n, int nr) {
   return (n + nr - 1) / nr * nr * k;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "ops/math/kernels.h"
@@ -75,11 +76,46 @@ class PackedB {
   int nr_ = 0;
 };
 
+// A packed into panels of the register tile's height for one level: panel i holds rows
+// [i * mr, (i + 1) * mr) as k groups of mr floats (rows past m zero). A constant left
+// operand, such as a convolution's filter, is packed once this way.
+class PackedA {
+ public:
+  PackedA() = default;
+  PackedA(const MatrixView& a, const MathKernels* kernels = nullptr);
+  PackedA(const float* data, int64_t m, int64_t k, int mr);
+
+  static int64_t packed_floats(int64_t m, int64_t k, int mr);
+  static void pack_into(const MatrixView& a, float* out, const MathKernels& kernels);
+
+  const float* data() const { return data_; }
+  int64_t m() const { return m_; }
+  int64_t k() const { return k_; }
+  int mr() const { return mr_; }
+
+ private:
+  std::shared_ptr<float[]> owned_;
+  const float* data_ = nullptr;
+  int64_t m_ = 0, k_ = 0;
+  int mr_ = 0;
+};
+
+// Produces B block by block, already in panel form: rows [p0, p0 + kc) and columns
+// [j0, j0 + nc) of B into ceil(nc / nr) panels of kc x nr floats at `out` (panel q at
+// out + q * kc * nr; columns past B's last are zero). A convolution lowers its input patches
+// straight into panels this way (im2col without an intermediate matrix).
+using BPacker = std::function<void(int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out)>;
+
 // C (row-major, leading dimension ldc) = the product above. A.cols == B.rows.
 void sgemm(const MatrixView& a, const MatrixView& b, float* c, int64_t ldc,
            const GemmOptions& options = {});
 // The same with B packed; throws if it was packed for another tile width.
 void sgemm(const MatrixView& a, const PackedB& b, float* c, int64_t ldc,
+           const GemmOptions& options = {});
+
+// C = A * B with A packed (options.alpha must be 1: the panels are as packed) and B of
+// `n` columns delivered by `pack_b`.
+void sgemm(const PackedA& a, int64_t n, const BPacker& pack_b, float* c, int64_t ldc,
            const GemmOptions& options = {});
 
 // Counters for tests and benchmarks: B matrices packed by sgemm on the fly (not prepacked).

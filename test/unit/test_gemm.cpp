@@ -160,3 +160,47 @@ TEST_CASE("a B packed for another tile width is refused", "[math][gemm]") {
   CHECK_THROWS_AS(math::sgemm(MatrixView::row_major(a.data(), 4, 8, 8), wrong, c.data(), 8),
                   kiln::Error);
 }
+
+KILN_ISA_TEST_CASE("sgemm with a packed A and B delivered in panels matches the naive product",
+                   "[math][gemm]") {
+  KILN_REQUIRE_ISA();
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const int64_t shapes[][3] = {{1, 1, 1},      {5, 7, 3},      {13, 33, 17}, {64, 300, 27},
+                               {96, 3136, 64}, {260, 70, 600}, {2, 1000, 9}, {700, 5, 40}};
+  for (const auto& sh : shapes) {
+    const int64_t m = sh[0], n = sh[1], k = sh[2];
+    std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)), bias(m);
+    for (auto& x : a) x = dist(rng);
+    for (auto& x : b) x = dist(rng);
+    for (auto& x : bias) x = dist(rng);
+    const math::PackedA pa(MatrixView::row_major(a.data(), m, k, k), &isa_kernels);
+    int blocks = 0;
+    const math::BPacker packer = [&](int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
+      ++blocks;
+      isa_kernels.gemm.pack_b(b.data() + p0 * n + j0, n, 1, kc, nc, out);
+    };
+    std::vector<float> c(static_cast<size_t>(m * n));
+    math::GemmOptions o;
+    o.kernels = &isa_kernels;
+    o.row_bias = bias.data();
+    o.activation = math::Activation::Relu;
+    math::sgemm(pa, n, packer, c.data(), n, o);
+    CHECK(blocks > 0);
+    double worst = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = bias[static_cast<size_t>(i)];
+        for (int64_t p = 0; p < k; ++p) {
+          s += static_cast<double>(a[static_cast<size_t>(i * k + p)]) *
+               b[static_cast<size_t>(p * n + j)];
+        }
+        s = s > 0 ? s : 0;
+        worst =
+            std::max(worst, std::abs(c[static_cast<size_t>(i * n + j)] - s) / (1 + std::abs(s)));
+      }
+    }
+    INFO("m " << m << " n " << n << " k " << k);
+    CHECK(worst <= 2e-6 * std::sqrt(static_cast<double>(k) + 1) + 1e-6);
+  }
+}
