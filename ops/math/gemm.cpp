@@ -332,6 +332,41 @@ void sgemm(const MatrixView& a, const PackedB& b, float* c, int64_t ldc, const G
   run(g, a, b.data(), true, g.nr, k, n, c, ldc, o);
 }
 
+template <>
+void gemm<float>(const float* a, int64_t m, int64_t k, int64_t ars, int64_t acs, const float* b,
+                 int64_t n, int64_t brs, int64_t bcs, float* c, int64_t ldc, const GemmOptions& o) {
+  sgemm({a, m, k, ars, acs}, {b, k, n, brs, bcs}, c, ldc, o);
+}
+
+template <>
+void gemm<double>(const double* a, int64_t m, int64_t k, int64_t ars, int64_t acs, const double* b,
+                  int64_t n, int64_t brs, int64_t bcs, double* c, int64_t ldc,
+                  const GemmOptions& o) {
+  const int tasks = task_count(
+      static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k), o.max_threads);
+  const double alpha = o.alpha;
+  run_tasks(tasks, [&](int t) {
+    std::vector<double> acc(static_cast<size_t>(n));
+    for (int64_t i = m * t / tasks; i < m * (t + 1) / tasks; ++i) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t p = 0; p < k; ++p) {
+        const double av = a[i * ars + p * acs];
+        const double* row = b + p * brs;
+        for (int64_t j = 0; j < n; ++j) acc[static_cast<size_t>(j)] += av * row[j * bcs];
+      }
+      double* out = c + i * ldc;
+      for (int64_t j = 0; j < n; ++j) {
+        double v = alpha * acc[static_cast<size_t>(j)];
+        if (o.accumulate) v += out[j];
+        if (o.bias) v += o.bias[j];
+        if (o.row_bias) v += o.row_bias[i];
+        if (o.activation == Activation::Relu && v < 0) v = 0;
+        out[j] = v;
+      }
+    }
+  });
+}
+
 uint64_t gemm_b_packs() {
   return b_packs.load(std::memory_order_relaxed);
 }

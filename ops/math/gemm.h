@@ -118,6 +118,14 @@ void sgemm(const MatrixView& a, const PackedB& b, float* c, int64_t ldc,
 void sgemm(const PackedA& a, int64_t n, const BPacker& pack_b, float* c, int64_t ldc,
            const GemmOptions& options = {});
 
+// The product for float or double operands given as pointers and strides: C (ldc) =
+// alpha * A (m x k, element (i, p) at a[i * ars + p * acs]) * B (k x n, at b[p * brs + j *
+// bcs]) (+ C when accumulating), with the options' epilogue for float. Float runs sgemm;
+// double (not a hot type in models) runs plain loops, rows split across threads.
+template <typename T>
+void gemm(const T* a, int64_t m, int64_t k, int64_t ars, int64_t acs, const T* b, int64_t n,
+          int64_t brs, int64_t bcs, T* c, int64_t ldc, const GemmOptions& options = {});
+
 // Counters for tests and benchmarks: B matrices packed by sgemm on the fly (not prepacked).
 uint64_t gemm_b_packs();
 
