@@ -36,6 +36,8 @@ struct GemmKernels {
   void (*pack_b)(const float* b, int64_t rs, int64_t cs, int64_t k, int64_t n,
                  float* out) = nullptr;
   float (*dot)(const float* x, const float* y, int64_t n) = nullptr;
+  // Benchmarks: independent FMA chains for `iterations` rounds; returns the flops done.
+  double (*fma_peak_loop)(int64_t iterations) = nullptr;
 };
 
 struct MathKernels {

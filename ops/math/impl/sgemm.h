@@ -179,5 +179,25 @@ float sdot(const float* x, const float* y, int64_t n) {
   return vreduce_add(vadd(vadd(s0, s1), vadd(s2, s3)));
 }
 
-constexpr GemmKernels kGemmKernels{kGemmMr,      kGemmNr,      sgemm_kernel,
-                                   sgemm_pack_a, sgemm_pack_b, sdot};
+// For benchmarks: `iterations` rounds of independent FMA chains (enough to cover the FMA
+// latency on every level); returns the floating-point operations done.
+double fma_peak_loop(int64_t iterations) {
+  constexpr int kChains = 12;
+  VF acc[kChains];
+  const VF x = vset1(1.0000001f), y = vset1(0.9999999f);
+#pragma GCC unroll 12
+  for (int i = 0; i < kChains; ++i) acc[i] = vset1(static_cast<float>(i));
+  for (int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = vfmadd(acc[i], x, y);
+  }
+  VF s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = vadd(s, acc[i]);
+  // The sum is returned through a volatile store so the loop cannot be removed.
+  volatile float sink = vreduce_add(s);
+  (void)sink;
+  return 2.0 * kChains * kLanes * static_cast<double>(iterations);
+}
+
+constexpr GemmKernels kGemmKernels{kGemmMr,      kGemmNr, sgemm_kernel, sgemm_pack_a,
+                                   sgemm_pack_b, sdot,    fma_peak_loop};

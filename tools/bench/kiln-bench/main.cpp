@@ -30,6 +30,7 @@
 #include "kiln/error.h"
 #include "kiln/generate.h"
 #include "kiln/kiln.h"
+#include "tools/bench/kiln-bench/gemm_case.h"
 #include "tools/common/json.h"
 #include "tools/common/npy.h"
 #include "tools/common/rss.h"
@@ -56,6 +57,8 @@ constexpr const char* kUsage =
     "                          attention_mask, token_type_ids [--batch, --seq-len]\n"
     "  decode MODEL_DIR        a Whisper decode loop of --steps decoder runs (EOS suppressed)\n"
     "  run MODEL.onnx          any model, every input from --input or --input-dir\n"
+    "  gemm M N K              the GEMM layer alone: packed and unpacked B, Eigen, FMA peak\n"
+    "                          and read bandwidth (one thread unless --threads)\n"
     "options:\n"
     "  --threads N             thread pool size (default: one per core)\n"
     "  --warmup N              untimed runs first (default 3; decode: whole generations, 1)\n"
@@ -81,6 +84,7 @@ struct Options {
   std::vector<std::pair<std::string, std::string>> inputs;
   std::string input_dir, output_dir;
   int64_t past_len = 16, kv_capacity = 0, seq_len = 128, batch = 1, steps = 200;
+  int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0;
   bool profile = false;
   std::set<std::string> given;  // flags present on the command line
 };
@@ -151,11 +155,23 @@ Options parse(int argc, char** argv) {
       {"minilm", {"--seq-len", "--batch"}},
       {"decode", {"--steps"}},
       {"run", {"--kv-capacity"}},
+      {"gemm", {}},
   };
   const auto flags = kCaseFlags.find(o.kase);
   if (flags == kCaseFlags.end()) {
     throw UsageError("unknown case '" + o.kase +
-                     "' (expected encoder, decoder-step, minilm, decode or run)");
+                     "' (expected encoder, decoder-step, minilm, decode, run or gemm)");
+  }
+  if (o.kase == "gemm") {
+    if (positional.size() != 4) throw UsageError("gemm needs M N K");
+    o.gemm_m = to_int("M", positional[1], 1);
+    o.gemm_n = to_int("N", positional[2], 1);
+    o.gemm_k = to_int("K", positional[3], 1);
+    if (o.given.count("--input") || o.given.count("--input-dir") || o.given.count("--output-dir") ||
+        o.given.count("--profile"))
+      throw UsageError("gemm takes only --threads, --warmup and --iterations");
+    if (o.warmup < 0) o.warmup = 3;
+    return o;
   }
   if (positional.size() < 2) throw UsageError("no model given for case '" + o.kase + "'");
   if (positional.size() > 2) throw UsageError("unexpected argument '" + positional[2] + "'");
@@ -593,6 +609,10 @@ int run_decode_case(const Options& o, const std::shared_ptr<kiln::Environment>& 
 }
 
 int run(const Options& o) {
+  if (o.kase == "gemm") {
+    return kiln::bench::run_gemm_case(o.gemm_m, o.gemm_n, o.gemm_k, o.threads > 0 ? o.threads : 1,
+                                      o.warmup, o.iterations);
+  }
   auto env = std::make_shared<kiln::Environment>(o.threads);
   if (o.kase == "decode") return run_decode_case(o, env);
   return run_session_case(o, env);

@@ -1,0 +1,139 @@
+// kiln-bench gemm M N K: the GEMM layer alone (ops/math/gemm.h) at one shape, with B packed
+// ahead (a weight) and unpacked (an activation), beside the machine's measured FMA peak and
+// streaming read bandwidth, and beside Eigen's product compiled into this binary (for the
+// build's baseline instruction set, as every Eigen product in kiln was before the GEMM layer).
+#include "tools/bench/kiln-bench/gemm_case.h"
+
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+#include <tbb/task_arena.h>
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <random>
+#include <vector>
+
+#include "kiln/version.h"
+#include "ops/math/gemm.h"
+#include "tools/common/json.h"
+
+namespace kiln::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Median seconds of `iterations` calls after `warmup` untimed ones.
+template <typename F>
+double median_seconds(int warmup, int iterations, F&& f) {
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<double> t;
+  for (int i = 0; i < iterations; ++i) {
+    const auto t0 = Clock::now();
+    f();
+    t.push_back(seconds_since(t0));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// GFLOP/s of independent FMA chains on every thread of the arena.
+double fma_peak_gflops(const math::MathKernels& k, int threads) {
+  const int64_t iterations = 20'000'000;
+  double best = 0;
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = Clock::now();
+    double flops = 0;
+    std::vector<double> per(static_cast<size_t>(threads));
+    tbb::parallel_for(
+        0, threads, [&](int t) { per[static_cast<size_t>(t)] = k.gemm.fma_peak_loop(iterations); },
+        tbb::static_partitioner());
+    for (double f : per) flops += f;
+    best = std::max(best, flops / seconds_since(t0) / 1e9);
+  }
+  return best;
+}
+
+// GB/s reading a 1 GiB float array once (the dot kernel of x with itself).
+double read_bandwidth_gbps(const math::MathKernels& k, int threads) {
+  const int64_t n = int64_t{1} << 28;
+  std::vector<float> x(static_cast<size_t>(n), 1.0f);
+  double best = 0;
+  volatile float sink = 0;
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = Clock::now();
+    std::vector<float> part(static_cast<size_t>(threads));
+    tbb::parallel_for(
+        0, threads,
+        [&](int t) {
+          const int64_t lo = n * t / threads, hi = n * (t + 1) / threads;
+          part[static_cast<size_t>(t)] = k.gemm.dot(x.data() + lo, x.data() + lo, hi - lo);
+        },
+        tbb::static_partitioner());
+    best = std::max(best, static_cast<double>(n) * 4 / seconds_since(t0) / 1e9);
+    for (float p : part) sink = sink + p;
+  }
+  return best;
+}
+
+}  // namespace
+
+int run_gemm_case(int64_t m, int64_t n, int64_t k, int threads, int warmup, int iterations) {
+  tbb::task_arena arena(threads);
+  const math::MathKernels& table = math::kernels();
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)),
+      c(static_cast<size_t>(m * n));
+  for (auto& v : a) v = dist(rng);
+  for (auto& v : b) v = dist(rng);
+  const math::MatrixView av = math::MatrixView::row_major(a.data(), m, k, k);
+  const math::MatrixView bv = math::MatrixView::row_major(b.data(), k, n, n);
+  const math::PackedB packed(bv);
+  const double flops =
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+
+  double t_packed = 0, t_unpacked = 0, t_eigen = 0, peak = 0, bandwidth = 0;
+  arena.execute([&] {
+    t_packed = median_seconds(warmup, iterations, [&] { math::sgemm(av, packed, c.data(), n); });
+    t_unpacked = median_seconds(warmup, iterations, [&] { math::sgemm(av, bv, c.data(), n); });
+    // Eigen's own threading is off in kiln (EIGEN_DONT_PARALLELIZE), so its product runs on
+    // one thread whatever --threads says.
+    using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    Eigen::Map<const RowMat> ea(a.data(), m, k), eb(b.data(), k, n);
+    Eigen::Map<RowMat> ec(c.data(), m, n);
+    t_eigen = median_seconds(warmup, iterations, [&] { ec.noalias() = ea * eb; });
+    peak = fma_peak_gflops(table, threads);
+    bandwidth = read_bandwidth_gbps(table, threads);
+  });
+
+  tooling::JsonWriter j(std::cout);
+  j.begin_object();
+  j.field("engine", "kiln").field("case", "gemm");
+  j.field("kiln_version", kiln::version()).field("isa", kiln::isa_level());
+  j.field("m", m).field("n", n).field("k", k).field("threads", threads);
+  j.field("fma_peak_gflops", peak).field("read_bandwidth_gbps", bandwidth);
+  auto result = [&](const char* name, double t, bool eigen) {
+    j.begin_object();
+    j.field("impl", name).field("median_ms", t * 1e3).field("gflops", flops / t / 1e9);
+    j.field("share_of_peak", flops / t / 1e9 / (eigen ? peak / threads : peak));
+    // What streaming B once from memory would allow (the bound for M = 1).
+    j.field("b_gbps", static_cast<double>(k * n) * 4 / t / 1e9);
+    j.end_object();
+  };
+  j.key("results").begin_array();
+  result("kiln packed B", t_packed, false);
+  result("kiln unpacked B", t_unpacked, false);
+  result("eigen (one thread, baseline build)", t_eigen, true);
+  j.end_array();
+  j.end_object();
+  std::cout << "\n";
+  return 0;
+}
+
+}  // namespace kiln::bench
