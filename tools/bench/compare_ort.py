@@ -14,7 +14,8 @@ pooled for the median and p90. Peak RSS is each child's own high-water mark (VmH
 
 Cases: whisper encoder on [1,80,3000] features; one merged-decoder step (use_cache_branch
 true) at past lengths 16, 128 and 400; MiniLM at sequence length 128, batch 1; a 200-step
-Whisper decode loop (--decode-steps), reported per step.
+Whisper decode loop (--decode-steps), reported per step; the ONNX backend data's light/ CNN
+models (--light, case "light") on a random input of their declared shape.
 """
 import argparse
 import datetime
@@ -52,7 +53,9 @@ def pct(values, p):
 def write_inputs(folder, arrays):
     os.makedirs(folder, exist_ok=True)
     for name, value in arrays.items():
-        np.save(os.path.join(folder, name + ".npy"), value)
+        path = os.path.join(folder, name + ".npy")  # a name with "/" becomes a subfolder
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        np.save(path, value)
     return folder
 
 
@@ -90,6 +93,29 @@ def whisper_inputs(whisper, tmp, past_lens):
             sys.exit(f"compare_ort: the merged decoder has inputs this script does not make: {sorted(missing)}")
         dirs[f"decoder-step-{p}"] = write_inputs(os.path.join(tmp, f"decoder-step-{p}"), arrays)
     return dirs
+
+
+def light_models(folder, tmp):
+    """Every light/*.onnx with a random standard-normal input of its declared shape (batch 1
+    where the batch is symbolic): [(name, model path, input folder)]."""
+    import onnx
+
+    out = []
+    for f in sorted(os.listdir(folder)):
+        if not f.endswith(".onnx"):
+            continue
+        path = os.path.join(folder, f)
+        m = onnx.load(path, load_external_data=False)
+        inits = {i.name for i in m.graph.initializer}
+        inputs = [i for i in m.graph.input if i.name not in inits]
+        rng = np.random.default_rng(11)
+        arrays = {}
+        for i in inputs:
+            shape = [d.dim_value if d.dim_value > 0 else 1 for d in i.type.tensor_type.shape.dim]
+            arrays[i.name] = rng.standard_normal(shape).astype(np.float32)
+        name = f[:-5].removeprefix("light_")
+        out.append((name, path, write_inputs(os.path.join(tmp, "light", name), arrays)))
+    return out
 
 
 def minilm_inputs(tmp, seq_len):
@@ -178,17 +204,21 @@ def summarize(runs):
 
 def machine():
     cpu = "unknown"
+    flags = set()
     with open("/proc/cpuinfo") as f:
         for line in f:
-            if line.startswith("model name"):
+            if line.startswith("model name") and cpu == "unknown":
                 cpu = line.split(":", 1)[1].strip()
-                break
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     mem = "?"
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemTotal"):
                 mem = f"{int(line.split()[1]) / 1024 / 1024:.0f} GiB"
-    return {"nproc": os.cpu_count(), "cpu": cpu, "mem": mem, "kernel": platform.release()}
+    avx512 = all(f in flags for f in ("avx512f", "avx512bw", "avx512dq", "avx512vl"))
+    return {"nproc": os.cpu_count(), "cpu": cpu, "mem": mem, "kernel": platform.release(),
+            "avx512": avx512, "avx2": "avx2" in flags and "fma" in flags}
 
 
 def git_commit():
@@ -227,11 +257,11 @@ def session_table(rows, extra_col=None):
     return "\n".join(out)
 
 
-def verdict(rows, what):
+def verdict(rows, what, extra_col="past"):
     lines = []
     for extra, threads, k, o, _ in rows:
         ratio = k["median"] / o["median"]
-        where = f"{what}{', past ' + str(extra) if extra is not None else ''}, " \
+        where = f"{what}{', ' + extra_col + ' ' + str(extra) if extra is not None else ''}, " \
                 f"{threads} thread{'s' if threads > 1 else ''}"
         if ratio > 1.05:
             lines.append(f"kiln is **slower** than onnxruntime ({where}): {ratio:.2f}x its median time.")
@@ -330,14 +360,14 @@ def contention_notes(sections, decode, threads):
         return []
     lo, hi = min(threads), max(threads)
     slower = []
-    for title, _, rows, _ in sections:
+    for title, _, rows, extra_col in sections:
         by = {(r[0], r[1]): r for r in rows}
         for (extra, t), r in by.items():
             if t != hi or (extra, lo) not in by:
                 continue
             for idx, engine in ((2, "kiln"), (3, "onnxruntime")):
                 if r[idx]["median"] > by[(extra, lo)][idx]["median"]:
-                    slower.append(f"{engine} on {title}{', past ' + str(extra) if extra is not None else ''}")
+                    slower.append(f"{engine} on {title}{', ' + (extra_col or 'past') + ' ' + str(extra) if extra is not None else ''}")
     for engine, key in (("kiln", "kiln"), ("onnxruntime", "onnxruntime")):
         if lo in decode and hi in decode:
             m = {t: statistics.mean(s["ms"] for r in decode[t][key] for s in r["steps"][1:]) for t in (lo, hi)}
@@ -366,6 +396,10 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
         f"- Machine: {info['nproc']} cores, {info['cpu']}, {info['mem']} RAM, Linux {info['kernel']}; "
         f"load average {loads[0]} at the start, {loads[1]} at the end (the machine is shared, so "
         "other processes ran during the measurements)",
+        f"- Instruction sets: the processor {'has AVX-512 (F/BW/DQ/VL)' if info['avx512'] else 'has no AVX-512'}"
+        f"{' and AVX2/FMA' if info['avx2'] else ''}; kiln ran its **{info.get('kiln_isa', '?')}** kernels "
+        f"(kiln-bench's `isa`; KILN_ISA={os.environ.get('KILN_ISA') or 'unset'}); onnxruntime picks its own "
+        "kernels (MLAS) for the same processor",
         f"- kiln commit: {info['commit']}",
         f"- onnxruntime: {info['ort_version']} (CPU execution provider, intra_op_num_threads = N, "
         "inter_op_num_threads = 1, default graph optimizations, driven from Python)",
@@ -387,12 +421,12 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
     ]
     head = ["case"] + [f"{t} thread{'s' if t > 1 else ''}" for t in args.threads]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for title, _, rows, _ in sections:
+    for title, _, rows, extra_col in sections:
         by_extra = {}
         for extra, threads, k, o, _ in rows:
             by_extra.setdefault(extra, {})[threads] = k["median"] / o["median"]
         for extra, ratios in by_extra.items():
-            name = title + (f", past {extra}" if extra is not None else "")
+            name = title + (f", {extra_col} {extra}" if extra is not None else "")
             lines.append("| " + " | ".join([name] + [f"{ratios.get(t, float('nan')):.2f}" for t in args.threads]) + " |")
     if decode:
         cells = ["Whisper decode loop, mean cached step"]
@@ -415,7 +449,7 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
         if diffs:
             lines.append(f"max |kiln - ORT| of the first output, per row pair above: {', '.join(diffs)}.")
             lines.append("")
-        lines += [f"- {v}" for v in verdict(rows, title)]
+        lines += [f"- {v}" for v in verdict(rows, title, extra_col or "past")]
         lines.append("")
     if decode:
         table, summary = decode_section(decode, args.decode_steps, args.decode_every)
@@ -458,7 +492,10 @@ def main():
     p.add_argument("--decode-steps", type=int, default=200)
     p.add_argument("--decode-rounds", type=int, default=2)
     p.add_argument("--decode-every", type=int, default=10)
-    p.add_argument("--cases", default="encoder,decoder-step,minilm,decode")
+    p.add_argument("--light", default=os.path.join(
+        os.environ.get("ONNX_BACKEND_TEST_DATA") or os.path.join(ROOT, "..", "shared", "onnx-backend-tests"),
+        "light"), help="folder of the ONNX backend data's light/ CNN models")
+    p.add_argument("--cases", default="encoder,decoder-step,minilm,decode,light")
     p.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
     p.add_argument("--raw", help="also write every child's JSON result to this file")
     args = p.parse_args()
@@ -468,7 +505,7 @@ def main():
     except ValueError:
         p.error("--threads and --past-lens take comma-separated integers")
     cases = args.cases.split(",")
-    unknown = set(cases) - {"encoder", "decoder-step", "minilm", "decode"}
+    unknown = set(cases) - {"encoder", "decoder-step", "minilm", "decode", "light"}
     if unknown:
         p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     if min(args.threads) < 1 or args.rounds < 1 or args.iterations < 1 or args.decode_rounds < 1:
@@ -479,6 +516,8 @@ def main():
     for folder, needed in ((args.whisper, whisper_cases), (args.minilm, {"minilm"} & set(cases))):
         if needed and not os.path.isdir(folder):
             p.error(f"{folder}: no such model folder (see models/README.md to make it)")
+    if "light" in cases and not os.path.isdir(args.light):
+        p.error(f"{args.light}: no such folder (the ONNX backend data's light/ models; see --light)")
 
     import onnxruntime as ort
 
@@ -537,12 +576,24 @@ def main():
                              f"hidden 384, 12 heads) exported by Optimum (feature-extraction, opset 18), batch 1, "
                              f"sequence {args.seq_len} (input_ids, attention_mask, token_type_ids). " +
                              runner.profile("minilm", args.minilm, mdir), rows, None))
+        if "light" in cases:
+            rows = []
+            for name, path, idir in light_models(args.light, tmp):
+                for t in args.threads:
+                    res, _ = runner.measure(name, "run", path, idir, t)
+                    rows.append((name, t, summarize(res["kiln"]), summarize(res["onnxruntime"]), None))
+            sections.append(("CNNs: the ONNX backend data's light/ models",
+                             "Each `light/*.onnx` model on one random standard-normal input of its declared "
+                             "shape (float32[1,3,224,224]); `kiln-bench run` and onnxruntime's `run` on the "
+                             "same .npy file.", rows, "model"))
         if "decode" in cases:
             for t in args.threads:
                 res, _ = runner.measure("decode", "decode", args.whisper, dirs["encoder"], t,
                                         rounds=args.decode_rounds)
                 decode[t] = res
 
+    isas = {r["result"].get("isa") for r in runner.raw if r["result"].get("engine") == "kiln"}
+    info["kiln_isa"] = ", ".join(sorted(i for i in isas if i)) or "?"
     if args.raw:
         with open(args.raw, "w") as f:
             json.dump(runner.raw, f)

@@ -4,7 +4,7 @@ process, printing one JSON object with the same keys (load_ms, iterations_ms, pe
     ort_worker.py CASE MODEL --input-dir DIR [--threads N] [--warmup N] [--iterations N]
                   [--steps N] [--output-dir DIR]
 
-CASE is encoder, decoder-step, minilm or decode (see kiln-bench). Every model input is read
+CASE is encoder, decoder-step, minilm, decode or run (any model file; see kiln-bench). Every model input is read
 from DIR/NAME.npy. Sessions use intra_op_num_threads=N, inter_op_num_threads=1 and the
 default graph optimizations. The decode case drives the merged decoder the way Optimum does:
 step 0 with the prompt and empty caches, then one token a step, present.* fed back as
@@ -166,7 +166,7 @@ def run_decode_case(args) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("case", choices=["encoder", "decoder-step", "minilm", "decode"])
+    p.add_argument("case", choices=["encoder", "decoder-step", "minilm", "decode", "run"])
     p.add_argument("model")
     p.add_argument("--input-dir", required=True)
     p.add_argument("--threads", type=int, default=1)

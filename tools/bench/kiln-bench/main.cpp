@@ -233,9 +233,12 @@ class Inputs {
     if (!o.input_dir.empty()) {
       if (!fs::is_directory(o.input_dir))
         throw kiln::Error(kiln::ErrorKind::Io, "not a folder").with_file(o.input_dir);
-      for (const auto& e : fs::directory_iterator(o.input_dir)) {
+      // DIR/NAME.npy; a name with "/" (gpu_0/data_0) is a file in a subfolder.
+      for (const auto& e : fs::recursive_directory_iterator(o.input_dir)) {
         if (e.path().extension() != ".npy") continue;
-        files_.emplace(e.path().stem().string(), e.path().string());  // --input wins
+        fs::path rel = fs::relative(e.path(), o.input_dir);
+        rel.replace_extension();
+        files_.emplace(rel.generic_string(), e.path().string());  // --input wins
       }
     }
   }
