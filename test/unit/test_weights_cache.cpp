@@ -358,3 +358,90 @@ TEST_CASE("sessions created concurrently share one copy and one prepared form", 
   }
   CHECK(env->weights_cache_stats().entries == 0);
 }
+
+TEST_CASE("float weights of MatMul, Gemm and Conv are packed once per Environment, runs pack none",
+          "[weights-cache][gemm]") {
+  TempDir dir;
+  const int64_t m = 64, k = 48, n = 40, n2 = 24;
+  ModelSpec spec;
+  spec.inputs = {{"x", {m, k}}, {"img", {1, 8, 10, 10}}};
+  auto weight = [](const char* name, std::vector<int64_t> dims, float scale) {
+    TensorSpec t;
+    t.name = name;
+    t.dims = dims;
+    int64_t count = 1;
+    for (int64_t d : dims) count *= d;
+    t.values = values(static_cast<size_t>(count), scale);
+    return t;
+  };
+  const TensorSpec w1 = weight("w1", {k, n}, 0.01f), w2 = weight("w2", {n2, n}, 0.02f),
+                   w3 = weight("w3", {16, 8, 3, 3}, 0.03f);
+  spec.initializers = {w1, w2, w3};
+  spec.nodes = {{"MatMul", {"x", "w1"}, {"h"}, "matmul", {}},
+                {"Gemm", {"h", "w2"}, {"y"}, "gemm", {{"transB", 1}}},
+                {"Conv", {"img", "w3"}, {"z"}, "conv", {}}};
+  spec.outputs = {"y", "z"};
+  const std::string path = dir.file("packed.onnx", model_bytes(spec));
+  const std::vector<float> x = values(static_cast<size_t>(m * k), 0.05f);
+  const std::vector<float> img = values(800, 0.07f);
+  auto feeds = [&] {
+    return std::vector<NamedValue>{{"x", Tensor::from_vector<float>({m, k}, x)},
+                                   {"img", Tensor::from_vector<float>({1, 8, 10, 10}, img)}};
+  };
+  // The reference: y = (x w1) w2^T and the convolution, naively in double.
+  std::vector<double> h(static_cast<size_t>(m * n)), y(static_cast<size_t>(m * n2));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) s += double(x[i * k + p]) * w1.values[p * n + j];
+      h[i * n + j] = static_cast<float>(s);
+    }
+    for (int64_t j = 0; j < n2; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < n; ++p) s += h[i * n + p] * w2.values[j * n + p];
+      y[i * n2 + j] = s;
+    }
+  }
+  std::vector<double> z(16 * 8 * 8, 0.0);
+  for (int o = 0; o < 16; ++o)
+    for (int r = 0; r < 8; ++r)
+      for (int c = 0; c < 8; ++c)
+        for (int ch = 0; ch < 8; ++ch)
+          for (int dr = 0; dr < 3; ++dr)
+            for (int dc = 0; dc < 3; ++dc)
+              z[(o * 8 + r) * 8 + c] += double(img[(ch * 10 + r + dr) * 10 + c + dc]) *
+                                        w3.values[((o * 8 + ch) * 3 + dr) * 3 + dc];
+  auto check = [&](Session& s) {
+    const uint64_t packs = math::gemm_b_packs();
+    auto out = s.run(feeds());
+    CHECK(math::gemm_b_packs() == packs);  // no B was packed while running
+    const auto got_y = out.at(0).value.tensor().to_vector<float>();
+    const auto got_z = out.at(1).value.tensor().to_vector<float>();
+    REQUIRE(got_y.size() == y.size());
+    REQUIRE(got_z.size() == z.size());
+    for (size_t i = 0; i < y.size(); ++i)
+      REQUIRE(std::abs(got_y[i] - y[i]) <= 1e-4 * (1 + std::abs(y[i])));
+    for (size_t i = 0; i < z.size(); ++i)
+      REQUIRE(std::abs(got_z[i] - z[i]) <= 1e-4 * (1 + std::abs(z[i])));
+  };
+  auto env = std::make_shared<Environment>(1);
+  Session s1(path, in(env));
+  CHECK(s1.load_stats().weights_prepared_count == 3);  // MatMul's B, Gemm's B^T, the filter
+  Session s2(path, in(env));
+  CHECK(s2.load_stats().weights_prepared_count == 0);  // packs nothing
+  CHECK(s2.load_stats().weights_prepared_shared == 3);
+  CHECK(env->weights_cache_stats().prepared_entries == 3);
+  check(s1);
+  check(s2);
+
+  // The counter does count: a B that is a graph input is packed at run time.
+  ModelSpec dyn;
+  dyn.inputs = {{"x", {m, k}}, {"w", {k, n}}};
+  dyn.nodes = {{"MatMul", {"x", "w"}, {"h"}, "matmul", {}}};
+  dyn.outputs = {"h"};
+  Session s3(dir.file("dynamic.onnx", model_bytes(dyn)), in(env));
+  const uint64_t before = math::gemm_b_packs();
+  s3.run({{"x", Tensor::from_vector<float>({m, k}, x)},
+          {"w", Tensor::from_vector<float>({k, n}, w1.values)}});
+  CHECK(math::gemm_b_packs() == before + 1);
+}
