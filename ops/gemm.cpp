@@ -16,6 +16,7 @@
 #include "ops/common.h"
 #include "ops/elementwise.h"
 #include "ops/math/gemm.h"
+#include "ops/packed_weights.h"
 
 namespace kiln::ops {
 namespace {
@@ -106,23 +107,6 @@ Tensor to_float(const Tensor& t, const std::function<Tensor(const Shape&)>& allo
   return f;
 }
 
-// The packed form of a constant B (op(B) when transposed), widened from a half type.
-Tensor pack_weight(const Tensor& w, bool transpose) {
-  const Tensor f = to_float(w, [](const Shape& s) {
-    return Tensor(DataType::Float, s,
-                  Storage::heap_uninitialized(storage_bytes(DataType::Float, shape_numel(s))));
-  });
-  const Operand o = operand(f, transpose);
-  const math::MathKernels& t = math::kernels();
-  const int64_t floats = math::PackedB::packed_floats(o.rows, o.cols, t.gemm.nr);
-  Tensor packed(DataType::Float, Shape{floats},
-                Storage::heap_uninitialized(storage_bytes(DataType::Float, floats)));
-  math::PackedB::pack_into({f.data<const float>(), o.rows, o.cols, o.rs, o.cs},
-                           packed.data<float>(), t);
-  packed.storage()->set_read_only();
-  return packed;
-}
-
 // How C enters the product.
 enum class CForm { ColumnBias, RowBias, Full };
 
@@ -141,22 +125,8 @@ class Gemm final : public Kernel {
       : trans_a_(info.attr_int("transA", 0) != 0),
         trans_b_(info.attr_int("transB", 0) != 0),
         alpha_(info.attr_float("alpha", 1.0f)),
-        beta_(info.attr_float("beta", 1.0f)) {
-    const Tensor* b = info.constant_input(1);
-    if (b && b->rank() == 2 && b->dim(0) > 0 && b->dim(1) > 0 &&
-        (b->dtype() == DataType::Float || b->dtype() == DataType::Float16 ||
-         b->dtype() == DataType::BFloat16)) {
-      const math::MathKernels& t = math::kernels();
-      const bool trans = trans_b_;
-      packed_storage_ =
-          info.prepared_input(1,
-                              std::string("sgemm-b") + (trans ? "t-" : "-") +
-                                  math::isa_name(t.isa) + "-nr" + std::to_string(t.gemm.nr),
-                              [trans](const Tensor& w) { return pack_weight(w, trans); });
-      const Operand o = operand(*b, trans);
-      packed_ = math::PackedB(packed_storage_->data<const float>(), o.rows, o.cols, t.gemm.nr);
-    }
-  }
+        beta_(info.attr_float("beta", 1.0f)),
+        packed_(pack_constant_b(info, 1, trans_b_)) {}
 
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -246,8 +216,8 @@ class Gemm final : public Kernel {
       for (int64_t i = 0; i < len; ++i) bias[static_cast<size_t>(i)] = beta_ * base[i * step];
       (rows ? o.row_bias : o.bias) = bias.data();
     }
-    if (packed_storage_ && ao.cols > 0) {
-      math::sgemm(av, packed_, y, n, o);
+    if (packed_ && ao.cols > 0) {
+      math::sgemm(av, packed_.view, y, n, o);
     } else {
       const Operand bo = operand(b, trans_b_);
       math::sgemm(av, math::MatrixView{b.data<const float>(), bo.rows, bo.cols, bo.rs, bo.cs}, y, n,
@@ -270,7 +240,7 @@ class Gemm final : public Kernel {
     const int64_t m = shape[0], n = shape[1];
     auto alloc = [&](const Shape& s) { return ctx.allocate(DataType::Float, s); };
     const Tensor fa = to_float(ctx.input(0), alloc);
-    const Tensor fb = packed_storage_ ? ctx.input(1) : to_float(ctx.input(1), alloc);
+    const Tensor fb = packed_ ? ctx.input(1) : to_float(ctx.input(1), alloc);
     Tensor fy = ctx.allocate(DataType::Float, shape);
     Tensor fc;
     bool full_c = false;
@@ -292,8 +262,7 @@ class Gemm final : public Kernel {
 
   bool trans_a_, trans_b_;
   float alpha_, beta_;
-  std::shared_ptr<const Tensor> packed_storage_;  // the weights cache's packed op(B)
-  math::PackedB packed_;
+  PackedWeight packed_;  // a constant op(B), packed once
 };
 
 }  // namespace

@@ -80,6 +80,8 @@ class WeightPreparer {
   virtual std::shared_ptr<const Tensor> prepare(
       const ir::Graph& graph, ir::ValueId weight, const Tensor& constant,
       const std::string& packing, const std::function<Tensor(const Tensor&)>& make) = 0;
+  // The precision GEMM weights are prepared in (SessionOptions::gemm_weights).
+  virtual WeightPrecision gemm_weights() const { return WeightPrecision::Float32; }
 };
 
 // A node as its kernel sees it at plan time.
@@ -109,6 +111,10 @@ class NodeInfo {
   // prepared form, the original's pages are given back. Null when input i is not a constant.
   std::shared_ptr<const Tensor> prepared_input(
       size_t i, const std::string& packing, const std::function<Tensor(const Tensor&)>& make) const;
+  // The precision MatMul/Gemm should pack their constant B in (SessionOptions::gemm_weights).
+  WeightPrecision gemm_weights() const {
+    return preparer_ ? preparer_->gemm_weights() : WeightPrecision::Float32;
+  }
   // Declared type of input/output i (kind None when undeclared).
   const ir::TypeInfo& input_type(size_t i) const;
   const ir::TypeInfo& output_type(size_t i) const;

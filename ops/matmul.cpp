@@ -16,6 +16,7 @@
 #include "ops/elementwise.h"
 #include "ops/math/gemm.h"
 #include "ops/math/threading.h"
+#include "ops/packed_weights.h"
 
 namespace kiln::ops {
 namespace {
@@ -231,44 +232,9 @@ Tensor as_float(OpContext& ctx, const Tensor& t) {
   return f;
 }
 
-// The packed form of a constant 2-D B (float, or a half type widened as it is packed).
-Tensor pack_weight(const Tensor& w) {
-  Tensor f = w;
-  if (w.dtype() != DataType::Float) {
-    const Tensor c = w.contiguous();
-    f = Tensor(DataType::Float, c.shape(),
-               Storage::heap_uninitialized(storage_bytes(DataType::Float, c.numel())));
-    widen(c.dtype(), c.raw_data(), f.data<float>(), c.numel());
-  }
-  const math::MathKernels& t = math::kernels();
-  const int64_t k = f.dim(0), n = f.dim(1);
-  const int64_t floats = math::PackedB::packed_floats(k, n, t.gemm.nr);
-  Tensor packed(DataType::Float, Shape{floats},
-                Storage::heap_uninitialized(storage_bytes(DataType::Float, floats)));
-  math::PackedB::pack_into({f.data<const float>(), k, n, f.strides()[0], f.strides()[1]},
-                           packed.data<float>(), t);
-  packed.storage()->set_read_only();
-  return packed;
-}
-
-// The weights cache's name for pack_weight's layout: the level decides the tile width.
-std::string packing_name() {
-  const math::MathKernels& t = math::kernels();
-  return std::string("sgemm-b-") + math::isa_name(t.isa) + "-nr" + std::to_string(t.gemm.nr);
-}
-
 class MatMul final : public Kernel {
  public:
-  explicit MatMul(const NodeInfo& info) {
-    const Tensor* b = info.constant_input(1);
-    if (b && b->rank() == 2 && b->dim(0) > 0 && b->dim(1) > 0 &&
-        (b->dtype() == DataType::Float || b->dtype() == DataType::Float16 ||
-         b->dtype() == DataType::BFloat16)) {
-      packed_storage_ = info.prepared_input(1, packing_name(), pack_weight);
-      packed_ = math::PackedB(packed_storage_->data<const float>(), b->dim(0), b->dim(1),
-                              math::kernels().gemm.nr);
-    }
-  }
+  explicit MatMul(const NodeInfo& info) : packed_(pack_constant_b(info, 1, false)) {}
 
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -300,9 +266,9 @@ class MatMul final : public Kernel {
     }
     if constexpr (std::is_same_v<T, float>) {
       fold_batches(p);
-      const bool use_packed = packed_storage_ && b.rank() == 2;
+      const bool use_packed = packed_ && b.rank() == 2;
       run_float(p, a.data<const float>(), use_packed ? nullptr : b.data<const float>(),
-                use_packed ? &packed_ : nullptr, py);
+                use_packed ? &packed_.view : nullptr, py);
     } else if constexpr (std::is_same_v<T, double>) {
       run_double(p, a.data<const double>(), b.data<const double>(), py);
     } else {
@@ -314,7 +280,7 @@ class MatMul final : public Kernel {
   // narrowed back.
   void run_half(OpContext& ctx, const Tensor& a, const Tensor& b) {
     const Tensor fa = as_float(ctx, a);
-    const Tensor fb = packed_storage_ && b.rank() == 2 ? b : as_float(ctx, b);
+    const Tensor fb = packed_ && b.rank() == 2 ? b : as_float(ctx, b);
     Problem p = describe(a, b);
     Tensor fy = ctx.allocate(DataType::Float, p.out_shape);
     if (fy.numel() > 0) {
@@ -323,9 +289,9 @@ class MatMul final : public Kernel {
       } else {
         p = describe(fa, fb);
         fold_batches(p);
-        const bool use_packed = packed_storage_ && b.rank() == 2;
+        const bool use_packed = packed_ && b.rank() == 2;
         run_float(p, fa.data<const float>(), use_packed ? nullptr : fb.data<const float>(),
-                  use_packed ? &packed_ : nullptr, fy.data<float>());
+                  use_packed ? &packed_.view : nullptr, fy.data<float>());
       }
     }
     Tensor& y = ctx.output(0, a.dtype(), p.out_shape);
@@ -338,8 +304,7 @@ class MatMul final : public Kernel {
     });
   }
 
-  std::shared_ptr<const Tensor> packed_storage_;  // the weights cache's packed B
-  math::PackedB packed_;                          // a view of it
+  PackedWeight packed_;  // a constant B, packed once
 };
 
 }  // namespace

@@ -82,7 +82,10 @@ namespace {
 // Prepared forms through the weights cache, counting which weights' readers all use one.
 class Preparer final : public ops::WeightPreparer {
  public:
-  Preparer(detail::WeightsCache& cache, LoadStats& stats) : cache_(cache), stats_(stats) {}
+  Preparer(detail::WeightsCache& cache, LoadStats& stats, WeightPrecision gemm_weights)
+      : cache_(cache), stats_(stats), gemm_weights_(gemm_weights) {}
+
+  WeightPrecision gemm_weights() const override { return gemm_weights_; }
 
   std::shared_ptr<const Tensor> prepare(const ir::Graph& graph, ir::ValueId weight,
                                         const Tensor& constant, const std::string& packing,
@@ -119,6 +122,7 @@ class Preparer final : public ops::WeightPreparer {
  private:
   detail::WeightsCache& cache_;
   LoadStats& stats_;
+  WeightPrecision gemm_weights_;
   std::map<std::pair<const ir::Graph*, ir::ValueId>, int32_t> prepared_reads_;
   std::set<std::pair<const ir::Graph*, ir::ValueId>> released_;
 };
@@ -252,7 +256,7 @@ struct Session::Impl {
       private_cache = std::make_shared<detail::WeightsCache>();
       cache = private_cache.get();
     }
-    preparer = std::make_unique<Preparer>(*cache, load_stats);
+    preparer = std::make_unique<Preparer>(*cache, load_stats, options.gemm_weights);
     return {.defer_missing_external = options.defer_missing_weights,
             .weights_cache = cache,
             .leases = &leases};

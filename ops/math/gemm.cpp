@@ -64,11 +64,39 @@ void apply_epilogue(const GemmOptions& o, float* c, int64_t ldc, int64_t rows, i
   }
 }
 
-// The product over rows [m0, m1) and columns [n0, n1) (n0 a multiple of nr). B column j0
-// starts at b + (packed ? j0 * k : j0) and rows step by ldb.
-void run_block(const GemmKernels& g, const MatrixView& a, const float* b, bool packed, int64_t ldb,
-               int64_t k, float* c, int64_t ldc, const GemmOptions& o, int64_t m0, int64_t m1,
-               int64_t n0, int64_t n1) {
+// B as the tiles read it: packed panels, or a row-major float view read in place.
+struct BSource {
+  const void* data = nullptr;
+  bool packed = false;
+  int64_t ldb = 0;  // row stride in elements of an unpacked B
+  PackedType type = PackedType::Float32;
+
+  int elem() const { return type == PackedType::Float32 ? 4 : 2; }
+  // Row p0, column j0 (a multiple of nr) of a B with k rows.
+  const void* at(int64_t p0, int64_t j0, int64_t k, int nr) const {
+    const int64_t e = packed ? j0 * k + p0 * nr : p0 * ldb + j0;
+    return static_cast<const char*>(data) + e * elem();
+  }
+};
+
+void tile(const GemmKernels& g, const BSource& b, int64_t kc, const float* a, const void* bp,
+          float* c, int64_t ldc, int rows, int cols, bool accumulate) {
+  const int64_t ldb = b.packed ? g.nr : b.ldb;
+  switch (b.type) {
+    case PackedType::Float32:
+      return g.kernel(kc, a, static_cast<const float*>(bp), ldb, c, ldc, rows, cols, accumulate);
+    case PackedType::BFloat16:
+      return g.kernel_bf16(kc, a, static_cast<const uint16_t*>(bp), ldb, c, ldc, rows, cols,
+                           accumulate);
+    case PackedType::Float16:
+      return g.kernel_f16(kc, a, static_cast<const uint16_t*>(bp), ldb, c, ldc, rows, cols,
+                          accumulate);
+  }
+}
+
+// The product over rows [m0, m1) and columns [n0, n1) (n0 a multiple of nr).
+void run_block(const GemmKernels& g, const MatrixView& a, const BSource& b, int64_t k, float* c,
+               int64_t ldc, const GemmOptions& o, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   const int mr = g.mr, nr = g.nr;
   const int64_t mc = row_block(mr);
   float* apack = a_scratch().get(mc * std::min(k, kKc));
@@ -84,11 +112,11 @@ void run_block(const GemmKernels& g, const MatrixView& a, const float* b, bool p
       }
       for (int64_t j0 = n0; j0 < n1; j0 += nr) {
         const int tc = static_cast<int>(std::min<int64_t>(nr, n1 - j0));
-        const float* bp = packed ? b + j0 * k + p0 * nr : b + p0 * ldb + j0;
+        const void* bp = b.at(p0, j0, k, nr);
         for (int64_t r = 0; r < rows; r += mr) {
           const int tr = static_cast<int>(std::min<int64_t>(mr, rows - r));
           float* ct = c + (i0 + r) * ldc + j0;
-          g.kernel(kc, apack + r * kc, bp, ldb, ct, ldc, tr, tc, accumulate);
+          tile(g, b, kc, apack + r * kc, bp, ct, ldc, tr, tc, accumulate);
           if (last) apply_epilogue(o, ct, ldc, tr, tc, i0 + r, j0);
         }
       }
@@ -119,8 +147,8 @@ int64_t part_edge(int i, int parts, int64_t total, int step) {
   return std::min(total, tiles * i / parts * step);
 }
 
-void run(const GemmKernels& g, const MatrixView& a, const float* b, bool packed, int64_t ldb,
-         int64_t k, int64_t n, float* c, int64_t ldc, const GemmOptions& o) {
+void run(const GemmKernels& g, const MatrixView& a, const BSource& b, int64_t k, int64_t n,
+         float* c, int64_t ldc, const GemmOptions& o) {
   const int64_t m = a.rows;
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   const int tasks = task_count(work, o.max_threads);
@@ -131,7 +159,7 @@ void run(const GemmKernels& g, const MatrixView& a, const float* b, bool packed,
                   m1 = part_edge(ri + 1, s.row_parts, m, g.mr);
     const int64_t n0 = part_edge(ci, s.col_parts, n, g.nr),
                   n1 = part_edge(ci + 1, s.col_parts, n, g.nr);
-    if (m0 < m1 && n0 < n1) run_block(g, a, b, packed, ldb, k, c, ldc, o, m0, m1, n0, n1);
+    if (m0 < m1 && n0 < n1) run_block(g, a, b, k, c, ldc, o, m0, m1, n0, n1);
   });
 }
 
@@ -285,24 +313,36 @@ int64_t PackedB::packed_floats(int64_t k, int64_t n, int nr) {
   return (n + nr - 1) / nr * nr * k;
 }
 
-void PackedB::pack_into(const MatrixView& b, float* out, const MathKernels& t) {
-  t.gemm.pack_b(b.data, b.rs, b.cs, b.rows, b.cols, out);
+int64_t PackedB::packed_bytes(int64_t k, int64_t n, int nr, PackedType type) {
+  return packed_floats(k, n, nr) * (type == PackedType::Float32 ? 4 : 2);
 }
 
-PackedB::PackedB(const MatrixView& b, const MathKernels* t) {
+void PackedB::pack_into(const MatrixView& b, void* out, const MathKernels& t, PackedType type) {
+  switch (type) {
+    case PackedType::Float32:
+      return t.gemm.pack_b(b.data, b.rs, b.cs, b.rows, b.cols, static_cast<float*>(out));
+    case PackedType::BFloat16:
+      return t.gemm.pack_b_bf16(b.data, b.rs, b.cs, b.rows, b.cols, static_cast<uint16_t*>(out));
+    case PackedType::Float16:
+      return t.gemm.pack_b_f16(b.data, b.rs, b.cs, b.rows, b.cols, static_cast<uint16_t*>(out));
+  }
+}
+
+PackedB::PackedB(const MatrixView& b, const MathKernels* t, PackedType type) {
   const MathKernels& table = t ? *t : kernels();
   k_ = b.rows;
   n_ = b.cols;
   nr_ = table.gemm.nr;
-  const int64_t floats = packed_floats(k_, n_, nr_);
-  owned_ = std::shared_ptr<float[]>(new (std::align_val_t(64)) float[static_cast<size_t>(floats)],
-                                    [](float* p) { operator delete[](p, std::align_val_t(64)); });
-  pack_into(b, owned_.get(), table);
+  type_ = type;
+  const auto bytes = static_cast<size_t>(packed_bytes(k_, n_, nr_, type));
+  owned_ = std::shared_ptr<char[]>(new (std::align_val_t(64)) char[bytes],
+                                   [](char* p) { operator delete[](p, std::align_val_t(64)); });
+  pack_into(b, owned_.get(), table, type);
   data_ = owned_.get();
 }
 
-PackedB::PackedB(const float* data, int64_t k, int64_t n, int nr)
-    : data_(data), k_(k), n_(n), nr_(nr) {}
+PackedB::PackedB(const void* data, int64_t k, int64_t n, int nr, PackedType type)
+    : data_(data), k_(k), n_(n), nr_(nr), type_(type) {}
 
 void sgemm(const MatrixView& a, const MatrixView& b, float* c, int64_t ldc, const GemmOptions& o) {
   check_shapes(a, b.rows);
@@ -312,11 +352,13 @@ void sgemm(const MatrixView& a, const MatrixView& b, float* c, int64_t ldc, cons
   if (k == 0) return empty_product(m, n, c, ldc, o);
   if (m == 1 && b.rs == 1 && b.cs != 1) return gemv_columns(g, a, b, c, o);
   // A row-major B is read in place while A is too short to repay packing it.
-  if (b.cs == 1 && m <= 4 * g.mr) return run(g, a, b.data, false, b.rs, k, n, c, ldc, o);
+  if (b.cs == 1 && m <= 4 * g.mr) {
+    return run(g, a, {b.data, false, b.rs, PackedType::Float32}, k, n, c, ldc, o);
+  }
   // Otherwise pack B once for all tasks.
   b_packs.fetch_add(1, std::memory_order_relaxed);
   const PackedB packed(b, &table_of(o));
-  run(g, a, packed.data(), true, g.nr, k, n, c, ldc, o);
+  run(g, a, {packed.data(), true, 0, PackedType::Float32}, k, n, c, ldc, o);
 }
 
 void sgemm(const MatrixView& a, const PackedB& b, float* c, int64_t ldc, const GemmOptions& o) {
@@ -329,7 +371,7 @@ void sgemm(const MatrixView& a, const PackedB& b, float* c, int64_t ldc, const G
   const int64_t m = a.rows, n = b.n(), k = b.k();
   if (m == 0 || n == 0) return;
   if (k == 0) return empty_product(m, n, c, ldc, o);
-  run(g, a, b.data(), true, g.nr, k, n, c, ldc, o);
+  run(g, a, {b.data(), true, 0, b.type()}, k, n, c, ldc, o);
 }
 
 template <>

@@ -48,32 +48,39 @@ struct GemmOptions {
   const MathKernels* kernels = nullptr;  // null: the active level's (tests pick a level)
 };
 
+// How a packed B holds its values: float, or bfloat16 / float16 (half the memory and
+// bandwidth; widened to float in registers, so only the weights' own rounding differs).
+enum class PackedType : uint8_t { Float32, BFloat16, Float16 };
+
 // B packed into panels of the register tile's width for one level.
 class PackedB {
  public:
   PackedB() = default;
   // Packs `b` with `kernels` (null: the active level's) into memory it owns.
-  PackedB(const MatrixView& b, const MathKernels* kernels = nullptr);
+  PackedB(const MatrixView& b, const MathKernels* kernels = nullptr,
+          PackedType type = PackedType::Float32);
   // Uses panels already packed by pack_into() at `data` (not owned).
-  PackedB(const float* data, int64_t k, int64_t n, int nr);
+  PackedB(const void* data, int64_t k, int64_t n, int nr, PackedType type = PackedType::Float32);
 
-  // Floats needed to pack a k x n B for tile width nr.
+  // Elements needed to pack a k x n B for tile width nr (padding included).
   static int64_t packed_floats(int64_t k, int64_t n, int nr);
-  // Packs `b` into `out` (packed_floats() floats) with `kernels`' layout.
-  static void pack_into(const MatrixView& b, float* out, const MathKernels& kernels);
+  static int64_t packed_bytes(int64_t k, int64_t n, int nr, PackedType type);
+  // Packs `b` into `out` (packed_bytes() bytes) with `kernels`' layout.
+  static void pack_into(const MatrixView& b, void* out, const MathKernels& kernels,
+                        PackedType type = PackedType::Float32);
 
-  const float* data() const { return data_; }
+  const void* data() const { return data_; }
+  PackedType type() const { return type_; }
   int64_t k() const { return k_; }
   int64_t n() const { return n_; }
   int nr() const { return nr_; }
-  // The panel holding column j0 (a multiple of nr).
-  const float* panel(int64_t j0) const { return data_ + j0 * k_; }
 
  private:
-  std::shared_ptr<float[]> owned_;
-  const float* data_ = nullptr;
+  std::shared_ptr<char[]> owned_;
+  const void* data_ = nullptr;
   int64_t k_ = 0, n_ = 0;
   int nr_ = 0;
+  PackedType type_ = PackedType::Float32;
 };
 
 // A packed into panels of the register tile's height for one level: panel i holds rows

@@ -38,6 +38,17 @@ struct GemmKernels {
   float (*dot)(const float* x, const float* y, int64_t n) = nullptr;
   // Benchmarks: independent FMA chains for `iterations` rounds; returns the flops done.
   double (*fma_peak_loop)(int64_t iterations) = nullptr;
+  // The tile with B in bfloat16 / float16 panels (always packed, so padded), widened to
+  // float in registers.
+  void (*kernel_bf16)(int64_t k, const float* a, const uint16_t* b, int64_t ldb, float* c,
+                      int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
+  void (*kernel_f16)(int64_t k, const float* a, const uint16_t* b, int64_t ldb, float* c,
+                     int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
+  // pack_b into bfloat16 / float16 panels (each value rounded to nearest even).
+  void (*pack_b_bf16)(const float* b, int64_t rs, int64_t cs, int64_t k, int64_t n,
+                      uint16_t* out) = nullptr;
+  void (*pack_b_f16)(const float* b, int64_t rs, int64_t cs, int64_t k, int64_t n,
+                     uint16_t* out) = nullptr;
 };
 
 struct MathKernels {

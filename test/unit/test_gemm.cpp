@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "kiln/data_type.h"
 #include "kiln/error.h"
 #include "ops/math/gemm.h"
 #include "test/unit/isa_test.h"
@@ -202,5 +203,43 @@ KILN_ISA_TEST_CASE("sgemm with a packed A and B delivered in panels matches the 
     }
     INFO("m " << m << " n " << n << " k " << k);
     CHECK(worst <= 2e-6 * std::sqrt(static_cast<double>(k) + 1) + 1e-6);
+  }
+}
+
+KILN_ISA_TEST_CASE("sgemm with B packed as bfloat16 or float16 equals the product with rounded B",
+                   "[math][gemm]") {
+  KILN_REQUIRE_ISA();
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const int64_t shapes[][3] = {{1, 1, 1}, {1, 300, 70}, {3, 33, 17}, {64, 100, 300}, {13, 7, 5}};
+  for (const math::PackedType type : {math::PackedType::BFloat16, math::PackedType::Float16}) {
+    for (const auto& sh : shapes) {
+      const int64_t m = sh[0], n = sh[1], k = sh[2];
+      std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)),
+          c(static_cast<size_t>(m * n));
+      for (auto& x : a) x = dist(rng);
+      for (auto& x : b) x = dist(rng);
+      const math::PackedB packed(MatrixView::row_major(b.data(), k, n, n), &isa_kernels, type);
+      math::GemmOptions o;
+      o.kernels = &isa_kernels;
+      math::sgemm(MatrixView::row_major(a.data(), m, k, k), packed, c.data(), n, o);
+      double worst = 0;
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int64_t p = 0; p < k; ++p) {
+            const float w = b[static_cast<size_t>(p * n + j)];
+            const float rounded = type == math::PackedType::BFloat16
+                                      ? static_cast<float>(bfloat16(w))
+                                      : static_cast<float>(float16(w));
+            s += static_cast<double>(a[static_cast<size_t>(i * k + p)]) * rounded;
+          }
+          worst =
+              std::max(worst, std::abs(c[static_cast<size_t>(i * n + j)] - s) / (1 + std::abs(s)));
+        }
+      }
+      INFO("type " << static_cast<int>(type) << " m " << m << " n " << n << " k " << k);
+      CHECK(worst <= 2e-6 * std::sqrt(static_cast<double>(k) + 1) + 1e-6);
+    }
   }
 }

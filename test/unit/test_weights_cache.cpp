@@ -445,3 +445,47 @@ TEST_CASE("float weights of MatMul, Gemm and Conv are packed once per Environmen
           {"w", Tensor::from_vector<float>({k, n}, w1.values)}});
   CHECK(math::gemm_b_packs() == before + 1);
 }
+
+TEST_CASE("SessionOptions::gemm_weights keeps MatMul and Gemm weights packed in half precision",
+          "[weights-cache][gemm]") {
+  TempDir dir;
+  const int64_t m = 5, k = 70, n = 45;
+  ModelSpec spec;
+  spec.inputs = {{"x", {m, k}}};
+  TensorSpec w;
+  w.name = "w";
+  w.dims = {k, n};
+  w.values.resize(static_cast<size_t>(k * n));
+  for (size_t i = 0; i < w.values.size(); ++i)
+    w.values[i] = std::sin(0.37f * static_cast<float>(i));
+  spec.initializers = {w};
+  spec.nodes = {{"MatMul", {"x", "w"}, {"y"}, "matmul", {}}};
+  spec.outputs = {"y"};
+  const std::string path = dir.file("w.onnx", model_bytes(spec));
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(0.11f * static_cast<float>(i));
+  for (const WeightPrecision precision :
+       {WeightPrecision::Float32, WeightPrecision::BFloat16, WeightPrecision::Float16}) {
+    SessionOptions o;
+    o.gemm_weights = precision;
+    Session s(path, o);
+    const int64_t elements = math::PackedB::packed_floats(k, n, math::kernels().gemm.nr);
+    CHECK(s.load_stats().weights_prepared_bytes ==
+          static_cast<uint64_t>(elements * (precision == WeightPrecision::Float32 ? 4 : 2)));
+    const auto y = run_matmul(s, x, m, k);
+    // The product in double with the weights rounded as packed.
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double want = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          const float v = w.values[static_cast<size_t>(p * n + j)];
+          const float r = precision == WeightPrecision::BFloat16  ? static_cast<float>(bfloat16(v))
+                          : precision == WeightPrecision::Float16 ? static_cast<float>(float16(v))
+                                                                  : v;
+          want += static_cast<double>(x[static_cast<size_t>(i * k + p)]) * r;
+        }
+        REQUIRE(std::abs(y[static_cast<size_t>(i * n + j)] - want) <= 1e-4 * (1 + std::abs(want)));
+      }
+    }
+  }
+}

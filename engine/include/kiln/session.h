@@ -98,6 +98,13 @@ struct IoInfo {
   std::string describe() const;          // "input_ids: int64[batch,sequence]"
 };
 
+// How MatMul and Gemm keep their constant float weights once packed for the GEMM.
+enum class WeightPrecision {
+  Float32,   // as given (the default: results as onnxruntime's)
+  BFloat16,  // rounded to bfloat16: half the memory and bandwidth, products still in float
+  Float16,   // rounded to float16 (more mantissa than bfloat16, range up to 65504)
+};
+
 struct SessionOptions {
   std::shared_ptr<Environment> environment;  // null: a new one, one thread per core
   bool profile = false;                      // record a NodeEvent per node per run
@@ -139,6 +146,12 @@ struct SessionOptions {
   // earlier weight of this model) is used from there, and the pages of this file's copy are
   // given back after the comparison. Off: the session keeps a cache of its own.
   bool share_weights = true;
+  // Lower-precision weights for MatMul and Gemm: constant float (or float16/bfloat16) B
+  // operands are packed in this precision and widened to float in registers, so decode
+  // steps, which stream every weight once per token, read half the bytes. Products and sums
+  // stay in float; outputs differ from float weights by the weights' rounding. Off
+  // (Float32) by default.
+  WeightPrecision gemm_weights = WeightPrecision::Float32;
 };
 
 class Session {

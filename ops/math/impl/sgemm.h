@@ -15,10 +15,26 @@ constexpr int kGemmNv = 2;
 constexpr int kGemmNr = kGemmNv * kLanes;
 constexpr int kGemmMr = kLanes == 16 ? 12 : 6;
 
-// Rows x (kGemmNv vectors) of C += A * B; `Full`: all kGemmNr columns are valid in B and C.
-template <int Rows, bool Full>
-inline void gemm_tile(int64_t k, const float* a, const float* b, int64_t ldb, float* c, int64_t ldc,
-                      int cols, bool accumulate) {
+// B's element type in the tile: float, or bfloat16 / float16 panels (weights kept at half the
+// size; widened to float in registers, so products and sums stay in float).
+struct BF32 {
+  using T = float;
+  static VF load(const float* p) { return vload(p); }
+};
+struct BBF16 {
+  using T = uint16_t;
+  static VF load(const uint16_t* p) { return vfrom_bits(vshl<16>(vload_u16(p))); }
+};
+struct BF16 {
+  using T = uint16_t;
+  static VF load(const uint16_t* p) { return vload_f16(p); }
+};
+
+// Rows x (kGemmNv vectors) of C += A * B. `Full`: all kGemmNr columns are valid in C (and in
+// B); otherwise float B is read with masks, while half-type B is always a padded panel.
+template <int Rows, bool Full, typename B>
+inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
+                      int64_t ldc, int cols, bool accumulate) {
   VF acc[Rows][kGemmNv];
 #pragma GCC unroll 16
   for (int r = 0; r < Rows; ++r) {
@@ -29,10 +45,10 @@ inline void gemm_tile(int64_t k, const float* a, const float* b, int64_t ldb, fl
     VF bv[kGemmNv];
 #pragma GCC unroll 4
     for (int v = 0; v < kGemmNv; ++v) {
-      if (Full) {
-        bv[v] = vload(b + v * kLanes);
+      const int left = cols - v * kLanes;
+      if constexpr (Full || sizeof(typename B::T) == 2) {
+        bv[v] = B::load(b + v * kLanes);
       } else {
-        const int left = cols - v * kLanes;
         bv[v] = left >= kLanes ? vload(b + v * kLanes)
                                : (left > 0 ? vload_partial(b + v * kLanes, left) : vzero());
       }
@@ -62,25 +78,26 @@ inline void gemm_tile(int64_t k, const float* a, const float* b, int64_t ldb, fl
   }
 }
 
-template <int Rows>
-inline void gemm_rows(int64_t k, const float* a, const float* b, int64_t ldb, float* c, int64_t ldc,
-                      int cols, bool accumulate) {
+template <int Rows, typename B>
+inline void gemm_rows(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
+                      int64_t ldc, int cols, bool accumulate) {
   if (cols == kGemmNr) {
-    gemm_tile<Rows, true>(k, a, b, ldb, c, ldc, cols, accumulate);
+    gemm_tile<Rows, true, B>(k, a, b, ldb, c, ldc, cols, accumulate);
   } else {
-    gemm_tile<Rows, false>(k, a, b, ldb, c, ldc, cols, accumulate);
+    gemm_tile<Rows, false, B>(k, a, b, ldb, c, ldc, cols, accumulate);
   }
 }
 
 // C[rows x cols] (+)= packed A [k x kGemmMr] * B [k x kGemmNr, row stride ldb].
-void sgemm_kernel(int64_t k, const float* a, const float* b, int64_t ldb, float* c, int64_t ldc,
-                  int rows, int cols, bool accumulate) {
+template <typename B>
+void gemm_kernel(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
+                 int64_t ldc, int rows, int cols, bool accumulate) {
   switch (rows) {
-#define KILN_GEMM_ROWS(R)                                   \
-  case R:                                                   \
-    if constexpr (R <= kGemmMr) {                           \
-      gemm_rows<R>(k, a, b, ldb, c, ldc, cols, accumulate); \
-    }                                                       \
+#define KILN_GEMM_ROWS(R)                                      \
+  case R:                                                      \
+    if constexpr (R <= kGemmMr) {                              \
+      gemm_rows<R, B>(k, a, b, ldb, c, ldc, cols, accumulate); \
+    }                                                          \
     break;
     KILN_GEMM_ROWS(1)
     KILN_GEMM_ROWS(2)
@@ -98,6 +115,21 @@ void sgemm_kernel(int64_t k, const float* a, const float* b, int64_t ldb, float*
     default:
       break;
   }
+}
+
+void sgemm_kernel(int64_t k, const float* a, const float* b, int64_t ldb, float* c, int64_t ldc,
+                  int rows, int cols, bool accumulate) {
+  gemm_kernel<BF32>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
+}
+
+void sgemm_kernel_bf16(int64_t k, const float* a, const uint16_t* b, int64_t ldb, float* c,
+                       int64_t ldc, int rows, int cols, bool accumulate) {
+  gemm_kernel<BBF16>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
+}
+
+void sgemm_kernel_f16(int64_t k, const float* a, const uint16_t* b, int64_t ldb, float* c,
+                      int64_t ldc, int rows, int cols, bool accumulate) {
+  gemm_kernel<BF16>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
 }
 
 // rows (<= kGemmMr) x k of A, element (r, p) at a[r * rs + p * cs], into one packed panel,
@@ -161,6 +193,37 @@ void sgemm_pack_b(const float* b, int64_t rs, int64_t cs, int64_t k, int64_t n, 
   }
 }
 
+// sgemm_pack_b into bfloat16 / float16 panels (rounded to nearest even), through a float
+// panel row at a time.
+template <bool Bf16>
+void pack_b_half(const float* b, int64_t rs, int64_t cs, int64_t k, int64_t n, uint16_t* out) {
+  alignas(64) float row[kGemmNr];
+  for (int64_t j0 = 0; j0 < n; j0 += kGemmNr) {
+    const int cols = static_cast<int>(n - j0 < kGemmNr ? n - j0 : kGemmNr);
+    uint16_t* panel = out + j0 * k;
+    for (int64_t p = 0; p < k; ++p) {
+      for (int j = 0; j < kGemmNr; ++j) row[j] = j < cols ? b[p * rs + (j0 + j) * cs] : 0.0f;
+#pragma GCC unroll 4
+      for (int v = 0; v < kGemmNv; ++v) {
+        if (Bf16) {
+          vstore_u16(panel + p * kGemmNr + v * kLanes, bf16_bits(vload(row + v * kLanes)));
+        } else {
+          vstore_f16(panel + p * kGemmNr + v * kLanes, vload(row + v * kLanes));
+        }
+      }
+    }
+  }
+}
+
+void sgemm_pack_b_bf16(const float* b, int64_t rs, int64_t cs, int64_t k, int64_t n,
+                       uint16_t* out) {
+  pack_b_half<true>(b, rs, cs, k, n, out);
+}
+
+void sgemm_pack_b_f16(const float* b, int64_t rs, int64_t cs, int64_t k, int64_t n, uint16_t* out) {
+  pack_b_half<false>(b, rs, cs, k, n, out);
+}
+
 // sum over p of x[p] * y[p].
 float sdot(const float* x, const float* y, int64_t n) {
   VF s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
@@ -199,5 +262,6 @@ double fma_peak_loop(int64_t iterations) {
   return 2.0 * kChains * kLanes * static_cast<double>(iterations);
 }
 
-constexpr GemmKernels kGemmKernels{kGemmMr,      kGemmNr, sgemm_kernel, sgemm_pack_a,
-                                   sgemm_pack_b, sdot,    fma_peak_loop};
+constexpr GemmKernels kGemmKernels{
+    kGemmMr,       kGemmNr,           sgemm_kernel,     sgemm_pack_a,      sgemm_pack_b,    sdot,
+    fma_peak_loop, sgemm_kernel_bf16, sgemm_kernel_f16, sgemm_pack_b_bf16, sgemm_pack_b_f16};

@@ -1,0 +1,69 @@
+#include "ops/packed_weights.h"
+
+#include <string>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+namespace {
+
+math::PackedType packed_type(WeightPrecision p) {
+  switch (p) {
+    case WeightPrecision::BFloat16:
+      return math::PackedType::BFloat16;
+    case WeightPrecision::Float16:
+      return math::PackedType::Float16;
+    case WeightPrecision::Float32:
+      break;
+  }
+  return math::PackedType::Float32;
+}
+
+// `w` as contiguous float (a half type widened).
+Tensor as_float(const Tensor& w) {
+  const Tensor c = w.contiguous();
+  if (c.dtype() == DataType::Float) return c;
+  Tensor f(DataType::Float, c.shape(),
+           Storage::heap_uninitialized(storage_bytes(DataType::Float, c.numel())));
+  const math::ConvertKernels& cv = math::kernels().convert;
+  (c.dtype() == DataType::Float16 ? cv.f16_to_f32 : cv.bf16_to_f32)(
+      reinterpret_cast<const uint16_t*>(c.raw_data()), f.data<float>(), c.numel());
+  return f;
+}
+
+}  // namespace
+
+PackedWeight pack_constant_b(const NodeInfo& info, size_t i, bool transpose) {
+  const Tensor* b = info.constant_input(i);
+  if (!b || b->rank() != 2 || b->dim(0) == 0 || b->dim(1) == 0 ||
+      (b->dtype() != DataType::Float && b->dtype() != DataType::Float16 &&
+       b->dtype() != DataType::BFloat16)) {
+    return {};
+  }
+  const math::MathKernels& t = math::kernels();
+  const math::PackedType type = packed_type(info.gemm_weights());
+  const int64_t k = transpose ? b->dim(1) : b->dim(0), n = transpose ? b->dim(0) : b->dim(1);
+  static const char* const kTypeNames[] = {"f32", "bf16", "f16"};
+  // The name says everything the layout depends on: the weights cache shares by it.
+  const std::string packing = std::string("sgemm-b") + (transpose ? "t" : "") + "-" +
+                              math::isa_name(t.isa) + "-nr" + std::to_string(t.gemm.nr) + "-" +
+                              kTypeNames[static_cast<int>(type)];
+  PackedWeight out;
+  out.storage = info.prepared_input(i, packing, [&](const Tensor& w) {
+    const Tensor f = as_float(w);
+    const math::MatrixView v{f.data<const float>(), f.dim(0), f.dim(1), f.strides()[0],
+                             f.strides()[1]};
+    const DataType dt = type == math::PackedType::Float32    ? DataType::Float
+                        : type == math::PackedType::BFloat16 ? DataType::BFloat16
+                                                             : DataType::Float16;
+    const int64_t count = math::PackedB::packed_floats(k, n, t.gemm.nr);
+    Tensor packed(dt, Shape{count}, Storage::heap_uninitialized(storage_bytes(dt, count)));
+    math::PackedB::pack_into(transpose ? v.transposed() : v, packed.raw_data(), t, type);
+    packed.storage()->set_read_only();
+    return packed;
+  });
+  out.view = math::PackedB(out.storage->raw_data(), k, n, t.gemm.nr, type);
+  return out;
+}
+
+}  // namespace kiln::ops

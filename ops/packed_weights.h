@@ -1,0 +1,25 @@
+// Constant B operands of MatMul and Gemm packed once for the GEMM layer (through the
+// weights cache, see NodeInfo::prepared_input), in the precision the session asks for.
+#pragma once
+
+#include <memory>
+
+#include "kiln/session.h"
+#include "ops/kernel.h"
+#include "ops/math/gemm.h"
+
+namespace kiln::ops {
+
+// A packed constant B: the weights cache's tensor and a view of it for sgemm.
+struct PackedWeight {
+  std::shared_ptr<const Tensor> storage;
+  math::PackedB view;
+  explicit operator bool() const { return storage != nullptr; }
+};
+
+// Packs constant input `i` (a 2-D float, float16 or bfloat16 tensor; op(B) = B^T when
+// `transpose`) once per Environment in NodeInfo::gemm_weights() precision. Empty when input
+// i is not such a constant.
+PackedWeight pack_constant_b(const NodeInfo& info, size_t i, bool transpose);
+
+}  // namespace kiln::ops
