@@ -314,6 +314,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 SessionOptions session_options(const GeneratorOptions& o, std::shared_ptr<Environment>& env) {
   if (!env) env = o.environment ? o.environment : std::make_shared<Environment>(0);
   SessionOptions so;
+  so.gemm_weights = o.gemm_weights;
   so.environment = env;
   return so;
 }

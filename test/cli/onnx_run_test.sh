@@ -71,6 +71,11 @@ else
   echo "note: ONNX backend test data not found; test_add skipped"
 fi
 
+# Lower-precision GEMM weights: the tiny CNN's Gemm still matches its reference within the
+# default tolerance; a bad value is a usage error.
+expect 0 '"gemm_weights":"bf16"' -- "$model" --test-data "$data" --json --gemm-weights bf16 --atol 1e-2 --rtol 1e-2
+expect 2 "gemm-weights takes f32, bf16 or f16" -- "$model" --gemm-weights f8
+
 # The version and the instruction-set level in use; KILN_ISA caps it, and a bad or
 # unsupported value is one clear error with status 2.
 expect 0 "onnx-run \(kiln\) [0-9]+\.[0-9]+\.[0-9]+" -- --version

@@ -35,7 +35,7 @@ constexpr const char* kUsage =
     "usage: onnx-run MODEL [--input NAME=FILE.npy|.pb ...] [--test-data DIR] [--threads N]\n"
     "                [--warmup N] [--repeat N] [--profile trace.json] [--json]\n"
     "                [--output-dir DIR] [--rtol X] [--atol X] [--no-arena] [--reuse-inputs]\n"
-    "                [--inputs-in-arena] [--arena-from-recording]\n"
+    "                [--inputs-in-arena] [--arena-from-recording] [--gemm-weights f32|bf16|f16]\n"
     "       onnx-run --version\n";
 
 struct Options {
@@ -48,6 +48,7 @@ struct Options {
   std::string profile;
   bool json = false;
   bool version = false;
+  kiln::WeightPrecision gemm_weights = kiln::WeightPrecision::Float32;
   bool arena = true, reuse_inputs = false, inputs_in_arena = false, arena_from_shapes = true;
   std::string output_dir;
   double rtol = 1e-3, atol = 1e-5;
@@ -115,6 +116,17 @@ Options parse(int argc, char** argv) {
       o.arena_from_shapes = false;
     } else if (a == "--output-dir") {
       o.output_dir = value();
+    } else if (a == "--gemm-weights") {
+      const std::string v = value();
+      if (v == "f32") {
+        o.gemm_weights = kiln::WeightPrecision::Float32;
+      } else if (v == "bf16") {
+        o.gemm_weights = kiln::WeightPrecision::BFloat16;
+      } else if (v == "f16") {
+        o.gemm_weights = kiln::WeightPrecision::Float16;
+      } else {
+        throw UsageError("--gemm-weights takes f32, bf16 or f16, got '" + v + "'");
+      }
     } else if (a == "--rtol") {
       o.rtol = to_double(a, value());
     } else if (a == "--atol") {
@@ -264,6 +276,7 @@ int run(const Options& o) {
   so.reuse_input_buffers = o.reuse_inputs;
   so.inputs_in_arena = o.inputs_in_arena;
   so.arena_from_shapes = o.arena_from_shapes;
+  so.gemm_weights = o.gemm_weights;
   kiln::Session session(o.model, so);
   const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t_load).count();
 
@@ -347,6 +360,9 @@ int run(const Options& o) {
     j.begin_object();
     j.field("model", o.model);
     j.field("kiln_version", kiln::version()).field("isa", kiln::isa_level());
+    j.field("gemm_weights", o.gemm_weights == kiln::WeightPrecision::Float32    ? "f32"
+                            : o.gemm_weights == kiln::WeightPrecision::BFloat16 ? "bf16"
+                                                                                : "f16");
     if (expected.empty()) {
       j.key("passed").null();
     } else {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kiln/environment.h"
+#include "kiln/session.h"
 #include "kiln/tensor.h"
 
 namespace kiln {
@@ -56,6 +57,9 @@ struct GeneratorOptions {
   // Seq2seq: use decoder_model.onnx + decoder_with_past_model.onnx instead of the merged
   // decoder (the default when decoder_model_merged.onnx exists).
   bool use_decoder_pair = false;
+  // The precision of the decoders' and encoder's packed MatMul/Gemm weights
+  // (SessionOptions::gemm_weights).
+  WeightPrecision gemm_weights = WeightPrecision::Float32;
 };
 
 // Whisper-style encoder-decoder. MODEL_DIR holds encoder_model.onnx, decoder_model_merged.onnx

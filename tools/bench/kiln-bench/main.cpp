@@ -71,7 +71,8 @@ constexpr const char* kUsage =
     "  --seq-len N, --batch N  minilm: input shape (default 128, 1)\n"
     "  --steps N               decode: decoder runs (default 200)\n"
     "  --output-dir DIR        write the last run's outputs as DIR/NAME.npy\n"
-    "  --profile               add the last timed run's time per op type (profile_ms_by_op)\n";
+    "  --profile               add the last timed run's time per op type (profile_ms_by_op)\n"
+    "  --gemm-weights P        f32 (default), bf16 or f16: MatMul/Gemm weights packed in P\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -86,6 +87,7 @@ struct Options {
   int64_t past_len = 16, kv_capacity = 0, seq_len = 128, batch = 1, steps = 200;
   int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0;
   bool profile = false;
+  kiln::WeightPrecision gemm_weights = kiln::WeightPrecision::Float32;
   std::set<std::string> given;  // flags present on the command line
 };
 
@@ -138,6 +140,17 @@ Options parse(int argc, char** argv) {
       o.steps = to_int(a, value(), 1);
     } else if (a == "--profile") {
       o.profile = true;
+    } else if (a == "--gemm-weights") {
+      const std::string v = value();
+      if (v == "f32") {
+        o.gemm_weights = kiln::WeightPrecision::Float32;
+      } else if (v == "bf16") {
+        o.gemm_weights = kiln::WeightPrecision::BFloat16;
+      } else if (v == "f16") {
+        o.gemm_weights = kiln::WeightPrecision::Float16;
+      } else {
+        throw UsageError("--gemm-weights takes f32, bf16 or f16, got '" + v + "'");
+      }
     } else if (a == "-h" || a == "--help") {
       std::cout << kUsage;
       std::exit(0);
@@ -188,6 +201,18 @@ Options parse(int argc, char** argv) {
         "decode times one generation: --iterations, --output-dir and --profile do not apply");
   if (o.warmup < 0) o.warmup = o.kase == "decode" ? 1 : 3;
   return o;
+}
+
+const char* precision_name(kiln::WeightPrecision p) {
+  switch (p) {
+    case kiln::WeightPrecision::BFloat16:
+      return "bf16";
+    case kiln::WeightPrecision::Float16:
+      return "f16";
+    case kiln::WeightPrecision::Float32:
+      break;
+  }
+  return "f32";
 }
 
 double ms_since(Clock::time_point t0) {
@@ -450,6 +475,7 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
   const uint64_t rss_before = current_rss_bytes();
   kiln::SessionOptions so;
   so.environment = env;
+  so.gemm_weights = o.gemm_weights;
   so.profile = o.profile;
   const auto t0 = Clock::now();
   kiln::Session s(file, so);
@@ -517,6 +543,7 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
   j.begin_object();
   j.field("engine", "kiln").field("case", o.kase).field("model", file);
   j.field("kiln_version", kiln::version()).field("isa", kiln::isa_level());
+  j.field("gemm_weights", precision_name(o.gemm_weights));
   j.field("threads", env->threads()).field("warmup", o.warmup).field("iterations", o.iterations);
   if (o.kase == "decoder-step") j.field("past_len", o.past_len);
   if (!feed.kv.empty()) j.field("kv_capacity", kv_capacity);
@@ -554,6 +581,7 @@ int run_decode_case(const Options& o, const std::shared_ptr<kiln::Environment>& 
   const uint64_t rss_before = current_rss_bytes();
   kiln::GeneratorOptions go;
   go.environment = env;
+  go.gemm_weights = o.gemm_weights;
   const auto t0 = Clock::now();
   kiln::Seq2SeqGenerator g(o.model, go);
   const double load_ms = ms_since(t0);
@@ -584,6 +612,7 @@ int run_decode_case(const Options& o, const std::shared_ptr<kiln::Environment>& 
   j.begin_object();
   j.field("engine", "kiln").field("case", "decode").field("model", o.model);
   j.field("kiln_version", kiln::version()).field("isa", kiln::isa_level());
+  j.field("gemm_weights", precision_name(o.gemm_weights));
   j.field("threads", env->threads()).field("warmup", o.warmup);
   j.field("steps_requested", o.steps);
   j.field("load_ms", load_ms).field("encoder_ms", r.encoder_ms);
