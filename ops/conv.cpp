@@ -114,159 +114,6 @@ void im2col(const T* x, int64_t channels, const Geometry& g, int64_t p0, int64_t
   }
 }
 
-// y[j] += sum over taps k of w[k] * x[base + k * dil + j * stride] for j in [j0, j1), where
-// every tap is inside the input. A compile-time tap count lets the compiler unroll the taps
-// and vectorise along j.
-template <int K, typename T>
-inline void fused_taps(T* __restrict y, const T* __restrict x, const T* __restrict w, int64_t taps,
-                       int64_t j0, int64_t j1, int64_t base, int64_t dil, int64_t stride) {
-  const int64_t n = K > 0 ? K : taps;
-  if (stride == 1) {
-    for (int64_t j = j0; j < j1; ++j) {
-      T acc = y[j];
-      for (int64_t k = 0; k < n; ++k) acc += w[k] * x[base + k * dil + j];
-      y[j] = acc;
-    }
-  } else {
-    for (int64_t j = j0; j < j1; ++j) {
-      T acc = y[j];
-      for (int64_t k = 0; k < n; ++k) acc += w[k] * x[base + k * dil + j * stride];
-      y[j] = acc;
-    }
-  }
-}
-
-// The 3x3 stride-1 case with all three input rows inside the input: nine taps per output,
-// one store.
-template <typename T>
-inline void fused_3x3(T* __restrict y, const T* __restrict x0, const T* __restrict x1,
-                      const T* __restrict x2, const T* __restrict w, int64_t j0, int64_t j1,
-                      int64_t base, int64_t d) {
-  const T w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4], w5 = w[5], w6 = w[6], w7 = w[7],
-          w8 = w[8];
-  for (int64_t j = j0; j < j1; ++j) {
-    const int64_t c = base + j;
-    T acc = y[j];
-    acc += w0 * x0[c] + w1 * x0[c + d] + w2 * x0[c + 2 * d];
-    acc += w3 * x1[c] + w4 * x1[c + d] + w5 * x1[c + 2 * d];
-    acc += w6 * x2[c] + w7 * x2[c + d] + w8 * x2[c + 2 * d];
-    y[j] = acc;
-  }
-}
-
-// Copies every row of a plane as its even columns followed by its odd columns, so that a
-// stride-2 convolution reads each tap contiguously.
-template <typename T>
-void deinterleave_rows(const T* x, int64_t rows, int64_t width, T* out) {
-  const int64_t even = (width + 1) / 2;
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* src = x + r * width;
-    T* e = out + r * width;
-    for (int64_t i = 0; i < even; ++i) e[i] = src[2 * i];
-    for (int64_t i = 0; i < width / 2; ++i) e[even + i] = src[2 * i + 1];
-  }
-}
-
-// fused_taps for stride 2 on a deinterleaved row: column base + k * dil + 2j is entry
-// floor(t / 2) + j of the even half (t even) or of the odd half (t odd).
-template <int K, typename T>
-inline void fused_taps_split(T* __restrict y, const T* __restrict row, const T* __restrict w,
-                             int64_t j0, int64_t j1, int64_t base, int64_t dil, int64_t even) {
-  int64_t off[K];
-  for (int k = 0; k < K; ++k) {
-    const int64_t t = base + k * dil;
-    const int64_t half = t >= 0 ? t / 2 : -((1 - t) / 2);
-    off[k] = half + (t - 2 * half == 0 ? 0 : even);
-  }
-  for (int64_t j = j0; j < j1; ++j) {
-    T acc = y[j];
-    for (int k = 0; k < K; ++k) acc += w[k] * row[off[k] + j];
-    y[j] = acc;
-  }
-}
-
-// One output plane of a convolution with a single input channel: y += w (*) x. Along the
-// innermost dimension the outputs whose taps are all inside the input take the fused path;
-// the few border outputs add their valid taps one by one.
-template <typename T>
-void direct_plane(const T* x, const T* split, const T* w, const Geometry& g, T* y) {
-  const int64_t kw_n = g.k[2], s = g.stride[2], ow_n = g.out[2];
-  std::array<int64_t, 16> lo_buf{}, hi_buf{};
-  std::vector<int64_t> lo_vec, hi_vec;
-  int64_t* lo = lo_buf.data();
-  int64_t* hi = hi_buf.data();
-  if (kw_n > 16) {
-    lo_vec.resize(static_cast<size_t>(kw_n));
-    hi_vec.resize(static_cast<size_t>(kw_n));
-    lo = lo_vec.data();
-    hi = hi_vec.data();
-  }
-  int64_t j0 = 0, j1 = ow_n;
-  for (int64_t kw = 0; kw < kw_n; ++kw) {
-    const int64_t base = kw * g.dil[2] - g.pad[2];
-    lo[kw] = std::min(first_at_least(base, s, 0), ow_n);
-    hi[kw] = std::clamp<int64_t>(first_at_least(base, s, g.in[2]), lo[kw], ow_n);
-    j0 = std::max(j0, lo[kw]);
-    j1 = std::min(j1, hi[kw]);
-  }
-  if (j1 < j0) j1 = j0;
-  for (int64_t od = 0; od < g.out[0]; ++od) {
-    for (int64_t oh = 0; oh < g.out[1]; ++oh) {
-      T* yrow = y + (od * g.out[1] + oh) * ow_n;
-      const int64_t id0 = od * g.stride[0] - g.pad[0], ih0 = oh * g.stride[1] - g.pad[1];
-      const bool fuse9 = s == 1 && g.k[0] == 1 && g.k[1] == 3 && kw_n == 3 && id0 >= 0 &&
-                         id0 < g.in[0] && ih0 >= 0 && ih0 + 2 * g.dil[1] < g.in[1];
-      if (fuse9) {
-        const int64_t rs = g.dil[1] * g.in[2];
-        const T* r0 = x + (id0 * g.in[1] + ih0) * g.in[2];
-        fused_3x3(yrow, r0, r0 + rs, r0 + 2 * rs, w, j0, j1, -g.pad[2], g.dil[2]);
-      }
-      for (int64_t kd = 0; kd < g.k[0]; ++kd) {
-        const int64_t id = od * g.stride[0] - g.pad[0] + kd * g.dil[0];
-        if (id < 0 || id >= g.in[0]) continue;
-        for (int64_t kh = 0; kh < g.k[1]; ++kh) {
-          const int64_t ih = oh * g.stride[1] - g.pad[1] + kh * g.dil[1];
-          if (ih < 0 || ih >= g.in[1]) continue;
-          const T* xrow = x + (id * g.in[1] + ih) * g.in[2];
-          const T* wk = w + (kd * g.k[1] + kh) * kw_n;
-          const int64_t base = -g.pad[2];
-          const int64_t even = (g.in[2] + 1) / 2;
-          const T* srow = split ? split + (xrow - x) : nullptr;
-          if (fuse9) {
-            // The interior is done; only the border outputs remain.
-          } else if (srow && kw_n == 3) {
-            fused_taps_split<3>(yrow, srow, wk, j0, j1, base, g.dil[2], even);
-          } else if (srow && kw_n == 5) {
-            fused_taps_split<5>(yrow, srow, wk, j0, j1, base, g.dil[2], even);
-          } else if (srow && kw_n == 7) {
-            fused_taps_split<7>(yrow, srow, wk, j0, j1, base, g.dil[2], even);
-          } else {
-            switch (kw_n) {
-              case 1:
-                fused_taps<1>(yrow, xrow, wk, kw_n, j0, j1, base, g.dil[2], s);
-                break;
-              case 3:
-                fused_taps<3>(yrow, xrow, wk, kw_n, j0, j1, base, g.dil[2], s);
-                break;
-              case 5:
-                fused_taps<5>(yrow, xrow, wk, kw_n, j0, j1, base, g.dil[2], s);
-                break;
-              default:
-                fused_taps<0>(yrow, xrow, wk, kw_n, j0, j1, base, g.dil[2], s);
-            }
-          }
-          for (int64_t kw = 0; kw < kw_n; ++kw) {
-            const int64_t b = kw * g.dil[2] - g.pad[2];
-            const T wv = wk[kw];
-            for (int64_t j = lo[kw]; j < std::min(hi[kw], j0); ++j) yrow[j] += wv * xrow[b + j * s];
-            for (int64_t j = std::max(lo[kw], j1); j < hi[kw]; ++j) yrow[j] += wv * xrow[b + j * s];
-          }
-        }
-      }
-    }
-  }
-}
-
 // Lowers input patches straight into GEMM panels: rows [p0, p0 + kc) of the patch matrix
 // (channel, kd, kh, kw) and output positions [j0, j0 + nc), as panels of nr positions.
 void pack_patches(const float* x, const Geometry& g, int nr, int64_t p0, int64_t kc, int64_t j0,
@@ -331,6 +178,51 @@ struct Sizes {
   int64_t n, c, m, groups, cg, mg;
 };
 
+// Depthwise convolutions (one input channel per group) and those with one or two output
+// channels per group run as direct loops: a GEMM with so few rows would spend its time
+// lowering patches.
+bool use_direct(const Sizes& s, const Geometry& g) {
+  return (s.cg == 1 || s.mg <= 2) && g.k[2] <= math::kDirectConvMaxTaps;
+}
+
+math::DirectConvGeometry direct_geometry(const Geometry& g) {
+  math::DirectConvGeometry d;
+  for (int i = 0; i < 3; ++i) {
+    d.in[i] = g.in[i], d.out[i] = g.out[i], d.k[i] = g.k[i];
+    d.stride[i] = g.stride[i], d.dil[i] = g.dil[i], d.pad[i] = g.pad[i];
+  }
+  return d;
+}
+
+// Float convolution with the dispatched direct plane kernel: each output plane is the sum
+// over its group's input channels.
+void direct_convolve(const float* x, const float* w, const float* bias, float* y, const Sizes& s,
+                     const Geometry& g) {
+  const math::DirectConvKernels& k = math::kernels().direct_conv;
+  const math::DirectConvGeometry dg = direct_geometry(g);
+  const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size();
+  // Stride 2 along rows: deinterleave each input plane once so the taps vectorise.
+  const bool split = g.stride[2] == 2 && (g.k[2] == 3 || g.k[2] == 5 || g.k[2] == 7);
+  parallel_for(s.n * s.m, grain_for(op * kp * s.cg), [&](int64_t lo, int64_t hi) {
+    std::vector<float> buf(split ? static_cast<size_t>(ip) : 0);
+    int64_t buffered = -1;  // the input plane held in buf
+    for (int64_t plane = lo; plane < hi; ++plane) {
+      const int64_t n = plane / s.m, m = plane % s.m, grp = m / s.mg;
+      float* yp = y + plane * op;
+      std::fill(yp, yp + op, bias ? bias[m] : 0.0f);
+      for (int64_t c = 0; c < s.cg; ++c) {
+        const int64_t in_plane = n * s.c + grp * s.cg + c;
+        const float* xp = x + in_plane * ip;
+        if (split && buffered != in_plane) {
+          k.deinterleave_rows(xp, g.in[0] * g.in[1], g.in[2], buf.data());
+          buffered = in_plane;
+        }
+        k.plane(xp, split ? buf.data() : nullptr, w + (m * s.cg + c) * kp, dg, yp);
+      }
+    }
+  });
+}
+
 // Float convolution through the GEMM layer; `packed` is pack_filter's form of the filter.
 void gemm_convolve(const float* x, const float* packed, const float* bias, float* y, const Sizes& s,
                    const Geometry& g) {
@@ -384,30 +276,13 @@ void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, 
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size(), kk = s.cg * kp;
   if (op == 0 || s.m == 0 || s.n == 0) return;
 
-  if (s.cg == 1) {  // depthwise (and channel-multiplier) convolutions: direct loops
-    // Stride 2 along rows: deinterleave each input plane once so the taps vectorise.
-    const bool split = g.stride[2] == 2 && (g.k[2] == 3 || g.k[2] == 5 || g.k[2] == 7);
-    parallel_for(s.n * s.m, grain_for(op * kp), [&](int64_t lo, int64_t hi) {
-      std::vector<T> buf(split ? static_cast<size_t>(ip) : 0);
-      int64_t buffered = -1;  // the input plane held in buf
-      for (int64_t plane = lo; plane < hi; ++plane) {
-        const int64_t n = plane / s.m, m = plane % s.m, in_plane = n * s.c + m / s.mg;
-        const T* xp = x + in_plane * ip;
-        if (split && buffered != in_plane) {
-          deinterleave_rows(xp, g.in[0] * g.in[1], g.in[2], buf.data());
-          buffered = in_plane;
-        }
-        T* yp = y + plane * op;
-        std::fill(yp, yp + op, bias ? bias[m] : T(0));
-        direct_plane(xp, split ? buf.data() : nullptr, w + m * kp, g, yp);
-      }
-    });
-    return;
-  }
-
   const int64_t units = s.n * s.groups;
   if constexpr (std::is_same_v<T, float>) {
-    gemm_convolve(x, packed, bias, y, s, g);
+    if (use_direct(s, g)) {
+      direct_convolve(x, w, bias, y, s, g);
+    } else {
+      gemm_convolve(x, packed, bias, y, s, g);
+    }
   } else {
     // Double: lower each (image, group) whole, then plain loops.
     (void)packed;
@@ -450,10 +325,11 @@ class Conv final : public Kernel {
       if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
     for (int64_t v : kernel_shape_)
       if (v < 1 || v > kMaxAttr) info.fail("kernel_shape must be in [1, 2^31]");
-    // A constant filter is packed for the GEMM once (not for depthwise convolutions, which
-    // read it directly).
+    // A constant filter is packed for the GEMM once (not for the direct convolutions, which
+    // read it as it is; see use_direct).
     const Tensor* w = info.constant_input(1);
-    if (w && w->rank() >= 3 && w->numel() > 0 && w->dim(1) > 1 && w->dim(0) % group_ == 0 &&
+    if (w && w->rank() >= 3 && w->numel() > 0 && w->dim(0) % group_ == 0 && w->dim(1) > 1 &&
+        w->dim(0) / group_ > 2 &&
         (w->dtype() == DataType::Float || w->dtype() == DataType::Float16 ||
          w->dtype() == DataType::BFloat16)) {
       const math::MathKernels& t = math::kernels();
@@ -512,20 +388,20 @@ class Conv final : public Kernel {
         Tensor fw;
         const float* packed = nullptr;
         Tensor packed_now;
-        if (s.cg == 1) {
-          fw = widen(w);  // depthwise: direct loops read the filter as it is
+        if (use_direct(s, g)) {
+          fw = widen(w);  // direct loops read the filter as it is
         } else if (packed_ && packed_groups_ == s.groups) {
           packed = packed_->data<const float>();
         } else {
           packed_now = pack_filter(w, s.groups);  // a filter computed at run time
           packed = packed_now.data<const float>();
         }
-        const bool direct = std::is_same_v<T, float>;
-        Tensor fy = direct ? Tensor() : ctx.allocate(DataType::Float, out_shape);
-        Tensor& y = direct ? ctx.output(0, x.dtype(), out_shape) : fy;
+        const bool is_float = std::is_same_v<T, float>;
+        Tensor fy = is_float ? Tensor() : ctx.allocate(DataType::Float, out_shape);
+        Tensor& y = is_float ? ctx.output(0, x.dtype(), out_shape) : fy;
         convolve<float>(fx.data<const float>(), fw.defined() ? fw.data<const float>() : nullptr,
                         packed, has_bias ? fb.data<const float>() : nullptr, y.data<float>(), s, g);
-        if (!direct) {
+        if (!is_float) {
           Tensor& out = ctx.output(0, x.dtype(), out_shape);
           unary_loop<float, T>(fy, out, [](float v) { return T(v); });
         }

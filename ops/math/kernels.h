@@ -51,10 +51,29 @@ struct GemmKernels {
                      uint16_t* out) = nullptr;
 };
 
+// Spatial sizes of one convolution, always three dimensions (1-D and 2-D problems have
+// leading sizes of 1).
+struct DirectConvGeometry {
+  int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, stride[3] = {1, 1, 1},
+          dil[3] = {1, 1, 1}, pad[3] = {0, 0, 0};
+};
+
+// Direct convolution of one input plane into one output plane (impl/direct_conv.h).
+struct DirectConvKernels {
+  // y += w (*) x over one plane; `split` is x deinterleaved for stride-2 rows (or null).
+  // At most kDirectConvMaxTaps taps along the innermost dimension.
+  void (*plane)(const float* x, const float* split, const float* w, const DirectConvGeometry& g,
+                float* y) = nullptr;
+  // Every row as its even columns then its odd columns.
+  void (*deinterleave_rows)(const float* x, int64_t rows, int64_t width, float* out) = nullptr;
+};
+constexpr int64_t kDirectConvMaxTaps = 1024;
+
 struct MathKernels {
   Isa isa = Isa::Generic;
   ConvertKernels convert;
   GemmKernels gemm;
+  DirectConvKernels direct_conv;
 };
 
 // The table of active_isa() (throws as active_isa() does).

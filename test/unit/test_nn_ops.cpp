@@ -392,6 +392,10 @@ TEST_CASE("Conv blocks and parallelises large problems correctly", "[nn]") {
       {{1, 8, 16, 17}, {8, 1, 5, 5}, {{2, 2}, {1, 1}, {2, 2, 2, 2}, 8}},     // 5x5 stride 2
       {{1, 4, 9, 30}, {4, 1, 3, 7}, {{1, 2}, {1, 1}, {1, 3, 1, 2}, 4}},      // 7 wide stride 2
       {{2, 3, 5, 6, 7}, {3, 1, 3, 3, 3}, {{1, 1, 1}, {1, 1, 1}, {1, 1, 1, 1, 1, 1}, 3}},  // 3-D
+      {{1, 1, 3000}, {1, 1, 400}, {{1}, {1}, {199, 200}, 1}},  // a long 1-D filter
+      {{1, 3, 2000}, {2, 3, 301}, {{3}, {1}, {0, 5}, 1}},      // two outputs, long taps
+      {{1, 16, 23, 19}, {1, 16, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 1}},  // one output channel
+      {{1, 12, 20, 20}, {4, 6, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 2}},   // two per group
   };
   for (const Case& c : cases) {
     Tensor x = random_tensor(DataType::Float, c.x, rng);

@@ -1,0 +1,83 @@
+// The dispatched direct convolution plane kernel (ops/math/impl/direct_conv.h) against a
+// naive loop at every instruction-set level: random 1-D, 2-D and 3-D geometries with
+// strides, dilations and padding, 3/5/7-wide stride-2 rows through the deinterleaved input,
+// and long 1-D filters.
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "test/unit/isa_test.h"
+
+using namespace kiln;
+
+namespace {
+
+// y += w (*) x, naively, in double.
+std::vector<double> naive_plane(const std::vector<float>& x, const std::vector<float>& w,
+                                const math::DirectConvGeometry& g, const std::vector<float>& y0) {
+  std::vector<double> y(y0.begin(), y0.end());
+  for (int64_t od = 0; od < g.out[0]; ++od)
+    for (int64_t oh = 0; oh < g.out[1]; ++oh)
+      for (int64_t ow = 0; ow < g.out[2]; ++ow) {
+        double s = 0;
+        for (int64_t kd = 0; kd < g.k[0]; ++kd)
+          for (int64_t kh = 0; kh < g.k[1]; ++kh)
+            for (int64_t kw = 0; kw < g.k[2]; ++kw) {
+              const int64_t id = od * g.stride[0] - g.pad[0] + kd * g.dil[0];
+              const int64_t ih = oh * g.stride[1] - g.pad[1] + kh * g.dil[1];
+              const int64_t iw = ow * g.stride[2] - g.pad[2] + kw * g.dil[2];
+              if (id < 0 || id >= g.in[0] || ih < 0 || ih >= g.in[1] || iw < 0 || iw >= g.in[2])
+                continue;
+              s += static_cast<double>(x[static_cast<size_t>((id * g.in[1] + ih) * g.in[2] + iw)]) *
+                   w[static_cast<size_t>((kd * g.k[1] + kh) * g.k[2] + kw)];
+            }
+        y[static_cast<size_t>((od * g.out[1] + oh) * g.out[2] + ow)] += s;
+      }
+  return y;
+}
+
+}  // namespace
+
+KILN_ISA_TEST_CASE("the direct convolution plane matches a naive loop", "[math][conv]") {
+  KILN_REQUIRE_ISA();
+  const math::DirectConvKernels& k = isa_kernels.direct_conv;
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int iter = 0; iter < 400; ++iter) {
+    math::DirectConvGeometry g;
+    const int dims = static_cast<int>(pick(1, 3));
+    for (int d = 3 - dims; d < 3; ++d) {
+      const bool long_taps = dims == 1 && iter % 10 == 0;
+      g.k[d] = long_taps ? pick(17, 300) : pick(1, 7);
+      g.stride[d] = pick(1, 3);
+      g.dil[d] = long_taps ? 1 : pick(1, 2);
+      g.pad[d] = pick(0, 3);
+      const int64_t ek = (g.k[d] - 1) * g.dil[d] + 1;
+      g.in[d] = std::max<int64_t>(ek - 2 * g.pad[d], 1) + pick(0, 40);
+      g.out[d] = (g.in[d] + 2 * g.pad[d] - ek) / g.stride[d] + 1;
+    }
+    const int64_t ip = g.in[0] * g.in[1] * g.in[2], op = g.out[0] * g.out[1] * g.out[2];
+    const int64_t kp = g.k[0] * g.k[1] * g.k[2];
+    std::vector<float> x(static_cast<size_t>(ip)), w(static_cast<size_t>(kp)),
+        y(static_cast<size_t>(op));
+    for (auto& v : x) v = dist(rng);
+    for (auto& v : w) v = dist(rng);
+    for (auto& v : y) v = dist(rng);
+    const std::vector<double> want = naive_plane(x, w, g, y);
+    const bool split = g.stride[2] == 2 && (g.k[2] == 3 || g.k[2] == 5 || g.k[2] == 7);
+    std::vector<float> buf(split ? x.size() : 0);
+    if (split) k.deinterleave_rows(x.data(), g.in[0] * g.in[1], g.in[2], buf.data());
+    k.plane(x.data(), split ? buf.data() : nullptr, w.data(), g, y.data());
+    double worst = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      worst = std::max(worst, std::abs(y[i] - want[i]) / (1 + std::abs(want[i])));
+    }
+    INFO("in " << g.in[0] << "x" << g.in[1] << "x" << g.in[2] << " k " << g.k[0] << "x" << g.k[1]
+               << "x" << g.k[2] << " stride " << g.stride[2] << " dil " << g.dil[2] << " pad "
+               << g.pad[2]);
+    REQUIRE(worst <= 2e-6 * std::sqrt(static_cast<double>(kp)) + 1e-6);
+  }
+}
