@@ -1,11 +1,13 @@
 // Elementwise binary ops with numpy broadcasting: arithmetic, comparison, logic, bitwise,
 // and the variadic Min/Max/Sum/Mean.
+#include <array>
 #include <cmath>
 #include <limits>
 #include <string>
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/math/kernels.h"
 
 namespace kiln::ops {
 namespace {
@@ -38,6 +40,26 @@ void check_same_type(const OpContext& ctx) {
 // each op's type grid is instantiated once.
 template <typename Fn>
 void arithmetic(const Fn& fn, const Tensor& a, const Tensor& b, Tensor& out) {
+  // Float Add/Sub/Mul/Div: the dispatched row kernels of the processor's level.
+  if constexpr (requires { Fn::kFloatRow; }) {
+    if (a.dtype() == DataType::Float) {
+      const math::BinaryKernels::Row row = math::kernels().binary.*Fn::kFloatRow;
+      const float* pa = a.data<const float>();
+      const float* pb = b.data<const float>();
+      float* po = out.data<float>();
+      std::array<Shape, 3> strides{broadcast_strides(a, out.shape()),
+                                   broadcast_strides(b, out.shape()), out.strides()};
+      for_each_row<3>(out.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* s) {
+        if (s[2] == 1) {
+          row(pa + off[0], s[0], pb + off[1], s[1], po + off[2], n);
+        } else {
+          for (int64_t i = 0; i < n; ++i)
+            po[off[2] + i * s[2]] = fn(pa[off[0] + i * s[0]], pb[off[1] + i * s[1]]);
+        }
+      });
+      return;
+    }
+  }
   dispatch(typename Fn::Types{}, a.dtype(), [&]<typename T>() {
     using C = compute_t<T>;
     binary_loop<T, T, T>(a, b, out, [&](T x, T y) {
@@ -112,6 +134,8 @@ class LegacyArithmetic final : public Kernel {
 
 struct AddFn {
   using Types = NumericTypes;
+  static constexpr math::BinaryKernels::Row math::BinaryKernels::*kFloatRow =
+      &math::BinaryKernels::add;
   explicit AddFn(const NodeInfo&) {}
   template <typename C>
   C operator()(C x, C y) const {
@@ -126,6 +150,8 @@ struct AddFn {
 
 struct SubFn {
   using Types = NumericTypes;
+  static constexpr math::BinaryKernels::Row math::BinaryKernels::*kFloatRow =
+      &math::BinaryKernels::sub;
   explicit SubFn(const NodeInfo&) {}
   template <typename C>
   C operator()(C x, C y) const {
@@ -140,6 +166,8 @@ struct SubFn {
 
 struct MulFn {
   using Types = NumericTypes;
+  static constexpr math::BinaryKernels::Row math::BinaryKernels::*kFloatRow =
+      &math::BinaryKernels::mul;
   explicit MulFn(const NodeInfo&) {}
   template <typename C>
   C operator()(C x, C y) const {
@@ -155,6 +183,8 @@ struct MulFn {
 
 struct DivFn {
   using Types = NumericTypes;
+  static constexpr math::BinaryKernels::Row math::BinaryKernels::*kFloatRow =
+      &math::BinaryKernels::div;
   explicit DivFn(const NodeInfo&) {}
   template <typename C>
   C operator()(C x, C y) const {

@@ -14,12 +14,14 @@ namespace kiln::math::avx2 {
 
 #include "ops/math/simd/avx2.h"
 // Kernel sources, written once against the vector type above.
+#include "ops/math/impl/binary.h"
 #include "ops/math/impl/convert.h"
 #include "ops/math/impl/direct_conv.h"
 #include "ops/math/impl/sgemm.h"
 
 const MathKernels& table() {
-  static constexpr MathKernels kTable{Isa::Avx2, kConvertKernels, kGemmKernels, kDirectConvKernels};
+  static constexpr MathKernels kTable{Isa::Avx2, kConvertKernels, kGemmKernels, kDirectConvKernels,
+                                      kBinaryKernels};
   return kTable;
 }
 

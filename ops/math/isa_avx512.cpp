@@ -15,13 +15,14 @@ namespace kiln::math::avx512 {
 
 #include "ops/math/simd/avx512.h"
 // Kernel sources, written once against the vector type above.
+#include "ops/math/impl/binary.h"
 #include "ops/math/impl/convert.h"
 #include "ops/math/impl/direct_conv.h"
 #include "ops/math/impl/sgemm.h"
 
 const MathKernels& table() {
   static constexpr MathKernels kTable{Isa::Avx512, kConvertKernels, kGemmKernels,
-                                      kDirectConvKernels};
+                                      kDirectConvKernels, kBinaryKernels};
   return kTable;
 }
 

@@ -14,13 +14,14 @@ namespace kiln::math::generic {
 
 #include "ops/math/simd/sse.h"
 // Kernel sources, written once against the vector type above.
+#include "ops/math/impl/binary.h"
 #include "ops/math/impl/convert.h"
 #include "ops/math/impl/direct_conv.h"
 #include "ops/math/impl/sgemm.h"
 
 const MathKernels& table() {
   static constexpr MathKernels kTable{Isa::Generic, kConvertKernels, kGemmKernels,
-                                      kDirectConvKernels};
+                                      kDirectConvKernels, kBinaryKernels};
   return kTable;
 }
 

@@ -69,11 +69,19 @@ struct DirectConvKernels {
 };
 constexpr int64_t kDirectConvMaxTaps = 1024;
 
+// Float arithmetic on rows: y[i] = a[i * sa] op b[i * sb] (impl/binary.h). Fast when both
+// strides are 1 or one is 0 (a broadcast scalar); y may be a or b.
+struct BinaryKernels {
+  using Row = void (*)(const float* a, int64_t sa, const float* b, int64_t sb, float* y, int64_t n);
+  Row add = nullptr, sub = nullptr, mul = nullptr, div = nullptr;
+};
+
 struct MathKernels {
   Isa isa = Isa::Generic;
   ConvertKernels convert;
   GemmKernels gemm;
   DirectConvKernels direct_conv;
+  BinaryKernels binary;
 };
 
 // The table of active_isa() (throws as active_isa() does).

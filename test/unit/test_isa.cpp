@@ -73,4 +73,10 @@ KILN_ISA_TEST_CASE("every entry of the level's table is filled", "[math][isa]") 
   CHECK(k.gemm.kernel_f16);
   CHECK(k.gemm.pack_b_bf16);
   CHECK(k.gemm.pack_b_f16);
+  CHECK(k.direct_conv.plane);
+  CHECK(k.direct_conv.deinterleave_rows);
+  CHECK(k.binary.add);
+  CHECK(k.binary.sub);
+  CHECK(k.binary.mul);
+  CHECK(k.binary.div);
 }
