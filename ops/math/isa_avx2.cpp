@@ -16,9 +16,10 @@ namespace kiln::math::avx2 {
 // Kernel sources, written once against the vector type above.
 #include "ops/math/impl/convert.h"
 #include "ops/math/impl/sgemm.h"
+#include "ops/math/impl/vecmath.h"
 
 const MathKernels& table() {
-  static constexpr MathKernels kTable{Isa::Avx2, kConvertKernels, kGemmKernels};
+  static constexpr MathKernels kTable{Isa::Avx2, kConvertKernels, kGemmKernels, kVecMathKernels};
   return kTable;
 }
 

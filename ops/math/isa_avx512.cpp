@@ -17,9 +17,10 @@ namespace kiln::math::avx512 {
 // Kernel sources, written once against the vector type above.
 #include "ops/math/impl/convert.h"
 #include "ops/math/impl/sgemm.h"
+#include "ops/math/impl/vecmath.h"
 
 const MathKernels& table() {
-  static constexpr MathKernels kTable{Isa::Avx512, kConvertKernels, kGemmKernels};
+  static constexpr MathKernels kTable{Isa::Avx512, kConvertKernels, kGemmKernels, kVecMathKernels};
   return kTable;
 }
 
