@@ -38,7 +38,7 @@ constexpr float kGeluErfcLogP[] = {-1.41457903f,    -0.283098698f,    0.03527961
                                    -0.00524495356f, 0.000788706995f,  -0.00011330648f,
                                    1.48885038e-05f, -1.60871843e-06f, 1.01328894e-07f};
 constexpr float kErfSplit = 0.921875f;
-// erfc(3.95) = 2.0e-8: from here on erf rounds to +-1.
+// erfc(3.95) = 2.3e-8, below half an ulp of 1: from here on erf rounds to +-1.
 constexpr float kErfEnd = 3.95f;
 // tanh(a) = a + a^3 P(a^2) on [0, kTanhSplit] (2.1e-9).
 constexpr float kTanhP[] = {-0.333333343f, 0.133333296f,    -0.0539637394f,
@@ -152,7 +152,7 @@ inline VF vm_silu(VF x) {
 
 // x * (1 + erf(x / sqrt2)) / 2. Where erf comes from erfc, 1 - erfc is never formed for
 // negative x: there the result is x erfc(|x| / sqrt2) / 2 without cancellation. Below
-// -kErfEnd * sqrt2 (|gelu| < 5.6e-8) the result is -0, as 1 + erf rounds to 0 in float.
+// -kErfEnd * sqrt2 (|gelu| < 6.5e-8) the result is -0, as 1 + erf rounds to 0 in float.
 inline VF vm_gelu(VF x) {
   const VF a = vabs(x);
   const VM neg = vlt(x, vzero());
@@ -238,16 +238,13 @@ inline float vm_row_max(const float* x, int64_t n) {
   return vreduce_max(vmax(m0, m1));
 }
 
-// Sum over x[i] (Sq: x[i]^2, Centered: (x[i] - c)^2) in per-lane partial sums.
-enum class VmSum { Plain, Sq, Centered };
+// Sum over x[i] (Sq: x[i]^2) in per-lane partial sums.
+enum class VmSum { Plain, Sq };
 template <VmSum K>
-inline float vm_row_sum(const float* x, int64_t n, float c) {
-  const VF vc = vset1(c);
+inline float vm_row_sum(const float* x, int64_t n) {
   auto term = [&](VF v) {
     if constexpr (K == VmSum::Plain) return v;
-    if constexpr (K == VmSum::Sq) return vmul(v, v);
-    const VF d = vsub(v, vc);
-    return vmul(d, d);
+    return vmul(v, v);
   };
   VF s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
   int64_t i = 0;
@@ -266,7 +263,34 @@ inline float vm_row_sum(const float* x, int64_t n, float c) {
 }
 
 float vec_sum(const float* x, int64_t n) {
-  return vm_row_sum<VmSum::Plain>(x, n, 0.0f);
+  return vm_row_sum<VmSum::Plain>(x, n);
+}
+
+// Sums of d = x[i] - c and of d^2.
+inline void vm_row_centered(const float* x, int64_t n, float c, float* sum_d, float* sum_d2) {
+  const VF vc = vset1(c);
+  VF s0 = vzero(), s1 = vzero(), q0 = vzero(), q1 = vzero();
+  int64_t i = 0;
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    const VF d0 = vsub(vload(x + i), vc), d1 = vsub(vload(x + i + kLanes), vc);
+    s0 = vadd(s0, d0);
+    s1 = vadd(s1, d1);
+    q0 = vfmadd(d0, d0, q0);
+    q1 = vfmadd(d1, d1, q1);
+  }
+  for (; i + kLanes <= n; i += kLanes) {
+    const VF d = vsub(vload(x + i), vc);
+    s0 = vadd(s0, d);
+    q0 = vfmadd(d, d, q0);
+  }
+  if (i < n) {
+    const int left = static_cast<int>(n - i);
+    const VF d = vselect(vlanes_below(left), vsub(vload_partial(x + i, left), vc), vzero());
+    s1 = vadd(s1, d);
+    q1 = vfmadd(d, d, q1);
+  }
+  *sum_d = vreduce_add(vadd(s0, s1));
+  *sum_d2 = vreduce_add(vadd(q0, q1));
 }
 
 // The largest element; NaN when any element is NaN, -inf for n == 0.
@@ -289,11 +313,26 @@ float vec_max(const float* x, int64_t n) {
 }
 
 // y = exp(x - max) / sum: a row whose max is -inf or +inf, or that holds a NaN, gives NaN.
+// Four partial sums per lane keep the sum's rounding (and the dependency chain) short.
 void vec_softmax(const float* x, float* y, int64_t n) {
   if (n <= 0) return;
   const VF m = vset1(vm_row_max(x, n));
-  VF s0 = vzero(), s1 = vzero();
+  VF s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
   int64_t i = 0;
+  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
+    const VF e0 = vm_exp(vsub(vload(x + i), m));
+    const VF e1 = vm_exp(vsub(vload(x + i + kLanes), m));
+    const VF e2 = vm_exp(vsub(vload(x + i + 2 * kLanes), m));
+    const VF e3 = vm_exp(vsub(vload(x + i + 3 * kLanes), m));
+    vstore(y + i, e0);
+    vstore(y + i + kLanes, e1);
+    vstore(y + i + 2 * kLanes, e2);
+    vstore(y + i + 3 * kLanes, e3);
+    s0 = vadd(s0, e0);
+    s1 = vadd(s1, e1);
+    s2 = vadd(s2, e2);
+    s3 = vadd(s3, e3);
+  }
   for (; i + kLanes <= n; i += kLanes) {
     const VF e = vm_exp(vsub(vload(x + i), m));
     vstore(y + i, e);
@@ -303,9 +342,9 @@ void vec_softmax(const float* x, float* y, int64_t n) {
     const int left = static_cast<int>(n - i);
     const VF e = vselect(vlanes_below(left), vm_exp(vsub(vload_partial(x + i, left), m)), vzero());
     vstore_partial(y + i, e, left);
-    s1 = e;
+    s1 = vadd(s1, e);
   }
-  const VF inv = vset1(1.0f / vreduce_add(vadd(s0, s1)));
+  const VF inv = vset1(1.0f / vreduce_add(vadd(vadd(s0, s1), vadd(s2, s3))));
   for (i = 0; i + kLanes <= n; i += kLanes) vstore(y + i, vmul(vload(y + i), inv));
   if (i < n) {
     const int left = static_cast<int>(n - i);
@@ -317,14 +356,21 @@ void vec_softmax(const float* x, float* y, int64_t n) {
 void vec_log_softmax(const float* x, float* y, int64_t n) {
   if (n <= 0) return;
   const VF m = vset1(vm_row_max(x, n));
-  VF s0 = vzero(), s1 = vzero();
+  VF s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
   int64_t i = 0;
+  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
+    s0 = vadd(s0, vm_exp(vsub(vload(x + i), m)));
+    s1 = vadd(s1, vm_exp(vsub(vload(x + i + kLanes), m)));
+    s2 = vadd(s2, vm_exp(vsub(vload(x + i + 2 * kLanes), m)));
+    s3 = vadd(s3, vm_exp(vsub(vload(x + i + 3 * kLanes), m)));
+  }
   for (; i + kLanes <= n; i += kLanes) s0 = vadd(s0, vm_exp(vsub(vload(x + i), m)));
   if (i < n) {
     const int left = static_cast<int>(n - i);
-    s1 = vselect(vlanes_below(left), vm_exp(vsub(vload_partial(x + i, left), m)), vzero());
+    s1 =
+        vadd(s1, vselect(vlanes_below(left), vm_exp(vsub(vload_partial(x + i, left), m)), vzero()));
   }
-  const VF log_sum = vm_log(vset1(vreduce_add(vadd(s0, s1))));
+  const VF log_sum = vm_log(vset1(vreduce_add(vadd(vadd(s0, s1), vadd(s2, s3)))));
   for (i = 0; i + kLanes <= n; i += kLanes) {
     vstore(y + i, vsub(vsub(vload(x + i), m), log_sum));
   }
@@ -372,13 +418,21 @@ inline float vm_inv_sqrt(float v) {
   return vfirst(vdiv(vset1(1.0f), vsqrt(vset1(v))));
 }
 
-// One row of LayerNormalization: mean, variance about the mean (two passes), then
-// (x - mean) / sqrt(var + epsilon) * scale + bias. mean / inv_std receive the statistics.
+// One row of LayerNormalization: mean and variance in two passes, then
+// (x - mean) / sqrt(var + epsilon) * scale + bias. The second pass also sums x - mean, which
+// corrects the first pass's rounding of the mean (and the variance with it), so rows far
+// from zero keep their precision. mean / inv_std receive the statistics.
 void vec_layer_norm(const float* x, float* y, int64_t n, const float* scale, const float* bias,
                     float epsilon, float* mean, float* inv_std) {
   const float nf = static_cast<float>(n);
-  const float mu = vm_row_sum<VmSum::Plain>(x, n, 0.0f) / nf;
-  const float inv = vm_inv_sqrt(vm_row_sum<VmSum::Centered>(x, n, mu) / nf + epsilon);
+  const float mu0 = vm_row_sum<VmSum::Plain>(x, n) / nf;
+  float sum_d, sum_d2;
+  vm_row_centered(x, n, mu0, &sum_d, &sum_d2);
+  const float shift = sum_d / nf;
+  const float mu = mu0 + shift;
+  const float var0 = sum_d2 / nf - shift * shift;
+  const float var = var0 < 0.0f ? 0.0f : var0;  // NaN stays NaN
+  const float inv = vm_inv_sqrt(var + epsilon);
   if (mean) *mean = mu;
   if (inv_std) *inv_std = inv;
   vm_affine_any(x, y, n, mu, inv, scale, bias);
@@ -386,8 +440,7 @@ void vec_layer_norm(const float* x, float* y, int64_t n, const float* scale, con
 
 // One row of RMSNormalization: x / sqrt(mean(x^2) + epsilon) * scale.
 void vec_rms_norm(const float* x, float* y, int64_t n, const float* scale, float epsilon) {
-  const float inv =
-      vm_inv_sqrt(vm_row_sum<VmSum::Sq>(x, n, 0.0f) / static_cast<float>(n) + epsilon);
+  const float inv = vm_inv_sqrt(vm_row_sum<VmSum::Sq>(x, n) / static_cast<float>(n) + epsilon);
   vm_affine_any(x, y, n, 0.0f, inv, scale, nullptr);
 }
 
