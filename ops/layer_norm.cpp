@@ -3,7 +3,7 @@
 // X is seen as rows x N, N the product of the normalised dims [axis, rank). Each row is
 // normalised independently (rows in parallel, tasks of at least kTaskElements elements) over
 // the contiguous row: in float (half types too) by the dispatched row kernels
-// (ops/math/impl/vecmath.h), in double with Eigen expressions. Scale and bias are
+// (ops/math/impl/vecmath_rows.h), in double with Eigen expressions. Scale and bias are
 // unidirectionally broadcast to X: the usual shapes (the normalised dims) are one vector
 // shared by every row; a scale that also varies over the leading dims is expanded per row.
 #include <Eigen/Core>

@@ -3,7 +3,7 @@
 // Before opset 13 the input is seen as a 2-D matrix [prod(shape[:axis]), prod(shape[axis:])]
 // and each row is normalised; from opset 13 only `axis` is. Either way the input is viewed
 // as [outer, n, inner]. With inner == 1 (the transformer case: the last axis) every row is
-// contiguous and is normalised by the dispatched row kernels (ops/math/impl/vecmath.h) in
+// contiguous and is normalised by the dispatched row kernels (ops/math/impl/vecmath_rows.h) in
 // float, Eigen in double; rows may also come from a strided view as long as each row is
 // contiguous. Otherwise blocks of up to kCols columns are normalised together, each step a
 // vectorised operation along the contiguous inner axis (exp and log by the dispatched

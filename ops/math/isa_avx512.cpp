@@ -18,6 +18,7 @@ namespace kiln::math::avx512 {
 #include "ops/math/impl/convert.h"
 #include "ops/math/impl/sgemm.h"
 #include "ops/math/impl/vecmath.h"
+#include "ops/math/impl/vecmath_rows.h"
 
 const MathKernels& table() {
   static constexpr MathKernels kTable{Isa::Avx512, kConvertKernels, kGemmKernels, kVecMathKernels};
