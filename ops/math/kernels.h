@@ -38,9 +38,9 @@ struct GemmKernels {
   float (*dot)(const float* x, const float* y, int64_t n) = nullptr;
 };
 
-// Float math over arrays (impl/vecmath.h, impl/vecmath_rows.h). Elementwise: y[i] = f(x[i]) for n
-// elements, y may be x. Within a few ulp of the exact function; NaN gives NaN, infinities their
-// limits.
+// Float math over arrays (impl/vecmath.h, impl/vecmath_rows.h). Elementwise: y[i] = f(x[i])
+// for n elements, y may be x. Within a few ulp of the exact function (impl/vecmath.h lists
+// each bound); NaN gives NaN, infinities their limits.
 struct VecMathKernels {
   using Elementwise = void (*)(const float* x, float* y, int64_t n);
   Elementwise exp = nullptr;

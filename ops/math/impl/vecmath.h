@@ -5,9 +5,12 @@
 //
 // Each function reduces its argument to a short interval and evaluates a minimax polynomial
 // there (coefficients fitted for this file with a Remez exchange in 40-digit arithmetic, then
-// rounded to float). Results are within a few ulp of the exact value (test/unit/test_vecmath.cpp
-// holds the measured bounds); NaN in gives NaN out, infinities give the limits, and exp, the
-// sigmoid and SiLU round their results below FLT_MIN into subnormals instead of flushing them.
+// rounded to float). Largest errors over all floats, at every level: exp 1.02 ulp, log 0.87,
+// erf 1.33, tanh 1.52, sigmoid 2.41, SiLU 3.4, GELU 3.53 (and -0 below -5.586, where
+// |gelu| < 6.5e-8), the tanh form of GELU 1.9 for x >= 0 and 7.6 down to -2, then about |z|
+// ulp for its sigmoid argument z (rounding z to float). test/unit/test_vecmath.cpp holds these
+// bounds. NaN in gives NaN out, infinities give the limits, and exp, the sigmoid and SiLU
+// round results below FLT_MIN into subnormals instead of flushing them.
 //
 // The clamps below are written vmin(limit, vmax(limit, x)): the SSE/AVX min and max return
 // their second operand when either is NaN, so NaN passes through them unchanged.
