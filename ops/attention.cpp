@@ -20,6 +20,7 @@
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/math/kernels.h"
 
 namespace kiln::ops {
 namespace {
@@ -204,7 +205,14 @@ void attend_block(const Problem<C>& p, const Block& blk, C* s) {
   };
   save(0);
   if (p.softcap > 0) {
-    sc = (sc.array() / p.softcap).tanh() * p.softcap;
+    if constexpr (std::is_same_v<C, float>) {
+      // The rows x w scores are contiguous (row stride w).
+      sc.array() /= p.softcap;
+      math::kernels().vec.tanh(s, s, rows * w);
+      sc.array() *= p.softcap;
+    } else {
+      sc = (sc.array() / p.softcap).tanh() * p.softcap;
+    }
   }
   save(1);
 
@@ -247,13 +255,23 @@ void attend_block(const Problem<C>& p, const Block& blk, C* s) {
     std::fill(row, row + l, C(0));
     std::fill(row + e, row + w, C(0));
     Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> seg(row + l, e - l);
-    const C mx = live[r] && e > l ? seg.maxCoeff() : kNegInf;
-    if (mx == kNegInf) {  // a fully masked row attends nothing: zeros, not NaN
-      seg.setZero();
-      continue;
+    if constexpr (std::is_same_v<C, float>) {
+      const math::VecMathKernels& vm = math::kernels().vec;
+      const C mx = live[r] && e > l ? vm.max(row + l, e - l) : kNegInf;
+      if (mx == kNegInf) {  // a fully masked row attends nothing: zeros, not NaN
+        seg.setZero();
+        continue;
+      }
+      vm.softmax(row + l, row + l, e - l);
+    } else {
+      const C mx = live[r] && e > l ? seg.maxCoeff() : kNegInf;
+      if (mx == kNegInf) {  // a fully masked row attends nothing: zeros, not NaN
+        seg.setZero();
+        continue;
+      }
+      seg = (seg - mx).exp();
+      seg *= C(1) / seg.sum();
     }
-    seg = (seg - mx).exp();
-    seg *= C(1) / seg.sum();
   }
   save(3);
   y.noalias() = sc * v;

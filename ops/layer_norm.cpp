@@ -1,8 +1,9 @@
 // LayerNormalization (opset 17) and RMSNormalization (opset 23).
 //
 // X is seen as rows x N, N the product of the normalised dims [axis, rank). Each row is
-// normalised independently (rows in parallel) with vectorised Eigen expressions over the
-// contiguous row, in float for half types and double for double. Scale and bias are
+// normalised independently (rows in parallel, tasks of at least kTaskElements elements) over
+// the contiguous row: in float (half types too) by the dispatched row kernels
+// (ops/math/impl/vecmath_rows.h), in double with Eigen expressions. Scale and bias are
 // unidirectionally broadcast to X: the usual shapes (the normalised dims) are one vector
 // shared by every row; a scale that also varies over the leading dims is expanded per row.
 #include <Eigen/Core>
@@ -12,9 +13,12 @@
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/math/kernels.h"
 
 namespace kiln::ops {
 namespace {
+
+constexpr int64_t kTaskElements = 16384;
 
 template <typename C>
 using Arr = Eigen::Array<C, Eigen::Dynamic, 1>;
@@ -126,7 +130,7 @@ class Norm final : public Kernel {
       const T* src = x.data<const T>();
       T* dst = y.data<T>();
       const C eps = static_cast<C>(epsilon_);
-      parallel_for(rows, grain_for(n * 6), [&](int64_t r0, int64_t r1) {
+      parallel_for(rows, grain_for(n, kTaskElements), [&](int64_t r0, int64_t r1) {
         std::vector<C> scratch(std::is_same_v<T, C> ? 0 : static_cast<size_t>(n));
         for (int64_t r = r0; r < r1; ++r) {
           const C* xr;
@@ -141,8 +145,16 @@ class Norm final : public Kernel {
           ConstMap<C> xm(xr, n);
           MutMap<C> ym(yr, n);
           ConstMap<C> sm(s.row(r, n), n);
-          C mu = 0, inv;
-          if constexpr (kRms) {
+          C mu = 0, inv = 0;
+          if constexpr (std::is_same_v<C, float>) {
+            const math::VecMathKernels& vm = math::kernels().vec;
+            if constexpr (kRms) {
+              vm.rms_norm(xr, yr, n, s.row(r, n), eps);
+            } else {
+              vm.layer_norm(xr, yr, n, s.row(r, n), has_bias ? b.row(r, n) : nullptr, eps, &mu,
+                            &inv);
+            }
+          } else if constexpr (kRms) {
             inv = C(1) / std::sqrt(xm.square().sum() / static_cast<C>(n) + eps);
             ym = xm * inv * sm;
           } else {

@@ -3,16 +3,19 @@
 // Before opset 13 the input is seen as a 2-D matrix [prod(shape[:axis]), prod(shape[axis:])]
 // and each row is normalised; from opset 13 only `axis` is. Either way the input is viewed
 // as [outer, n, inner]. With inner == 1 (the transformer case: the last axis) every row is
-// contiguous and is normalised with Eigen's vectorised exp; rows may also come from a
-// strided view as long as each row is contiguous. Otherwise blocks of up to kCols columns
-// are normalised together, each step a vectorised operation along the contiguous inner axis.
-// Half types are computed in float through a per-task scratch buffer.
+// contiguous and is normalised by the dispatched row kernels (ops/math/impl/vecmath_rows.h) in
+// float, Eigen in double; rows may also come from a strided view as long as each row is
+// contiguous. Otherwise blocks of up to kCols columns are normalised together, each step a
+// vectorised operation along the contiguous inner axis (exp and log by the dispatched
+// kernels in float). Half types are computed in float through a per-task scratch buffer.
+// Tasks hold at least kTaskElements elements.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/math/kernels.h"
 
 namespace kiln::ops {
 namespace {
@@ -27,8 +30,15 @@ template <typename C>
 using MutMap = Eigen::Map<Arr<C>>;
 
 // One contiguous row. `y` may be `x`: every element is read before it is written.
+constexpr int64_t kTaskElements = 16384;
+
 template <Mode M, typename C>
 void row(const C* x, C* y, int64_t n) {
+  if constexpr (M != Mode::Hardmax && std::is_same_v<C, float>) {
+    const math::VecMathKernels& vm = math::kernels().vec;
+    (M == Mode::Softmax ? vm.softmax : vm.log_softmax)(x, y, n);
+    return;
+  }
   ConstMap<C> xm(x, n);
   MutMap<C> ym(y, n);
   if constexpr (M == Mode::Hardmax) {
@@ -79,7 +89,27 @@ void columns(const C* x, C* y, int64_t n, int64_t stride, int64_t cols) {
     m = ConstMap<C>(x, cols);
     for (int64_t i = 1; i < n; ++i) m = m.max(ConstMap<C>(x + i * stride, cols));
     s.setZero();
-    if constexpr (M == Mode::Softmax) {
+    if constexpr (std::is_same_v<C, float>) {
+      // exp(x - m) of each row through the vector kernel, into y (Softmax) or a scratch row
+      // (LogSoftmax still reads x afterwards, and y may be x).
+      const math::VecMathKernels& vm = math::kernels().vec;
+      alignas(64) float tbuf[kCols];
+      for (int64_t i = 0; i < n; ++i) {
+        float* e = M == Mode::Softmax ? y + i * stride : tbuf;
+        MutMap<C>(e, cols) = ConstMap<C>(x + i * stride, cols) - m;
+        vm.exp(e, e, cols);
+        s += MutMap<C>(e, cols);
+      }
+      if constexpr (M == Mode::Softmax) {
+        s = s.inverse();
+        for (int64_t i = 0; i < n; ++i) MutMap<C>(y + i * stride, cols) *= s;
+      } else {
+        vm.log(sbuf, sbuf, cols);
+        for (int64_t i = 0; i < n; ++i) {
+          MutMap<C>(y + i * stride, cols) = (ConstMap<C>(x + i * stride, cols) - m) - s;
+        }
+      }
+    } else if constexpr (M == Mode::Softmax) {
       for (int64_t i = 0; i < n; ++i) {
         MutMap<C> yi(y + i * stride, cols);
         yi = (ConstMap<C>(x + i * stride, cols) - m).exp();
@@ -177,7 +207,7 @@ class SoftmaxKernel final : public Kernel {
     constexpr bool kConvert = !std::is_same_v<T, C>;
     if (inner == 1) {
       const bool strided = !src_rows.dims.empty();
-      parallel_for(outer, grain_for(n * 8), [&](int64_t r0, int64_t r1) {
+      parallel_for(outer, grain_for(n, kTaskElements), [&](int64_t r0, int64_t r1) {
         std::vector<C> scratch(kConvert ? static_cast<size_t>(n) : 0);
         for (int64_t r = r0; r < r1; ++r) {
           const T* xr = x + (strided ? src_rows(r) : r * n);
@@ -194,7 +224,7 @@ class SoftmaxKernel final : public Kernel {
       return;
     }
     const int64_t chunks = (inner + kCols - 1) / kCols;
-    parallel_for(outer * chunks, grain_for(n * std::min(inner, kCols) * 8),
+    parallel_for(outer * chunks, grain_for(n * std::min(inner, kCols), kTaskElements),
                  [&](int64_t i0, int64_t i1) {
                    std::vector<C> scratch(kConvert ? static_cast<size_t>(n * kCols) : 0);
                    for (int64_t item = i0; item < i1; ++item) {

@@ -1,13 +1,29 @@
 // Elementwise unary math and activations. Each op is a small functor over the compute
-// type (float for half types); the loop, dispatch and in-place reuse are shared.
+// type (float for half types); the loop, dispatch and in-place reuse are shared. Functors
+// with a dispatched vector kernel (ops/math/impl/vecmath.h) name it in vec(); contiguous
+// float tensors then go through it instead of the scalar loop.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/math/kernels.h"
 
 namespace kiln::ops {
 namespace {
+
+using VecFn = math::VecMathKernels::Elementwise;
+
+// Elements per task: each task is long enough to repay its scheduling.
+constexpr int64_t kVecBlock = 16384;
+
+void run_vec(VecFn fn, const float* x, float* y, int64_t n) {
+  parallel_for((n + kVecBlock - 1) / kVecBlock, 1, [&](int64_t b0, int64_t b1) {
+    const int64_t i0 = b0 * kVecBlock, i1 = std::min(n, b1 * kVecBlock);
+    fn(x + i0, y + i0, i1 - i0);
+  });
+}
 
 template <typename Fn>
 class Unary final : public Kernel {
@@ -16,6 +32,14 @@ class Unary final : public Kernel {
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
     Tensor& y = ctx.output_reusing(0, 0, x.dtype(), x.shape());
+    if constexpr (requires { fn_.vec(math::kernels().vec); }) {
+      if (x.dtype() == DataType::Float && x.is_contiguous()) {
+        if (const VecFn f = fn_.vec(math::kernels().vec)) {
+          run_vec(f, x.data<const float>(), y.data<float>(), x.numel());
+          return;
+        }
+      }
+    }
     dispatch(typename Fn::Types{}, x.dtype(), [&]<typename T>() {
       unary_loop<T, T>(x, y,
                        [&](T v) { return from_compute<T>(fn_(static_cast<compute_t<T>>(v))); });
@@ -37,8 +61,6 @@ class Unary final : public Kernel {
     }                                 \
   };
 
-KILN_FLOAT_UNARY(ExpFn, std::exp(x))
-KILN_FLOAT_UNARY(LogFn, std::log(x))
 KILN_FLOAT_UNARY(SqrtFn, std::sqrt(x))
 KILN_FLOAT_UNARY(ReciprocalFn, C(1) / x)
 KILN_FLOAT_UNARY(FloorFn, std::floor(x))
@@ -55,14 +77,31 @@ KILN_FLOAT_UNARY(CoshFn, std::cosh(x))
 KILN_FLOAT_UNARY(AsinhFn, std::asinh(x))
 KILN_FLOAT_UNARY(AcoshFn, std::acosh(x))
 KILN_FLOAT_UNARY(AtanhFn, std::atanh(x))
-KILN_FLOAT_UNARY(TanhFn, std::tanh(x))
-KILN_FLOAT_UNARY(ErfFn, std::erf(x))
-KILN_FLOAT_UNARY(SigmoidFn,
-                 x >= C(0) ? C(1) / (C(1) + std::exp(-x)) : std::exp(x) / (C(1) + std::exp(x)))
 KILN_FLOAT_UNARY(SoftsignFn, x / (C(1) + std::abs(x)))
 KILN_FLOAT_UNARY(SoftplusFn, x > C(20) ? x : std::log1p(std::exp(x)))
 KILN_FLOAT_UNARY(MishFn, x* std::tanh(x > C(20) ? x : std::log1p(std::exp(x))))
 #undef KILN_FLOAT_UNARY
+
+// The same with the vector kernel `member` for contiguous float tensors.
+#define KILN_VEC_UNARY(Name, expr, member)                              \
+  struct Name {                                                         \
+    using Types = FloatTypes;                                           \
+    explicit Name(const NodeInfo&) {}                                   \
+    template <typename C>                                               \
+    C operator()(C x) const {                                           \
+      return expr;                                                      \
+    }                                                                   \
+    VecFn vec(const math::VecMathKernels& k) const { return k.member; } \
+  };
+
+KILN_VEC_UNARY(ExpFn, std::exp(x), exp)
+KILN_VEC_UNARY(LogFn, std::log(x), log)
+KILN_VEC_UNARY(TanhFn, std::tanh(x), tanh)
+KILN_VEC_UNARY(ErfFn, std::erf(x), erf)
+KILN_VEC_UNARY(SigmoidFn,
+               x >= C(0) ? C(1) / (C(1) + std::exp(-x)) : std::exp(x) / (C(1) + std::exp(x)),
+               sigmoid)
+#undef KILN_VEC_UNARY
 
 struct AbsFn {
   using Types = NumericTypes;
@@ -213,6 +252,7 @@ struct GeluFn {
     }
     return C(0.5) * x * (C(1) + std::erf(x / C(1.4142135623730951)));
   }
+  VecFn vec(const math::VecMathKernels& k) const { return tanh_approx ? k.gelu_tanh : k.gelu; }
 };
 
 // Ops whose output type differs from the input's.

@@ -48,6 +48,28 @@ Scratch& a_scratch() {
 void apply_epilogue(const GemmOptions& o, float* c, int64_t ldc, int64_t rows, int64_t cols,
                     int64_t i0, int64_t j0) {
   if (!o.bias && !o.row_bias && o.activation == Activation::None) return;
+  const VecMathKernels& vec = (o.kernels ? *o.kernels : kernels()).vec;
+  VecMathKernels::Elementwise act = nullptr;
+  switch (o.activation) {
+    case Activation::Gelu:
+      act = vec.gelu;
+      break;
+    case Activation::GeluTanh:
+      act = vec.gelu_tanh;
+      break;
+    case Activation::Silu:
+      act = vec.silu;
+      break;
+    case Activation::Sigmoid:
+      act = vec.sigmoid;
+      break;
+    case Activation::Tanh:
+      act = vec.tanh;
+      break;
+    case Activation::None:
+    case Activation::Relu:
+      break;
+  }
   for (int64_t i = 0; i < rows; ++i) {
     float* row = c + i * ldc;
     if (o.bias) {
@@ -60,6 +82,8 @@ void apply_epilogue(const GemmOptions& o, float* c, int64_t ldc, int64_t rows, i
     }
     if (o.activation == Activation::Relu) {
       for (int64_t j = 0; j < cols; ++j) row[j] = row[j] > 0.0f ? row[j] : 0.0f;
+    } else if (act) {
+      act(row, row, cols);
     }
   }
 }

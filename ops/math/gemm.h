@@ -35,8 +35,9 @@ struct MatrixView {
   MatrixView transposed() const { return {data, cols, rows, cs, rs}; }
 };
 
-// What is applied to each output element after the product, in this order.
-enum class Activation : uint8_t { None, Relu };
+// What is applied to each output element after the product (and the biases). All but Relu
+// go through the vector kernels (VecMathKernels) of the table the product used.
+enum class Activation : uint8_t { None, Relu, Gelu, GeluTanh, Silu, Sigmoid, Tanh };
 
 struct GemmOptions {
   float alpha = 1.0f;

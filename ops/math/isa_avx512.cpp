@@ -19,10 +19,12 @@ namespace kiln::math::avx512 {
 #include "ops/math/impl/convert.h"
 #include "ops/math/impl/direct_conv.h"
 #include "ops/math/impl/sgemm.h"
+#include "ops/math/impl/vecmath.h"
+#include "ops/math/impl/vecmath_rows.h"
 
 const MathKernels& table() {
-  static constexpr MathKernels kTable{Isa::Avx512, kConvertKernels, kGemmKernels,
-                                      kDirectConvKernels, kBinaryKernels};
+  static constexpr MathKernels kTable{Isa::Avx512,        kConvertKernels, kGemmKernels,
+                                      kDirectConvKernels, kBinaryKernels,  kVecMathKernels};
   return kTable;
 }
 

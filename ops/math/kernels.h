@@ -76,12 +76,41 @@ struct BinaryKernels {
   Row add = nullptr, sub = nullptr, mul = nullptr, div = nullptr;
 };
 
+// Float math over arrays (impl/vecmath.h, impl/vecmath_rows.h). Elementwise: y[i] = f(x[i])
+// for n elements, y may be x. Within a few ulp of the exact function (impl/vecmath.h lists
+// each bound); NaN gives NaN, infinities their limits.
+struct VecMathKernels {
+  using Elementwise = void (*)(const float* x, float* y, int64_t n);
+  Elementwise exp = nullptr;
+  Elementwise log = nullptr;  // log(0) = -inf, log(x < 0) = NaN
+  Elementwise erf = nullptr;
+  Elementwise tanh = nullptr;
+  Elementwise sigmoid = nullptr;
+  Elementwise gelu = nullptr;       // x (1 + erf(x / sqrt2)) / 2
+  Elementwise gelu_tanh = nullptr;  // x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2
+  Elementwise silu = nullptr;       // x * sigmoid(x)
+  // One row of n: y = exp(x - max) / sum; log_softmax y = x - max - log(sum). A row whose
+  // max is +-inf or that holds a NaN gives NaN throughout (as the ops always did). y may be x.
+  void (*softmax)(const float* x, float* y, int64_t n) = nullptr;
+  void (*log_softmax)(const float* x, float* y, int64_t n) = nullptr;
+  // One row of n: y = (x - mean) * inv_std * scale + bias, inv_std = 1 / sqrt(var + epsilon);
+  // scale, bias, mean and inv_std may be null (scale 1, bias 0, statistics not stored).
+  void (*layer_norm)(const float* x, float* y, int64_t n, const float* scale, const float* bias,
+                     float epsilon, float* mean, float* inv_std) = nullptr;
+  // One row of n: y = x / sqrt(mean(x^2) + epsilon) * scale (scale may be null).
+  void (*rms_norm)(const float* x, float* y, int64_t n, const float* scale,
+                   float epsilon) = nullptr;
+  float (*sum)(const float* x, int64_t n) = nullptr;
+  float (*max)(const float* x, int64_t n) = nullptr;  // NaN if any is; -inf when n == 0
+};
+
 struct MathKernels {
   Isa isa = Isa::Generic;
   ConvertKernels convert;
   GemmKernels gemm;
   DirectConvKernels direct_conv;
   BinaryKernels binary;
+  VecMathKernels vec;
 };
 
 // The table of active_isa() (throws as active_isa() does).

@@ -79,4 +79,14 @@ KILN_ISA_TEST_CASE("every entry of the level's table is filled", "[math][isa]") 
   CHECK(k.binary.sub);
   CHECK(k.binary.mul);
   CHECK(k.binary.div);
+  for (auto fn : {k.vec.exp, k.vec.log, k.vec.erf, k.vec.tanh, k.vec.sigmoid, k.vec.gelu,
+                  k.vec.gelu_tanh, k.vec.silu}) {
+    CHECK(fn);
+  }
+  CHECK(k.vec.softmax);
+  CHECK(k.vec.log_softmax);
+  CHECK(k.vec.layer_norm);
+  CHECK(k.vec.rms_norm);
+  CHECK(k.vec.sum);
+  CHECK(k.vec.max);
 }

@@ -53,6 +53,10 @@ inline VF vfmadd(VF a, VF b, VF c) {
 inline VF vfnmadd(VF a, VF b, VF c) {
   return _mm256_fnmadd_ps(a, b, c);
 }
+// The rounding error a * b - p of p = a * b, exactly.
+inline VF vmul_lo(VF a, VF b, VF p) {
+  return _mm256_fmsub_ps(a, b, p);
+}
 inline VF vmax(VF a, VF b) {
   return _mm256_max_ps(a, b);
 }
@@ -113,6 +117,13 @@ inline VF vselect(VM m, VF a, VF b) {
 }
 inline bool vany(VM m) {
   return _mm256_movemask_ps(m) != 0;
+}
+
+inline float vfirst(VF a) {
+  return _mm256_cvtss_f32(a);
+}
+inline VM vlanes_below(int n) {
+  return _mm256_castsi256_ps(vtail_mask(n));
 }
 
 inline VI vcvt_int(VF a) {

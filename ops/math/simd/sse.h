@@ -56,6 +56,17 @@ inline VF vfmadd(VF a, VF b, VF c) {
 inline VF vfnmadd(VF a, VF b, VF c) {
   return _mm_sub_ps(c, _mm_mul_ps(a, b));
 }
+// The rounding error a * b - p of p = a * b, exactly (Dekker's product: no FMA at this
+// level); |a|, |b| < 2^100 so that the splits do not overflow.
+inline VF vmul_lo(VF a, VF b, VF p) {
+  const VF k = _mm_set1_ps(4097.0f);
+  const VF ca = _mm_mul_ps(a, k), cb = _mm_mul_ps(b, k);
+  const VF ah = _mm_sub_ps(ca, _mm_sub_ps(ca, a)), bh = _mm_sub_ps(cb, _mm_sub_ps(cb, b));
+  const VF al = _mm_sub_ps(a, ah), bl = _mm_sub_ps(b, bh);
+  const VF e = _mm_add_ps(_mm_add_ps(_mm_sub_ps(_mm_mul_ps(ah, bh), p), _mm_mul_ps(ah, bl)),
+                          _mm_mul_ps(al, bh));
+  return _mm_add_ps(e, _mm_mul_ps(al, bl));
+}
 inline VF vmax(VF a, VF b) {
   return _mm_max_ps(a, b);
 }
@@ -118,6 +129,15 @@ inline VF vselect(VM m, VF a, VF b) {
 }
 inline bool vany(VM m) {
   return _mm_movemask_ps(m) != 0;
+}
+
+// Lane 0 as a float.
+inline float vfirst(VF a) {
+  return _mm_cvtss_f32(a);
+}
+// The lanes below n (n < kLanes) on, the others off: masks a vload_partial tail.
+inline VM vlanes_below(int n) {
+  return _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3)));
 }
 
 // Integer lanes: conversions and the bits of a float.
