@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "test/unit/op_test.h"
@@ -550,6 +552,136 @@ TEST_CASE("ConvTranspose output_shape pads the end when larger than needed", "[n
     REQUIRE(vy[static_cast<size_t>(i)] == Approx(e).margin(1e-5));
   }
   REQUIRE_THROWS_AS(OpTest("ConvTranspose", 11).input(x).input(w).attr("group", 2).run(), Error);
+}
+
+namespace {
+
+// y[n, m, ...] += bias[m]
+Tensor with_channel_bias(const Tensor& y, const Tensor& bias) {
+  std::vector<double> v = values(y);
+  const auto vb = values(bias);
+  const int64_t channels = y.dim(1), plane = y.numel() / std::max<int64_t>(y.dim(0) * channels, 1);
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] += vb[static_cast<size_t>((static_cast<int64_t>(i) / plane) % channels)];
+  }
+  return float_tensor(y.shape(), v);
+}
+
+// Runs one node of `op` on x with the other inputs as initializers (known when the session
+// is planned); returns output 0 and the session's count of prepared weights.
+std::pair<Tensor, uint64_t> run_with_constants(const std::string& op, int64_t opset,
+                                               const Tensor& x, const std::vector<Tensor>& consts,
+                                               std::vector<ir::Attribute> attrs, int threads) {
+  GraphBuilder g;
+  g.input("x", x.dtype());
+  std::vector<std::string> ins{"x"};
+  for (size_t i = 0; i < consts.size(); ++i) {
+    const std::string name = "c" + std::to_string(i);
+    if (consts[i].defined()) {
+      g.initializer(name, consts[i]);
+      ins.push_back(name);
+    } else {
+      ins.push_back("");
+    }
+  }
+  g.node(op, ins, {"y"}, std::move(attrs));
+  g.output("y");
+  Session s = make_session(g.build(), opset, threads);
+  auto out = s.run({{"x", x}});
+  return {out.at(0).value.tensor(), s.load_stats().weights_prepared_count};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "ConvTranspose with many channels matches the naive scatter and packs a constant "
+    "filter once",
+    "[nn]") {
+  std::mt19937 rng(43);
+  const DataType types[] = {DataType::Float, DataType::Float, DataType::Double, DataType::Float16};
+  for (int iter = 0; iter < 40; ++iter) {
+    const DataType dt = types[iter % 4];
+    const size_t r = static_cast<size_t>(rand_int(rng, 1, 3));
+    ConvSpec s;
+    s.group = rand_int(rng, 1, 3);
+    const int64_t cg = rand_int(rng, 1, 20), mg = rand_int(rng, 1, 24);
+    Shape xs{rand_int(rng, 1, 2), cg * s.group}, ws{cg * s.group, mg};
+    Ints opad;
+    s.pads.assign(2 * r, 0);
+    for (size_t d = 0; d < r; ++d) {
+      const int64_t k = rand_int(rng, 1, 3);
+      s.strides.push_back(rand_int(rng, 1, 3));
+      s.dilations.push_back(rand_int(rng, 1, 2));
+      opad.push_back(rand_int(rng, 0, s.strides[d] - 1));
+      s.pads[d] = rand_int(rng, 0, k - 1);
+      s.pads[d + r] = rand_int(rng, 0, k - 1);
+      ws.push_back(k);
+      xs.push_back(rand_int(rng, 1, r == 3 ? 4 : 9));
+    }
+    bool empty = false;  // padding may remove the whole output
+    for (size_t d = 0; d < r; ++d) {
+      empty = empty || s.strides[d] * (xs[d + 2] - 1) + opad[d] + (ws[d + 2] - 1) * s.dilations[d] +
+                               1 - s.pads[d] - s.pads[d + r] <
+                           1;
+    }
+    if (empty) continue;
+    Tensor x = random_tensor(dt, xs, rng);
+    Tensor w = random_tensor(dt, ws, rng);
+    Tensor b = random_tensor(dt, {mg * s.group}, rng);
+    const Tensor expected = with_channel_bias(naive_conv_transpose(x, w, s, opad), b);
+    INFO("iter " << iter << " x " << shape_to_string(xs) << " w " << shape_to_string(ws)
+                 << " group " << s.group);
+    const double tol = dt == DataType::Float16 ? 2e-2 : 1e-4;
+    const std::vector<ir::Attribute> attrs = {
+        ints_attr("strides", s.strides), ints_attr("dilations", s.dilations),
+        ints_attr("pads", s.pads), ints_attr("output_padding", opad), int_attr("group", s.group)};
+    // The filter as a constant (packed when the session is planned) ...
+    auto [y, prepared] =
+        run_with_constants("ConvTranspose", 11, x, {w, b}, attrs, static_cast<int>(iter % 2 + 1));
+    REQUIRE(y.dtype() == dt);
+    CHECK(prepared == (dt == DataType::Double ? 0u : 1u));
+    require_close(float_tensor(y.shape(), values(y)), expected, tol, tol);
+    // ... and as a value known at run time.
+    Tensor yr = OpTest("ConvTranspose", 11)
+                    .input(x)
+                    .input(w)
+                    .input(b)
+                    .attr("strides", s.strides)
+                    .attr("dilations", s.dilations)
+                    .attr("pads", s.pads)
+                    .attr("output_padding", opad)
+                    .attr("group", s.group)
+                    .run1();
+    require_close(float_tensor(yr.shape(), values(yr)), expected, tol, tol);
+  }
+  // Products large enough to split into channel blocks across threads, including blocks that
+  // end inside a tile of the packed filter (7 channels x 9 taps).
+  struct Case {
+    Shape x, w;
+    ConvSpec s;
+  };
+  const std::vector<Case> cases = {
+      {{1, 64, 12, 12}, {64, 48, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 1}},
+      {{1, 256, 14, 14}, {256, 7, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 1}},
+      {{2, 48, 9, 11}, {48, 10, 2, 3}, {{2, 1}, {1, 2}, {0, 1, 1, 0}, 3}},
+      {{1, 96, 30, 30}, {96, 4, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}},
+  };
+  for (const Case& c : cases) {
+    Tensor x = random_tensor(DataType::Float, c.x, rng);
+    Tensor w = random_tensor(DataType::Float, c.w, rng);
+    INFO("x " << shape_to_string(c.x) << " w " << shape_to_string(c.w));
+    const Ints opad(c.x.size() - 2, 0);
+    const Tensor expected = naive_conv_transpose(x, w, c.s, opad);
+    for (int threads : {1, 2}) {
+      auto [y, prepared] = run_with_constants(
+          "ConvTranspose", 11, x, {w},
+          {ints_attr("strides", c.s.strides), ints_attr("dilations", c.s.dilations),
+           ints_attr("pads", c.s.pads), int_attr("group", c.s.group)},
+          threads);
+      CHECK(prepared == 1);
+      require_close(y, expected, 1e-4, 1e-4);
+    }
+  }
 }
 
 // ---- Pooling ----
