@@ -684,6 +684,128 @@ TEST_CASE(
   }
 }
 
+// ---- DeformConv ----
+
+namespace {
+
+struct DeformSpec {
+  Ints strides, dilations, pads;  // pads: top, left, bottom, right
+  int64_t group = 1, offset_group = 1;
+};
+
+// The ONNX definition: every kernel tap samples X bilinearly at its offset position (zero
+// outside the image), scaled by the mask.
+Tensor naive_deform_conv(const Tensor& x, const Tensor& w, const Tensor& off, const Tensor* bias,
+                         const Tensor* mask, const DeformSpec& s) {
+  const int64_t N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3), M = w.dim(0), cg = w.dim(1),
+                kh = w.dim(2), kw = w.dim(3), OH = off.dim(2), OW = off.dim(3);
+  const int64_t mg = M / s.group, cpo = C / s.offset_group, kp = kh * kw;
+  const auto vx = values(x), vw = values(w), vo = values(off);
+  const auto vb = bias ? values(*bias) : std::vector<double>{};
+  const auto vm = mask ? values(*mask) : std::vector<double>{};
+  auto at = [&](int64_t n, int64_t c, int64_t i, int64_t j) {
+    return i < 0 || i >= H || j < 0 || j >= W
+               ? 0.0
+               : vx[static_cast<size_t>(((n * C + c) * H + i) * W + j)];
+  };
+  std::vector<double> y(static_cast<size_t>(N * M * OH * OW));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t oy = 0; oy < OH; ++oy)
+        for (int64_t ox = 0; ox < OW; ++ox) {
+          double sum = bias ? vb[static_cast<size_t>(m)] : 0.0;
+          for (int64_t ci = 0; ci < cg; ++ci) {
+            const int64_t c = (m / mg) * cg + ci, og = c / cpo;
+            for (int64_t k = 0; k < kp; ++k) {
+              const int64_t ki = k / kw, kj = k % kw;
+              auto offset = [&](int64_t ch) {
+                return vo[static_cast<size_t>(((n * off.dim(1) + ch) * OH + oy) * OW + ox)];
+              };
+              const double h =
+                  oy * s.strides[0] - s.pads[0] + ki * s.dilations[0] + offset(og * 2 * kp + 2 * k);
+              const double ww = ox * s.strides[1] - s.pads[1] + kj * s.dilations[1] +
+                                offset(og * 2 * kp + 2 * k + 1);
+              double v = 0;
+              if (h > -1 && h < H && ww > -1 && ww < W) {
+                const double h0 = std::floor(h), w0 = std::floor(ww), lh = h - h0, lw = ww - w0;
+                const auto i0 = static_cast<int64_t>(h0), j0 = static_cast<int64_t>(w0);
+                v = (1 - lh) * ((1 - lw) * at(n, c, i0, j0) + lw * at(n, c, i0, j0 + 1)) +
+                    lh * ((1 - lw) * at(n, c, i0 + 1, j0) + lw * at(n, c, i0 + 1, j0 + 1));
+              }
+              if (mask)
+                v *=
+                    vm[static_cast<size_t>(((n * mask->dim(1) + og * kp + k) * OH + oy) * OW + ox)];
+              sum += v * vw[static_cast<size_t>(((m * cg + ci) * kh + ki) * kw + kj)];
+            }
+          }
+          y[static_cast<size_t>(((n * M + m) * OH + oy) * OW + ox)] = sum;
+        }
+  return float_tensor({N, M, OH, OW}, y);
+}
+
+Tensor run_deform_conv(const Tensor& x, const Tensor& w, const Tensor& off, const Tensor* bias,
+                       const Tensor* mask, const DeformSpec& s) {
+  OpTest t("DeformConv", 19);
+  t.input(x).input(w).input(off);
+  if (bias) {
+    t.input(*bias);
+  } else if (mask) {
+    t.no_input();
+  }
+  if (mask) t.input(*mask);
+  t.attr("strides", s.strides).attr("dilations", s.dilations).attr("pads", s.pads);
+  t.attr("group", s.group).attr("offset_group", s.offset_group);
+  return t.run1();
+}
+
+}  // namespace
+
+TEST_CASE("DeformConv matches the naive bilinear sampling on random shapes", "[nn]") {
+  std::mt19937 rng(47);
+  const DataType types[] = {DataType::Float, DataType::Float, DataType::Double, DataType::Float16};
+  for (int iter = 0; iter < 40; ++iter) {
+    const DataType dt = types[iter % 4];
+    DeformSpec s;
+    s.group = rand_int(rng, 1, 2);
+    s.offset_group = rand_int(rng, 1, 2);
+    const int64_t cg = s.offset_group * rand_int(rng, 1, 3), mg = rand_int(rng, 1, 20);
+    const int64_t kh = rand_int(rng, 1, 3), kw = rand_int(rng, 1, 3);
+    s.strides = {rand_int(rng, 1, 2), rand_int(rng, 1, 2)};
+    s.dilations = {rand_int(rng, 1, 2), rand_int(rng, 1, 2)};
+    s.pads = {rand_int(rng, 0, 2), rand_int(rng, 0, 2), rand_int(rng, 0, 2), rand_int(rng, 0, 2)};
+    const int64_t h = (kh - 1) * s.dilations[0] + 1 + rand_int(rng, 0, 7);
+    const int64_t w = (kw - 1) * s.dilations[1] + 1 + rand_int(rng, 0, 7);
+    const int64_t n = rand_int(rng, 1, 2), c = cg * s.group;
+    const int64_t oh =
+        (h + s.pads[0] + s.pads[2] - ((kh - 1) * s.dilations[0] + 1)) / s.strides[0] + 1;
+    const int64_t ow =
+        (w + s.pads[1] + s.pads[3] - ((kw - 1) * s.dilations[1] + 1)) / s.strides[1] + 1;
+    Tensor x = random_tensor(dt, {n, c, h, w}, rng);
+    Tensor wt = random_tensor(dt, {mg * s.group, cg, kh, kw}, rng);
+    Tensor off = random_tensor(dt, {n, s.offset_group * kh * kw * 2, oh, ow}, rng, -2, 2);
+    Tensor mask = random_tensor(dt, {n, s.offset_group * kh * kw, oh, ow}, rng, 0, 1);
+    Tensor b = random_tensor(dt, {mg * s.group}, rng);
+    const Tensor* bias = iter % 3 ? &b : nullptr;
+    const Tensor* m = iter % 2 ? &mask : nullptr;
+    INFO("iter " << iter << " x " << shape_to_string(x.shape()) << " w "
+                 << shape_to_string(wt.shape()) << " group " << s.group << " offset_group "
+                 << s.offset_group);
+    Tensor y = run_deform_conv(x, wt, off, bias, m, s);
+    REQUIRE(y.dtype() == dt);
+    const double tol = dt == DataType::Float16 ? 3e-2 : 1e-4;
+    require_close(float_tensor(y.shape(), values(y)), naive_deform_conv(x, wt, off, bias, m, s),
+                  tol, tol);
+  }
+  // Large enough to split output positions across threads.
+  DeformSpec s{{1, 1}, {1, 1}, {1, 1, 1, 1}, 2, 2};
+  Tensor x = random_tensor(DataType::Float, {1, 32, 20, 20}, rng);
+  Tensor wt = random_tensor(DataType::Float, {48, 16, 3, 3}, rng);
+  Tensor off = random_tensor(DataType::Float, {1, 36, 20, 20}, rng, -2, 2);
+  Tensor b = random_tensor(DataType::Float, {48}, rng);
+  require_close(run_deform_conv(x, wt, off, &b, nullptr, s),
+                naive_deform_conv(x, wt, off, &b, nullptr, s), 1e-4, 1e-4);
+}
+
 // ---- Pooling ----
 
 namespace {
