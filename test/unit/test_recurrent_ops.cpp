@@ -348,6 +348,102 @@ TEST_CASE("recurrent ops reject bad weights, attributes and sequence lengths", "
                     Error);
 }
 
+TEST_CASE("LSTM, GRU and RNN with constant weights pack them once and match the reference",
+          "[ops][recurrent]") {
+  std::mt19937 rng(12);
+  const char* ops[] = {"RNN", "GRU", "LSTM"};
+  const char* directions[] = {"forward", "reverse", "bidirectional"};
+  for (int iter = 0; iter < 36; ++iter) {
+    RnnConfig c;
+    c.op = ops[iter % 3];
+    c.direction = directions[(iter / 3) % 3];
+    c.seq = rand_int(rng, 1, 12);
+    c.batch = rand_int(rng, 1, 9);
+    c.input = rand_int(rng, 1, 50);
+    c.hidden = rand_int(rng, 1, 40);
+    c.bias = rng() % 3 != 0;
+    c.lens = rng() % 3 == 0;
+    c.h0 = rng() % 2;
+    c.c0 = c.op == "LSTM" && rng() % 2;
+    c.peep = c.op == "LSTM" && rng() % 2;
+    c.batch_major = rng() % 3 == 0;
+    c.lbr = c.op == "GRU" && rng() % 2;
+    RnnData d = random_rnn_data(c, rng);
+    INFO(c.op << " " << c.direction << " seq " << c.seq << " batch " << c.batch << " in " << c.input
+              << " hidden " << c.hidden << " bias " << c.bias << " lens " << c.lens << " lbr "
+              << c.lbr);
+    auto expected = naive_rnn(c, d);
+    // W, R and the other inputs but X as initializers of a session.
+    GraphBuilder g;
+    g.input("x", DataType::Float).initializer("w", d.w).initializer("r", d.r);
+    std::vector<std::string> ins{"x", "w", "r"};
+    std::vector<std::pair<bool, std::pair<std::string, Tensor>>> opt = {
+        {c.bias, {"b", d.b}}, {c.lens, {"lens", d.lens}}, {c.h0, {"h0", d.h0}}};
+    if (c.op == "LSTM") {
+      opt.push_back({c.c0, {"c0", d.c0}});
+      opt.push_back({c.peep, {"p", d.p}});
+    }
+    for (auto& [used, named] : opt) {
+      if (used) g.initializer(named.first, named.second);
+      ins.push_back(used ? named.first : "");
+    }
+    std::vector<std::string> outs{"y", "yh"};
+    if (c.op == "LSTM") outs.push_back("yc");
+    std::vector<ir::Attribute> attrs = {int_attr("hidden_size", c.hidden),
+                                        string_attr("direction", c.direction)};
+    if (c.batch_major) attrs.push_back(int_attr("layout", 1));
+    if (c.lbr) attrs.push_back(int_attr("linear_before_reset", 1));
+    g.node(c.op, ins, outs, attrs);
+    for (const auto& o : outs) g.output(o);
+    Session s = make_session(g.build(), 14, static_cast<int>(iter % 2 + 1));
+    CHECK(s.load_stats().weights_prepared_count == 2);  // W and R, once
+    for (int run = 0; run < 2; ++run) {
+      auto actual = s.run({{"x", d.x}});
+      for (size_t i = 0; i < outs.size(); ++i) {
+        require_close(actual.at(i).value.tensor(), expected[i]);
+      }
+    }
+    // The same weights fed at run time are packed per run.
+    auto fed = run_rnn(c, d);
+    for (size_t i = 0; i < outs.size(); ++i) require_close(fed[i].tensor(), expected[i]);
+  }
+}
+
+TEST_CASE("recurrent ops with constant float16 weights compute in float", "[ops][recurrent]") {
+  std::mt19937 rng(13);
+  for (const char* op : {"GRU", "LSTM"}) {
+    RnnConfig c;
+    c.op = op;
+    c.direction = "bidirectional";
+    c.seq = 5, c.batch = 3, c.input = 17, c.hidden = 19;
+    c.bias = true;
+    RnnData d = random_rnn_data(c, rng);
+    auto half = [](const Tensor& t) {
+      Tensor o = Tensor::zeros(DataType::Float16, t.shape());
+      for (int64_t i = 0; i < t.numel(); ++i) o.data<float16>()[i] = float16(t.data<float>()[i]);
+      return o;
+    };
+    RnnData hd = d;
+    for (Tensor* t : {&hd.x, &hd.w, &hd.r, &hd.b}) *t = half(*t);
+    auto expected = naive_rnn(c, hd);
+    GraphBuilder g;
+    g.input("x", DataType::Float16)
+        .initializer("w", hd.w)
+        .initializer("r", hd.r)
+        .initializer("b", hd.b);
+    g.node(op, {"x", "w", "r", "b"}, {"y", "yh"},
+           {int_attr("hidden_size", c.hidden), string_attr("direction", c.direction)});
+    g.output("y").output("yh");
+    Session s = make_session(g.build(), 14, 2);
+    CHECK(s.load_stats().weights_prepared_count == 2);
+    auto actual = s.run({{"x", hd.x}});
+    INFO(op);
+    REQUIRE(actual.at(1).value.tensor().dtype() == DataType::Float16);
+    require_close(to_float(actual.at(0).value.tensor()), expected[0], 1e-2, 5e-3);
+    require_close(to_float(actual.at(1).value.tensor()), expected[1], 1e-2, 5e-3);
+  }
+}
+
 // ---- Einsum ----
 
 namespace {
