@@ -1,21 +1,26 @@
 // ConvTranspose: the gradient of Conv with respect to its input, for 1-D, 2-D and 3-D
 // inputs with groups, strides, dilations, pads, output_padding, output_shape and auto_pad.
 //
-// Each (image, group) is one GEMM, columns = W^T * X ([out channels * kernel] x input
-// positions), followed by col2im, which adds every column into the output positions its
-// kernel taps reach. Tasks own disjoint blocks of output channels, so they never write the
-// same output and need no synchronisation.
+// Each (image, group) is a GEMM in the GEMM layer (ops/math/gemm.h), columns = W^T * X
+// ([out channels * kernel] x input positions), followed by col2im, which adds every column
+// into the output positions its kernel taps reach. W^T of each group is packed once when the
+// session is planned (shared through the weights cache) and X is read as the GEMM's B. The
+// product runs in blocks of output channels that bound the columns' scratch; tasks own
+// disjoint blocks, so they never write the same output. Half types compute in float; double
+// reads W in place with plain loops.
 #include <tbb/task_arena.h>
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <array>
+#include <numeric>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/math/gemm.h"
+#include "ops/math/threading.h"
 
 namespace kiln::ops {
 namespace {
@@ -93,55 +98,113 @@ struct Sizes {
   int64_t n, c, m, groups, cg, mg;
 };
 
+// The filter of each group as a packed GEMM A: W^T of the group ([mg * kernel] x cg, read
+// in place from W's [cg, mg * kernel] rows), one group after another.
+Tensor pack_filter(const Tensor& w, int64_t groups) {
+  Tensor f = w.contiguous();
+  if (f.dtype() != DataType::Float) {
+    Tensor wide(DataType::Float, f.shape(),
+                Storage::heap_uninitialized(storage_bytes(DataType::Float, f.numel())));
+    const math::ConvertKernels& cv = math::kernels().convert;
+    (f.dtype() == DataType::Float16 ? cv.f16_to_f32 : cv.bf16_to_f32)(
+        reinterpret_cast<const uint16_t*>(f.raw_data()), wide.data<float>(), f.numel());
+    f = wide;
+  }
+  const math::MathKernels& t = math::kernels();
+  const int64_t cg = f.dim(0) / groups, wrow = f.numel() / f.dim(0);
+  const int64_t per = math::PackedA::packed_floats(wrow, cg, t.gemm.mr);
+  Tensor packed(DataType::Float, Shape{groups * per},
+                Storage::heap_uninitialized(storage_bytes(DataType::Float, groups * per)));
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    math::PackedA::pack_into(
+        math::MatrixView::col_major(f.data<const float>() + grp * cg * wrow, wrow, cg, wrow),
+        packed.data<float>() + grp * per, t);
+  }
+  packed.storage()->set_read_only();
+  return packed;
+}
+
+// Columns of one channel block are at most this many elements (they stay in L2 for col2im).
+constexpr int64_t kScratchElems = 1 << 18;
+
+// Y for all images and groups; x, bias (may be null) and y contiguous. Float reads the filter
+// as pack_filter made it (`packed`); double reads W (`w`) in place.
 template <typename T>
-void transpose_convolve(OpContext& ctx, const T* x, const T* w, const T* bias, T* y, const Sizes& s,
-                        const Geometry& g) {
-  using RM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using CM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
-  using S = Eigen::OuterStride<>;
+void transpose_convolve(OpContext& ctx, const T* x, const T* w, const float* packed, const T* bias,
+                        T* y, const Sizes& s, const Geometry& g) {
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size(), wrow = s.mg * kp;
   if (op == 0 || s.m == 0 || s.n == 0) return;
-  const int64_t units = s.n * s.groups;
-  const int threads = tbb::this_task_arena::max_concurrency();
-  constexpr double kMinParallel = 1 << 17, kMinTask = 1 << 15;
-  constexpr int64_t kScratchElems = 1 << 18;
-
-  // Channel blocks bound the scratch size and give threads work.
-  const int64_t per_channel = kp * ip;
-  int64_t cb = std::min<int64_t>(s.mg, (s.mg * per_channel + kScratchElems - 1) / kScratchElems);
-  const double total = static_cast<double>(units) * s.mg * per_channel * s.cg;
-  if (threads > 1 && total >= kMinParallel && units * cb < 2 * threads) {
-    const int64_t target = std::min<int64_t>(
-        2 * threads, std::max<int64_t>(1, static_cast<int64_t>(total / kMinTask)));
-    cb = std::min<int64_t>(s.mg, std::max(cb, (target + units - 1) / units));
-  }
-  cb = std::max<int64_t>(cb, 1);
-  const int64_t chans = (s.mg + cb - 1) / cb;
-  const int64_t slots = std::max(threads, 1);
-  Tensor scratch = ctx.allocate(data_type_of<T>(), {slots, chans * per_channel});
-
-  parallel_for(units * cb, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t unit = t / cb, blk = t % cb;
-      const int64_t n = unit / s.groups, grp = unit % s.groups;
-      const int64_t m0 = blk * chans, m1 = std::min(s.mg, m0 + chans);
-      if (m0 >= m1) continue;
-      int slot = tbb::this_task_arena::current_thread_index();
-      if (slot < 0 || slot >= slots) slot = 0;
-      T* col = scratch.data<T>() + slot * chans * per_channel;
-      // W for this group is [cg, mg * kernel] row-major; its transpose is a column-major map.
-      Eigen::Map<const CM, 0, S> wt(w + grp * s.cg * wrow + m0 * kp, (m1 - m0) * kp, s.cg, S(wrow));
-      Eigen::Map<const RM> xm(x + (n * s.c + grp * s.cg) * ip, s.cg, ip);
-      Eigen::Map<RM> cm(col, (m1 - m0) * kp, ip);
-      cm.noalias() = wt * xm;
-      const int64_t mo = grp * s.mg + m0;
-      T* yb = y + (n * s.m + mo) * op;
-      for (int64_t i = 0; i < m1 - m0; ++i) {
-        std::fill(yb + i * op, yb + (i + 1) * op, bias ? bias[mo + i] : T(0));
-      }
-      col2im(col, m1 - m0, g, yb);
+  if (s.cg == 0) {  // no input channels: the bias alone
+    for (int64_t i = 0; i < s.n * s.m; ++i) {
+      std::fill(y + i * op, y + (i + 1) * op, bias ? bias[i % s.m] : T(0));
     }
-  });
+    return;
+  }
+  const int64_t units = s.n * s.groups;
+  const math::MathKernels& t = math::kernels();
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  // A block of output channels starts at a panel of the packed filter: its first row
+  // (channel * kernel) is a multiple of the tile height.
+  const int64_t step = kFloat ? t.gemm.mr / std::gcd<int64_t>(kp, t.gemm.mr) : 1;
+  const int64_t per_channel = kp * ip;
+  auto to_step = [&](int64_t c) {
+    c = std::max<int64_t>(step, (c + step - 1) / step * step);
+    return std::min(c, s.mg);
+  };
+  int64_t chans = to_step(kScratchElems / std::max<int64_t>(per_channel, 1) / step * step);
+  const double work = static_cast<double>(units) * static_cast<double>(wrow) *
+                      static_cast<double>(s.cg) * static_cast<double>(ip);
+  const int tasks = math::task_count(work);
+  int64_t blocks = (s.mg + chans - 1) / chans;
+  if (tasks > 1 && units * blocks < 2 * tasks) {  // smaller blocks, to give every task work
+    const int64_t want = (2 * tasks + units - 1) / units;
+    chans = to_step((s.mg + want - 1) / want);
+    blocks = (s.mg + chans - 1) / chans;
+  }
+  // Enough blocks for every task: one single-threaded product each; else one block after
+  // another, each product split across the threads.
+  const bool by_block = tasks > 1 && units * blocks >= tasks;
+  const int64_t slots = by_block ? std::max(tbb::this_task_arena::max_concurrency(), 1) : 1;
+  Tensor scratch = ctx.allocate(data_type_of<T>(), {slots, chans * per_channel});
+  math::GemmOptions o;
+  if (by_block) o.max_threads = 1;
+  const int64_t per = kFloat ? math::PackedA::packed_floats(wrow, s.cg, t.gemm.mr) : 0;
+
+  auto block = [&](int64_t task) {
+    const int64_t unit = task / blocks, blk = task % blocks;
+    const int64_t n = unit / s.groups, grp = unit % s.groups;
+    const int64_t m0 = blk * chans, m1 = std::min(s.mg, m0 + chans);
+    int slot = by_block ? tbb::this_task_arena::current_thread_index() : 0;
+    if (slot < 0 || slot >= slots) slot = 0;
+    T* col = scratch.data<T>() + slot * chans * per_channel;
+    const T* xg = x + (n * s.c + grp * s.cg) * ip;
+    // col ([channels * kernel] x input positions) = W^T (rows of this block) * X
+    if constexpr (kFloat) {
+      const math::PackedA a(packed + grp * per + m0 * kp * s.cg, (m1 - m0) * kp, s.cg, t.gemm.mr);
+      math::sgemm(
+          a, ip,
+          [&](int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
+            t.gemm.pack_b(xg + p0 * ip + j0, ip, 1, kc, nc, out);
+          },
+          col, ip, o);
+    } else {
+      math::gemm<T>(w + grp * s.cg * wrow + m0 * kp, (m1 - m0) * kp, s.cg, 1, wrow, xg, ip, ip, 1,
+                    col, ip, o);
+    }
+    const int64_t mo = grp * s.mg + m0;
+    T* yb = y + (n * s.m + mo) * op;
+    for (int64_t i = 0; i < m1 - m0; ++i) {
+      std::fill(yb + i * op, yb + (i + 1) * op, bias ? bias[mo + i] : T(0));
+    }
+    col2im(col, m1 - m0, g, yb);
+  };
+  if (by_block) {
+    parallel_for(units * blocks, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t task = lo; task < hi; ++task) block(task);
+    });
+  } else {
+    for (int64_t task = 0; task < units * blocks; ++task) block(task);
+  }
 }
 
 class ConvTranspose final : public Kernel {
@@ -179,6 +242,19 @@ class ConvTranspose final : public Kernel {
       if (v < 0 || v > kMaxAttr) info.fail("output_padding must be in [0, 2^31]");
     for (int64_t v : kernel_shape_)
       if (v < 1 || v > kMaxAttr) info.fail("kernel_shape must be in [1, 2^31]");
+    // A constant filter is packed for the GEMM once, W^T per group.
+    const Tensor* w = info.constant_input(1);
+    if (w && w->rank() >= 3 && w->numel() > 0 && w->dim(0) % group_ == 0 &&
+        (w->dtype() == DataType::Float || w->dtype() == DataType::Float16 ||
+         w->dtype() == DataType::BFloat16)) {
+      const math::MathKernels& t = math::kernels();
+      const int64_t groups = group_;
+      packed_ =
+          info.prepared_input(1,
+                              std::string("convtranspose-filter-") + math::isa_name(t.isa) + "-mr" +
+                                  std::to_string(t.gemm.mr) + "-g" + std::to_string(groups),
+                              [groups](const Tensor& f) { return pack_filter(f, groups); });
+    }
   }
 
   void run(OpContext& ctx) override {
@@ -210,24 +286,37 @@ class ConvTranspose final : public Kernel {
     check_output_size(ctx, out_shape);
 
     dispatch(TypeList<float, double, float16, bfloat16>{}, x.dtype(), [&]<typename T>() {
-      if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
+      if constexpr (std::is_same_v<T, double>) {
+        Tensor& y = ctx.output(0, x.dtype(), out_shape);
+        transpose_convolve<T>(ctx, x.data<const T>(), w.data<const T>(), nullptr,
+                              has_bias ? ctx.input(2).data<const T>() : nullptr, y.data<T>(), s, g);
+      } else {
+        // Float, or a half type computed in float.
         auto widen = [&](const Tensor& t) {
+          if (t.dtype() == DataType::Float) return t;
           Tensor f = ctx.allocate(DataType::Float, t.shape());
           unary_loop<T, float>(t, f, [](T v) { return static_cast<float>(v); });
           return f;
         };
-        const Tensor fx = widen(x), fw = widen(w);
+        const Tensor fx = widen(x);
         const Tensor fb = has_bias ? widen(ctx.input(2)) : Tensor();
-        Tensor fy = ctx.allocate(DataType::Float, out_shape);
-        transpose_convolve<float>(ctx, fx.data<const float>(), fw.data<const float>(),
-                                  has_bias ? fb.data<const float>() : nullptr, fy.data<float>(), s,
+        // The filter packed when the session was planned, or now (a filter computed at run
+        // time).
+        Tensor packed_now;
+        if (!packed_ && s.cg > 0) packed_now = pack_filter(w, s.groups);
+        const float* packed = packed_                ? packed_->data<const float>()
+                              : packed_now.defined() ? packed_now.data<const float>()
+                                                     : nullptr;
+        const bool direct = std::is_same_v<T, float>;
+        Tensor fy = direct ? Tensor() : ctx.allocate(DataType::Float, out_shape);
+        Tensor& y = direct ? ctx.output(0, x.dtype(), out_shape) : fy;
+        transpose_convolve<float>(ctx, fx.data<const float>(), nullptr, packed,
+                                  has_bias ? fb.data<const float>() : nullptr, y.data<float>(), s,
                                   g);
-        Tensor& y = ctx.output(0, x.dtype(), out_shape);
-        unary_loop<float, T>(fy, y, [](float v) { return T(v); });
-      } else {
-        Tensor& y = ctx.output(0, x.dtype(), out_shape);
-        transpose_convolve<T>(ctx, x.data<const T>(), w.data<const T>(),
-                              has_bias ? ctx.input(2).data<const T>() : nullptr, y.data<T>(), s, g);
+        if (!direct) {
+          Tensor& out = ctx.output(0, x.dtype(), out_shape);
+          unary_loop<float, T>(fy, out, [](float v) { return T(v); });
+        }
       }
     });
   }
@@ -285,6 +374,7 @@ class ConvTranspose final : public Kernel {
   AutoPad auto_pad_ = AutoPad::NotSet;
   int64_t group_;
   std::vector<int64_t> kernel_shape_, strides_, dilations_, pads_, output_padding_, output_shape_;
+  std::shared_ptr<const Tensor> packed_;  // the weights cache's packed filter
 };
 
 }  // namespace

@@ -3,10 +3,10 @@
 //
 // Like Conv it is im2col + GEMM: each task samples the patches of a block of output
 // positions of one (image, group) into a per-thread buffer and multiplies it by the group's
-// weights with an Eigen product.
+// weights in the GEMM layer (ops/math/gemm.h), single-threaded inside the task, with the
+// bias as the row epilogue.
 #include <tbb/task_arena.h>
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -15,6 +15,8 @@
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/math/gemm.h"
+#include "ops/math/threading.h"
 
 namespace kiln::ops {
 namespace {
@@ -56,29 +58,34 @@ T bilinear(const T* x, int64_t height, int64_t width, T h, T w) {
 template <typename T>
 void deform_convolve(OpContext& ctx, const Problem& p, const T* x, const T* w, const T* offset,
                      const T* mask, const T* bias, T* y) {
-  using RM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using S = Eigen::OuterStride<>;
   const int64_t kp = p.kh * p.kw, kk = p.cg * kp, op = p.oh * p.ow, ip = p.ih * p.iw;
   if (op == 0 || p.m == 0 || p.n == 0) return;
   const int64_t cpo = p.c / p.offset_groups;  // input channels per offset group
   constexpr int64_t kScratchElems = 1 << 18;
-  const int threads = tbb::this_task_arena::max_concurrency();
   const int64_t units = p.n * p.groups;
   int64_t cb = (kk * op + kScratchElems - 1) / kScratchElems;
-  if (threads > 1 && units * cb < 2 * threads) {
-    cb = std::max(cb, std::min<int64_t>((2 * threads + units - 1) / units, op / 16));
+  // Multiply-adds of the products plus the sampling (four taps per patch element).
+  const double work = static_cast<double>(units) * static_cast<double>(kk) *
+                      static_cast<double>(op) * static_cast<double>(p.mg + 4);
+  const int tasks = math::task_count(work);
+  if (tasks > 1 && units * cb < 2 * tasks) {
+    cb = std::max(cb, std::min<int64_t>((2 * tasks + units - 1) / units, op / 16));
   }
   cb = std::clamp<int64_t>(cb, 1, op);
   const int64_t blk = (op + cb - 1) / cb;
-  const int64_t slots = std::max(threads, 1);
+  // The tasks sample and multiply blocks of output positions; each product stays on its
+  // task's thread.
+  const int64_t slots = tasks > 1 ? std::max(tbb::this_task_arena::max_concurrency(), 1) : 1;
   Tensor scratch = ctx.allocate(data_type_of<T>(), {slots, kk * blk});
+  math::GemmOptions o;
+  o.max_threads = 1;
 
-  parallel_for(units * cb, 1, [&](int64_t lo, int64_t hi) {
+  parallel_for(units * cb, tasks > 1 ? 1 : units * cb, [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t unit = t / cb, n = unit / p.groups, g = unit % p.groups;
       const int64_t p0 = (t % cb) * blk, p1 = std::min(op, p0 + blk);
       if (p0 >= p1) continue;
-      int slot = tbb::this_task_arena::current_thread_index();
+      int slot = slots > 1 ? tbb::this_task_arena::current_thread_index() : 0;
       if (slot < 0 || slot >= slots) slot = 0;
       T* col = scratch.data<T>() + slot * kk * blk;
       const int64_t len = p1 - p0;
@@ -101,13 +108,21 @@ void deform_convolve(OpContext& ctx, const Problem& p, const T* x, const T* w, c
           }
         }
       }
+      // Y[mo.., p0..p1) = W (this group's [mg x kk]) * col (+ bias per output channel)
       const int64_t mo = g * p.mg;
-      Eigen::Map<const RM> wm(w + mo * kk, p.mg, kk);
-      Eigen::Map<const RM> cm(col, kk, len);
-      Eigen::Map<RM, 0, S> ym(y + (n * p.m + mo) * op + p0, p.mg, len, S(op));
-      ym.noalias() = wm * cm;
-      if (bias) {
-        for (int64_t i = 0; i < p.mg; ++i) ym.row(i).array() += bias[mo + i];
+      math::GemmOptions go = o;
+      T* yb = y + (n * p.m + mo) * op + p0;
+      if constexpr (std::is_same_v<T, float>) {
+        go.row_bias = bias ? bias + mo : nullptr;
+        math::sgemm(math::MatrixView::row_major(w + mo * kk, p.mg, kk, kk),
+                    math::MatrixView::row_major(col, kk, len, len), yb, op, go);
+      } else {
+        math::gemm<T>(w + mo * kk, p.mg, kk, kk, 1, col, len, len, 1, yb, op, go);
+        if (bias) {
+          for (int64_t i = 0; i < p.mg; ++i) {
+            for (int64_t j = 0; j < len; ++j) yb[i * op + j] += bias[mo + i];
+          }
+        }
       }
     }
   });

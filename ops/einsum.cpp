@@ -4,30 +4,27 @@
 // Every operand becomes a strided view with one stride per distinct label (a repeated label
 // gets the sum of its strides, which walks the diagonal). Labels used by one operand only
 // are summed out first; then operands are contracted left to right as batched matrix
-// products [batch, M, K] x [batch, K, N] with Eigen, read in place when the labels lie in
-// memory as a row- or column-major matrix and gathered otherwise. The last operand is
-// permuted and reduced into the output. Integers compute on their unsigned counterparts
-// (same bits, wrapping without UB); half types compute in float.
-#include <Eigen/Core>
+// products [batch, M, K] x [batch, K, N] in the GEMM layer (ops/math/gemm.h), read in place
+// when the labels lie in memory as a row- or column-major matrix and gathered otherwise.
+// The last operand is permuted and reduced into the output. Integers compute on their
+// unsigned counterparts (same bits, wrapping without UB) in plain loops; half types compute
+// in float.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/math/gemm.h"
+#include "ops/math/threading.h"
 
 namespace kiln::ops {
 namespace {
 
 constexpr int kLetters = 52;  // 'A'-'Z' are 0-25, 'a'-'z' 26-51, so ids sort like ASCII
 constexpr int kEllipsis = -1;
-
-template <typename C>
-using RowMat = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename C>
-using ColMat = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
-using Strided = Eigen::OuterStride<Eigen::Dynamic>;
 
 // An operand as its distinct labels and the element stride of each.
 struct View {
@@ -202,7 +199,11 @@ struct MatrixSide {
   }
 };
 
-// out[b] (M x N, row-major) = A[b] (M x K) * B[b] (K x N) for every batch, split over rows.
+// out[b] (M x N, row-major) = A[b] (M x K) * B[b] (K x N) for every batch. Float and double
+// products run in the GEMM layer, which reads the strided operands in place: one
+// single-threaded product per batch when there are enough batches for every task, else one
+// product after another, each split across the threads. Integers (unsigned: wrapping) run
+// plain loops.
 template <typename C>
 void batched_matmul(const MatrixSide<C>& a, const MatrixSide<C>& b, int64_t nb, int64_t m,
                     int64_t k, int64_t n, C* out) {
@@ -210,34 +211,61 @@ void batched_matmul(const MatrixSide<C>& a, const MatrixSide<C>& b, int64_t nb, 
     std::fill(out, out + nb * m * n, C(0));
     return;
   }
-  // Tasks of at least ~1M multiply-adds and 16 rows, so each GEMM amortises its packing.
-  constexpr int64_t kTaskWork = int64_t{1} << 20;
-  const int64_t rows_per_task =
-      std::min(std::max<int64_t>(m, 1), std::max<int64_t>(16, grain_for(work(n, k), kTaskWork)));
-  const int64_t blocks = (m + rows_per_task - 1) / rows_per_task;
-  parallel_for(
-      nb * blocks, grain_for(work(rows_per_task, work(n, k)), kTaskWork),
-      [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-          const int64_t bi = t / blocks, r0 = (t % blocks) * rows_per_task;
-          const int64_t rows = std::min(rows_per_task, m - r0);
-          Eigen::Map<RowMat<C>> cm(out + (bi * m + r0) * n, rows, n);
-          const C* pa = a.data + a.batch_offset[bi] + r0 * a.row_stride;
-          const C* pb = b.data + b.batch_offset[bi];
-          auto with_b = [&](const auto& am) {
-            if (b.col_stride == 1) {
-              cm.noalias() = am * Eigen::Map<const RowMat<C>, 0, Strided>(pb, k, n, b.row_stride);
-            } else {
-              cm.noalias() = am * Eigen::Map<const ColMat<C>, 0, Strided>(pb, k, n, b.col_stride);
-            }
-          };
-          if (a.col_stride == 1) {
-            with_b(Eigen::Map<const RowMat<C>, 0, Strided>(pa, rows, k, a.row_stride));
+  if constexpr (std::is_floating_point_v<C>) {
+    // A right operand shared by every batch (broadcast) with the left operand's batches
+    // stacked along its rows is one taller product.
+    int64_t rows = m, batches = nb, ars = a.row_stride;
+    if (nb > 1 && std::all_of(b.batch_offset.begin(), b.batch_offset.end(),
+                              [&](int64_t o) { return o == b.batch_offset[0]; })) {
+      const int64_t step = a.batch_offset[1] - a.batch_offset[0];
+      bool even = step >= 0 && (m == 1 || step == m * a.row_stride);
+      for (int64_t i = 2; i < nb && even; ++i) {
+        even = a.batch_offset[i] - a.batch_offset[i - 1] == step;
+      }
+      if (even) {
+        rows = m * nb;
+        batches = 1;
+        if (m == 1) ars = step;
+      }
+    }
+    const double macs = static_cast<double>(nb) * static_cast<double>(m) * static_cast<double>(n) *
+                        static_cast<double>(k);
+    const int tasks = math::task_count(macs);
+    const bool by_batch = tasks > 1 && batches >= 2 * tasks;
+    math::GemmOptions o;
+    if (by_batch) o.max_threads = 1;
+    auto product = [&](int64_t bi) {
+      math::gemm<C>(a.data + a.batch_offset[bi], rows, k, ars, a.col_stride,
+                    b.data + b.batch_offset[bi], n, b.row_stride, b.col_stride, out + bi * rows * n,
+                    n, o);
+    };
+    if (by_batch) {
+      parallel_for(batches, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t bi = lo; bi < hi; ++bi) product(bi);
+      });
+    } else {
+      for (int64_t bi = 0; bi < batches; ++bi) product(bi);
+    }
+  } else {
+    parallel_for(nb * m, grain_for(work(n, k) + 1), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const int64_t bi = r / m, i = r % m;
+        const C* pa = a.data + a.batch_offset[bi] + i * a.row_stride;
+        const C* pb = b.data + b.batch_offset[bi];
+        C* o = out + r * n;
+        std::fill(o, o + n, C(0));
+        for (int64_t p = 0; p < k; ++p) {
+          const C av = pa[p * a.col_stride];
+          const C* row = pb + p * b.row_stride;
+          if (b.col_stride == 1) {
+            for (int64_t j = 0; j < n; ++j) o[j] += static_cast<C>(av * row[j]);
           } else {
-            with_b(Eigen::Map<const ColMat<C>, 0, Strided>(pa, rows, k, a.col_stride));
+            for (int64_t j = 0; j < n; ++j) o[j] += static_cast<C>(av * row[j * b.col_stride]);
           }
         }
-      });
+      }
+    });
+  }
 }
 
 // Evaluates the equation on compute-type operands into `out` (contiguous, labels `out_labels`).

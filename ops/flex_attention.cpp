@@ -4,7 +4,9 @@
 //   scores = score_mod(scale * Q K^T);  probs = prob_mod(softmax(scores));  Y = probs V
 // Scores and probabilities are [B, Hq, L, S] tensors of the softmax precision (float unless
 // the inputs are double or softmax_precision says otherwise). As in the reference, a row the
-// score_mod masks completely (all -inf) softmaxes to NaN.
+// score_mod masks completely (all -inf) softmaxes to NaN. Both products per head run in the
+// GEMM layer (ops/math/gemm.h), which reads Q, K and V through their strides (K^T as a
+// transposed view) without contiguous copies.
 #include <Eigen/Core>
 
 #include <cmath>
@@ -13,16 +15,11 @@
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/math/gemm.h"
+#include "ops/math/threading.h"
 
 namespace kiln::ops {
 namespace {
-
-template <typename C>
-using RowMat = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename C>
-using ConstMap = Eigen::Map<const RowMat<C>, 0, Eigen::OuterStride<>>;
-template <typename C>
-using MutMap = Eigen::Map<RowMat<C>, 0, Eigen::OuterStride<>>;
 
 template <typename D, typename S>
 D convert_value(S v) {
@@ -42,6 +39,32 @@ void convert_into(const Tensor& src, const Tensor& dst) {
       unary_loop<S, D>(src, dst, [](S v) { return convert_value<D>(v); });
     });
   });
+}
+
+// Runs product(i) for i in [0, heads), each a matrix product of `macs` multiply-adds: one
+// single-threaded product per head when there are enough heads for every task, else one
+// after another, each split across the threads by the GEMM layer.
+template <typename F>
+void per_head(int64_t heads, double macs, F&& product) {
+  const int tasks = math::task_count(static_cast<double>(heads) * macs);
+  if (tasks > 1 && heads >= 2 * tasks) {
+    math::GemmOptions o;
+    o.max_threads = 1;
+    parallel_for(heads, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) product(i, o);
+    });
+  } else {
+    for (int64_t i = 0; i < heads; ++i) product(i, math::GemmOptions{});
+  }
+}
+
+// `t` as a tensor of type `want` (itself when it already is one; the products read any
+// strides).
+Tensor as_type(OpContext& ctx, const Tensor& t, DataType want) {
+  if (t.dtype() == want) return t;
+  Tensor c = ctx.allocate(want, t.shape());
+  convert_into(t, c);
+  return c;
 }
 
 // `t` as a contiguous tensor of type `want` (itself when it already is one).
@@ -124,39 +147,43 @@ class FlexAttention final : public Kernel {
 
     Tensor y_out = ctx.output(0, q.dtype(), {B, Hq, L, Ev});
     Tensor y = y_out.dtype() == ct ? y_out : ctx.allocate(ct, y_out.shape());
-    const Tensor qc = as_contiguous(ctx, q, ct), kc = as_contiguous(ctx, k, ct),
-                 vc = as_contiguous(ctx, v, ct);
+    const Tensor qc = as_type(ctx, q, ct), kc = as_type(ctx, k, ct), vc = as_type(ctx, v, ct);
     auto solve = [&]<typename C>() {
       const int64_t group = Hq / Hkv;
+      // The element offset of the matrix of batch b, head h in a [B, H, rows, cols] tensor.
+      auto head = [&](const Tensor& t, int64_t b, int64_t h) {
+        return b * t.strides()[0] + h * t.strides()[1];
+      };
       Tensor scores = ctx.allocate(ct, score_shape);
-      parallel_for(B * Hq, grain_for(L * S * E), [&](int64_t begin, int64_t end) {
-        for (int64_t bh = begin; bh < end; ++bh) {
-          const int64_t kvh = (bh / Hq) * Hkv + (bh % Hq) / group;
-          ConstMap<C> qm(qc.data<const C>() + bh * L * E, L, E, Eigen::OuterStride<>(E));
-          ConstMap<C> km(kc.data<const C>() + kvh * S * E, S, E, Eigen::OuterStride<>(E));
-          MutMap<C> sm(scores.data<C>() + bh * L * S, L, S, Eigen::OuterStride<>(S));
-          sm.noalias() = (qm * static_cast<C>(scale)) * km.transpose();
-        }
-      });
+      // scores[bh] (L x S) = scale * Q[bh] (L x E) * K[kv head]^T (E x S)
+      per_head(B * Hq, static_cast<double>(L) * static_cast<double>(S) * static_cast<double>(E),
+               [&](int64_t bh, math::GemmOptions o) {
+                 const int64_t b = bh / Hq, h = bh % Hq, kvh = h / group;
+                 // Float scales Q as it is packed; double (whose alpha would round to float)
+                 // scales the product.
+                 if constexpr (std::is_same_v<C, float>) o.alpha = static_cast<float>(scale);
+                 C* sp = scores.data<C>() + bh * L * S;
+                 math::gemm<C>(qc.data<const C>() + head(qc, b, h), L, E, qc.strides()[2],
+                               qc.strides()[3], kc.data<const C>() + head(kc, b, kvh), S,
+                               kc.strides()[3], kc.strides()[2], sp, S, o);
+                 if constexpr (std::is_same_v<C, double>) {
+                   for (int64_t i = 0; i < L * S; ++i) sp[i] *= scale;
+                 }
+               });
       scores = modify(ctx, score_mod_, scores, prec, ct, score_shape);
       // The softmax runs in place unless the scores are a subgraph's value held elsewhere.
       const bool own = scores.storage().use_count() == 1 && scores.storage()->writable();
       Tensor probs = own ? scores : ctx.allocate(ct, score_shape);
       softmax_rows<C>(scores, probs);
       probs = modify(ctx, prob_mod_, probs, prec, ct, score_shape);
-      parallel_for(B * Hq, grain_for(L * S * Ev), [&](int64_t begin, int64_t end) {
-        for (int64_t bh = begin; bh < end; ++bh) {
-          const int64_t kvh = (bh / Hq) * Hkv + (bh % Hq) / group;
-          ConstMap<C> pm(probs.data<const C>() + bh * L * S, L, S, Eigen::OuterStride<>(S));
-          ConstMap<C> vm(vc.data<const C>() + kvh * S * Ev, S, Ev, Eigen::OuterStride<>(Ev));
-          MutMap<C> ym(y.data<C>() + bh * L * Ev, L, Ev, Eigen::OuterStride<>(Ev));
-          if (S == 0) {
-            ym.setZero();
-          } else {
-            ym.noalias() = pm * vm;
-          }
-        }
-      });
+      // Y[bh] (L x Ev) = P[bh] (L x S) * V[kv head] (S x Ev)
+      per_head(B * Hq, static_cast<double>(L) * static_cast<double>(S) * static_cast<double>(Ev),
+               [&](int64_t bh, const math::GemmOptions& o) {
+                 const int64_t b = bh / Hq, h = bh % Hq, kvh = h / group;
+                 math::gemm<C>(probs.data<const C>() + bh * L * S, L, S, S, 1,
+                               vc.data<const C>() + head(vc, b, kvh), Ev, vc.strides()[2],
+                               vc.strides()[3], y.data<C>() + bh * L * Ev, Ev, o);
+               });
     };
     if (ct == DataType::Double) {
       solve.template operator()<double>();
@@ -191,9 +218,10 @@ class FlexAttention final : public Kernel {
     const int64_t cols = src.dim(3), rows = src.numel() / std::max<int64_t>(cols, 1);
     parallel_for(rows, grain_for(cols * 8), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>> in(src.data<const C>() + r * cols,
-                                                                cols);
-        Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> out(dst.data<C>() + r * cols, cols);
+        const C* row_in = src.data<const C>() + r * cols;
+        C* row_out = dst.data<C>() + r * cols;
+        Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>> in(row_in, cols);
+        Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> out(row_out, cols);
         if (cols == 0) continue;
         const C mx = in.maxCoeff();
         out = (in - mx).exp();

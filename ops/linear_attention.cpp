@@ -3,21 +3,20 @@
 //   gated rules:  S *= exp(g_t)                       (g_t per head or per key dimension)
 //   delta rules:  v_t = beta_t * (v_t - S^T k_t)      (using the decayed S)
 //   always:       S += k_t v_t^T;  o_t = scale * S^T q_t for every query head of the group
-// The state is kept in float whatever the activation type, as the reference does.
-#include <Eigen/Core>
-
+// The state is kept in float whatever the activation type, as the reference does. The reads
+// of S for all of a token's queries (and the delta rule's S^T k) are one small product in the
+// GEMM layer (ops/math/gemm.h), with the decay folded into its left operand; the decay and the
+// rank-1 update then rewrite S in one pass.
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/math/gemm.h"
 
 namespace kiln::ops {
 namespace {
-
-using RowMatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using VecF = Eigen::Matrix<float, Eigen::Dynamic, 1>;
 
 // A tensor's elements as contiguous floats: read in place when they already are, else a
 // widened copy.
@@ -62,6 +61,21 @@ struct FloatOut {
     });
   }
 };
+
+// s (dk x dv, row-major) = diag(e) s + k v^T; e null: no decay.
+void update_state(float* __restrict s, int64_t dk, int64_t dv, const float* __restrict e,
+                  const float* __restrict k, const float* __restrict v) {
+  for (int64_t d = 0; d < dk; ++d) {
+    float* __restrict row = s + d * dv;
+    const float kd = k[d];
+    if (e) {
+      const float ed = e[d];
+      for (int64_t j = 0; j < dv; ++j) row[j] = ed * row[j] + kd * v[j];
+    } else {
+      for (int64_t j = 0; j < dv; ++j) row[j] += kd * v[j];
+    }
+  }
+}
 
 class LinearAttention final : public Kernel {
  public:
@@ -142,34 +156,59 @@ class LinearAttention final : public Kernel {
     const Floats gf(gated_ ? ctx.input(4) : Tensor()), bf(delta_ ? ctx.input(5) : Tensor());
     const float scale = scale_ != 0.0f ? scale_ : 1.0f / std::sqrt(static_cast<float>(dk));
 
-    parallel_for(B * Hk, grain_for(T * dk * dv * (group + 3)), [&](int64_t begin, int64_t end) {
-      VecF vt(dv);
+    // Per token and KV head, with e the decay (1 when not gated) and S the state before it,
+    // one product reads S once and one pass writes it:
+    //   [u; r_1 .. r_G] = [k*e; q_1*e; ..; q_G*e] S   (rows times e elementwise; u for delta)
+    //   v' = beta (v - u) for delta rules, else v
+    //   o_g = scale (r_g + (q_g . k) v')               (= scale S'^T q_g)
+    //   S' = diag(e) S + k v'^T
+    const int64_t first = delta_ ? 1 : 0, rows = first + group;
+    parallel_for(B * Hk, grain_for(T * dk * dv * (rows + 2)), [&](int64_t begin, int64_t end) {
+      std::vector<float> a(static_cast<size_t>(rows * dk)), r(static_cast<size_t>(rows * dv));
+      std::vector<float> e(static_cast<size_t>(dk), 1.0f), vt(static_cast<size_t>(dv));
+      math::GemmOptions single;
+      single.max_threads = 1;  // the heads are the tasks
       for (int64_t bh = begin; bh < end; ++bh) {
         const int64_t b = bh / Hk, h = bh % Hk;
-        Eigen::Map<RowMatF> s(st.p + bh * dk * dv, dk, dv);
+        float* s = st.p + bh * dk * dv;
         for (int64_t t = 0; t < T; ++t) {
           const int64_t tok = b * T + t;
-          Eigen::Map<const VecF> kt(kf.p + (tok * Hk + h) * dk, dk);
-          vt = Eigen::Map<const VecF>(vf.p + (tok * Hk + h) * dv, dv);
+          const float* kt = kf.p + (tok * Hk + h) * dk;
+          const float* vsrc = vf.p + (tok * Hk + h) * dv;
+          const float* qg = qf.p + (tok * Hq + h * group) * dk;  // the group's queries
+          float* og = out.p + (tok * Hq + h * group) * dv;
           if (gated_) {
+            const float* g = gf.p + (tok * Hk + h) * (decay_width == Hk ? 1 : dk);
             if (decay_width == Hk) {
-              s *= std::exp(gf.p[tok * Hk + h]);
+              std::fill(e.begin(), e.end(), std::exp(g[0]));
             } else {
-              const float* g = gf.p + (tok * Hk + h) * dk;
-              for (int64_t d = 0; d < dk; ++d) s.row(d) *= std::exp(g[d]);
+              for (int64_t d = 0; d < dk; ++d) e[d] = std::exp(g[d]);
             }
           }
           if (delta_) {
+            for (int64_t d = 0; d < dk; ++d) a[d] = kt[d] * e[d];
+          }
+          for (int64_t gi = 0; gi < group; ++gi) {
+            float* ar = a.data() + (first + gi) * dk;
+            for (int64_t d = 0; d < dk; ++d) ar[d] = qg[gi * dk + d] * e[d];
+          }
+          math::sgemm(math::MatrixView::row_major(a.data(), rows, dk, dk),
+                      math::MatrixView::row_major(s, dk, dv, dv), r.data(), dv, single);
+          if (delta_) {
             const float beta = bf.p[tok * beta_width + (beta_width == 1 ? 0 : h)];
-            vt = beta * (vt - s.transpose() * kt);
+            for (int64_t j = 0; j < dv; ++j) vt[j] = beta * (vsrc[j] - r[j]);
+          } else {
+            std::copy(vsrc, vsrc + dv, vt.begin());
           }
-          s.noalias() += kt * vt.transpose();
-          for (int64_t g = 0; g < group; ++g) {
-            const int64_t hq = h * group + g;
-            Eigen::Map<const VecF> qt(qf.p + (tok * Hq + hq) * dk, dk);
-            Eigen::Map<VecF> o(out.p + (tok * Hq + hq) * dv, dv);
-            o.noalias() = scale * (s.transpose() * qt);
+          for (int64_t gi = 0; gi < group; ++gi) {
+            const float* q1 = qg + gi * dk;
+            float qk = 0.0f;
+            for (int64_t d = 0; d < dk; ++d) qk += q1[d] * kt[d];
+            const float* rg = r.data() + (first + gi) * dv;
+            float* o = og + gi * dv;
+            for (int64_t j = 0; j < dv; ++j) o[j] = scale * (rg[j] + qk * vt[j]);
           }
+          update_state(s, dk, dv, gated_ ? e.data() : nullptr, kt, vt.data());
         }
       }
     });

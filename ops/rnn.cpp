@@ -3,54 +3,108 @@
 //
 // Each direction projects the whole input sequence at once (X [seq*batch, I] times W^T
 // plus the biases, one large GEMM), then steps through time with one recurrent GEMM
-// [batch, H] x R^T per step and the gate arithmetic per batch row. With sequence_lens,
-// row b runs its own steps 0..len-1 (a reverse direction starts at len-1); later Y rows
-// are zero, and Y_h / Y_c hold the state after the row's last step (zero when len is 0).
-// Half types compute in float; the two directions run in parallel.
+// [batch, H] x R^T per step and the gate arithmetic per batch row. The products run in the
+// GEMM layer (ops/math/gemm.h) with W^T and R^T packed once per direction: when the session
+// is planned for constant weights (shared through the weights cache), else once per run, so
+// each step streams the packed R. With sequence_lens, row b runs its own steps 0..len-1 (a
+// reverse direction starts at len-1); later Y rows are zero, and Y_h / Y_c hold the state
+// after the row's last step (zero when len is 0). Half types compute in float; double uses
+// plain-loop products; the two directions run in parallel, sharing the threads.
+#include <tbb/task_arena.h>
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/math/gemm.h"
+#include "ops/math/threading.h"
 
 namespace kiln::ops {
 namespace {
 
-template <typename C>
-using RowMat = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename C>
-using RowMap = Eigen::Map<RowMat<C>>;
-template <typename C>
-using ConstRowMap = Eigen::Map<const RowMat<C>>;
-
 enum class Cell { Rnn, Gru, Lstm };
 
+// n values at p as an Eigen array (the vectorised tanh and logistic of the cell arithmetic).
 template <typename C>
-Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>> array(C* p, int64_t n) {
-  return Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>>(p, n);
+using ArrayMap = Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>>;
+template <typename C>
+ArrayMap<C> array(C* p, int64_t n) {
+  return ArrayMap<C>(p, n);
 }
 
-// dst[:, 0:cols] (row stride ld) += h [batch, hs] x r[0:cols, :]^T, split over column
-// blocks so that one direction's step uses every thread when the step is large.
-template <typename C>
-void add_recurrent(C* dst, int64_t ld, const C* h, int64_t batch, int64_t hs, const C* r,
-                   int64_t cols) {
-  if (batch == 0 || hs == 0 || cols == 0) return;
-  ConstRowMap<C> hm(h, batch, hs);
-  const int64_t per = std::max<int64_t>(64, grain_for(batch * hs, int64_t{1} << 19));
-  const int64_t blocks = (cols + per - 1) / per;
-  parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t c0 = blk * per, n = std::min(per, cols - c0);
-      Eigen::Map<RowMat<C>, 0, Eigen::OuterStride<>> d(dst + c0, batch, n,
-                                                       Eigen::OuterStride<>(ld));
-      d.noalias() += hm * ConstRowMap<C>(r + c0 * hs, n, hs).transpose();
+// A [dirs, rows, k] weight (W or R) packed for the GEMM as the right operand: per direction
+// its transpose [k x rows] in column segments, one after another. GRU's R has two segments,
+// the z and r gates [0, 2h) and the candidate [2h, 3h) (whose product is taken apart, after
+// the reset gate); every other weight one.
+struct WeightLayout {
+  int64_t dirs = 0, rows = 0, k = 0;
+  bool split = false;
+  int nr = 0;
+
+  // Columns of segment `i` of a direction.
+  int64_t begin(int i) const { return i == 0 ? 0 : rows - k; }
+  int64_t end(int i) const { return split && i == 0 ? rows - k : rows; }
+  int segments() const { return split ? 2 : 1; }
+  int64_t segment_floats(int i) const {
+    return math::PackedB::packed_floats(k, end(i) - begin(i), nr);
+  }
+  int64_t direction_floats() const {
+    int64_t f = 0;
+    for (int i = 0; i < segments(); ++i) f += segment_floats(i);
+    return f;
+  }
+  // Segment `i` of direction `d` in the packed form at `data`.
+  math::PackedB segment(const float* data, int64_t d, int i) const {
+    const float* p = data + d * direction_floats() + (i == 1 ? segment_floats(0) : 0);
+    return math::PackedB(p, k, end(i) - begin(i), nr);
+  }
+};
+
+WeightLayout layout_of(const Tensor& w, bool split) {
+  return {w.dim(0), w.dim(1), w.dim(2), split, math::kernels().gemm.nr};
+}
+
+// The packed form of a float, float16 or bfloat16 weight (half ones widened as they are
+// packed).
+Tensor pack_weight(const Tensor& w, bool split) {
+  Tensor f = w.contiguous();
+  if (f.dtype() != DataType::Float) {
+    Tensor wide(DataType::Float, f.shape(),
+                Storage::heap_uninitialized(storage_bytes(DataType::Float, f.numel())));
+    const math::ConvertKernels& cv = math::kernels().convert;
+    (f.dtype() == DataType::Float16 ? cv.f16_to_f32 : cv.bf16_to_f32)(
+        reinterpret_cast<const uint16_t*>(f.raw_data()), wide.data<float>(), f.numel());
+    f = wide;
+  }
+  const WeightLayout l = layout_of(f, split);
+  const int64_t floats = l.dirs * l.direction_floats();
+  Tensor packed(DataType::Float, Shape{floats},
+                Storage::heap_uninitialized(storage_bytes(DataType::Float, floats)));
+  const math::MathKernels& t = math::kernels();
+  for (int64_t d = 0; d < l.dirs; ++d) {
+    for (int i = 0; i < l.segments(); ++i) {
+      // Rows [begin, end) of the direction's [rows x k] weight, transposed: column-major.
+      const float* src = f.data<const float>() + (d * l.rows + l.begin(i)) * l.k;
+      math::PackedB::pack_into(
+          math::MatrixView::col_major(src, l.k, l.end(i) - l.begin(i), l.k),
+          packed.data<float>() + d * l.direction_floats() + (i == 1 ? l.segment_floats(0) : 0), t);
     }
-  });
+  }
+  packed.storage()->set_read_only();
+  return packed;
+}
+
+// The weights cache's name for pack_weight's layout (the level decides the tile width).
+std::string packing_name(bool split) {
+  const math::MathKernels& t = math::kernels();
+  return std::string(split ? "recurrent-wt-split-" : "recurrent-wt-") + math::isa_name(t.isa) +
+         "-nr" + std::to_string(t.gemm.nr);
 }
 
 struct Activation {
@@ -149,6 +203,10 @@ struct Problem {
   const C *x, *w, *r, *b, *p, *h0, *c0;
   std::vector<int64_t> lens;
   C *y, *yh, *yc;
+  // Float: W and R packed by pack_weight (w and r are then unused).
+  const float *wpack = nullptr, *rpack = nullptr;
+  WeightLayout wl{}, rl{};
+  int max_threads = 0;  // for each direction's products
 
   int64_t x_row(int64_t t, int64_t bi) const { return batch_major ? bi * seq + t : t * batch + bi; }
   int64_t state_row(int64_t d, int64_t bi) const {
@@ -217,6 +275,25 @@ class Recurrent final : public Kernel {
     }
     while (acts_.size() < static_cast<size_t>(per_dir * dirs_))
       acts_.push_back(acts_[acts_.size() - per_dir]);
+
+    // Constant W and R are packed for the GEMM once (when their shapes fit; run() reports
+    // the errors of those that do not).
+    auto packable = [&](const Tensor* t) {
+      return t && t->rank() == 3 && t->numel() > 0 && t->dim(0) == dirs_ &&
+             t->dim(1) % gates_ == 0 &&
+             (t->dtype() == DataType::Float || t->dtype() == DataType::Float16 ||
+              t->dtype() == DataType::BFloat16);
+    };
+    if (packable(info.constant_input(1))) {
+      packed_w_ = info.prepared_input(1, packing_name(false),
+                                      [](const Tensor& w) { return pack_weight(w, false); });
+    }
+    const Tensor* r = info.constant_input(2);
+    if (packable(r) && r->dim(1) == gates_ * r->dim(2) && (hidden_ == 0 || hidden_ == r->dim(2))) {
+      const bool split = cell_ == Cell::Gru;
+      packed_r_ = info.prepared_input(2, packing_name(split),
+                                      [split](const Tensor& w) { return pack_weight(w, split); });
+    }
   }
 
   void run(OpContext& ctx) override {
@@ -283,6 +360,15 @@ class Recurrent final : public Kernel {
     checked_numel({seq, batch, gh});  // the input projection's size, before any product
     dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
       using C = compute_t<T>;
+      constexpr bool kPacked = std::is_same_v<C, float>;
+      // Float products read W and R packed: when the session was planned, or now.
+      std::shared_ptr<const Tensor> wp, rp;
+      if constexpr (kPacked) {
+        wp = packed_w_;
+        rp = packed_r_;
+        if (!wp && in > 0) wp = std::make_shared<const Tensor>(pack_weight(w, false));
+        if (!rp) rp = std::make_shared<const Tensor>(pack_weight(r, cell_ == Cell::Gru));
+      }
       std::vector<C> bx, bw, br, bb, bp, bh0, bc0;
       Problem<C> pr{seq,
                     batch,
@@ -291,8 +377,8 @@ class Recurrent final : public Kernel {
                     dirs_,
                     bm,
                     widen<T, C>(&x, bx),
-                    widen<T, C>(&w, bw),
-                    widen<T, C>(&r, br),
+                    kPacked ? nullptr : widen<T, C>(&w, bw),
+                    kPacked ? nullptr : widen<T, C>(&r, br),
                     widen<T, C>(b, bb),
                     widen<T, C>(p, bp),
                     widen<T, C>(h0, bh0),
@@ -301,6 +387,16 @@ class Recurrent final : public Kernel {
                     nullptr,
                     nullptr,
                     nullptr};
+      if constexpr (kPacked) {
+        if (wp) {
+          pr.wpack = wp->data<const float>();
+          pr.wl = layout_of(w, false);
+        }
+        pr.rpack = rp->data<const float>();
+        pr.rl = layout_of(r, cell_ == Cell::Gru);
+      }
+      // The directions run in parallel, each product on its share of the threads.
+      if (dirs_ > 1) pr.max_threads = std::max(1, tbb::this_task_arena::max_concurrency() / 2);
       std::vector<C> oy, oh, oc;
       auto out_ptr = [](Tensor* t, std::vector<C>& buffer) -> C* {
         if (t == nullptr) return nullptr;
@@ -350,20 +446,21 @@ class Recurrent final : public Kernel {
         bias[j] = wb[j] + (rb_inside ? C(0) : wb[gh + j]);
       }
     }
-    {
-      ConstRowMap<C> xm(pr.x, rows, pr.input);
-      ConstRowMap<C> wm(pr.w + d * gh * pr.input, gh, pr.input);
-      Eigen::Map<const Eigen::Matrix<C, 1, Eigen::Dynamic>> bv(bias.data(), gh);
-      // Large row blocks: every block repacks W inside the GEMM.
-      const int64_t grain = std::max<int64_t>(128, grain_for(gh * pr.input + gh, 1 << 23));
-      parallel_for(rows, grain, [&](int64_t r0, int64_t r1) {
-        RowMap<C> dst(xw.data() + r0 * gh, r1 - r0, gh);
-        if (pr.input == 0) {
-          dst.setZero();
-        } else {
-          dst.noalias() = xm.middleRows(r0, r1 - r0) * wm.transpose();
+    math::GemmOptions po;
+    po.max_threads = pr.max_threads;
+    if (pr.input == 0) {
+      for (int64_t i = 0; i < rows; ++i) std::copy(bias.begin(), bias.end(), xw.begin() + i * gh);
+    } else if constexpr (std::is_same_v<C, float>) {
+      po.bias = bias.data();
+      math::sgemm(math::MatrixView::row_major(pr.x, rows, pr.input, pr.input),
+                  pr.wl.segment(pr.wpack, d, 0), xw.data(), gh, po);
+    } else {
+      math::gemm<C>(pr.x, rows, pr.input, pr.input, 1, pr.w + d * gh * pr.input, gh, 1, pr.input,
+                    xw.data(), gh, po);
+      parallel_for(rows, grain_for(gh), [&](int64_t r0, int64_t r1) {
+        for (int64_t i = r0; i < r1; ++i) {
+          for (int64_t j = 0; j < gh; ++j) xw[i * gh + j] += bias[j];
         }
-        dst.rowwise() += bv;
       });
     }
     std::vector<C> h(batch * hs, C(0)), c(cell_ == Cell::Lstm ? batch * hs : 0, C(0));
@@ -374,7 +471,21 @@ class Recurrent final : public Kernel {
       if (pr.c0 && cell_ == Cell::Lstm)
         std::copy(pr.c0 + row, pr.c0 + row + hs, c.data() + bi * hs);
     }
-    const C* rmat = pr.r + d * gh * hs;
+    // dst[:, segment] (row stride ld) (+)= src [batch x hs] * R^T[:, segment], where segment
+    // 0 is every gate (GRU: z and r) and segment 1 GRU's candidate.
+    auto recurrent = [&](C* dst, int64_t ld, const C* src, int segment, bool accumulate) {
+      math::GemmOptions ro;
+      ro.accumulate = accumulate;
+      ro.max_threads = pr.max_threads;
+      if constexpr (std::is_same_v<C, float>) {
+        math::sgemm(math::MatrixView::row_major(src, batch, hs, hs),
+                    pr.rl.segment(pr.rpack, d, segment), dst, ld, ro);
+      } else {
+        const int64_t c0 = segment == 0 ? 0 : 2 * hs;
+        const int64_t cols = cell_ != Cell::Gru ? gh : segment == 0 ? 2 * hs : hs;
+        math::gemm<C>(src, batch, hs, hs, 1, pr.r + (d * gh + c0) * hs, cols, 1, hs, dst, ld, ro);
+      }
+    };
     const C* peep = pr.p ? pr.p + d * 3 * hs : nullptr;
     const C* rbh = pr.b ? pr.b + d * 2 * gh + gh + 2 * hs : nullptr;
     const int64_t max_len = batch == 0 ? 0 : *std::max_element(pr.lens.begin(), pr.lens.end());
@@ -387,14 +498,9 @@ class Recurrent final : public Kernel {
         const C* src = xw.data() + pr.x_row(time_of(s, bi), bi) * gh;
         std::copy(src, src + gh, g.data() + bi * gh);
       }
-      if (cell_ != Cell::Gru) {
-        add_recurrent(g.data(), gh, h.data(), batch, hs, rmat, gh);
-      } else {
-        add_recurrent(g.data(), gh, h.data(), batch, hs, rmat, 2 * hs);
-        if (linear_before_reset_) {
-          std::fill(scratch.begin(), scratch.end(), C(0));
-          add_recurrent(scratch.data(), hs, h.data(), batch, hs, rmat + 2 * hs * hs, hs);
-        }
+      recurrent(g.data(), gh, h.data(), 0, true);
+      if (cell_ == Cell::Gru && linear_before_reset_) {
+        recurrent(scratch.data(), hs, h.data(), 1, false);
       }
       // Per row: the gates, then the new state (and Y) for rows still inside their sequence.
       auto finish_row = [&](int64_t bi) {
@@ -470,9 +576,7 @@ class Recurrent final : public Kernel {
             }
           }
         });
-        if (!linear_before_reset_) {
-          add_recurrent(g.data() + 2 * hs, gh, scratch.data(), batch, hs, rmat + 2 * hs * hs, hs);
-        }
+        if (!linear_before_reset_) recurrent(g.data() + 2 * hs, gh, scratch.data(), 1, true);
         parallel_for(batch, grain, [&](int64_t b0, int64_t b1) {
           for (int64_t bi = b0; bi < b1; ++bi) {
             if (s >= pr.lens[bi]) continue;
@@ -512,6 +616,8 @@ class Recurrent final : public Kernel {
   bool reverse_ = false, input_forget_ = false, linear_before_reset_ = false;
   float clip_ = 0;
   std::vector<Activation> acts_;  // per direction: f (, g (, h))
+  // The weights cache's packed W and R (pack_weight), when they are constants.
+  std::shared_ptr<const Tensor> packed_w_, packed_r_;
 };
 
 std::unique_ptr<Kernel> make_rnn(const NodeInfo& info) {

@@ -582,6 +582,39 @@ TEST_CASE("LinearAttention matches the recurrence for every update rule", "[atte
                     Error);
 }
 
+TEST_CASE("LinearAttention matches the recurrence for larger heads and query groups",
+          "[attention]") {
+  std::mt19937 rng(22);
+  const char* rules[] = {"linear", "gated", "delta", "gated_delta"};
+  for (int iter = 0; iter < 24; ++iter) {
+    const std::string rule = rules[iter % 4];
+    const bool gated = rule.find("gated") != std::string::npos;
+    const bool delta = rule.find("delta") != std::string::npos;
+    const int64_t B = pick(rng, 1, 2), T = pick(rng, 1, 7), Hk = pick(rng, 1, 3);
+    const int64_t Hq = Hk * pick(rng, 1, 3), dk = pick(rng, 1, 40), dv = pick(rng, 1, 40);
+    Tensor q = random_tensor(DataType::Float, {B, T, Hq * dk}, rng, -0.5, 0.5);
+    Tensor k = random_tensor(DataType::Float, {B, T, Hk * dk}, rng, -0.5, 0.5);
+    Tensor v = random_tensor(DataType::Float, {B, T, Hk * dv}, rng);
+    Tensor past = random_tensor(DataType::Float, {B, Hk, dk, dv}, rng);
+    Tensor decay = random_tensor(DataType::Float, {B, T, rng() % 2 ? Hk : Hk * dk}, rng, -1, 0);
+    Tensor beta = random_tensor(DataType::Float, {B, T, rng() % 2 ? Hk : 1}, rng, 0, 1);
+    OpTest t("LinearAttention", 27);
+    t.input(q).input(k).input(v).input(past);
+    if (gated) {
+      t.input(decay);
+    } else {
+      t.no_input();
+    }
+    if (delta) t.input(beta);
+    t.attr("q_num_heads", Hq).attr("kv_num_heads", Hk).attr("update_rule", rule).outputs(2);
+    const auto outs = t.run();
+    auto [y, state] = naive_linear(q, k, v, &past, &decay, &beta, Hq, Hk, gated, delta);
+    INFO(rule << " iter " << iter << " dk " << dk << " dv " << dv << " group " << Hq / Hk);
+    require_close(outs[0].tensor(), y, 1e-4, 1e-4);
+    require_close(outs[1].tensor(), state, 1e-4, 1e-4);
+  }
+}
+
 // ---- CausalConvWithState ----
 
 TEST_CASE("CausalConvWithState matches a direct convolution and carries state", "[attention]") {
@@ -714,4 +747,38 @@ TEST_CASE("FlexAttention matches plain attention and runs its modifier subgraphs
                         .input(random_tensor(DataType::Float, {2, 4}, rng))
                         .run(),
                     Error);
+}
+
+TEST_CASE("FlexAttention matches plain attention on larger, grouped, strided and double inputs",
+          "[attention]") {
+  std::mt19937 rng(14);
+  const DataType types[] = {DataType::Float, DataType::Double, DataType::Float16};
+  for (int iter = 0; iter < 18; ++iter) {
+    const DataType dt = types[iter % 3];
+    const int64_t B = pick(rng, 1, 2), Hkv = pick(rng, 1, 3), Hq = Hkv * pick(rng, 1, 3);
+    const int64_t L = pick(rng, 1, 40), S = pick(rng, 1, 40), E = pick(rng, 1, 70),
+                  Ev = pick(rng, 1, 70);
+    Tensor q = random_tensor(dt, {B, Hq, L, E}, rng);
+    // K and V stored as [B, S, H, E] (a packed projection's layout), read through strides.
+    Tensor kb = random_tensor(dt, {B, S, Hkv, E}, rng);
+    Tensor vb = random_tensor(dt, {B, S, Hkv, Ev}, rng);
+    Tensor k = kb.view({B, Hkv, S, E}, {S * Hkv * E, E, Hkv * E, 1}, 0);
+    Tensor v = vb.view({B, Hkv, S, Ev}, {S * Hkv * Ev, Ev, Hkv * Ev, 1}, 0);
+    INFO("iter " << iter << " B " << B << " Hq " << Hq << " Hkv " << Hkv << " L " << L << " S " << S
+                 << " E " << E << " Ev " << Ev);
+    Tensor y = OpTest("FlexAttention", 1, "ai.onnx.preview").input(q).input(k).input(v).run1();
+    REQUIRE(y.dtype() == dt);
+    const double tol = dt == DataType::Float16 ? 2e-2 : 1e-4;
+    Tensor yf = Tensor::zeros(DataType::Float, y.shape());
+    for (int64_t i = 0; i < y.numel(); ++i) yf.data<float>()[i] = float(element(y, i));
+    require_close(yf, naive_attention(q, k, v, nullptr, AttnSpec{}).first, tol, tol);
+  }
+  // Many heads (one product per thread) and one large head (a product split across threads).
+  for (const auto& [heads, len] : {std::pair<int64_t, int64_t>{16, 64}, {1, 200}}) {
+    Tensor q = random_tensor(DataType::Float, {2, heads, len, 64}, rng);
+    Tensor k = random_tensor(DataType::Float, {2, heads, len, 64}, rng);
+    Tensor v = random_tensor(DataType::Float, {2, heads, len, 48}, rng);
+    require_close(OpTest("FlexAttention", 1, "ai.onnx.preview").input(q).input(k).input(v).run1(),
+                  naive_attention(q, k, v, nullptr, AttnSpec{}).first, 1e-4, 1e-5);
+  }
 }

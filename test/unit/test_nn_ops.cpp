@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "test/unit/op_test.h"
@@ -554,6 +556,258 @@ TEST_CASE("ConvTranspose output_shape pads the end when larger than needed", "[n
     REQUIRE(vy[static_cast<size_t>(i)] == Approx(e).margin(1e-5));
   }
   REQUIRE_THROWS_AS(OpTest("ConvTranspose", 11).input(x).input(w).attr("group", 2).run(), Error);
+}
+
+namespace {
+
+// y[n, m, ...] += bias[m]
+Tensor with_channel_bias(const Tensor& y, const Tensor& bias) {
+  std::vector<double> v = values(y);
+  const auto vb = values(bias);
+  const int64_t channels = y.dim(1), plane = y.numel() / std::max<int64_t>(y.dim(0) * channels, 1);
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] += vb[static_cast<size_t>((static_cast<int64_t>(i) / plane) % channels)];
+  }
+  return float_tensor(y.shape(), v);
+}
+
+// Runs one node of `op` on x with the other inputs as initializers (known when the session
+// is planned); returns output 0 and the session's count of prepared weights.
+std::pair<Tensor, uint64_t> run_with_constants(const std::string& op, int64_t opset,
+                                               const Tensor& x, const std::vector<Tensor>& consts,
+                                               std::vector<ir::Attribute> attrs, int threads) {
+  GraphBuilder g;
+  g.input("x", x.dtype());
+  std::vector<std::string> ins{"x"};
+  for (size_t i = 0; i < consts.size(); ++i) {
+    const std::string name = "c" + std::to_string(i);
+    if (consts[i].defined()) {
+      g.initializer(name, consts[i]);
+      ins.push_back(name);
+    } else {
+      ins.push_back("");
+    }
+  }
+  g.node(op, ins, {"y"}, std::move(attrs));
+  g.output("y");
+  Session s = make_session(g.build(), opset, threads);
+  auto out = s.run({{"x", x}});
+  return {out.at(0).value.tensor(), s.load_stats().weights_prepared_count};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "ConvTranspose with many channels matches the naive scatter and packs a constant "
+    "filter once",
+    "[nn]") {
+  std::mt19937 rng(43);
+  const DataType types[] = {DataType::Float, DataType::Float, DataType::Double, DataType::Float16};
+  for (int iter = 0; iter < 40; ++iter) {
+    const DataType dt = types[iter % 4];
+    const size_t r = static_cast<size_t>(rand_int(rng, 1, 3));
+    ConvSpec s;
+    s.group = rand_int(rng, 1, 3);
+    const int64_t cg = rand_int(rng, 1, 20), mg = rand_int(rng, 1, 24);
+    Shape xs{rand_int(rng, 1, 2), cg * s.group}, ws{cg * s.group, mg};
+    Ints opad;
+    s.pads.assign(2 * r, 0);
+    for (size_t d = 0; d < r; ++d) {
+      const int64_t k = rand_int(rng, 1, 3);
+      s.strides.push_back(rand_int(rng, 1, 3));
+      s.dilations.push_back(rand_int(rng, 1, 2));
+      opad.push_back(rand_int(rng, 0, s.strides[d] - 1));
+      s.pads[d] = rand_int(rng, 0, k - 1);
+      s.pads[d + r] = rand_int(rng, 0, k - 1);
+      ws.push_back(k);
+      xs.push_back(rand_int(rng, 1, r == 3 ? 4 : 9));
+    }
+    bool empty = false;  // padding may remove the whole output
+    for (size_t d = 0; d < r; ++d) {
+      empty = empty || s.strides[d] * (xs[d + 2] - 1) + opad[d] + (ws[d + 2] - 1) * s.dilations[d] +
+                               1 - s.pads[d] - s.pads[d + r] <
+                           1;
+    }
+    if (empty) continue;
+    Tensor x = random_tensor(dt, xs, rng);
+    Tensor w = random_tensor(dt, ws, rng);
+    Tensor b = random_tensor(dt, {mg * s.group}, rng);
+    const Tensor expected = with_channel_bias(naive_conv_transpose(x, w, s, opad), b);
+    INFO("iter " << iter << " x " << shape_to_string(xs) << " w " << shape_to_string(ws)
+                 << " group " << s.group);
+    const double tol = dt == DataType::Float16 ? 2e-2 : 1e-4;
+    const std::vector<ir::Attribute> attrs = {
+        ints_attr("strides", s.strides), ints_attr("dilations", s.dilations),
+        ints_attr("pads", s.pads), ints_attr("output_padding", opad), int_attr("group", s.group)};
+    // The filter as a constant (packed when the session is planned) ...
+    auto [y, prepared] =
+        run_with_constants("ConvTranspose", 11, x, {w, b}, attrs, static_cast<int>(iter % 2 + 1));
+    REQUIRE(y.dtype() == dt);
+    CHECK(prepared == (dt == DataType::Double ? 0u : 1u));
+    require_close(float_tensor(y.shape(), values(y)), expected, tol, tol);
+    // ... and as a value known at run time.
+    Tensor yr = OpTest("ConvTranspose", 11)
+                    .input(x)
+                    .input(w)
+                    .input(b)
+                    .attr("strides", s.strides)
+                    .attr("dilations", s.dilations)
+                    .attr("pads", s.pads)
+                    .attr("output_padding", opad)
+                    .attr("group", s.group)
+                    .run1();
+    require_close(float_tensor(yr.shape(), values(yr)), expected, tol, tol);
+  }
+  // Products large enough to split into channel blocks across threads, including blocks that
+  // end inside a tile of the packed filter (7 channels x 9 taps).
+  struct Case {
+    Shape x, w;
+    ConvSpec s;
+  };
+  const std::vector<Case> cases = {
+      {{1, 64, 12, 12}, {64, 48, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 1}},
+      {{1, 256, 14, 14}, {256, 7, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 1}},
+      {{2, 48, 9, 11}, {48, 10, 2, 3}, {{2, 1}, {1, 2}, {0, 1, 1, 0}, 3}},
+      {{1, 96, 30, 30}, {96, 4, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}},
+  };
+  for (const Case& c : cases) {
+    Tensor x = random_tensor(DataType::Float, c.x, rng);
+    Tensor w = random_tensor(DataType::Float, c.w, rng);
+    INFO("x " << shape_to_string(c.x) << " w " << shape_to_string(c.w));
+    const Ints opad(c.x.size() - 2, 0);
+    const Tensor expected = naive_conv_transpose(x, w, c.s, opad);
+    for (int threads : {1, 2}) {
+      auto [y, prepared] = run_with_constants(
+          "ConvTranspose", 11, x, {w},
+          {ints_attr("strides", c.s.strides), ints_attr("dilations", c.s.dilations),
+           ints_attr("pads", c.s.pads), int_attr("group", c.s.group)},
+          threads);
+      CHECK(prepared == 1);
+      require_close(y, expected, 1e-4, 1e-4);
+    }
+  }
+}
+
+// ---- DeformConv ----
+
+namespace {
+
+struct DeformSpec {
+  Ints strides, dilations, pads;  // pads: top, left, bottom, right
+  int64_t group = 1, offset_group = 1;
+};
+
+// The ONNX definition: every kernel tap samples X bilinearly at its offset position (zero
+// outside the image), scaled by the mask.
+Tensor naive_deform_conv(const Tensor& x, const Tensor& w, const Tensor& off, const Tensor* bias,
+                         const Tensor* mask, const DeformSpec& s) {
+  const int64_t N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3), M = w.dim(0), cg = w.dim(1),
+                kh = w.dim(2), kw = w.dim(3), OH = off.dim(2), OW = off.dim(3);
+  const int64_t mg = M / s.group, cpo = C / s.offset_group, kp = kh * kw;
+  const auto vx = values(x), vw = values(w), vo = values(off);
+  const auto vb = bias ? values(*bias) : std::vector<double>{};
+  const auto vm = mask ? values(*mask) : std::vector<double>{};
+  auto at = [&](int64_t n, int64_t c, int64_t i, int64_t j) {
+    return i < 0 || i >= H || j < 0 || j >= W
+               ? 0.0
+               : vx[static_cast<size_t>(((n * C + c) * H + i) * W + j)];
+  };
+  std::vector<double> y(static_cast<size_t>(N * M * OH * OW));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t oy = 0; oy < OH; ++oy)
+        for (int64_t ox = 0; ox < OW; ++ox) {
+          double sum = bias ? vb[static_cast<size_t>(m)] : 0.0;
+          for (int64_t ci = 0; ci < cg; ++ci) {
+            const int64_t c = (m / mg) * cg + ci, og = c / cpo;
+            for (int64_t k = 0; k < kp; ++k) {
+              const int64_t ki = k / kw, kj = k % kw;
+              auto offset = [&](int64_t ch) {
+                return vo[static_cast<size_t>(((n * off.dim(1) + ch) * OH + oy) * OW + ox)];
+              };
+              const double h =
+                  oy * s.strides[0] - s.pads[0] + ki * s.dilations[0] + offset(og * 2 * kp + 2 * k);
+              const double ww = ox * s.strides[1] - s.pads[1] + kj * s.dilations[1] +
+                                offset(og * 2 * kp + 2 * k + 1);
+              double v = 0;
+              if (h > -1 && h < H && ww > -1 && ww < W) {
+                const double h0 = std::floor(h), w0 = std::floor(ww), lh = h - h0, lw = ww - w0;
+                const auto i0 = static_cast<int64_t>(h0), j0 = static_cast<int64_t>(w0);
+                v = (1 - lh) * ((1 - lw) * at(n, c, i0, j0) + lw * at(n, c, i0, j0 + 1)) +
+                    lh * ((1 - lw) * at(n, c, i0 + 1, j0) + lw * at(n, c, i0 + 1, j0 + 1));
+              }
+              if (mask)
+                v *=
+                    vm[static_cast<size_t>(((n * mask->dim(1) + og * kp + k) * OH + oy) * OW + ox)];
+              sum += v * vw[static_cast<size_t>(((m * cg + ci) * kh + ki) * kw + kj)];
+            }
+          }
+          y[static_cast<size_t>(((n * M + m) * OH + oy) * OW + ox)] = sum;
+        }
+  return float_tensor({N, M, OH, OW}, y);
+}
+
+Tensor run_deform_conv(const Tensor& x, const Tensor& w, const Tensor& off, const Tensor* bias,
+                       const Tensor* mask, const DeformSpec& s) {
+  OpTest t("DeformConv", 19);
+  t.input(x).input(w).input(off);
+  if (bias) {
+    t.input(*bias);
+  } else if (mask) {
+    t.no_input();
+  }
+  if (mask) t.input(*mask);
+  t.attr("strides", s.strides).attr("dilations", s.dilations).attr("pads", s.pads);
+  t.attr("group", s.group).attr("offset_group", s.offset_group);
+  return t.run1();
+}
+
+}  // namespace
+
+TEST_CASE("DeformConv matches the naive bilinear sampling on random shapes", "[nn]") {
+  std::mt19937 rng(47);
+  const DataType types[] = {DataType::Float, DataType::Float, DataType::Double, DataType::Float16};
+  for (int iter = 0; iter < 40; ++iter) {
+    const DataType dt = types[iter % 4];
+    DeformSpec s;
+    s.group = rand_int(rng, 1, 2);
+    s.offset_group = rand_int(rng, 1, 2);
+    const int64_t cg = s.offset_group * rand_int(rng, 1, 3), mg = rand_int(rng, 1, 20);
+    const int64_t kh = rand_int(rng, 1, 3), kw = rand_int(rng, 1, 3);
+    s.strides = {rand_int(rng, 1, 2), rand_int(rng, 1, 2)};
+    s.dilations = {rand_int(rng, 1, 2), rand_int(rng, 1, 2)};
+    s.pads = {rand_int(rng, 0, 2), rand_int(rng, 0, 2), rand_int(rng, 0, 2), rand_int(rng, 0, 2)};
+    const int64_t h = (kh - 1) * s.dilations[0] + 1 + rand_int(rng, 0, 7);
+    const int64_t w = (kw - 1) * s.dilations[1] + 1 + rand_int(rng, 0, 7);
+    const int64_t n = rand_int(rng, 1, 2), c = cg * s.group;
+    const int64_t oh =
+        (h + s.pads[0] + s.pads[2] - ((kh - 1) * s.dilations[0] + 1)) / s.strides[0] + 1;
+    const int64_t ow =
+        (w + s.pads[1] + s.pads[3] - ((kw - 1) * s.dilations[1] + 1)) / s.strides[1] + 1;
+    Tensor x = random_tensor(dt, {n, c, h, w}, rng);
+    Tensor wt = random_tensor(dt, {mg * s.group, cg, kh, kw}, rng);
+    Tensor off = random_tensor(dt, {n, s.offset_group * kh * kw * 2, oh, ow}, rng, -2, 2);
+    Tensor mask = random_tensor(dt, {n, s.offset_group * kh * kw, oh, ow}, rng, 0, 1);
+    Tensor b = random_tensor(dt, {mg * s.group}, rng);
+    const Tensor* bias = iter % 3 ? &b : nullptr;
+    const Tensor* m = iter % 2 ? &mask : nullptr;
+    INFO("iter " << iter << " x " << shape_to_string(x.shape()) << " w "
+                 << shape_to_string(wt.shape()) << " group " << s.group << " offset_group "
+                 << s.offset_group);
+    Tensor y = run_deform_conv(x, wt, off, bias, m, s);
+    REQUIRE(y.dtype() == dt);
+    const double tol = dt == DataType::Float16 ? 3e-2 : 1e-4;
+    require_close(float_tensor(y.shape(), values(y)), naive_deform_conv(x, wt, off, bias, m, s),
+                  tol, tol);
+  }
+  // Large enough to split output positions across threads.
+  DeformSpec s{{1, 1}, {1, 1}, {1, 1, 1, 1}, 2, 2};
+  Tensor x = random_tensor(DataType::Float, {1, 32, 20, 20}, rng);
+  Tensor wt = random_tensor(DataType::Float, {48, 16, 3, 3}, rng);
+  Tensor off = random_tensor(DataType::Float, {1, 36, 20, 20}, rng, -2, 2);
+  Tensor b = random_tensor(DataType::Float, {48}, rng);
+  require_close(run_deform_conv(x, wt, off, &b, nullptr, s),
+                naive_deform_conv(x, wt, off, &b, nullptr, s), 1e-4, 1e-4);
 }
 
 // ---- Pooling ----

@@ -1,5 +1,6 @@
 // LSTM/GRU/RNN, Einsum, Det, Clip and PRelu against naive references on random shapes.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -347,6 +348,102 @@ TEST_CASE("recurrent ops reject bad weights, attributes and sequence lengths", "
                     Error);
 }
 
+TEST_CASE("LSTM, GRU and RNN with constant weights pack them once and match the reference",
+          "[ops][recurrent]") {
+  std::mt19937 rng(12);
+  const char* ops[] = {"RNN", "GRU", "LSTM"};
+  const char* directions[] = {"forward", "reverse", "bidirectional"};
+  for (int iter = 0; iter < 36; ++iter) {
+    RnnConfig c;
+    c.op = ops[iter % 3];
+    c.direction = directions[(iter / 3) % 3];
+    c.seq = rand_int(rng, 1, 12);
+    c.batch = rand_int(rng, 1, 9);
+    c.input = rand_int(rng, 1, 50);
+    c.hidden = rand_int(rng, 1, 40);
+    c.bias = rng() % 3 != 0;
+    c.lens = rng() % 3 == 0;
+    c.h0 = rng() % 2;
+    c.c0 = c.op == "LSTM" && rng() % 2;
+    c.peep = c.op == "LSTM" && rng() % 2;
+    c.batch_major = rng() % 3 == 0;
+    c.lbr = c.op == "GRU" && rng() % 2;
+    RnnData d = random_rnn_data(c, rng);
+    INFO(c.op << " " << c.direction << " seq " << c.seq << " batch " << c.batch << " in " << c.input
+              << " hidden " << c.hidden << " bias " << c.bias << " lens " << c.lens << " lbr "
+              << c.lbr);
+    auto expected = naive_rnn(c, d);
+    // W, R and the other inputs but X as initializers of a session.
+    GraphBuilder g;
+    g.input("x", DataType::Float).initializer("w", d.w).initializer("r", d.r);
+    std::vector<std::string> ins{"x", "w", "r"};
+    std::vector<std::pair<bool, std::pair<std::string, Tensor>>> opt = {
+        {c.bias, {"b", d.b}}, {c.lens, {"lens", d.lens}}, {c.h0, {"h0", d.h0}}};
+    if (c.op == "LSTM") {
+      opt.push_back({c.c0, {"c0", d.c0}});
+      opt.push_back({c.peep, {"p", d.p}});
+    }
+    for (auto& [used, named] : opt) {
+      if (used) g.initializer(named.first, named.second);
+      ins.push_back(used ? named.first : "");
+    }
+    std::vector<std::string> outs{"y", "yh"};
+    if (c.op == "LSTM") outs.push_back("yc");
+    std::vector<ir::Attribute> attrs = {int_attr("hidden_size", c.hidden),
+                                        string_attr("direction", c.direction)};
+    if (c.batch_major) attrs.push_back(int_attr("layout", 1));
+    if (c.lbr) attrs.push_back(int_attr("linear_before_reset", 1));
+    g.node(c.op, ins, outs, attrs);
+    for (const auto& o : outs) g.output(o);
+    Session s = make_session(g.build(), 14, static_cast<int>(iter % 2 + 1));
+    CHECK(s.load_stats().weights_prepared_count == 2);  // W and R, once
+    for (int run = 0; run < 2; ++run) {
+      auto actual = s.run({{"x", d.x}});
+      for (size_t i = 0; i < outs.size(); ++i) {
+        require_close(actual.at(i).value.tensor(), expected[i]);
+      }
+    }
+    // The same weights fed at run time are packed per run.
+    auto fed = run_rnn(c, d);
+    for (size_t i = 0; i < outs.size(); ++i) require_close(fed[i].tensor(), expected[i]);
+  }
+}
+
+TEST_CASE("recurrent ops with constant float16 weights compute in float", "[ops][recurrent]") {
+  std::mt19937 rng(13);
+  for (const char* op : {"GRU", "LSTM"}) {
+    RnnConfig c;
+    c.op = op;
+    c.direction = "bidirectional";
+    c.seq = 5, c.batch = 3, c.input = 17, c.hidden = 19;
+    c.bias = true;
+    RnnData d = random_rnn_data(c, rng);
+    auto half = [](const Tensor& t) {
+      Tensor o = Tensor::zeros(DataType::Float16, t.shape());
+      for (int64_t i = 0; i < t.numel(); ++i) o.data<float16>()[i] = float16(t.data<float>()[i]);
+      return o;
+    };
+    RnnData hd = d;
+    for (Tensor* t : {&hd.x, &hd.w, &hd.r, &hd.b}) *t = half(*t);
+    auto expected = naive_rnn(c, hd);
+    GraphBuilder g;
+    g.input("x", DataType::Float16)
+        .initializer("w", hd.w)
+        .initializer("r", hd.r)
+        .initializer("b", hd.b);
+    g.node(op, {"x", "w", "r", "b"}, {"y", "yh"},
+           {int_attr("hidden_size", c.hidden), string_attr("direction", c.direction)});
+    g.output("y").output("yh");
+    Session s = make_session(g.build(), 14, 2);
+    CHECK(s.load_stats().weights_prepared_count == 2);
+    auto actual = s.run({{"x", hd.x}});
+    INFO(op);
+    REQUIRE(actual.at(1).value.tensor().dtype() == DataType::Float16);
+    require_close(to_float(actual.at(0).value.tensor()), expected[0], 1e-2, 5e-3);
+    require_close(to_float(actual.at(1).value.tensor()), expected[1], 1e-2, 5e-3);
+  }
+}
+
 // ---- Einsum ----
 
 namespace {
@@ -461,6 +558,87 @@ TEST_CASE("Einsum broadcasts ellipsis dimensions and reads strided inputs",
   require_close(OpTest("Einsum", 12).input(bt).input(c).attr("equation", "ij,jk->ik").run1(),
                 naive_einsum({"ij", "jk"}, "ik", {bt.contiguous(), c}));
   (void)b4;
+}
+
+TEST_CASE("Einsum batched products match the naive sum with broadcast batches and any layout",
+          "[ops][recurrent][einsum]") {
+  std::mt19937 rng(22);
+  // a's and b's terms over batch labels x, y, rows i, contraction j and columns k.
+  const std::vector<std::array<const char*, 3>> equations = {
+      {"xij", "xjk", "xik"},    {"xij", "xkj", "xik"},    {"xji", "xjk", "xik"},
+      {"xyij", "yjk", "xyik"},  {"xij", "jk", "xik"},     {"xij", "xjk", "xki"},
+      {"xyij", "xyjk", "yxik"}, {"ij", "xjk", "xik"},     {"xyi", "xyi", "xy"},
+      {"xij", "xj", "xi"},      {"xyji", "xykj", "xyik"}, {"xi", "xk", "xik"},
+  };
+  const DataType types[] = {DataType::Float, DataType::Double, DataType::Float16, DataType::Int64,
+                            DataType::Float};
+  for (int iter = 0; iter < 60; ++iter) {
+    const auto& e = equations[static_cast<size_t>(iter) % equations.size()];
+    const DataType dt = types[iter % 5];
+    std::map<char, int64_t> size;
+    size['x'] = rand_int(rng, 1, 5);
+    size['y'] = rand_int(rng, 1, 3);
+    for (char l : {'i', 'j', 'k'}) size[l] = rand_int(rng, 1, 40);
+    std::vector<std::string> terms = {e[0], e[1]};
+    // A batch label of both operands may have size 1 in one of them, which then broadcasts.
+    std::map<char, size_t> broadcast_in;
+    for (char l : {'x', 'y'}) {
+      const bool both =
+          terms[0].find(l) != std::string::npos && terms[1].find(l) != std::string::npos;
+      broadcast_in[l] = both && rng() % 3 == 0 ? rng() % 2 : 2;
+    }
+    std::vector<Tensor> xs;
+    for (size_t t = 0; t < 2; ++t) {
+      Shape shape;
+      for (char l : terms[t]) {
+        const bool broadcast = (l == 'x' || l == 'y') && broadcast_in[l] == t;
+        shape.push_back(broadcast ? 1 : size[l]);
+      }
+      const bool integer = dt == DataType::Int64;
+      xs.push_back(random_tensor(dt, shape, rng, integer ? -9 : -1, integer ? 9 : 1));
+    }
+    // The reference repeats the broadcast operands to full size.
+    std::vector<Tensor> full;
+    for (size_t t = 0; t < 2; ++t) {
+      Shape shape;
+      for (char l : terms[t]) shape.push_back(size[l]);
+      Tensor f = Tensor::zeros(DataType::Float, shape);
+      for (int64_t i = 0; i < f.numel(); ++i) {
+        int64_t rest = i, src = 0, scale = 1;
+        for (size_t d = shape.size(); d-- > 0;) {
+          const int64_t c = rest % shape[d];
+          rest /= shape[d];
+          src += (xs[t].dim(d) == 1 ? 0 : c) * scale;
+          scale *= xs[t].dim(d);
+        }
+        f.data<float>()[i] = static_cast<float>(element(xs[t], src));
+      }
+      full.push_back(f);
+    }
+    const std::string eq = terms[0] + "," + terms[1] + "->" + e[2];
+    INFO(eq << " iter " << iter);
+    Tensor y = OpTest("Einsum", 12).input(xs[0]).input(xs[1]).attr("equation", eq).run1();
+    REQUIRE(y.dtype() == dt);
+    const double tol = dt == DataType::Float16 ? 2e-2 : 1e-4;
+    require_close(to_float(y), naive_einsum(terms, e[2], full), tol, tol);
+  }
+  // A batch large enough to run one product per thread, and one product split across threads.
+  for (const Shape& as : {Shape{64, 33, 65}, Shape{2, 300, 129}}) {
+    const int64_t nb = as[0], m = as[1], k = as[2], n = 70;
+    Tensor a = random_tensor(DataType::Float, as, rng);
+    Tensor b = random_tensor(DataType::Float, {nb, k, n}, rng);
+    std::vector<double> want(static_cast<size_t>(nb * m * n), 0.0);
+    const float* pa = a.data<float>();
+    const float* pb = b.data<float>();
+    for (int64_t bi = 0; bi < nb; ++bi)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t p = 0; p < k; ++p)
+          for (int64_t j = 0; j < n; ++j)
+            want[static_cast<size_t>((bi * m + i) * n + j)] +=
+                double(pa[(bi * m + i) * k + p]) * pb[(bi * k + p) * n + j];
+    require_close(OpTest("Einsum", 12).input(a).input(b).attr("equation", "bij,bjk->bik").run1(),
+                  float_tensor({nb, m, n}, want), 1e-4, 1e-4);
+  }
 }
 
 TEST_CASE("Einsum on integers and float16", "[ops][recurrent][einsum]") {
