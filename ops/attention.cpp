@@ -4,9 +4,10 @@
 // (nonpad_kv_seqlen), softcap and the optional qk_matmul_output.
 //
 // Work is split over (batch, query head, block of query rows). A task computes its block of
-// scores with one GEMM over Eigen maps of the inputs in place (3-D inputs are read as strided
-// 4-D views, never transposed), applies the bias row by row straight from the unbroadcast
-// mask, softmaxes in place and multiplies by V directly into the output. Only the columns a
+// scores with one product in the GEMM layer reading the inputs in place (3-D inputs are read
+// as strided 4-D views, K^T as a column-major view, never transposed), applies the bias row
+// by row straight from the unbroadcast mask, softmaxes in place (the vector kernels for
+// float) and multiplies by V directly into the output. Only the columns a
 // block can attend are computed (causal prefill does half the work). Half-precision inputs
 // are widened to float once.
 #include <Eigen/Core>
@@ -20,6 +21,7 @@
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/math/gemm.h"
 #include "ops/math/kernels.h"
 
 namespace kiln::ops {
@@ -32,8 +34,6 @@ constexpr int64_t kPosLimit = int64_t{1} << 52;
 
 template <typename C>
 using RowMat = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename C>
-using ConstMap = Eigen::Map<const RowMat<C>, 0, Eigen::OuterStride<>>;
 template <typename C>
 using MutMap = Eigen::Map<RowMat<C>, 0, Eigen::OuterStride<>>;
 
@@ -184,18 +184,23 @@ void attend_block(const Problem<C>& p, const Block& blk, C* s) {
   if (p.qk) c0 = 0, c1 = p.T;  // the debug output needs every column
   const int64_t w = std::max<int64_t>(c1 - c0, 0);
   const int64_t yrow = blk.pos_step * p.ly.row + blk.head_step * p.ly.head;
-  MutMap<C> y(p.y + p.ly.at(b, blk.h0) + blk.i0 * p.ly.row, rows, p.Dv, Eigen::OuterStride<>(yrow));
+  C* y = p.y + p.ly.at(b, blk.h0) + blk.i0 * p.ly.row;
   if (w == 0) {
-    y.setZero();
+    for (int64_t r = 0; r < rows; ++r) std::fill(y + r * yrow, y + r * yrow + p.Dv, C(0));
     return;
   }
   const int64_t qrow = blk.pos_step * p.lq.row + blk.head_step * p.lq.head;
-  ConstMap<C> q(p.q + p.lq.at(b, blk.h0) + blk.i0 * p.lq.row, rows, p.D,
-                Eigen::OuterStride<>(qrow));
-  ConstMap<C> k(p.k + p.lk.at(b, kvh) + c0 * p.lk.row, w, p.D, Eigen::OuterStride<>(p.lk.row));
-  ConstMap<C> v(p.v + p.lv.at(b, kvh) + c0 * p.lv.row, w, p.Dv, Eigen::OuterStride<>(p.lv.row));
+  const C* q = p.q + p.lq.at(b, blk.h0) + blk.i0 * p.lq.row;
+  const C* k = p.k + p.lk.at(b, kvh) + c0 * p.lk.row;
+  const C* v = p.v + p.lv.at(b, kvh) + c0 * p.lv.row;
+  // scores = scale * q k^T: k^T read in place as a column-major matrix. One thread: tasks
+  // already run in parallel.
+  math::GemmOptions one_thread;
+  one_thread.max_threads = 1;
+  math::GemmOptions scaled = one_thread;
+  scaled.alpha = static_cast<float>(p.scale);
+  math::gemm<C>(q, rows, p.D, qrow, 1, k, w, 1, p.lk.row, s, w, scaled);
   MutMap<C> sc(s, rows, w, Eigen::OuterStride<>(w));
-  sc.noalias() = (q * p.scale) * k.transpose();
 
   // qk rows of a block are consecutive either way: [.., head, position, key] with either the
   // position or (when there is one position) the head advancing.
@@ -274,7 +279,7 @@ void attend_block(const Problem<C>& p, const Block& blk, C* s) {
     }
   }
   save(3);
-  y.noalias() = sc * v;
+  math::gemm<C>(s, rows, w, w, 1, v, p.Dv, p.lv.row, 1, y, yrow, one_thread);
 }
 
 template <typename C>
