@@ -59,7 +59,7 @@ double fma_peak_gflops(const math::MathKernels& k, int threads) {
   return best;
 }
 
-// GB/s reading a 1 GiB float array once (the dot kernel of x with itself).
+// GB/s reading a 1 GiB float array once (the vector sum kernel).
 double read_bandwidth_gbps(const math::MathKernels& k, int threads) {
   const int64_t n = int64_t{1} << 28;
   std::vector<float> x(static_cast<size_t>(n), 1.0f);
@@ -72,7 +72,7 @@ double read_bandwidth_gbps(const math::MathKernels& k, int threads) {
         0, threads,
         [&](int t) {
           const int64_t lo = n * t / threads, hi = n * (t + 1) / threads;
-          part[static_cast<size_t>(t)] = k.gemm.dot(x.data() + lo, x.data() + lo, hi - lo);
+          part[static_cast<size_t>(t)] = k.vec.sum(x.data() + lo, hi - lo);
         },
         tbb::static_partitioner());
     best = std::max(best, static_cast<double>(n) * 4 / seconds_since(t0) / 1e9);
