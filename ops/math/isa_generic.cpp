@@ -17,8 +17,14 @@ namespace kiln::math::generic {
 #include "ops/math/impl/convert.h"
 #include "ops/math/impl/sgemm.h"
 
+// The int8 GEMM, with the dot-product step it is compiled with defined first.
+#include "ops/math/impl/qgemm_widen.h"
+// (after its step)
+#include "ops/math/impl/qgemm.h"
+
 const MathKernels& table() {
-  static constexpr MathKernels kTable{Isa::Generic, kConvertKernels, kGemmKernels};
+  static constexpr MathKernels kTable{Isa::Generic, kConvertKernels, kGemmKernels,
+                                      kInt8GemmKernels};
   return kTable;
 }
 
