@@ -181,8 +181,26 @@ void fill_patches(const uint8_t* x, const ConvGeometry& g, int64_t j0, int64_t n
     for (int64_t c = 0; c < g.Cg; ++c) std::memcpy(out + c * nc, x + c * g.in_size + j0, nc);
     return;
   }
-  std::vector<int64_t> kk(sp), o(sp);
+  // The block's runs of positions along the innermost output dimension, the same for every
+  // row: where each starts in the block, its length, its first output column and its other
+  // output coordinates.
+  struct Run {
+    int64_t at, len, ow0;
+  };
+  std::vector<Run> runs;
+  std::vector<int64_t> outer;  // sp - 1 coordinates per run
   const int64_t ow = g.out[last], iw = g.in[last], sw = g.stride[last];
+  for (int64_t p = j0; p < j0 + nc;) {
+    int64_t rem = p / ow;
+    const int64_t ow0 = p % ow;
+    const size_t first = outer.size();
+    outer.resize(first + last);
+    for (size_t d = last; d-- > 0;) outer[first + d] = rem % g.out[d], rem /= g.out[d];
+    const int64_t len = std::min(j0 + nc - p, ow - ow0);
+    runs.push_back({p - j0, len, ow0});
+    p += len;
+  }
+  std::vector<int64_t> kk(sp);
   uint8_t* row = out;
   for (int64_t c = 0; c < g.Cg; ++c) {
     const uint8_t* xc = x + c * g.in_size;
@@ -190,12 +208,10 @@ void fill_patches(const uint8_t* x, const ConvGeometry& g, int64_t j0, int64_t n
       int64_t kr = k;
       for (size_t d = sp; d-- > 0;) kk[d] = kr % g.kernel[d], kr /= g.kernel[d];
       const int64_t base_w = kk[last] * g.dil[last] - g.pad_begin[last];
-      for (int64_t p = j0; p < j0 + nc;) {
-        // A run of positions along the innermost output dimension.
-        int64_t rem = p;
-        for (size_t d = sp; d-- > 0;) o[d] = rem % g.out[d], rem /= g.out[d];
-        const int64_t run = std::min(j0 + nc - p, ow - o[last]);
-        uint8_t* dst = row + (p - j0);
+      for (size_t r = 0; r < runs.size(); ++r) {
+        const Run& run = runs[r];
+        uint8_t* dst = row + run.at;
+        const int64_t* o = outer.data() + r * last;
         int64_t off = 0;
         bool inside = true;
         for (size_t d = 0; d < last; ++d) {
@@ -204,16 +220,22 @@ void fill_patches(const uint8_t* x, const ConvGeometry& g, int64_t j0, int64_t n
           off = off * g.in[d] + i;
         }
         if (!inside) {
-          std::memset(dst, pad, static_cast<size_t>(run));
-        } else {
-          const uint8_t* src = xc + off * iw;
-          const int64_t first = o[last] * sw + base_w;  // input column of the run's start
-          for (int64_t t = 0; t < run; ++t) {
-            const int64_t i = first + t * sw;
-            dst[t] = i >= 0 && i < iw ? src[i] : pad;
-          }
+          std::memset(dst, pad, static_cast<size_t>(run.len));
+          continue;
         }
-        p += run;
+        // Positions [lo, hi) of the run read inside the input row; the others are padding.
+        const uint8_t* src = xc + off * iw;
+        const int64_t first = run.ow0 * sw + base_w;  // input column of the run's start
+        const int64_t lo = std::min(run.len, first >= 0 ? 0 : (-first + sw - 1) / sw);
+        const int64_t hi =
+            std::clamp<int64_t>(first >= iw ? 0 : (iw - first + sw - 1) / sw, lo, run.len);
+        if (lo > 0) std::memset(dst, pad, static_cast<size_t>(lo));
+        if (sw == 1) {
+          std::memcpy(dst + lo, src + first + lo, static_cast<size_t>(hi - lo));
+        } else {
+          for (int64_t t = lo; t < hi; ++t) dst[t] = src[first + t * sw];
+        }
+        if (hi < run.len) std::memset(dst + hi, pad, static_cast<size_t>(run.len - hi));
       }
     }
   }

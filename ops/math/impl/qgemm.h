@@ -172,7 +172,7 @@ void qgemm_kernel(int64_t groups, const int32_t* a, const uint8_t* b, int32_t* c
   }
 }
 
-// The A word of values v[0, count) (count <= kb), each xor flip.
+// The A word of src[t * step] for t < count (count <= kb), each value xor flip.
 inline int32_t qgemm_a_word(const uint8_t* src, int64_t step, int count, uint8_t flip) {
   uint32_t w = 0;
   for (int t = 0; t < count; ++t) {
@@ -236,26 +236,55 @@ void qgemm_pack_a(const uint8_t* a, int64_t rs, int64_t cs, int rows, int64_t k,
   }
 }
 
-// Eight columns of one k group of a full panel: row t of the group is 8 bytes at rows[t]
-// (xor flip; a null row, past k, is zero). Writes the 8 * kb interleaved bytes at `out` and
-// adds the columns' values, as int8, to sums (columns 0-3 in sums[0], 4-7 in sums[1]).
-inline void qgemm_pack_b8(const uint8_t* const* rows, __m128i vflip, uint8_t* out, __m128i* sums) {
+// Columns [0, kCols) (8 or 16) of one k group of a full panel: row t of the group is kCols
+// bytes at rows[t] (xor flip; a null row, past k, is zero); the kCols * kb interleaved
+// bytes go to `out`.
+template <int kCols>
+inline void qgemm_pack_b_group(const uint8_t* const* rows, __m128i vflip, uint8_t* out) {
   __m128i x[kQgemmKb];
 #pragma GCC unroll 4
   for (int t = 0; t < kQgemmKb; ++t) {
-    x[t] = rows[t]
-               ? _mm_xor_si128(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[t])), vflip)
-               : _mm_setzero_si128();
-    sums[0] = _mm_add_epi32(sums[0], _mm_cvtepi8_epi32(x[t]));
-    sums[1] = _mm_add_epi32(sums[1], _mm_cvtepi8_epi32(_mm_srli_si128(x[t], 4)));
+    if (!rows[t]) {
+      x[t] = _mm_setzero_si128();
+    } else if constexpr (kCols == 16) {
+      x[t] = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[t])), vflip);
+    } else {
+      x[t] = _mm_xor_si128(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[t])), vflip);
+    }
   }
+  auto store = [&](int at, __m128i v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + at), v);
+  };
   if constexpr (kQgemmKb == 2) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_unpacklo_epi8(x[0], x[1]));
+    store(0, _mm_unpacklo_epi8(x[0], x[1]));
+    if constexpr (kCols == 16) store(16, _mm_unpackhi_epi8(x[0], x[1]));
   } else {
     const __m128i p01 = _mm_unpacklo_epi8(x[0], x[1]), p23 = _mm_unpacklo_epi8(x[2], x[3]);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_unpacklo_epi16(p01, p23));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm_unpackhi_epi16(p01, p23));
+    store(0, _mm_unpacklo_epi16(p01, p23));
+    store(16, _mm_unpackhi_epi16(p01, p23));
+    if constexpr (kCols == 16) {
+      const __m128i q01 = _mm_unpackhi_epi8(x[0], x[1]), q23 = _mm_unpackhi_epi8(x[2], x[3]);
+      store(32, _mm_unpacklo_epi16(q01, q23));
+      store(48, _mm_unpackhi_epi16(q01, q23));
+    }
   }
+}
+
+// The column sums of one packed panel (as int8 values), with the tile's own multiply-add: an
+// A word of ones in every lane.
+inline void qgemm_panel_sums(const uint8_t* panel, int64_t groups, int32_t* sums) {
+  const VI ones = viset1(kQgemmKb == 4 ? 0x01010101 : 0x00010001);
+  VI s[kQgemmNv];
+#pragma GCC unroll 4
+  for (int v = 0; v < kQgemmNv; ++v) s[v] = viset1(0);
+  for (int64_t g = 0; g < groups; ++g) {
+#pragma GCC unroll 4
+    for (int v = 0; v < kQgemmNv; ++v) {
+      s[v] = QDot::madd(s[v], ones, QDot::load_b(panel + (g * kQgemmNr + v * kLanes) * kQgemmKb));
+    }
+  }
+#pragma GCC unroll 4
+  for (int v = 0; v < kQgemmNv; ++v) vistore(sums + v * kLanes, s[v]);
 }
 
 // k x n of B, element (p, j) at b[p * rs + j * cs] xor flip, into ceil(n / kQgemmNr) panels,
@@ -265,45 +294,41 @@ void qgemm_pack_b(const uint8_t* b, int64_t rs, int64_t cs, int64_t k, int64_t n
   const int64_t groups = (k + kQgemmKb - 1) / kQgemmKb;
   const int64_t panel_bytes = groups * kQgemmNr * kQgemmKb;
   const __m128i vflip = _mm_set1_epi8(static_cast<char>(flip));
+  constexpr int kCols = kQgemmNr % 16 == 0 ? 16 : 8;
   for (int64_t j0 = 0; j0 < n; j0 += kQgemmNr) {
     const int cols = static_cast<int>(n - j0 < kQgemmNr ? n - j0 : kQgemmNr);
     uint8_t* panel = out + j0 / kQgemmNr * panel_bytes;
-    int32_t* sums = col_sums + j0;
     if (cs == 1 && cols == kQgemmNr) {
-      // Row-major and whole: eight columns at a time, every group of them.
-      for (int c8 = 0; c8 < kQgemmNr; c8 += 8) {
-        __m128i s[2] = {_mm_setzero_si128(), _mm_setzero_si128()};
-        for (int64_t g = 0; g < groups; ++g) {
-          const uint8_t* rows[kQgemmKb];
+      // Row-major and whole: kCols columns of a group at a time.
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* rows[kQgemmKb];
 #pragma GCC unroll 4
-          for (int t = 0; t < kQgemmKb; ++t) {
-            const int64_t p = g * kQgemmKb + t;
-            rows[t] = p < k ? b + p * rs + j0 + c8 : nullptr;
-          }
-          qgemm_pack_b8(rows, vflip, panel + (g * kQgemmNr + c8) * kQgemmKb, s);
+        for (int t = 0; t < kQgemmKb; ++t) {
+          const int64_t p = g * kQgemmKb + t;
+          rows[t] = p < k ? b + p * rs + j0 : nullptr;
         }
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(sums + c8), s[0]);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(sums + c8 + 4), s[1]);
+        for (int c = 0; c < kQgemmNr; c += kCols) {
+          const uint8_t* at[kQgemmKb];
+#pragma GCC unroll 4
+          for (int t = 0; t < kQgemmKb; ++t) at[t] = rows[t] ? rows[t] + c : nullptr;
+          qgemm_pack_b_group<kCols>(at, vflip, panel + (g * kQgemmNr + c) * kQgemmKb);
+        }
       }
-      continue;
-    }
-    for (int j = 0; j < kQgemmNr; ++j) sums[j] = 0;
-    for (int64_t g = 0; g < groups; ++g) {
-      for (int t = 0; t < kQgemmKb; ++t) {
-        const int64_t p = g * kQgemmKb + t;
-        uint8_t* o = panel + g * kQgemmNr * kQgemmKb + t;
-        int j = 0;
-        if (p < k) {
-          const uint8_t* src = b + p * rs + j0 * cs;
-          for (; j < cols; ++j) {
-            const uint8_t v = static_cast<uint8_t>(src[j * cs] ^ flip);
-            o[j * kQgemmKb] = v;
-            sums[j] += static_cast<int8_t>(v);
+    } else {
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int t = 0; t < kQgemmKb; ++t) {
+          const int64_t p = g * kQgemmKb + t;
+          uint8_t* o = panel + g * kQgemmNr * kQgemmKb + t;
+          int j = 0;
+          if (p < k) {
+            const uint8_t* src = b + p * rs + j0 * cs;
+            for (; j < cols; ++j) o[j * kQgemmKb] = static_cast<uint8_t>(src[j * cs] ^ flip);
           }
+          for (; j < kQgemmNr; ++j) o[j * kQgemmKb] = 0;
         }
-        for (; j < kQgemmNr; ++j) o[j * kQgemmKb] = 0;
       }
     }
+    qgemm_panel_sums(panel, groups, col_sums + j0);
   }
 }
 
