@@ -1,11 +1,15 @@
 // MatMulInteger and QLinearMatMul: numpy-style (batched, broadcasting) matmul of quantized
 // tensors after subtracting their zero points.
 //
-// The zero-point-centred operands are products of at most 9-bit integers, so their sums are
-// exact in double for any realistic K (< 2^37); the product therefore runs as an Eigen
-// double GEMM, which is exact, vectorised, and free of int32 overflow.
-#include <Eigen/Core>
-
+// 8-bit integer operands go through the int8 GEMM layer (ops/math/qgemm.h), exact in int32
+// for every signedness and zero point (per tensor, per row of A, per column of B, or per
+// batch matrix). A constant 2-D B (a weight) is packed once when the session is planned and
+// shared through the Environment's weights cache. QLinearMatMul requantizes each tile as it
+// is produced: the int32 sum times a_scale * b_scale / y_scale in float, rounded half to
+// even, plus y's zero point, saturated. Batches sharing one B fold into a single taller
+// product; otherwise batches run in parallel, or one after another each split across threads.
+// float8 operands (opset 21) are decoded and multiplied in double, as are float8 outputs
+// rescaled.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -13,11 +17,12 @@
 
 #include "ops/common.h"
 #include "ops/float8.h"
+#include "ops/math/gemm.h"
+#include "ops/math/qgemm.h"
+#include "ops/math/threading.h"
 
 namespace kiln::ops {
 namespace {
-
-using RowMat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 struct MatMulPlan {
   Shape out;
@@ -122,61 +127,214 @@ std::vector<double> centered(const OpContext& ctx, const Tensor& t, const Tensor
   return v;
 }
 
-// Calls emit(batch, row0, block) with the double product rows [row0, row0 + block.rows()).
-template <typename Emit>
-void gemm(const MatMulPlan& p, const std::vector<double>& a, const std::vector<double>& b,
-          Emit&& emit) {
-  constexpr int64_t kRows = 32;
-  const int64_t row_blocks = (p.M + kRows - 1) / kRows;
-  const int64_t tasks = static_cast<int64_t>(p.a_batch.size()) * row_blocks;
-  parallel_for(tasks, grain_for(kRows * p.K * p.N, 1 << 16), [&](int64_t t0, int64_t t1) {
-    RowMat c;
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t batch = t / row_blocks, r0 = (t % row_blocks) * kRows;
-      const int64_t rows = std::min(kRows, p.M - r0);
-      const double* pa = a.data() + (p.a_batch[static_cast<size_t>(batch)] * p.M + r0) * p.K;
-      const double* pb = b.data() + p.b_batch[static_cast<size_t>(batch)] * p.K * p.N;
-      Eigen::Map<const RowMat> am(pa, rows, p.K);
-      Eigen::Map<const RowMat> bm(pb, p.K, p.N);
-      c.resize(rows, p.N);
-      c.noalias() = am * bm;
-      emit(batch, r0, c);
-    }
-  });
+bool is_int8(DataType t) {
+  return t == DataType::UInt8 || t == DataType::Int8;
 }
+
+// An 8-bit operand's zero points as int32: one for the tensor, one per line (row of A or
+// column of B), or one per line of each of the operand's own batch matrices.
+struct IntZeroPoints {
+  std::vector<int32_t> values{0};
+  int64_t lines = 1;
+
+  bool scalar() const { return values.size() == 1; }
+  // The lines' zero points of the operand's batch matrix `batch`.
+  const int32_t* lines_of(int64_t batch) const {
+    return static_cast<int64_t>(values.size()) == lines ? values.data()
+                                                        : values.data() + batch * lines;
+  }
+};
+
+IntZeroPoints int_zero_points(const OpContext& ctx, const Tensor* zp, const Tensor& t, bool rows,
+                              const char* what) {
+  IntZeroPoints z;
+  if (!zp) return z;
+  if (zp->dtype() != t.dtype()) ctx.fail(std::string(what) + " type differs from its input's");
+  const bool vec = t.rank() == 1;
+  z.lines = vec ? 1 : (rows ? t.dim(t.rank() - 2) : t.shape().back());
+  const std::vector<double> v = line_values(ctx, *zp, t, z.lines, rows, what);
+  z.values.assign(v.size(), 0);
+  for (size_t i = 0; i < v.size(); ++i) z.values[i] = static_cast<int32_t>(v[i]);
+  return z;
+}
+
+// The requantization of QLinearMatMul's 8-bit output: the scale of element (i, j) of a batch
+// matrix at scales[i * scale_rs + j * scale_cs], the zero point of row i at zy[i * zy_rs].
+struct Requant {
+  bool y_signed = false;
+  std::vector<float> scales;
+  int64_t scale_rs = 0, scale_cs = 0;
+  std::vector<int32_t> zy{0};
+  int64_t zy_rs = 0;
+};
+
+// `v` (one value per row of a batch matrix) repeated for `times` matrices.
+template <typename T>
+std::vector<T> repeat(const std::vector<T>& v, int64_t times) {
+  std::vector<T> out;
+  out.reserve(v.size() * static_cast<size_t>(times));
+  for (int64_t i = 0; i < times; ++i) out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+
+// The product of every output batch of 8-bit a and b (b packed when `packed` is given) into
+// int32 `c` or, with `rq`, requantized into `y` (both contiguous [batches, M, N]).
+void run_int(const MatMulPlan& p, const Tensor& a, const Tensor& b, const math::QPackedB* packed,
+             const IntZeroPoints& za, const IntZeroPoints& zb, int32_t* c, uint8_t* y,
+             const Requant* rq) {
+  const int64_t nb = static_cast<int64_t>(p.a_batch.size());
+  const bool a_signed = a.dtype() == DataType::Int8, b_signed = b.dtype() == DataType::Int8;
+  const auto* ad = reinterpret_cast<const uint8_t*>(a.raw_data());
+  const auto* bd = reinterpret_cast<const uint8_t*>(b.raw_data());
+  const bool one_b =
+      std::all_of(p.b_batch.begin(), p.b_batch.end(), [&](int64_t i) { return i == p.b_batch[0]; });
+  bool a_in_order = true;
+  for (int64_t i = 0; i < nb; ++i)
+    a_in_order = a_in_order && p.a_batch[static_cast<size_t>(i)] == i;
+  // Batches of A stacked on one B are one taller product (unless the scales vary along both
+  // rows and columns, which are laid out per batch matrix).
+  const bool fold = nb > 1 && one_b && a_in_order && !(rq && rq->scale_rs && rq->scale_cs);
+  // A B shared by every batch and not packed yet is packed once for all of them.
+  math::QPackedB shared;
+  if (!packed && one_b && nb > 1) {
+    shared = math::QPackedB(
+        math::QMatrixView::row_major(bd + p.b_batch[0] * p.K * p.N, p.K, p.N, p.N, b_signed));
+    packed = &shared;
+  }
+  // Per-row arrays over the rows of a folded product.
+  std::vector<int32_t> za_rows, zy_rows;
+  std::vector<float> scale_rows;
+  if (fold) {
+    if (!za.scalar() && static_cast<int64_t>(za.values.size()) == za.lines) {
+      za_rows = repeat(za.values, nb);
+    }
+    if (rq && rq->scale_rs) scale_rows = repeat(rq->scales, nb);
+    if (rq && rq->zy_rs) zy_rows = repeat(rq->zy, nb);
+  }
+  const int64_t rows = fold ? nb * p.M : p.M;
+  const int64_t products = fold ? 1 : nb;
+  const double work = static_cast<double>(nb) * static_cast<double>(p.M) *
+                      static_cast<double>(p.N) * static_cast<double>(p.K) / 4;
+  const int tasks = math::task_count(work);
+  const bool by_batch = tasks > 1 && products >= 2 * tasks;
+  auto product = [&](int64_t bi) {
+    const int64_t ab = p.a_batch[static_cast<size_t>(bi)], bb = p.b_batch[static_cast<size_t>(bi)];
+    const math::QMatrixView av =
+        math::QMatrixView::row_major(ad + ab * p.M * p.K, rows, p.K, p.K, a_signed);
+    math::QGemmOptions o;
+    if (by_batch) o.max_threads = 1;
+    if (za.scalar()) {
+      o.a_zero = za.values[0];
+    } else {
+      o.a_zeros = za_rows.empty() ? za.lines_of(ab) : za_rows.data();
+    }
+    if (zb.scalar()) {
+      o.b_zero = zb.values[0];
+    } else {
+      o.b_zeros = zb.lines_of(bb);
+    }
+    math::QGemmOutput out;
+    if (rq) {
+      out.y = y + bi * p.M * p.N;
+      out.ldy = p.N;
+      out.y_signed = rq->y_signed;
+      out.scales = scale_rows.empty() ? rq->scales.data() : scale_rows.data();
+      out.scale_rs = rq->scale_rs;
+      out.scale_cs = rq->scale_cs;
+      out.y_zero_points = zy_rows.empty() ? rq->zy.data() : zy_rows.data();
+      out.y_zero_rs = rq->zy_rs;
+    } else {
+      out = math::QGemmOutput::int32(c + bi * p.M * p.N, p.N);
+    }
+    if (packed) {
+      math::qgemm(av, *packed, out, o);
+    } else {
+      math::qgemm(av, math::QMatrixView::row_major(bd + bb * p.K * p.N, p.K, p.N, p.N, b_signed),
+                  out, o);
+    }
+  };
+  if (by_batch) {
+    parallel_for(products, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t bi = lo; bi < hi; ++bi) product(bi);
+    });
+  } else {
+    for (int64_t bi = 0; bi < products; ++bi) product(bi);
+  }
+}
+
+// Calls emit(batch, c) with c the double product (M x N) of every output batch.
+template <typename Emit>
+void double_products(const MatMulPlan& p, const std::vector<double>& a,
+                     const std::vector<double>& b, Emit&& emit) {
+  std::vector<double> c(static_cast<size_t>(p.M * p.N));
+  for (size_t bi = 0; bi < p.a_batch.size(); ++bi) {
+    math::gemm<double>(a.data() + p.a_batch[bi] * p.M * p.K, p.M, p.K, p.K, 1,
+                       b.data() + p.b_batch[bi] * p.K * p.N, p.N, p.N, 1, c.data(), p.N);
+    emit(static_cast<int64_t>(bi), c.data());
+  }
+}
+
+// A constant 2-D 8-bit B (a weight) packed once for the active level's int8 tile, through
+// the weights cache.
+struct PackedWeight {
+  std::shared_ptr<const Tensor> storage;
+  math::QPackedB b;
+
+  static PackedWeight make(const NodeInfo& info, size_t input) {
+    PackedWeight w;
+    const Tensor* b = info.constant_input(input);
+    if (!b || b->rank() != 2 || !is_int8(b->dtype()) || b->numel() == 0) return w;
+    const math::MathKernels& t = math::kernels();
+    const std::string name = std::string("qgemm-b-") + math::isa_name(t.isa) + "-" +
+                             t.int8_gemm.layout + "-nr" + std::to_string(t.int8_gemm.nr);
+    w.storage = info.prepared_input(input, name, [](const Tensor& v) {
+      const Tensor c = v.contiguous();
+      const math::MathKernels& tk = math::kernels();
+      const int64_t k = c.dim(0), n = c.dim(1);
+      const int64_t bytes = math::QPackedB::packed_bytes(k, n, tk.int8_gemm);
+      Tensor packed(DataType::UInt8, Shape{bytes},
+                    Storage::heap_uninitialized(static_cast<size_t>(bytes)));
+      math::QPackedB::pack_into(
+          math::QMatrixView::row_major(c.raw_data(), k, n, n, c.dtype() == DataType::Int8),
+          packed.raw_data(), tk);
+      packed.storage()->set_read_only();
+      return packed;
+    });
+    w.b = math::QPackedB(w.storage->raw_data(), b->dim(0), b->dim(1), b->dtype() == DataType::Int8);
+    return w;
+  }
+  // The packed form when `b` (the input as run) is the weight it was made from.
+  const math::QPackedB* for_input(const Tensor& b) const {
+    return storage && b.rank() == 2 ? &this->b : nullptr;
+  }
+};
 
 class MatMulInteger final : public Kernel {
  public:
-  explicit MatMulInteger(const NodeInfo&) {}
+  explicit MatMulInteger(const NodeInfo& info) : weight_(PackedWeight::make(info, 1)) {}
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
     for (const Tensor* t : {&a, &b}) {
-      if (t->dtype() != DataType::UInt8 && t->dtype() != DataType::Int8) {
-        throw_unsupported_type(t->dtype(), "MatMulInteger input");
-      }
+      if (!is_int8(t->dtype())) throw_unsupported_type(t->dtype(), "MatMulInteger input");
     }
     const MatMulPlan p = plan_matmul(ctx, a.shape(), b.shape());
-    const std::vector<double> ca =
-        centered(ctx, a, ctx.has_input(2) ? &ctx.input(2) : nullptr, true, "a_zero_point");
-    const std::vector<double> cb =
-        centered(ctx, b, ctx.has_input(3) ? &ctx.input(3) : nullptr, false, "b_zero_point");
+    const IntZeroPoints za =
+        int_zero_points(ctx, ctx.has_input(2) ? &ctx.input(2) : nullptr, a, true, "a_zero_point");
+    const IntZeroPoints zb =
+        int_zero_points(ctx, ctx.has_input(3) ? &ctx.input(3) : nullptr, b, false, "b_zero_point");
     Tensor& y = ctx.output(0, DataType::Int32, p.out);
-    int32_t* py = y.data<int32_t>();
-    gemm(p, ca, cb, [&](int64_t batch, int64_t r0, const RowMat& c) {
-      int32_t* dst = py + (batch * p.M + r0) * p.N;
-      const double* src = c.data();
-      // Wraps like int32 accumulation would for absurdly long K.
-      for (int64_t i = 0; i < c.size(); ++i) {
-        dst[i] = static_cast<int32_t>(static_cast<int64_t>(src[i]));
-      }
-    });
+    if (y.numel() == 0) return;
+    run_int(p, a, b, weight_.for_input(b), za, zb, y.data<int32_t>(), nullptr, nullptr);
   }
+
+ private:
+  PackedWeight weight_;
 };
 
 class QLinearMatMul final : public Kernel {
  public:
-  explicit QLinearMatMul(const NodeInfo&) {}
+  explicit QLinearMatMul(const NodeInfo& info) : weight_(PackedWeight::make(info, 3)) {}
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(3);
@@ -196,10 +354,6 @@ class QLinearMatMul final : public Kernel {
       }
     }
     const MatMulPlan p = plan_matmul(ctx, a.shape(), b.shape());
-    const std::vector<double> ca =
-        centered(ctx, a, ctx.has_input(2) ? &ctx.input(2) : nullptr, true, "a_zero_point");
-    const std::vector<double> cb =
-        centered(ctx, b, ctx.has_input(5) ? &ctx.input(5) : nullptr, false, "b_zero_point");
     const bool a_vec = a.rank() == 1;
     const std::vector<double> sa = line_values(ctx, as, a, a_vec ? 1 : p.M, true, "a_scale");
     const std::vector<double> sb = line_values(ctx, bs, b, p.N, false, "b_scale");
@@ -224,18 +378,65 @@ class QLinearMatMul final : public Kernel {
     auto pick = [](const std::vector<double>& v, int64_t i) {
       return v[v.size() == 1 ? 0 : static_cast<size_t>(i)];
     };
+    auto multiplier = [&](int64_t m, int64_t n) {
+      return in_scale_type(in_scale_type(pick(sa, m) * pick(sb, n)) / pick(sy, m));
+    };
     Tensor& y = ctx.output(0, out_t, p.out);
-    std::byte* out = y.raw_data();
+    if (y.numel() == 0) return;
     const lowp::MiniFloat* fmt = lowp::minifloat_format(out_t);
+
+    if (is_int8(a.dtype()) && is_int8(b.dtype())) {
+      const IntZeroPoints za =
+          int_zero_points(ctx, ctx.has_input(2) ? &ctx.input(2) : nullptr, a, true, "a_zero_point");
+      const IntZeroPoints zb = int_zero_points(ctx, ctx.has_input(5) ? &ctx.input(5) : nullptr, b,
+                                               false, "b_zero_point");
+      if (!fmt) {
+        // 8-bit integer output: requantized tile by tile.
+        Requant rq;
+        rq.y_signed = out_t == DataType::Int8;
+        const bool by_row = sa.size() > 1 || sy.size() > 1, by_col = sb.size() > 1;
+        const int64_t rows = by_row ? p.M : 1, cols = by_col ? p.N : 1;
+        rq.scales.resize(static_cast<size_t>(rows * cols));
+        for (int64_t i = 0; i < rows; ++i) {
+          for (int64_t j = 0; j < cols; ++j) {
+            rq.scales[static_cast<size_t>(i * cols + j)] = static_cast<float>(multiplier(i, j));
+          }
+        }
+        rq.scale_rs = by_row ? cols : 0;
+        rq.scale_cs = by_col ? 1 : 0;
+        rq.zy.assign(zy.size(), 0);
+        for (size_t i = 0; i < zy.size(); ++i) rq.zy[i] = static_cast<int32_t>(zy[i]);
+        rq.zy_rs = zy.size() > 1 ? 1 : 0;
+        run_int(p, a, b, weight_.for_input(b), za, zb, nullptr,
+                reinterpret_cast<uint8_t*>(y.raw_data()), &rq);
+        return;
+      }
+      // A float8 output: the exact int32 sums, rescaled and encoded.
+      Tensor acc = ctx.allocate(DataType::Int32, p.out);
+      run_int(p, a, b, weight_.for_input(b), za, zb, acc.data<int32_t>(), nullptr, nullptr);
+      const int32_t* src = acc.data<const int32_t>();
+      auto* dst = reinterpret_cast<uint8_t*>(y.raw_data());
+      const int64_t mn = p.M * p.N;
+      for (int64_t at = 0; at < y.numel(); ++at) {
+        const int64_t m = (at % mn) / p.N, n = at % p.N;
+        const double v = static_cast<double>(src[at]) * multiplier(m, n) + pick(zy, m);
+        dst[at] = static_cast<uint8_t>(lowp::encode_minifloat(v, *fmt, true));
+      }
+      return;
+    }
+
+    // float8 inputs: decoded, centred and multiplied in double.
+    const std::vector<double> ca =
+        centered(ctx, a, ctx.has_input(2) ? &ctx.input(2) : nullptr, true, "a_zero_point");
+    const std::vector<double> cb =
+        centered(ctx, b, ctx.has_input(5) ? &ctx.input(5) : nullptr, false, "b_zero_point");
+    std::byte* out = y.raw_data();
     const double lo = out_t == DataType::Int8 ? -128 : 0, hi = out_t == DataType::Int8 ? 127 : 255;
-    gemm(p, ca, cb, [&](int64_t batch, int64_t r0, const RowMat& c) {
-      const int64_t base = (batch * p.M + r0) * p.N;
-      for (int64_t r = 0; r < c.rows(); ++r) {
-        const int64_t m = r0 + r;
+    double_products(p, ca, cb, [&](int64_t batch, const double* c) {
+      for (int64_t m = 0; m < p.M; ++m) {
         for (int64_t n = 0; n < p.N; ++n) {
-          const double mult = in_scale_type(in_scale_type(pick(sa, m) * pick(sb, n)) / pick(sy, m));
-          const double v = c(r, n) * mult + pick(zy, m);
-          const int64_t at = base + r * p.N + n;
+          const double v = c[m * p.N + n] * multiplier(m, n) + pick(zy, m);
+          const int64_t at = (batch * p.M + m) * p.N + n;
           if (fmt) {
             reinterpret_cast<uint8_t*>(out)[at] =
                 static_cast<uint8_t>(lowp::encode_minifloat(v, *fmt, true));
@@ -251,6 +452,9 @@ class QLinearMatMul final : public Kernel {
       }
     });
   }
+
+ private:
+  PackedWeight weight_;
 };
 
 }  // namespace

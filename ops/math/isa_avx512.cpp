@@ -22,9 +22,43 @@ namespace kiln::math::avx512 {
 #include "ops/math/impl/vecmath.h"
 #include "ops/math/impl/vecmath_rows.h"
 
+// The int8 GEMM, with the dot-product step it is compiled with defined first.
+#include "ops/math/impl/qgemm_widen.h"
+// (after its step)
+#include "ops/math/impl/qgemm.h"
+
+// AVX512-VNNI (Ice Lake, Cascade Lake, Zen 4 and later) multiplies four uint8 by four int8 and
+// adds them to an int32 lane exactly (vpdpbusd). The int8 GEMM is compiled a second time
+// with that step; only this region may use the extension, and its table is chosen only
+// where the processor has it.
+namespace vnni {
+#pragma GCC push_options
+#pragma GCC target("avx512vnni")
+
+struct QDot {
+  static constexpr int kb = 4;
+  static constexpr const char* kName = "vnni-k4";
+  static constexpr int mr = 12;
+  static VI load_b(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static VI madd(VI acc, VI a, VI b) { return _mm512_dpbusd_epi32(acc, a, b); }
+};
+
+#include "ops/math/impl/qgemm.h"
+
+#pragma GCC pop_options
+}  // namespace vnni
+
+constexpr MathKernels kTable{Isa::Avx512,    kConvertKernels, kGemmKernels,    kDirectConvKernels,
+                             kBinaryKernels, kVecMathKernels, kInt8GemmKernels};
+constexpr MathKernels kVnniTable{Isa::Avx512,           kConvertKernels, kGemmKernels,
+                                 kDirectConvKernels,    kBinaryKernels,  kVecMathKernels,
+                                 vnni::kInt8GemmKernels};
+
 const MathKernels& table() {
-  static constexpr MathKernels kTable{Isa::Avx512,        kConvertKernels, kGemmKernels,
-                                      kDirectConvKernels, kBinaryKernels,  kVecMathKernels};
+  return cpu_has_avx512_vnni() ? kVnniTable : kTable;
+}
+
+const MathKernels& table_without_extensions() {
   return kTable;
 }
 

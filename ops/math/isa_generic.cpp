@@ -21,9 +21,15 @@ namespace kiln::math::generic {
 #include "ops/math/impl/vecmath.h"
 #include "ops/math/impl/vecmath_rows.h"
 
+// The int8 GEMM, with the dot-product step it is compiled with defined first.
+#include "ops/math/impl/qgemm_widen.h"
+// (after its step)
+#include "ops/math/impl/qgemm.h"
+
 const MathKernels& table() {
   static constexpr MathKernels kTable{Isa::Generic,       kConvertKernels, kGemmKernels,
-                                      kDirectConvKernels, kBinaryKernels,  kVecMathKernels};
+                                      kDirectConvKernels, kBinaryKernels,  kVecMathKernels,
+                                      kInt8GemmKernels};
   return kTable;
 }
 

@@ -15,7 +15,8 @@ const MathKernels& table();
 }
 namespace avx512 {
 const MathKernels& table();
-}
+const MathKernels& table_without_extensions();
+}  // namespace avx512
 
 const MathKernels& kernels_for(Isa isa) {
   if (!cpu_supports(isa)) {
@@ -31,6 +32,11 @@ const MathKernels& kernels_for(Isa isa) {
       return avx512::table();
   }
   return generic::table();
+}
+
+const MathKernels& kernels_without_extensions(Isa isa) {
+  const MathKernels& t = kernels_for(isa);
+  return isa == Isa::Avx512 ? avx512::table_without_extensions() : t;
 }
 
 const MathKernels& kernels() {

@@ -104,6 +104,45 @@ struct VecMathKernels {
   float (*max)(const float* x, int64_t n) = nullptr;  // NaN if any is; -inf when n == 0
 };
 
+// Added to every element (i, j) of a finished int32 tile of the int8 GEMM, while it is still
+// in registers: row_add[i] + col_add[j] + row_mul[i] * col_mul[j] (a term is left out when
+// its pointers are null; column arrays hold nr values). The driver (qgemm.h) expresses the
+// zero points and biases this way.
+struct Int8TileFix {
+  const int32_t* row_add = nullptr;
+  const int32_t* col_add = nullptr;
+  const int32_t* row_mul = nullptr;
+  const int32_t* col_mul = nullptr;
+};
+
+// 8-bit integer GEMM building blocks (impl/qgemm.h; the driver is qgemm.h). The tile
+// multiplies uint8 A by int8 B into int32, exactly (no intermediate saturates); the packers
+// flip the sign bit of the other signednesses on the way in (`flip` = 0x80) and return the
+// sums the driver needs to correct for it.
+struct Int8GemmKernels {
+  const char* layout = nullptr;  // names the packed layouts, for caches of packed weights
+  int mr = 0, nr = 0;            // the register tile: rows of A, columns of B
+  int kb = 0;                    // k values per group: packed k is a multiple of it
+  // rows (<= mr) x k of A, element (r, p) at a[r * rs + p * cs] xor flip, into one panel of
+  // ceil(k / kb) groups of mr 32-bit words (zero padded); with row_sums, the sum of each
+  // row's (flipped, unsigned) values into row_sums[0, rows).
+  void (*pack_a)(const uint8_t* a, int64_t rs, int64_t cs, int rows, int64_t k, uint8_t flip,
+                 int32_t* out, int32_t* row_sums) = nullptr;
+  // k x n of B, element (p, j) at b[p * rs + j * cs] xor flip, into ceil(n / nr) panels of
+  // ceil(k / kb) * kb * nr bytes (zero padded), and the sum of each column's (flipped, signed)
+  // values into col_sums[0, ceil(n / nr) * nr) (zero past n).
+  void (*pack_b)(const uint8_t* b, int64_t rs, int64_t cs, int64_t k, int64_t n, uint8_t flip,
+                 uint8_t* out, int32_t* col_sums) = nullptr;
+  // C[rows x cols] = A panel * B panel over `groups` k groups, plus `fix`; rows <= mr,
+  // cols <= nr.
+  void (*kernel)(int64_t groups, const int32_t* a, const uint8_t* b, int32_t* c, int64_t ldc,
+                 int rows, int cols, const Int8TileFix& fix) = nullptr;
+  // y[j] = saturate(round_half_even(float(acc[j]) * scale[j * scale_step]) + zero_point) for
+  // j < n, as int8 when out_signed, else uint8; scale_step is 0 or 1, products in float.
+  void (*requantize)(const int32_t* acc, int64_t n, const float* scale, int scale_step,
+                     int32_t zero_point, bool out_signed, uint8_t* y) = nullptr;
+};
+
 struct MathKernels {
   Isa isa = Isa::Generic;
   ConvertKernels convert;
@@ -111,6 +150,7 @@ struct MathKernels {
   DirectConvKernels direct_conv;
   BinaryKernels binary;
   VecMathKernels vec;
+  Int8GemmKernels int8_gemm;
 };
 
 // The table of active_isa() (throws as active_isa() does).
@@ -118,5 +158,8 @@ const MathKernels& kernels();
 // The table of one level; throws kiln::Error when this processor does not run it. Tests
 // use it to compare every level the processor runs within one process.
 const MathKernels& kernels_for(Isa isa);
+// kernels_for(isa) without the optional extensions beyond the level (AVX512-VNNI), which
+// kernels_for uses where the processor has them: tests run both variants this way.
+const MathKernels& kernels_without_extensions(Isa isa);
 
 }  // namespace kiln::math

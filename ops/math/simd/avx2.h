@@ -186,6 +186,46 @@ inline VI vior(VI a, VI b) {
   return _mm256_or_si256(a, b);
 }
 
+// Integer lanes for the int8 GEMM (impl/qgemm.h); see simd/sse.h.
+inline VI viload(const int32_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+inline void vistore(int32_t* p, VI v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+}
+inline VI viload_partial(const int32_t* p, int n) {
+  return _mm256_maskload_epi32(p, vtail_mask(n));
+}
+inline void vistore_partial(int32_t* p, VI v, int n) {
+  _mm256_maskstore_epi32(p, vtail_mask(n), v);
+}
+inline VI vibroadcast(const int32_t* p) {
+  return _mm256_set1_epi32(*p);
+}
+inline VI vimul(VI a, VI b) {
+  return _mm256_mullo_epi32(a, b);
+}
+inline VI vload_s8_as_s16(const uint8_t* p) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline VI vmadd_s16(VI a, VI b) {
+  return _mm256_madd_epi16(a, b);
+}
+// The low bytes of each 128-bit half gathered, then the two halves joined.
+inline void vstore_lo8(uint8_t* p, VI v) {
+  const __m256i idx = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                       0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i bytes = _mm256_shuffle_epi8(v, idx);
+  const __m128i joined =
+      _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), joined);
+}
+inline void vstore_lo8_partial(uint8_t* p, VI v, int n) {
+  alignas(32) int32_t t[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(t), v);
+  for (int i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(t[i]);
+}
+
 inline VI vload_u16(const uint16_t* p) {
   return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }

@@ -180,6 +180,38 @@ inline VI vior(VI a, VI b) {
   return _mm512_or_si512(a, b);
 }
 
+// Integer lanes for the int8 GEMM (impl/qgemm.h); see simd/sse.h.
+inline VI viload(const int32_t* p) {
+  return _mm512_loadu_si512(p);
+}
+inline void vistore(int32_t* p, VI v) {
+  _mm512_storeu_si512(p, v);
+}
+inline VI viload_partial(const int32_t* p, int n) {
+  return _mm512_maskz_loadu_epi32(vtail_mask(n), p);
+}
+inline void vistore_partial(int32_t* p, VI v, int n) {
+  _mm512_mask_storeu_epi32(p, vtail_mask(n), v);
+}
+inline VI vibroadcast(const int32_t* p) {
+  return _mm512_set1_epi32(*p);
+}
+inline VI vimul(VI a, VI b) {
+  return _mm512_mullo_epi32(a, b);
+}
+inline VI vload_s8_as_s16(const uint8_t* p) {
+  return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline VI vmadd_s16(VI a, VI b) {
+  return _mm512_madd_epi16(a, b);
+}
+inline void vstore_lo8(uint8_t* p, VI v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(v));
+}
+inline void vstore_lo8_partial(uint8_t* p, VI v, int n) {
+  _mm512_mask_cvtepi32_storeu_epi8(p, vtail_mask(n), v);
+}
+
 inline VI vload_u16(const uint16_t* p) {
   return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }

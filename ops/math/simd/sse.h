@@ -199,6 +199,54 @@ inline VI vior(VI a, VI b) {
   return _mm_or_si128(a, b);
 }
 
+// Integer lanes for the int8 GEMM (impl/qgemm.h): kLanes int32 from / to memory, and the
+// first n (< kLanes) of them (the others read as zero / are left unwritten).
+inline VI viload(const int32_t* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+inline void vistore(int32_t* p, VI v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v);
+}
+inline VI viload_partial(const int32_t* p, int n) {
+  alignas(16) int32_t t[4] = {0, 0, 0, 0};
+  for (int i = 0; i < n; ++i) t[i] = p[i];
+  return _mm_load_si128(reinterpret_cast<const __m128i*>(t));
+}
+inline void vistore_partial(int32_t* p, VI v, int n) {
+  alignas(16) int32_t t[4];
+  _mm_store_si128(reinterpret_cast<__m128i*>(t), v);
+  for (int i = 0; i < n; ++i) p[i] = t[i];
+}
+// One 32-bit value in every lane.
+inline VI vibroadcast(const int32_t* p) {
+  return _mm_set1_epi32(*p);
+}
+// The low 32 bits of the lane products.
+inline VI vimul(VI a, VI b) {
+  return _mm_mullo_epi32(a, b);
+}
+// 2 * kLanes int8 values sign-extended to int16, two to a 32-bit lane.
+inline VI vload_s8_as_s16(const uint8_t* p) {
+  return _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+// Lane i: the sum of the products of its two signed 16-bit halves in a and b (exact: it
+// overflows only for -32768 * -32768 twice).
+inline VI vmadd_s16(VI a, VI b) {
+  return _mm_madd_epi16(a, b);
+}
+// The low byte of every lane to kLanes bytes at p, or to the first n (< kLanes).
+inline void vstore_lo8(uint8_t* p, VI v) {
+  const __m128i bytes = _mm_shuffle_epi8(
+      v, _mm_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+  const int32_t word = _mm_cvtsi128_si32(bytes);
+  __builtin_memcpy(p, &word, 4);
+}
+inline void vstore_lo8_partial(uint8_t* p, VI v, int n) {
+  alignas(16) int32_t t[4];
+  _mm_store_si128(reinterpret_cast<__m128i*>(t), v);
+  for (int i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(t[i]);
+}
+
 // kLanes 16-bit values widened to int32 lanes, and int32 lanes (each in 0..65535) narrowed.
 inline VI vload_u16(const uint16_t* p) {
   return _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
