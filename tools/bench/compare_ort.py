@@ -200,6 +200,90 @@ def summarize(runs):
             "rss_over": max(r["peak_rss_bytes"] - r["rss_before_load_bytes"] for r in runs)}
 
 
+def bf16_section(runner, args, dirs, past_lens):
+    """kiln with its MatMul/Gemm weights packed as bfloat16 and float16 next to float weights:
+    time, and the largest difference of the first output from kiln's float-weight output."""
+    cases = [("encoder", "encoder", dirs["encoder"], [], "last_hidden_state")]
+    cases += [(f"decoder step, past {p}", "decoder-step", dirs[f"decoder-step-{p}"],
+               ["--past-len", str(p)], "logits") for p in past_lens]
+    t = min(args.threads)
+    head = ["case", "weights", "median ms", "vs float weights", "max abs diff of the output vs float weights"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, case, idir, extra_args, output in cases:
+        base = None
+        for prec in ("f32", "bf16", "f16"):
+            odir = os.path.join(runner.tmp, "out", f"prec-{case}-{prec}-{len(out)}")
+            times = []
+            for r in range(args.rounds):
+                cmd = [runner.kiln, case, args.whisper, "--input-dir", idir, "--threads", str(t),
+                       "--warmup", str(args.warmup), "--iterations", str(args.iterations),
+                       "--gemm-weights", prec] + extra_args + (["--output-dir", odir] if r == 0 else [])
+                res = run_child(cmd)
+                runner.raw.append({"command": cmd, "result": res})
+                times += res["iterations_ms"]
+            median = pct(times, 50)
+            value = np.load(os.path.join(odir, output + ".npy"))
+            if base is None:
+                base = (median, value)
+                cells = [label, prec, fmt_ms(median), "1.00", "0 (the reference)"]
+            else:
+                diff = float(np.max(np.abs(value.astype(np.float64) - base[1])))
+                cells = [label, prec, fmt_ms(median), f"{median / base[0]:.2f}", f"{diff:.2e}"]
+            print(f"  weights {label} {prec}: {median:.2f} ms", flush=True)
+            out.append("| " + " | ".join(cells) + " |")
+    desc = (f"`kiln-bench ... --gemm-weights f32|bf16|f16` ({t} thread, {args.rounds} rounds of "
+            f"{args.iterations} timed runs): SessionOptions::gemm_weights keeps the constant B of every "
+            "MatMul and Gemm packed in bfloat16 or float16 (half the bytes), widened to float in "
+            "registers; sums stay in float. onnxruntime has no such option for float models on CPU. "
+            "The difference column is the largest absolute difference of the first output from kiln's "
+            "own float-weight output on the same inputs.")
+    return ("kiln with bfloat16 / float16 GEMM weights", desc, out)
+
+
+GEMM_SHAPES = [(1500, 384, 384), (1500, 1536, 384), (1500, 384, 1536), (128, 384, 384),
+               (128, 1536, 384), (1, 51865, 384), (1, 384, 384)]
+
+
+def gemm_section(runner, threads_list):
+    """kiln-bench gemm for the GEMM layer's reference shapes: GFLOP/s beside the FMA peak and
+    read bandwidth measured in the same process."""
+    rows = []
+    for m, n, k in GEMM_SHAPES:
+        for t in threads_list:
+            cmd = [runner.kiln, "gemm", str(m), str(n), str(k), "--threads", str(t),
+                   "--warmup", "5", "--iterations", "30"]
+            res = run_child(cmd)
+            runner.raw.append({"command": cmd, "result": res})
+            print(f"  gemm {m}x{n}x{k} threads={t}: " +
+                  ", ".join(f"{r['impl']} {r['gflops']:.1f}" for r in res["results"]), flush=True)
+            rows.append(res)
+    head = ["M x N x K", "threads", "kiln packed B GFLOP/s", "kiln unpacked B GFLOP/s",
+            "Eigen GFLOP/s (1 thread)", "measured FMA peak GFLOP/s", "packed / peak",
+            "packed B read GB/s", "measured read GB/s", "B read / bandwidth"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        by = {x["impl"]: x for x in r["results"]}
+        packed, unpacked = by["kiln packed B"], by["kiln unpacked B"]
+        eigen = next(x for x in r["results"] if x["impl"].startswith("eigen"))
+        out.append("| " + " | ".join([
+            f"{r['m']} x {r['n']} x {r['k']}", str(r["threads"]), f"{packed['gflops']:.1f}",
+            f"{unpacked['gflops']:.1f}", f"{eigen['gflops']:.1f}", f"{r['fma_peak_gflops']:.0f}",
+            f"{packed['gflops'] / r['fma_peak_gflops']:.2f}", f"{packed['b_gbps']:.1f}",
+            f"{r['read_bandwidth_gbps']:.1f}",
+            f"{packed['b_gbps'] / r['read_bandwidth_gbps']:.2f}"]) + " |")
+    isa = rows[0]["isa"] if rows else "?"
+    desc = (f"`kiln-bench gemm M N K --threads T` (kiln's **{isa}** kernels): the GEMM layer alone, "
+            "C = A B with B packed ahead (a weight) and unpacked (packed inside each call when M is "
+            "large enough to repay it); the median of 30 timed calls after 5 warm-ups. The FMA peak "
+            "and the read bandwidth are measured by the same process on all T threads (independent "
+            "FMA chains; the vector sum of a 1 GiB array). Eigen is Eigen 3.4's product as compiled "
+            "into kiln-bench for the build's baseline (x86-64-v2), on one thread, which is what "
+            "kiln's products ran on before the GEMM layer (they ran with whatever `-march` the build "
+            "used). For M = 1 the limit is memory: `packed B read GB/s` is the bytes of B over the "
+            "time.")
+    return desc, out
+
+
 # ---------------------------------------------------------------- report
 
 def machine():
@@ -381,7 +465,7 @@ def contention_notes(sections, decode, threads):
             "columns are the more reliable comparison."]
 
 
-def write_report(path, args, cmdline, info, sections, decode, started, ended, loads):
+def write_report(path, args, cmdline, info, sections, decode, started, ended, loads, extra=()):
     lines = [
         "# Benchmarks: kiln next to onnxruntime",
         "",
@@ -470,6 +554,8 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
         lines += table
         lines += summary
         lines.append("")
+    for title, desc, table in extra:
+        lines += [f"## {title}", "", desc, ""] + table + [""]
     with open(path, "w") as f:
         f.write("\n".join(lines).rstrip() + "\n")
 
@@ -495,7 +581,7 @@ def main():
     p.add_argument("--light", default=os.path.join(
         os.environ.get("ONNX_BACKEND_TEST_DATA") or os.path.join(ROOT, "..", "shared", "onnx-backend-tests"),
         "light"), help="folder of the ONNX backend data's light/ CNN models")
-    p.add_argument("--cases", default="encoder,decoder-step,minilm,decode,light")
+    p.add_argument("--cases", default="encoder,decoder-step,minilm,decode,light,gemm,bf16")
     p.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
     p.add_argument("--raw", help="also write every child's JSON result to this file")
     args = p.parse_args()
@@ -505,14 +591,14 @@ def main():
     except ValueError:
         p.error("--threads and --past-lens take comma-separated integers")
     cases = args.cases.split(",")
-    unknown = set(cases) - {"encoder", "decoder-step", "minilm", "decode", "light"}
+    unknown = set(cases) - {"encoder", "decoder-step", "minilm", "decode", "light", "gemm", "bf16"}
     if unknown:
         p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     if min(args.threads) < 1 or args.rounds < 1 or args.iterations < 1 or args.decode_rounds < 1:
         p.error("--threads, --rounds, --iterations and --decode-rounds must be >= 1")
     if not os.access(args.kiln_bench, os.X_OK):
         p.error(f"{args.kiln_bench}: not found (build kiln first: cmake --build build)")
-    whisper_cases = {"encoder", "decoder-step", "decode"} & set(cases)
+    whisper_cases = {"encoder", "decoder-step", "decode", "bf16"} & set(cases)
     for folder, needed in ((args.whisper, whisper_cases), (args.minilm, {"minilm"} & set(cases))):
         if needed and not os.path.isdir(folder):
             p.error(f"{folder}: no such model folder (see models/README.md to make it)")
@@ -531,6 +617,7 @@ def main():
 
     sections = []
     decode = {}
+    extra = []
     with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
         runner = Runner(args, tmp)
         dirs = whisper_inputs(args.whisper, tmp, past_lens) if whisper_cases else {}
@@ -586,6 +673,11 @@ def main():
                              "Each `light/*.onnx` model on one random standard-normal input of its declared "
                              "shape (float32[1,3,224,224]); `kiln-bench run` and onnxruntime's `run` on the "
                              "same .npy file.", rows, "model"))
+        if "bf16" in cases:
+            extra.append(bf16_section(runner, args, dirs, past_lens))
+        if "gemm" in cases:
+            desc, table = gemm_section(runner, args.threads)
+            extra.append(("The GEMM layer", desc, table))
         if "decode" in cases:
             for t in args.threads:
                 res, _ = runner.measure("decode", "decode", args.whisper, dirs["encoder"], t,
@@ -598,7 +690,8 @@ def main():
         with open(args.raw, "w") as f:
             json.dump(runner.raw, f)
     ended = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-    write_report(args.out, args, cmdline, info, sections, decode, started, ended, (load_start, loadavg()))
+    write_report(args.out, args, cmdline, info, sections, decode, started, ended, (load_start, loadavg()),
+                 extra)
     print(f"wrote {args.out} ({time.time() - t_start:.0f} s)")
 
 
