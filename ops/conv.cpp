@@ -114,43 +114,15 @@ void im2col(const T* x, int64_t channels, const Geometry& g, int64_t p0, int64_t
   }
 }
 
-// Lowers input patches straight into GEMM panels: rows [p0, p0 + kc) of the patch matrix
-// (channel, kd, kh, kw) and output positions [j0, j0 + nc), as panels of nr positions.
-void pack_patches(const float* x, const Geometry& g, int nr, int64_t p0, int64_t kc, int64_t j0,
-                  int64_t nc, float* out) {
-  const int64_t ip = g.in_size(), kp = g.k_size(), ohw = g.out[1] * g.out[2];
-  const int64_t khw = g.k[1] * g.k[2];
-  for (int64_t r = 0; r < kc; ++r) {
-    const int64_t row = p0 + r, c = row / kp, t = row % kp;
-    const int64_t kd = t / khw, kh = (t % khw) / g.k[2], kw = t % g.k[2];
-    const float* xc = x + c * ip;
-    const int64_t wbase = kw * g.dil[2] - g.pad[2];
-    for (int64_t q = 0; q * nr < nc; ++q) {
-      float* d = out + q * kc * nr + r * nr;
-      const int64_t first = j0 + q * nr, last = first + std::min<int64_t>(nr, nc - q * nr);
-      for (int64_t p = first; p < last;) {
-        const int64_t od = p / ohw, oh = (p % ohw) / g.out[2], ow = p % g.out[2];
-        const int64_t run = std::min(last - p, g.out[2] - ow);
-        const int64_t id = od * g.stride[0] - g.pad[0] + kd * g.dil[0];
-        const int64_t ih = oh * g.stride[1] - g.pad[1] + kh * g.dil[1];
-        if (id < 0 || id >= g.in[0] || ih < 0 || ih >= g.in[1]) {
-          std::fill(d, d + run, 0.0f);
-        } else {
-          const int64_t base = ow * g.stride[2] + wbase;
-          const float* src = xc + (id * g.in[1] + ih) * g.in[2];
-          gather_row(d, run, src, base, g.stride[2], first_at_least(base, g.stride[2], 0),
-                     first_at_least(base, g.stride[2], g.in[2]));
-        }
-        d += run;
-        p += run;
-      }
-      std::fill(d, out + q * kc * nr + r * nr + nr, 0.0f);
-    }
-  }
+// Floats of pack_filter_into's form of a filter [M, cg, kernel...] with `groups` groups.
+int64_t packed_filter_floats(const Tensor& w, int64_t groups) {
+  const int64_t mg = w.dim(0) / groups, kk = w.numel() / w.dim(0);
+  return groups * math::PackedA::packed_floats(mg, kk, math::kernels().gemm.mr);
 }
 
-// The filter of each group as a packed GEMM A ([mg x cg * kernel] each, one after another).
-Tensor pack_filter(const Tensor& w, int64_t groups) {
+// The filter of each group as a packed GEMM A ([mg x cg * kernel] each, one after another)
+// into `out` (packed_filter_floats floats).
+void pack_filter_into(const Tensor& w, int64_t groups, float* out) {
   Tensor f = w.contiguous();
   if (f.dtype() != DataType::Float) {
     Tensor wide(DataType::Float, f.shape(),
@@ -163,13 +135,19 @@ Tensor pack_filter(const Tensor& w, int64_t groups) {
   const math::MathKernels& t = math::kernels();
   const int64_t mg = f.dim(0) / groups, kk = f.numel() / f.dim(0);
   const int64_t per = math::PackedA::packed_floats(mg, kk, t.gemm.mr);
-  Tensor packed(DataType::Float, Shape{groups * per},
-                Storage::heap_uninitialized(storage_bytes(DataType::Float, groups * per)));
   for (int64_t grp = 0; grp < groups; ++grp) {
     math::PackedA::pack_into(
         math::MatrixView::row_major(f.data<const float>() + grp * mg * kk, mg, kk, kk),
-        packed.data<float>() + grp * per, t);
+        out + grp * per, t);
   }
+}
+
+// pack_filter_into a tensor of its own (the weights cache's prepared form).
+Tensor pack_filter(const Tensor& w, int64_t groups) {
+  const int64_t floats = packed_filter_floats(w, groups);
+  Tensor packed(DataType::Float, Shape{floats},
+                Storage::heap_uninitialized(storage_bytes(DataType::Float, floats)));
+  pack_filter_into(w, groups, packed.data<float>());
   packed.storage()->set_read_only();
   return packed;
 }
@@ -182,11 +160,11 @@ struct Sizes {
 // channels per group run as direct loops: a GEMM with so few rows would spend its time
 // lowering patches.
 bool use_direct(const Sizes& s, const Geometry& g) {
-  return (s.cg == 1 || s.mg <= 2) && g.k[2] <= math::kDirectConvMaxTaps;
+  return (s.cg == 1 || s.mg <= 2) && g.k[2] <= math::kConvMaxTaps;
 }
 
-math::DirectConvGeometry direct_geometry(const Geometry& g) {
-  math::DirectConvGeometry d;
+math::ConvGeometry conv_geometry(const Geometry& g) {
+  math::ConvGeometry d;
   for (int i = 0; i < 3; ++i) {
     d.in[i] = g.in[i], d.out[i] = g.out[i], d.k[i] = g.k[i];
     d.stride[i] = g.stride[i], d.dil[i] = g.dil[i], d.pad[i] = g.pad[i];
@@ -198,8 +176,8 @@ math::DirectConvGeometry direct_geometry(const Geometry& g) {
 // over its group's input channels.
 void direct_convolve(const float* x, const float* w, const float* bias, float* y, const Sizes& s,
                      const Geometry& g) {
-  const math::DirectConvKernels& k = math::kernels().direct_conv;
-  const math::DirectConvGeometry dg = direct_geometry(g);
+  const math::ConvKernels& k = math::kernels().conv;
+  const math::ConvGeometry dg = conv_geometry(g);
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size();
   // Stride 2 along rows: deinterleave each input plane once so the taps vectorise.
   const bool split = g.stride[2] == 2 && (g.k[2] == 3 || g.k[2] == 5 || g.k[2] == 7);
@@ -227,7 +205,7 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
 void gemm_convolve(const float* x, const float* packed, const float* bias, float* y, const Sizes& s,
                    const Geometry& g) {
   const math::MathKernels& t = math::kernels();
-  const int nr = t.gemm.nr;
+  const math::ConvGeometry cg = conv_geometry(g);
   const int64_t ip = g.in_size(), op = g.out_size(), kk = s.cg * g.k_size();
   const int64_t per = math::PackedA::packed_floats(s.mg, kk, t.gemm.mr);
   const bool pointwise = g.k_size() == 1 && g.stride == std::array<int64_t, 3>{1, 1, 1} &&
@@ -254,7 +232,7 @@ void gemm_convolve(const float* x, const float* packed, const float* bias, float
       };
     } else {
       pack_b = [&](int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
-        pack_patches(xg, g, nr, p0, kc, j0, nc, out);
+        t.conv.im2col_panels(xg, cg, p0, kc, j0, nc, out);
       };
     }
     math::sgemm(a, op, pack_b, y + (n * s.m + grp * s.mg) * op, op, uo);
@@ -393,7 +371,9 @@ class Conv final : public Kernel {
         } else if (packed_ && packed_groups_ == s.groups) {
           packed = packed_->data<const float>();
         } else {
-          packed_now = pack_filter(w, s.groups);  // a filter computed at run time
+          // A filter computed at run time: packed into a pool buffer for this run.
+          packed_now = ctx.allocate(DataType::Float, Shape{packed_filter_floats(w, s.groups)});
+          pack_filter_into(w, s.groups, packed_now.data<float>());
           packed = packed_now.data<const float>();
         }
         const bool is_float = std::is_same_v<T, float>;

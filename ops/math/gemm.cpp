@@ -108,7 +108,8 @@ void tile(const GemmKernels& g, const BSource& b, int64_t kc, const float* a, co
   const int64_t ldb = b.packed ? g.nr : b.ldb;
   switch (b.type) {
     case PackedType::Float32:
-      return g.kernel(kc, a, static_cast<const float*>(bp), ldb, c, ldc, rows, cols, accumulate);
+      return (b.packed ? g.kernel_packed : g.kernel)(kc, a, static_cast<const float*>(bp), ldb, c,
+                                                     ldc, rows, cols, accumulate);
     case PackedType::BFloat16:
       return g.kernel_bf16(kc, a, static_cast<const uint16_t*>(bp), ldb, c, ldc, rows, cols,
                            accumulate);
@@ -264,7 +265,7 @@ void run_packed_a_block(const GemmKernels& g, const PackedA& a, const BPacker& p
           for (int64_t i = i0; i < i1; i += mr) {
             const int tr = static_cast<int>(std::min<int64_t>(mr, i1 - i));
             float* ct = c + i * ldc + j0 + q * nr;
-            g.kernel(kc, a.data() + i * k + p0 * mr, bp, nr, ct, ldc, tr, tc, accumulate);
+            g.kernel_packed(kc, a.data() + i * k + p0 * mr, bp, nr, ct, ldc, tr, tc, accumulate);
             if (last) apply_epilogue(o, ct, ldc, tr, tc, i, j0 + q * nr);
           }
         }

@@ -14,11 +14,14 @@
 namespace kiln::math::avx512 {
 
 #include "ops/math/simd/avx512.h"
-// Kernel sources, written once against the vector type above.
-#include "ops/math/impl/binary.h"
+// Kernel sources, written once against the vector type above. The GEMM tile uses the
+// conversions, and the convolution lowering the tile's width, so these two come first.
 #include "ops/math/impl/convert.h"
-#include "ops/math/impl/direct_conv.h"
+
 #include "ops/math/impl/sgemm.h"
+
+#include "ops/math/impl/binary.h"
+#include "ops/math/impl/conv.h"
 #include "ops/math/impl/vecmath.h"
 #include "ops/math/impl/vecmath_rows.h"
 
@@ -48,11 +51,20 @@ struct QDot {
 #pragma GCC pop_options
 }  // namespace vnni
 
-constexpr MathKernels kTable{Isa::Avx512,    kConvertKernels, kGemmKernels,    kDirectConvKernels,
-                             kBinaryKernels, kVecMathKernels, kInt8GemmKernels};
-constexpr MathKernels kVnniTable{Isa::Avx512,           kConvertKernels, kGemmKernels,
-                                 kDirectConvKernels,    kBinaryKernels,  kVecMathKernels,
-                                 vnni::kInt8GemmKernels};
+constexpr MathKernels kTable{.isa = Isa::Avx512,
+                             .convert = kConvertKernels,
+                             .gemm = kGemmKernels,
+                             .conv = kConvKernels,
+                             .binary = kBinaryKernels,
+                             .vec = kVecMathKernels,
+                             .int8_gemm = kInt8GemmKernels};
+constexpr MathKernels kVnniTable{.isa = Isa::Avx512,
+                                 .convert = kConvertKernels,
+                                 .gemm = kGemmKernels,
+                                 .conv = kConvKernels,
+                                 .binary = kBinaryKernels,
+                                 .vec = kVecMathKernels,
+                                 .int8_gemm = vnni::kInt8GemmKernels};
 
 const MathKernels& table() {
   return cpu_has_avx512_vnni() ? kVnniTable : kTable;

@@ -13,11 +13,14 @@
 namespace kiln::math::generic {
 
 #include "ops/math/simd/sse.h"
-// Kernel sources, written once against the vector type above.
-#include "ops/math/impl/binary.h"
+// Kernel sources, written once against the vector type above. The GEMM tile uses the
+// conversions, and the convolution lowering the tile's width, so these two come first.
 #include "ops/math/impl/convert.h"
-#include "ops/math/impl/direct_conv.h"
+
 #include "ops/math/impl/sgemm.h"
+
+#include "ops/math/impl/binary.h"
+#include "ops/math/impl/conv.h"
 #include "ops/math/impl/vecmath.h"
 #include "ops/math/impl/vecmath_rows.h"
 
@@ -27,9 +30,13 @@ namespace kiln::math::generic {
 #include "ops/math/impl/qgemm.h"
 
 const MathKernels& table() {
-  static constexpr MathKernels kTable{Isa::Generic,       kConvertKernels, kGemmKernels,
-                                      kDirectConvKernels, kBinaryKernels,  kVecMathKernels,
-                                      kInt8GemmKernels};
+  static constexpr MathKernels kTable{.isa = Isa::Generic,
+                                      .convert = kConvertKernels,
+                                      .gemm = kGemmKernels,
+                                      .conv = kConvKernels,
+                                      .binary = kBinaryKernels,
+                                      .vec = kVecMathKernels,
+                                      .int8_gemm = kInt8GemmKernels};
   return kTable;
 }
 

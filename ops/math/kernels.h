@@ -49,25 +49,33 @@ struct GemmKernels {
                       uint16_t* out) = nullptr;
   void (*pack_b_f16)(const float* b, int64_t rs, int64_t cs, int64_t k, int64_t n,
                      uint16_t* out) = nullptr;
+  // `kernel` for B in packed panels (padded to nr columns): edge tiles load whole vectors.
+  void (*kernel_packed)(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
+                        int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
 };
 
 // Spatial sizes of one convolution, always three dimensions (1-D and 2-D problems have
 // leading sizes of 1).
-struct DirectConvGeometry {
+struct ConvGeometry {
   int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, stride[3] = {1, 1, 1},
           dil[3] = {1, 1, 1}, pad[3] = {0, 0, 0};
 };
 
-// Direct convolution of one input plane into one output plane (impl/direct_conv.h).
-struct DirectConvKernels {
+// Convolution kernels (impl/conv.h): direct convolution of one input plane into one output
+// plane, and the lowering of patches into GEMM panels.
+struct ConvKernels {
   // y += w (*) x over one plane; `split` is x deinterleaved for stride-2 rows (or null).
-  // At most kDirectConvMaxTaps taps along the innermost dimension.
-  void (*plane)(const float* x, const float* split, const float* w, const DirectConvGeometry& g,
+  // At most kConvMaxTaps taps along the innermost dimension.
+  void (*plane)(const float* x, const float* split, const float* w, const ConvGeometry& g,
                 float* y) = nullptr;
   // Every row as its even columns then its odd columns.
   void (*deinterleave_rows)(const float* x, int64_t rows, int64_t width, float* out) = nullptr;
+  // Rows [p0, p0 + kc) and output positions [j0, j0 + nc) of a convolution's patch matrix
+  // (im2col) straight into GEMM B panels of this level's tile width (see math::BPacker).
+  void (*im2col_panels)(const float* x, const ConvGeometry& g, int64_t p0, int64_t kc, int64_t j0,
+                        int64_t nc, float* out) = nullptr;
 };
-constexpr int64_t kDirectConvMaxTaps = 1024;
+constexpr int64_t kConvMaxTaps = 1024;
 
 // Float arithmetic on rows: y[i] = a[i * sa] op b[i * sb] (impl/binary.h). Fast when both
 // strides are 1 or one is 0 (a broadcast scalar); y may be a or b.
@@ -147,7 +155,7 @@ struct MathKernels {
   Isa isa = Isa::Generic;
   ConvertKernels convert;
   GemmKernels gemm;
-  DirectConvKernels direct_conv;
+  ConvKernels conv;
   BinaryKernels binary;
   VecMathKernels vec;
   Int8GemmKernels int8_gemm;

@@ -48,5 +48,7 @@ void binary_row(const float* a, int64_t sa, const float* b, int64_t sb, float* y
   }
 }
 
-constexpr BinaryKernels kBinaryKernels{binary_row<OpAdd>, binary_row<OpSub>, binary_row<OpMul>,
-                                       binary_row<OpDiv>};
+constexpr BinaryKernels kBinaryKernels{.add = binary_row<OpAdd>,
+                                       .sub = binary_row<OpSub>,
+                                       .mul = binary_row<OpMul>,
+                                       .div = binary_row<OpDiv>};

@@ -73,4 +73,7 @@ void f32_to_bf16(const float* src, uint16_t* dst, int64_t n) {
   }
 }
 
-constexpr ConvertKernels kConvertKernels{f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16};
+constexpr ConvertKernels kConvertKernels{.f16_to_f32 = f16_to_f32,
+                                         .f32_to_f16 = f32_to_f16,
+                                         .bf16_to_f32 = bf16_to_f32,
+                                         .f32_to_bf16 = f32_to_bf16};

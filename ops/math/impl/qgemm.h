@@ -355,6 +355,11 @@ void qgemm_requantize(const int32_t* acc, int64_t n, const float* scale, int sca
   }
 }
 
-constexpr Int8GemmKernels kInt8GemmKernels{QDot::kName,  kQgemmMr,        kQgemmNr,
-                                           kQgemmKb,     qgemm_pack_a,    qgemm_pack_b,
-                                           qgemm_kernel, qgemm_requantize};
+constexpr Int8GemmKernels kInt8GemmKernels{.layout = QDot::kName,
+                                           .mr = kQgemmMr,
+                                           .nr = kQgemmNr,
+                                           .kb = kQgemmKb,
+                                           .pack_a = qgemm_pack_a,
+                                           .pack_b = qgemm_pack_b,
+                                           .kernel = qgemm_kernel,
+                                           .requantize = qgemm_requantize};

@@ -19,14 +19,23 @@ constexpr int kGemmMr = kLanes == 16 ? 12 : 6;
 // size; widened to float in registers, so products and sums stay in float).
 struct BF32 {
   using T = float;
+  static constexpr bool kPadded = false;  // an edge panel may end at the matrix's last column
+  static VF load(const float* p) { return vload(p); }
+};
+// Packed float B: panels are padded to kGemmNr columns, so edge tiles load whole vectors too.
+struct BF32Packed {
+  using T = float;
+  static constexpr bool kPadded = true;
   static VF load(const float* p) { return vload(p); }
 };
 struct BBF16 {
   using T = uint16_t;
+  static constexpr bool kPadded = true;
   static VF load(const uint16_t* p) { return vfrom_bits(vshl<16>(vload_u16(p))); }
 };
 struct BF16 {
   using T = uint16_t;
+  static constexpr bool kPadded = true;
   static VF load(const uint16_t* p) { return vload_f16(p); }
 };
 
@@ -46,7 +55,7 @@ inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t
 #pragma GCC unroll 4
     for (int v = 0; v < kGemmNv; ++v) {
       const int left = cols - v * kLanes;
-      if constexpr (Full || sizeof(typename B::T) == 2) {
+      if constexpr (Full || B::kPadded) {
         bv[v] = B::load(b + v * kLanes);
       } else {
         bv[v] = left >= kLanes ? vload(b + v * kLanes)
@@ -120,6 +129,11 @@ void gemm_kernel(int64_t k, const float* a, const typename B::T* b, int64_t ldb,
 void sgemm_kernel(int64_t k, const float* a, const float* b, int64_t ldb, float* c, int64_t ldc,
                   int rows, int cols, bool accumulate) {
   gemm_kernel<BF32>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
+}
+
+void sgemm_kernel_packed(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
+                         int64_t ldc, int rows, int cols, bool accumulate) {
+  gemm_kernel<BF32Packed>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
 }
 
 void sgemm_kernel_bf16(int64_t k, const float* a, const uint16_t* b, int64_t ldb, float* c,
@@ -262,6 +276,15 @@ double fma_peak_loop(int64_t iterations) {
   return 2.0 * kChains * kLanes * static_cast<double>(iterations);
 }
 
-constexpr GemmKernels kGemmKernels{
-    kGemmMr,       kGemmNr,           sgemm_kernel,     sgemm_pack_a,      sgemm_pack_b,    sdot,
-    fma_peak_loop, sgemm_kernel_bf16, sgemm_kernel_f16, sgemm_pack_b_bf16, sgemm_pack_b_f16};
+constexpr GemmKernels kGemmKernels{.mr = kGemmMr,
+                                   .nr = kGemmNr,
+                                   .kernel = sgemm_kernel,
+                                   .pack_a = sgemm_pack_a,
+                                   .pack_b = sgemm_pack_b,
+                                   .dot = sdot,
+                                   .fma_peak_loop = fma_peak_loop,
+                                   .kernel_bf16 = sgemm_kernel_bf16,
+                                   .kernel_f16 = sgemm_kernel_f16,
+                                   .pack_b_bf16 = sgemm_pack_b_bf16,
+                                   .pack_b_f16 = sgemm_pack_b_f16,
+                                   .kernel_packed = sgemm_kernel_packed};

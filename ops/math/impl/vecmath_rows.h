@@ -225,6 +225,17 @@ void vec_rms_norm(const float* x, float* y, int64_t n, const float* scale, float
   vm_affine_any(x, y, n, 0.0f, inv, scale, nullptr);
 }
 
-constexpr VecMathKernels kVecMathKernels{
-    vec_exp,  vec_log,     vec_erf,         vec_tanh,       vec_sigmoid,  vec_gelu, vec_gelu_tanh,
-    vec_silu, vec_softmax, vec_log_softmax, vec_layer_norm, vec_rms_norm, vec_sum,  vec_max};
+constexpr VecMathKernels kVecMathKernels{.exp = vec_exp,
+                                         .log = vec_log,
+                                         .erf = vec_erf,
+                                         .tanh = vec_tanh,
+                                         .sigmoid = vec_sigmoid,
+                                         .gelu = vec_gelu,
+                                         .gelu_tanh = vec_gelu_tanh,
+                                         .silu = vec_silu,
+                                         .softmax = vec_softmax,
+                                         .log_softmax = vec_log_softmax,
+                                         .layer_norm = vec_layer_norm,
+                                         .rms_norm = vec_rms_norm,
+                                         .sum = vec_sum,
+                                         .max = vec_max};

@@ -1,4 +1,5 @@
-// Direct convolution of one input plane into one output plane, y += w (*) x, for the
+// Convolution kernels: the lowering of input patches into GEMM panels, and direct
+// convolution of one input plane into one output plane, y += w (*) x, for the
 // convolutions where a GEMM is the wrong shape: depthwise ones (one input channel per group)
 // and ones with very few output channels (a product with one or two rows would spend its
 // time lowering patches). Plain loops along the innermost output dimension, which the
@@ -102,11 +103,10 @@ inline void dc_taps_split(float* __restrict y, const float* __restrict row,
 // all inside the input take the fused loops; the few border outputs add their valid taps
 // one by one. `split` is x deinterleaved (dc_deinterleave_rows) for stride-2 rows of 3, 5 or
 // 7 taps, else null.
-void dc_plane(const float* x, const float* split, const float* w, const DirectConvGeometry& g,
-              float* y) {
+void dc_plane(const float* x, const float* split, const float* w, const ConvGeometry& g, float* y) {
   const int64_t kw_n = g.k[2], s = g.stride[2], ow_n = g.out[2];
-  int64_t lo_buf[kDirectConvMaxTaps], hi_buf[kDirectConvMaxTaps];
-  if (kw_n > kDirectConvMaxTaps) return;  // callers keep longer kernels on the GEMM path
+  int64_t lo_buf[kConvMaxTaps], hi_buf[kConvMaxTaps];
+  if (kw_n > kConvMaxTaps) return;  // callers keep longer kernels on the GEMM path
   int64_t* lo = lo_buf;
   int64_t* hi = hi_buf;
   int64_t j0 = 0, j1 = ow_n;
@@ -173,4 +173,56 @@ void dc_plane(const float* x, const float* split, const float* w, const DirectCo
   }
 }
 
-constexpr DirectConvKernels kDirectConvKernels{dc_plane, dc_deinterleave_rows};
+// Rows [p0, p0 + kc) of one (image, group)'s patch matrix (rows: channel, kd, kh, kw;
+// columns: output positions) for positions [j0, j0 + nc), straight into GEMM panels of
+// kGemmNr positions (panel q at out + q * kc * kGemmNr), zero past nc and outside the input.
+// Positions run along output rows, so a panel is copied as runs of consecutive columns.
+void im2col_panels(const float* x, const ConvGeometry& g, int64_t p0, int64_t kc, int64_t j0,
+                   int64_t nc, float* out) {
+  const int64_t ip = g.in[0] * g.in[1] * g.in[2], kp = g.k[0] * g.k[1] * g.k[2];
+  const int64_t ohw = g.out[1] * g.out[2], khw = g.k[1] * g.k[2];
+  const int64_t s = g.stride[2];
+  for (int64_t r = 0; r < kc; ++r) {
+    const int64_t row = p0 + r, c = row / kp, t = row % kp;
+    const int64_t kd = t / khw, kh = (t % khw) / g.k[2], kw = t % g.k[2];
+    const float* xc = x + c * ip;
+    const int64_t wbase = kw * g.dil[2] - g.pad[2];
+    for (int64_t q = 0; q * kGemmNr < nc; ++q) {
+      float* d = out + q * kc * kGemmNr + r * kGemmNr;
+      const int64_t first = j0 + q * kGemmNr;
+      const int64_t last = first + dc_min(kGemmNr, nc - q * kGemmNr);
+      int64_t filled = 0;
+      for (int64_t p = first; p < last;) {
+        const int64_t od = p / ohw, oh = (p % ohw) / g.out[2], ow = p % g.out[2];
+        const int64_t run = dc_min(last - p, g.out[2] - ow);
+        const int64_t id = od * g.stride[0] - g.pad[0] + kd * g.dil[0];
+        const int64_t ih = oh * g.stride[1] - g.pad[1] + kh * g.dil[1];
+        float* dst = d + filled;
+        if (id < 0 || id >= g.in[0] || ih < 0 || ih >= g.in[1]) {
+          for (int64_t j = 0; j < run; ++j) dst[j] = 0.0f;
+        } else {
+          // Input column of output column ow + j: base + j * s; inside for j in [lo, hi).
+          const int64_t base = ow * s + wbase;
+          const float* src = xc + (id * g.in[1] + ih) * g.in[2];
+          const int64_t lo = dc_min(dc_first_at_least(base, s, 0), run);
+          const int64_t h = dc_first_at_least(base, s, g.in[2]);
+          const int64_t hi = h < lo ? lo : (h > run ? run : h);
+          for (int64_t j = 0; j < lo; ++j) dst[j] = 0.0f;
+          if (s == 1) {
+            const float* sp = src + base;
+            for (int64_t j = lo; j < hi; ++j) dst[j] = sp[j];
+          } else {
+            for (int64_t j = lo; j < hi; ++j) dst[j] = src[base + j * s];
+          }
+          for (int64_t j = hi; j < run; ++j) dst[j] = 0.0f;
+        }
+        filled += run;
+        p += run;
+      }
+      for (int64_t j = filled; j < kGemmNr; ++j) d[j] = 0.0f;
+    }
+  }
+}
+
+constexpr ConvKernels kConvKernels{
+    .plane = dc_plane, .deinterleave_rows = dc_deinterleave_rows, .im2col_panels = im2col_panels};

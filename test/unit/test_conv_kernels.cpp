@@ -1,4 +1,4 @@
-// The dispatched direct convolution plane kernel (ops/math/impl/direct_conv.h) against a
+// The dispatched direct convolution plane kernel (ops/math/impl/conv.h) against a
 // naive loop at every instruction-set level: random 1-D, 2-D and 3-D geometries with
 // strides, dilations and padding, 3/5/7-wide stride-2 rows through the deinterleaved input,
 // and long 1-D filters.
@@ -14,7 +14,7 @@ namespace {
 
 // y += w (*) x, naively, in double.
 std::vector<double> naive_plane(const std::vector<float>& x, const std::vector<float>& w,
-                                const math::DirectConvGeometry& g, const std::vector<float>& y0) {
+                                const math::ConvGeometry& g, const std::vector<float>& y0) {
   std::vector<double> y(y0.begin(), y0.end());
   for (int64_t od = 0; od < g.out[0]; ++od)
     for (int64_t oh = 0; oh < g.out[1]; ++oh)
@@ -40,14 +40,14 @@ std::vector<double> naive_plane(const std::vector<float>& x, const std::vector<f
 
 KILN_ISA_TEST_CASE("the direct convolution plane matches a naive loop", "[math][conv]") {
   KILN_REQUIRE_ISA();
-  const math::DirectConvKernels& k = isa_kernels.direct_conv;
+  const math::ConvKernels& k = isa_kernels.conv;
   std::mt19937 rng(8);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   auto pick = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
   for (int iter = 0; iter < 400; ++iter) {
-    math::DirectConvGeometry g;
+    math::ConvGeometry g;
     const int dims = static_cast<int>(pick(1, 3));
     for (int d = 3 - dims; d < 3; ++d) {
       const bool long_taps = dims == 1 && iter % 10 == 0;
