@@ -448,8 +448,8 @@ struct Scope {
 
 class Converter {
  public:
-  Converter(Source& src, std::map<std::string, int64_t> opsets)
-      : src_(src), opsets_(std::move(opsets)) {}
+  Converter(Source& src, std::map<std::string, int64_t> opsets, int64_t ir_version)
+      : src_(src), opsets_(std::move(opsets)), ir_version_(ir_version) {}
 
   std::shared_ptr<ir::Graph> convert_graph(const onnx::GraphProto& gp, Scope* parent) {
     auto graph = std::make_shared<ir::Graph>();
@@ -468,7 +468,22 @@ class Converter {
     auto add_initializer = [&](const std::string& name, Tensor t) {
       ir::ValueId id = g.find(name);
       if (id != ir::kNoValue && g.value(id).origin == ir::ValueOrigin::GraphInput) {
-        g.value(id).constant = std::move(t);  // an input with a default value
+        if (ir_version_ >= 4) {
+          g.value(id).constant = std::move(t);  // an input with a default value
+          return;
+        }
+        // Before IR version 4 every initializer had to be listed as a graph input too; such
+        // an input is the constant itself, not one a caller may replace (as in onnxruntime).
+        g.value(id).origin = ir::ValueOrigin::Initializer;
+        std::erase(g.inputs, id);
+        ir::ValueInfo& v = g.value(id);
+        v.type.kind = Value::Kind::Tensor;
+        v.type.elem = t.dtype();
+        std::vector<ir::Dim> dims;
+        for (int64_t d : t.shape()) dims.push_back(ir::Dim{d, ""});
+        v.type.shape = std::move(dims);
+        v.constant = std::move(t);
+        g.initializers.push_back(id);
         return;
       }
       if (id != ir::kNoValue) invalid("initializer '" + name + "' is defined twice");
@@ -680,6 +695,7 @@ class Converter {
 
   Source& src_;
   std::map<std::string, int64_t> opsets_;
+  int64_t ir_version_ = 0;
 };
 
 ir::Model convert_model(Source& src, const std::string& path) {
@@ -711,7 +727,7 @@ ir::Model convert_model(Source& src, const std::string& path) {
     if (mp.functions_size() > 0) {
       // Nodes that call them are reported as unsupported ops when the session is planned.
     }
-    Converter conv(src, model.opsets);
+    Converter conv(src, model.opsets, model.ir_version);
     model.graph = conv.convert_graph(mp.graph(), nullptr);
     ir::validate(model);
     return model;

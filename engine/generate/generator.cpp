@@ -315,6 +315,7 @@ SessionOptions session_options(const GeneratorOptions& o, std::shared_ptr<Enviro
   if (!env) env = o.environment ? o.environment : std::make_shared<Environment>(0);
   SessionOptions so;
   so.gemm_weights = o.gemm_weights;
+  so.optimization = o.optimization;
   so.environment = env;
   return so;
 }

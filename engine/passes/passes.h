@@ -1,6 +1,8 @@
 // Graph-to-graph transformations applied after loading and before planning.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <optional>
 
 #include "engine/ir/graph.h"
@@ -14,5 +16,19 @@ std::optional<Tensor> constant_node_value(const ir::Node& node);
 // Turns every Constant node (in all nested graphs) into an initializer, so that kernels
 // see its value at plan time and nothing runs for it. Returns how many were folded.
 int fold_constant_nodes(ir::Graph& graph);
+
+struct FoldStats {
+  int nodes = 0;       // nodes evaluated at load and removed
+  uint64_t bytes = 0;  // bytes of the initializers they became
+};
+
+// Runs, once, every node (in all nested graphs) whose inputs are all constants (initializers
+// of its graph or of an enclosing one) with its own kernel, and turns its outputs into
+// initializers; initializers read only by folded nodes are dropped. Left alone: random ops,
+// nodes with nested graphs or without inputs, nodes producing graph outputs, outputs over
+// 1 GiB, and any node whose kernel fails (it fails again, with its message, at run time).
+// `keep` (optional) receives each folded tensor and returns the one to store (the session
+// shares equal ones between sessions through the weights cache).
+FoldStats fold_constants(ir::Graph& graph, const std::function<Tensor(Tensor)>& keep = {});
 
 }  // namespace kiln::passes

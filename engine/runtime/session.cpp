@@ -262,10 +262,36 @@ struct Session::Impl {
             .leases = &leases};
   }
 
+  // Folded constants go through the weights cache like loaded weights, so sessions of one
+  // Environment that fold the same values keep one copy.
+  std::function<Tensor(Tensor)> shared_folded() {
+    return [this](Tensor t) {
+      const size_t n = t.nbytes();
+      if (n == 0 || t.dtype() == DataType::String) return t;
+      const std::byte* bytes = t.raw_data();
+      const uint64_t fingerprint = detail::weight_fingerprint(t.dtype(), t.shape(), bytes, n);
+      auto equal = [&](const std::byte* cached) { return std::memcmp(cached, bytes, n) == 0; };
+      if (auto lease = cache->find_loaded(fingerprint, t.dtype(), t.shape(), n, equal)) {
+        load_stats.folded_shared_bytes += n;
+        leases.push_back(lease);
+        return lease->tensor;
+      }
+      t.storage()->set_read_only();
+      auto lease = cache->add_loaded(fingerprint, t);
+      leases.push_back(lease);
+      return lease->tensor;
+    };
+  }
+
   void prepare(SessionOptions options) {
     if (!cache) begin(options);
     try {
       passes::fold_constant_nodes(*model.graph);
+      if (options.optimization != GraphOptimization::None) {
+        const passes::FoldStats folded = passes::fold_constants(*model.graph, shared_folded());
+        load_stats.folded_nodes += static_cast<uint64_t>(folded.nodes);
+        load_stats.folded_bytes += folded.bytes;
+      }
       plan = plan::build_plan(*model.graph, preparer.get());
     } catch (Error& e) {
       e.with_file(model.path);

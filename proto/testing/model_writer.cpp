@@ -8,7 +8,7 @@ namespace kiln::proto::testing {
 
 std::string model_bytes(const ModelSpec& spec) {
   onnx::ModelProto m;
-  m.set_ir_version(8);
+  m.set_ir_version(spec.ir_version);
   m.set_producer_name("kiln-tests");
   auto* op = m.add_opset_import();
   op->set_domain("");

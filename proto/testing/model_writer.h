@@ -32,6 +32,7 @@ struct NodeSpec {
 
 struct ModelSpec {
   int64_t opset = 18;
+  int64_t ir_version = 8;
   std::vector<std::pair<std::string, std::vector<int64_t>>> inputs;  // float inputs
   std::vector<TensorSpec> initializers;
   std::vector<NodeSpec> nodes;

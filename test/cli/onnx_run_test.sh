@@ -76,6 +76,11 @@ fi
 expect 0 '"gemm_weights":"bf16"' -- "$model" --test-data "$data" --json --gemm-weights bf16 --atol 1e-2 --rtol 1e-2
 expect 2 "gemm-weights takes f32, bf16 or f16" -- "$model" --gemm-weights f8
 
+# Graph optimisation levels: the same result at every level; a bad level is a usage error.
+expect 0 '"passed":true.*"folded_nodes":0' -- "$model" --test-data "$data" --json --optimize none
+expect 0 '"passed":true' -- "$model" --test-data "$data" --json --optimize basic
+expect 2 "optimize takes none, basic or all" -- "$model" --optimize most
+
 # The version and the instruction-set level in use; KILN_ISA caps it, and a bad or
 # unsupported value is one clear error with status 2.
 expect 0 "onnx-run \(kiln\) [0-9]+\.[0-9]+\.[0-9]+" -- --version

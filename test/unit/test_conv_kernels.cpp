@@ -81,3 +81,59 @@ KILN_ISA_TEST_CASE("the direct convolution plane matches a naive loop", "[math][
     REQUIRE(worst <= 2e-6 * std::sqrt(static_cast<double>(kp)) + 1e-6);
   }
 }
+
+KILN_ISA_TEST_CASE("im2col panels equal the naive patch matrix", "[math][conv]") {
+  KILN_REQUIRE_ISA();
+  const math::ConvKernels& k = isa_kernels.conv;
+  const int nr = isa_kernels.gemm.nr;
+  std::mt19937 rng(9);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int iter = 0; iter < 200; ++iter) {
+    math::ConvGeometry g;
+    const int dims = static_cast<int>(pick(1, 3));
+    const int64_t channels = pick(1, 4);
+    for (int d = 3 - dims; d < 3; ++d) {
+      g.k[d] = pick(1, 4);
+      g.stride[d] = pick(1, 3);
+      g.dil[d] = pick(1, 2);
+      g.pad[d] = pick(0, 2);
+      const int64_t ek = (g.k[d] - 1) * g.dil[d] + 1;
+      g.in[d] = std::max<int64_t>(ek - 2 * g.pad[d], 1) + pick(0, iter % 7 == 0 ? 40 : 9);
+      g.out[d] = (g.in[d] + 2 * g.pad[d] - ek) / g.stride[d] + 1;
+    }
+    const int64_t ip = g.in[0] * g.in[1] * g.in[2], op = g.out[0] * g.out[1] * g.out[2];
+    const int64_t kp = g.k[0] * g.k[1] * g.k[2], rows = channels * kp;
+    std::vector<float> x(static_cast<size_t>(channels * ip));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 97) + 0.5f;
+    const int64_t p0 = pick(0, rows - 1), kc = pick(1, rows - p0);
+    const int64_t j0 = pick(0, op - 1) / nr * nr, nc = pick(1, op - j0);
+    const int64_t panels = (nc + nr - 1) / nr;
+    std::vector<float> out(static_cast<size_t>(panels * kc * nr), -1.0f);
+    k.im2col_panels(x.data(), g, p0, kc, j0, nc, out.data());
+    for (int64_t r = 0; r < kc; ++r) {
+      const int64_t row = p0 + r, c = row / kp, t = row % kp;
+      const int64_t kd = t / (g.k[1] * g.k[2]), kh = (t / g.k[2]) % g.k[1], kw = t % g.k[2];
+      for (int64_t q = 0; q < panels; ++q) {
+        for (int64_t jj = 0; jj < nr; ++jj) {
+          const int64_t pos = j0 + q * nr + jj;
+          float want = 0.0f;
+          if (q * nr + jj < nc) {
+            const int64_t od = pos / (g.out[1] * g.out[2]), oh = (pos / g.out[2]) % g.out[1];
+            const int64_t ow = pos % g.out[2];
+            const int64_t id = od * g.stride[0] - g.pad[0] + kd * g.dil[0];
+            const int64_t ih = oh * g.stride[1] - g.pad[1] + kh * g.dil[1];
+            const int64_t iw = ow * g.stride[2] - g.pad[2] + kw * g.dil[2];
+            if (id >= 0 && id < g.in[0] && ih >= 0 && ih < g.in[1] && iw >= 0 && iw < g.in[2]) {
+              want = x[static_cast<size_t>(c * ip + (id * g.in[1] + ih) * g.in[2] + iw)];
+            }
+          }
+          const float got = out[static_cast<size_t>(q * kc * nr + r * nr + jj)];
+          INFO("row " << row << " position " << pos << " iteration " << iter);
+          REQUIRE(got == want);
+        }
+      }
+    }
+  }
+}

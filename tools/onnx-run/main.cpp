@@ -36,6 +36,7 @@ constexpr const char* kUsage =
     "                [--warmup N] [--repeat N] [--profile trace.json] [--json]\n"
     "                [--output-dir DIR] [--rtol X] [--atol X] [--no-arena] [--reuse-inputs]\n"
     "                [--inputs-in-arena] [--arena-from-recording] [--gemm-weights f32|bf16|f16]\n"
+    "                [--optimize none|basic|all]\n"
     "       onnx-run --version\n";
 
 struct Options {
@@ -49,6 +50,7 @@ struct Options {
   bool json = false;
   bool version = false;
   kiln::WeightPrecision gemm_weights = kiln::WeightPrecision::Float32;
+  kiln::GraphOptimization optimization = kiln::GraphOptimization::All;
   bool arena = true, reuse_inputs = false, inputs_in_arena = false, arena_from_shapes = true;
   std::string output_dir;
   double rtol = 1e-3, atol = 1e-5;
@@ -116,6 +118,17 @@ Options parse(int argc, char** argv) {
       o.arena_from_shapes = false;
     } else if (a == "--output-dir") {
       o.output_dir = value();
+    } else if (a == "--optimize") {
+      const std::string v = value();
+      if (v == "none") {
+        o.optimization = kiln::GraphOptimization::None;
+      } else if (v == "basic") {
+        o.optimization = kiln::GraphOptimization::Basic;
+      } else if (v == "all") {
+        o.optimization = kiln::GraphOptimization::All;
+      } else {
+        throw UsageError("--optimize takes none, basic or all, got '" + v + "'");
+      }
     } else if (a == "--gemm-weights") {
       const std::string v = value();
       if (v == "f32") {
@@ -277,6 +290,7 @@ int run(const Options& o) {
   so.inputs_in_arena = o.inputs_in_arena;
   so.arena_from_shapes = o.arena_from_shapes;
   so.gemm_weights = o.gemm_weights;
+  so.optimization = o.optimization;
   kiln::Session session(o.model, so);
   const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t_load).count();
 
@@ -396,6 +410,7 @@ int run(const Options& o) {
     j.field("weights_bytes", ls.weights_bytes)
         .field("weights_mapped_bytes", ls.weights_mapped_bytes);
     j.field("weights_copied_bytes", ls.weights_copied_bytes);
+    j.field("folded_nodes", ls.folded_nodes).field("folded_bytes", ls.folded_bytes);
     j.end_object();
     j.key("outputs").begin_array();
     for (size_t k = 0; k < outputs.size(); ++k) {

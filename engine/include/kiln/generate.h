@@ -60,6 +60,7 @@ struct GeneratorOptions {
   // The precision of the decoders' and encoder's packed MatMul/Gemm weights
   // (SessionOptions::gemm_weights).
   WeightPrecision gemm_weights = WeightPrecision::Float32;
+  GraphOptimization optimization = GraphOptimization::All;  // SessionOptions::optimization
 };
 
 // Whisper-style encoder-decoder. MODEL_DIR holds encoder_model.onnx, decoder_model_merged.onnx

@@ -76,6 +76,12 @@ struct LoadStats {
   uint64_t weights_prepared_bytes = 0;
   uint64_t weights_prepared_shared = 0;
   uint64_t weights_original_released_bytes = 0;
+  // Graph optimisation (SessionOptions::optimization): nodes evaluated at load because all
+  // their inputs are constants, and the bytes of the initializers they became (of which
+  // shared with an equal one already in the environment's weights cache).
+  uint64_t folded_nodes = 0;
+  uint64_t folded_bytes = 0;
+  uint64_t folded_shared_bytes = 0;
 };
 
 // One node's execution, for profiles.
@@ -103,6 +109,13 @@ enum class WeightPrecision {
   Float32,   // as given (the default: results as onnxruntime's)
   BFloat16,  // rounded to bfloat16: half the memory and bandwidth, products still in float
   Float16,   // rounded to float16 (more mantissa than bfloat16, range up to 65504)
+};
+
+// How much the graph is rewritten before it is planned (as onnxruntime's optimisation levels).
+enum class GraphOptimization {
+  None,   // run the graph exactly as given (Constant nodes still become initializers)
+  Basic,  // + constant folding: nodes whose inputs are all constants run once at load
+  All,    // + fusions (the default)
 };
 
 struct SessionOptions {
@@ -152,6 +165,7 @@ struct SessionOptions {
   // stay in float; outputs differ from float weights by the weights' rounding. Off
   // (Float32) by default.
   WeightPrecision gemm_weights = WeightPrecision::Float32;
+  GraphOptimization optimization = GraphOptimization::All;
 };
 
 class Session {

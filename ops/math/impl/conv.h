@@ -173,53 +173,78 @@ void dc_plane(const float* x, const float* split, const float* w, const ConvGeom
   }
 }
 
+// A run of output positions along one output row inside one panel: where its input row
+// and column start (before the tap offsets) and where it goes in the panel block.
+struct Im2colRun {
+  int64_t id0, ih0, iw0, len, dst;
+};
+
 // Rows [p0, p0 + kc) of one (image, group)'s patch matrix (rows: channel, kd, kh, kw;
 // columns: output positions) for positions [j0, j0 + nc), straight into GEMM panels of
 // kGemmNr positions (panel q at out + q * kc * kGemmNr), zero past nc and outside the input.
-// Positions run along output rows, so a panel is copied as runs of consecutive columns.
+// The runs of consecutive output columns are found once per block, not once per row.
 void im2col_panels(const float* x, const ConvGeometry& g, int64_t p0, int64_t kc, int64_t j0,
                    int64_t nc, float* out) {
   const int64_t ip = g.in[0] * g.in[1] * g.in[2], kp = g.k[0] * g.k[1] * g.k[2];
   const int64_t ohw = g.out[1] * g.out[2], khw = g.k[1] * g.k[2];
   const int64_t s = g.stride[2];
-  for (int64_t r = 0; r < kc; ++r) {
-    const int64_t row = p0 + r, c = row / kp, t = row % kp;
-    const int64_t kd = t / khw, kh = (t % khw) / g.k[2], kw = t % g.k[2];
-    const float* xc = x + c * ip;
-    const int64_t wbase = kw * g.dil[2] - g.pad[2];
-    for (int64_t q = 0; q * kGemmNr < nc; ++q) {
-      float* d = out + q * kc * kGemmNr + r * kGemmNr;
-      const int64_t first = j0 + q * kGemmNr;
-      const int64_t last = first + dc_min(kGemmNr, nc - q * kGemmNr);
-      int64_t filled = 0;
+  // Worst case a run per position (one output column): groups of panels bound the table.
+  constexpr int64_t kGroupPanels = 16, kMaxRuns = kGroupPanels * kGemmNr;
+  Im2colRun runs[kMaxRuns];
+  const int64_t panels = (nc + kGemmNr - 1) / kGemmNr;
+  for (int64_t q0 = 0; q0 < panels; q0 += kGroupPanels) {
+    const int64_t q1 = dc_min(panels, q0 + kGroupPanels);
+    int64_t n_runs = 0;
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t first = j0 + q * kGemmNr, last = first + dc_min(kGemmNr, nc - q * kGemmNr);
       for (int64_t p = first; p < last;) {
         const int64_t od = p / ohw, oh = (p % ohw) / g.out[2], ow = p % g.out[2];
-        const int64_t run = dc_min(last - p, g.out[2] - ow);
-        const int64_t id = od * g.stride[0] - g.pad[0] + kd * g.dil[0];
-        const int64_t ih = oh * g.stride[1] - g.pad[1] + kh * g.dil[1];
-        float* dst = d + filled;
-        if (id < 0 || id >= g.in[0] || ih < 0 || ih >= g.in[1]) {
-          for (int64_t j = 0; j < run; ++j) dst[j] = 0.0f;
-        } else {
-          // Input column of output column ow + j: base + j * s; inside for j in [lo, hi).
-          const int64_t base = ow * s + wbase;
-          const float* src = xc + (id * g.in[1] + ih) * g.in[2];
-          const int64_t lo = dc_min(dc_first_at_least(base, s, 0), run);
-          const int64_t h = dc_first_at_least(base, s, g.in[2]);
-          const int64_t hi = h < lo ? lo : (h > run ? run : h);
-          for (int64_t j = 0; j < lo; ++j) dst[j] = 0.0f;
-          if (s == 1) {
-            const float* sp = src + base;
-            for (int64_t j = lo; j < hi; ++j) dst[j] = sp[j];
-          } else {
-            for (int64_t j = lo; j < hi; ++j) dst[j] = src[base + j * s];
-          }
-          for (int64_t j = hi; j < run; ++j) dst[j] = 0.0f;
-        }
-        filled += run;
-        p += run;
+        const int64_t len = dc_min(last - p, g.out[2] - ow);
+        runs[n_runs++] = {od * g.stride[0] - g.pad[0], oh * g.stride[1] - g.pad[1],
+                          ow * s - g.pad[2], len, q * kc * kGemmNr + (p - first)};
+        p += len;
       }
-      for (int64_t j = filled; j < kGemmNr; ++j) d[j] = 0.0f;
+    }
+    for (int64_t r = 0; r < kc; ++r) {
+      const int64_t row = p0 + r, c = row / kp, t = row % kp;
+      const int64_t kd = t / khw, kh = (t % khw) / g.k[2], kw = t % g.k[2];
+      const float* xc = x + c * ip;
+      float* base_out = out + r * kGemmNr;
+      for (int64_t i = 0; i < n_runs; ++i) {
+        const Im2colRun& run = runs[i];
+        float* dst = base_out + run.dst;
+        const int64_t id = run.id0 + kd * g.dil[0], ih = run.ih0 + kh * g.dil[1];
+        if (id < 0 || id >= g.in[0] || ih < 0 || ih >= g.in[1]) {
+          for (int64_t j = 0; j < run.len; ++j) dst[j] = 0.0f;
+          continue;
+        }
+        // Input column of the run's position j: base + j * s; inside for j in [lo, hi).
+        const int64_t base = run.iw0 + kw * g.dil[2];
+        const float* src = xc + (id * g.in[1] + ih) * g.in[2];
+        int64_t lo, hi;
+        if (s == 1) {
+          lo = base < 0 ? dc_min(-base, run.len) : 0;
+          hi = dc_max(lo, dc_min(run.len, g.in[2] - base));
+        } else {
+          lo = dc_min(dc_first_at_least(base, s, 0), run.len);
+          const int64_t h = dc_first_at_least(base, s, g.in[2]);
+          hi = h < lo ? lo : (h > run.len ? run.len : h);
+        }
+        for (int64_t j = 0; j < lo; ++j) dst[j] = 0.0f;
+        if (s == 1) {
+          const float* sp = src + base;
+          for (int64_t j = lo; j < hi; ++j) dst[j] = sp[j];
+        } else {
+          for (int64_t j = lo; j < hi; ++j) dst[j] = src[base + j * s];
+        }
+        for (int64_t j = hi; j < run.len; ++j) dst[j] = 0.0f;
+      }
+      // The last panel's columns past nc.
+      if (q1 == panels) {
+        const int64_t tail = nc - (panels - 1) * kGemmNr;
+        float* last_panel = base_out + (panels - 1) * kc * kGemmNr;
+        for (int64_t j = tail; j < kGemmNr; ++j) last_panel[j] = 0.0f;
+      }
     }
   }
 }

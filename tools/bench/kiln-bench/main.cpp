@@ -72,7 +72,8 @@ constexpr const char* kUsage =
     "  --steps N               decode: decoder runs (default 200)\n"
     "  --output-dir DIR        write the last run's outputs as DIR/NAME.npy\n"
     "  --profile               add the last timed run's time per op type (profile_ms_by_op)\n"
-    "  --gemm-weights P        f32 (default), bf16 or f16: MatMul/Gemm weights packed in P\n";
+    "  --gemm-weights P        f32 (default), bf16 or f16: MatMul/Gemm weights packed in P\n"
+    "  --optimize L            graph optimisation: none, basic or all (default)\n";
 
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -88,6 +89,7 @@ struct Options {
   int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0;
   bool profile = false;
   kiln::WeightPrecision gemm_weights = kiln::WeightPrecision::Float32;
+  kiln::GraphOptimization optimization = kiln::GraphOptimization::All;
   std::set<std::string> given;  // flags present on the command line
 };
 
@@ -140,6 +142,17 @@ Options parse(int argc, char** argv) {
       o.steps = to_int(a, value(), 1);
     } else if (a == "--profile") {
       o.profile = true;
+    } else if (a == "--optimize") {
+      const std::string v = value();
+      if (v == "none") {
+        o.optimization = kiln::GraphOptimization::None;
+      } else if (v == "basic") {
+        o.optimization = kiln::GraphOptimization::Basic;
+      } else if (v == "all") {
+        o.optimization = kiln::GraphOptimization::All;
+      } else {
+        throw UsageError("--optimize takes none, basic or all, got '" + v + "'");
+      }
     } else if (a == "--gemm-weights") {
       const std::string v = value();
       if (v == "f32") {
@@ -476,6 +489,7 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
   kiln::SessionOptions so;
   so.environment = env;
   so.gemm_weights = o.gemm_weights;
+  so.optimization = o.optimization;
   so.profile = o.profile;
   const auto t0 = Clock::now();
   kiln::Session s(file, so);
@@ -582,6 +596,7 @@ int run_decode_case(const Options& o, const std::shared_ptr<kiln::Environment>& 
   kiln::GeneratorOptions go;
   go.environment = env;
   go.gemm_weights = o.gemm_weights;
+  go.optimization = o.optimization;
   const auto t0 = Clock::now();
   kiln::Seq2SeqGenerator g(o.model, go);
   const double load_ms = ms_since(t0);

@@ -1,0 +1,165 @@
+// Constant folding (engine/passes/constant_folding.cpp): where it must fire, the near misses
+// where it must not, results equal to the unoptimised run, nested graphs, the weights it
+// makes preparable, and sharing of folded values between sessions.
+#include <cmath>
+#include <vector>
+
+#include "engine/passes/passes.h"
+#include "engine/runtime/session_internal.h"
+#include "proto/testing/model_writer.h"
+#include "test/unit/op_test.h"
+#include "test/unit/temp_dir.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+using kiln::proto::testing::model_bytes;
+
+namespace {
+
+Session session(std::shared_ptr<ir::Graph> g, GraphOptimization level,
+                std::shared_ptr<Environment> env = nullptr) {
+  SessionOptions so;
+  so.environment = env ? env : std::make_shared<Environment>(1);
+  so.optimization = level;
+  return session_from_model(make_model(std::move(g)), so);
+}
+
+std::vector<float> run_x(Session& s, const Tensor& x) {
+  return s.run({{"x", x}}).at(0).value.tensor().to_vector<float>();
+}
+
+// y = Reshape(x, Concat(Unsqueeze(Gather(Shape(c), 0)), [-1])): the exporters' shape chain,
+// on a constant c [4, 6], then MatMul with Cast(int8 weight) * scale.
+std::shared_ptr<ir::Graph> shape_chain_graph() {
+  GraphBuilder b;
+  b.input("x", DataType::Float, {24}, true);
+  b.initializer("c", Tensor::zeros(DataType::Float, {4, 6}));
+  b.initializer("zero", Tensor::scalar<int64_t>(0));
+  b.initializer("axes", Tensor::from_vector<int64_t>({1}, {0}));
+  b.initializer("minus1", Tensor::from_vector<int64_t>({1}, {-1}));
+  std::vector<int8_t> q(6 * 5);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<int8_t>(static_cast<int>(i) - 15);
+  b.initializer("wq", Tensor::from_vector<int8_t>({6, 5}, q));
+  b.initializer("scale", Tensor::scalar<float>(0.125f));
+  b.node("Shape", {"c"}, {"shape"});
+  b.node("Gather", {"shape", "zero"}, {"rows"}, {int_attr("axis", 0)});
+  b.node("Unsqueeze", {"rows", "axes"}, {"rows1"});
+  b.node("Concat", {"rows1", "minus1"}, {"target"}, {int_attr("axis", 0)});
+  b.node("Reshape", {"x", "target"}, {"x2"});
+  b.node("Cast", {"wq"}, {"wf"}, {int_attr("to", 1)});
+  b.node("Mul", {"wf", "scale"}, {"w"});
+  b.node("MatMul", {"x2", "w"}, {"y"});
+  b.output("y");
+  return b.build();
+}
+
+}  // namespace
+
+TEST_CASE("shape arithmetic and weight dequantization on constants are folded at load",
+          "[passes][folding]") {
+  Tensor x = Tensor::zeros(DataType::Float, {24});
+  for (int i = 0; i < 24; ++i) x.data<float>()[i] = std::sin(static_cast<float>(i));
+  Session none = session(shape_chain_graph(), GraphOptimization::None);
+  Session basic = session(shape_chain_graph(), GraphOptimization::Basic);
+  CHECK(none.load_stats().folded_nodes == 0);
+  // Shape, Gather, Unsqueeze, Concat, Cast and Mul; Reshape reads x, MatMul is the output.
+  CHECK(basic.load_stats().folded_nodes == 6);
+  CHECK(basic.load_stats().folded_bytes > 0);
+  // The dequantized weight is now a constant: MatMul packs it when the session is made.
+  CHECK(basic.load_stats().weights_prepared_count == 1);
+  CHECK(none.load_stats().weights_prepared_count == 0);
+  const auto a = run_x(none, x), b = run_x(basic, x);
+  REQUIRE(a.size() == 20);
+  CHECK(a == b);  // the same kernels ran, once at load instead of in every run
+  CHECK(basic.last_run_stats().nodes_run == 2);
+  CHECK(none.last_run_stats().nodes_run == 8);
+}
+
+TEST_CASE("constant folding leaves alone what it must not fold", "[passes][folding]") {
+  GraphBuilder b;
+  b.input("x", DataType::Float, {3}, true);
+  b.initializer("c", Tensor::from_vector<float>({3}, {1, 2, 3}));
+  b.initializer("shape", Tensor::from_vector<int64_t>({1}, {3}));
+  b.node("Add", {"x", "c"}, {"a"});                // reads an input
+  b.node("RandomNormalLike", {"c"}, {"r"});        // random
+  b.node("Mul", {"r", "c"}, {"rm"});               // downstream of random
+  b.node("Neg", {"c"}, {"neg_out"});               // a graph output
+  b.node("Reshape", {"c", "bad_shape"}, {"bad"});  // fails at load
+  b.initializer("bad_shape", Tensor::from_vector<int64_t>({1}, {5}));
+  b.node("Add", {"a", "rm"}, {"y"});
+  b.node("Add", {"bad", "c"}, {"z"});
+  b.output("y").output("neg_out").output("z");
+  Session s = session(b.build(), GraphOptimization::All);
+  CHECK(s.load_stats().folded_nodes == 0);
+  // The node that could not be folded fails at run time with its own message.
+  Tensor x = Tensor::from_vector<float>({3}, {0, 0, 0});
+  CHECK_THROWS_WITH(s.run({{"x", x}}), Catch::Contains("Reshape"));
+}
+
+TEST_CASE("nodes inside an If branch fold on the enclosing graph's constants",
+          "[passes][folding]") {
+  GraphBuilder then_b("then");
+  then_b.node("Neg", {"w"}, {"nw"});  // w is captured from the main graph
+  then_b.node("Mul", {"x", "nw"}, {"t_out"});
+  then_b.output("t_out");
+  GraphBuilder else_b("else");
+  else_b.node("Identity", {"x"}, {"e_out"});
+  else_b.output("e_out");
+  GraphBuilder b;
+  b.input("x", DataType::Float, {2}, true);
+  b.input("cond", DataType::Bool, {}, true);
+  b.initializer("w", Tensor::from_vector<float>({2}, {2, 3}));
+  auto parent = std::make_shared<ir::Graph>();
+  b.node("If", {"cond"}, {"y"},
+         {graph_attr("then_branch", then_b.build(parent.get())),
+          graph_attr("else_branch", else_b.build(parent.get()))});
+  b.output("y");
+  auto g = b.build();
+  for (auto& a : g->nodes[0].attributes) {
+    if (a.g) a.g->parent = g.get();
+  }
+  Session s = session(g, GraphOptimization::Basic);
+  CHECK(s.load_stats().folded_nodes == 1);  // Neg(w) in the then branch
+  auto out =
+      s.run({{"x", Tensor::from_vector<float>({2}, {1, 1})}, {"cond", Tensor::scalar<bool>(true)}});
+  CHECK(out[0].value.tensor().to_vector<float>() == std::vector<float>{-2, -3});
+}
+
+TEST_CASE("sessions of one Environment keep one copy of a folded value", "[passes][folding]") {
+  auto env = std::make_shared<Environment>(1);
+  Session a = session(shape_chain_graph(), GraphOptimization::Basic, env);
+  Session b = session(shape_chain_graph(), GraphOptimization::Basic, env);
+  CHECK(a.load_stats().folded_shared_bytes == 0);
+  CHECK(b.load_stats().folded_shared_bytes == b.load_stats().folded_bytes);
+  CHECK(b.load_stats().folded_bytes > 0);
+}
+
+TEST_CASE("before IR version 4 an initializer listed as an input is a constant",
+          "[passes][folding][loader]") {
+  using proto::testing::ModelSpec;
+  using proto::testing::TensorSpec;
+  TempDir dir;
+  for (const int64_t ir : {3, 8}) {
+    ModelSpec spec;
+    spec.ir_version = ir;
+    spec.opset = 9;
+    spec.inputs = {{"x", {2}}, {"w", {2}}};  // IR 3 lists every initializer as an input
+    TensorSpec w;
+    w.name = "w";
+    w.dims = {2};
+    w.values = {3, 4};
+    spec.initializers = {w};
+    spec.nodes = {{"Neg", {"w"}, {"nw"}, "neg", {}}, {"Add", {"x", "nw"}, {"y"}, "add", {}}};
+    spec.outputs = {"y"};
+    Session s(dir.file("ir" + std::to_string(ir) + ".onnx", model_bytes(spec)));
+    auto out = s.run({{"x", Tensor::from_vector<float>({2}, {1, 1})}});
+    CHECK(out[0].value.tensor().to_vector<float>() == std::vector<float>{-2, -3});
+    if (ir < 4) {
+      CHECK(s.inputs().size() == 1);            // w is not an input a caller may replace
+      CHECK(s.load_stats().folded_nodes == 1);  // so Neg(w) folds
+    } else {
+      CHECK(s.inputs().size() == 2);  // an input with a default value
+      CHECK(s.load_stats().folded_nodes == 0);
+    }
+  }
+}
