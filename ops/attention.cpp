@@ -27,7 +27,9 @@
 namespace kiln::ops {
 namespace {
 
-constexpr int64_t kBlockRows = 64;
+// Query rows per task: a multiple of every level's GEMM tile height (12, 6), so no block ends
+// in a short tile.
+constexpr int64_t kBlockRows = 60;
 // Bounds for user-controlled positions (nonpad_kv_seqlen, window sizes) so that sums of a
 // few of them with real sizes cannot overflow; anything beyond acts the same.
 constexpr int64_t kPosLimit = int64_t{1} << 52;
@@ -141,6 +143,11 @@ struct Problem {
   const C* mask_add = nullptr;
   int64_t ms[4] = {0, 0, 0, 0};  // mask strides aligned to [B, Hq, Sq, len] (0 = broadcast)
   int64_t mask_len = 0;
+  // Float with long query blocks: K^T and V of each (batch, KV head) packed once for the
+  // GEMM (panels), so no block packs them again.
+  const float* kpack = nullptr;
+  const float* vpack = nullptr;
+  int64_t kpack_size = 0, vpack_size = 0;  // floats per (batch, KV head)
 };
 
 // Keys [lo, hi) query row i of batch b may attend before the mask is consulted.
@@ -199,7 +206,16 @@ void attend_block(const Problem<C>& p, const Block& blk, C* s) {
   one_thread.max_threads = 1;
   math::GemmOptions scaled = one_thread;
   scaled.alpha = static_cast<float>(p.scale);
-  math::gemm<C>(q, rows, p.D, qrow, 1, k, w, 1, p.lk.row, s, w, scaled);
+  const int nr = math::kernels().gemm.nr;
+  const bool packed = p.kpack && c0 % nr == 0;
+  if constexpr (std::is_same_v<C, float>) {
+    if (packed) {
+      const int64_t kv = b * p.Hkv + kvh;
+      const math::PackedB kp(p.kpack + kv * p.kpack_size, p.D, p.T, nr);
+      math::sgemm({q, rows, p.D, qrow, 1}, kp.block(0, p.D, c0, w), s, w, scaled);
+    }
+  }
+  if (!packed) math::gemm<C>(q, rows, p.D, qrow, 1, k, w, 1, p.lk.row, s, w, scaled);
   MutMap<C> sc(s, rows, w, Eigen::OuterStride<>(w));
 
   // qk rows of a block are consecutive either way: [.., head, position, key] with either the
@@ -279,7 +295,38 @@ void attend_block(const Problem<C>& p, const Block& blk, C* s) {
     }
   }
   save(3);
+  if constexpr (std::is_same_v<C, float>) {
+    if (packed) {
+      const int64_t kv = b * p.Hkv + kvh;
+      const math::PackedB vp(p.vpack + kv * p.vpack_size, p.T, p.Dv, nr);
+      math::sgemm({s, rows, w, w, 1}, vp.block(c0, w, 0, p.Dv), y, yrow, one_thread);
+      return;
+    }
+  }
   math::gemm<C>(s, rows, w, w, 1, v, p.Dv, p.lv.row, 1, y, yrow, one_thread);
+}
+
+// Packs K^T and V of every (batch, KV head) into `scratch` for the blocks to share, when the
+// query blocks are long enough that each block's products would pack them anyway.
+void pack_kv(OpContext& ctx, Problem<float>& p, Tensor& scratch) {
+  const math::GemmKernels& g = math::kernels().gemm;
+  if (std::min(p.Sq, kBlockRows) <= 4 * g.mr || p.T == 0 || p.D == 0 || p.Dv == 0) return;
+  p.kpack_size = math::PackedB::packed_floats(p.D, p.T, g.nr);
+  p.vpack_size = math::PackedB::packed_floats(p.T, p.Dv, g.nr);
+  const int64_t pairs = p.B * p.Hkv;
+  scratch = ctx.allocate(DataType::Float, Shape{pairs * (p.kpack_size + p.vpack_size)});
+  float* kdst = scratch.data<float>();
+  float* vdst = kdst + pairs * p.kpack_size;
+  parallel_for(pairs, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t kv = lo; kv < hi; ++kv) {
+      const int64_t b = kv / p.Hkv, h = kv % p.Hkv;
+      // K^T: column j is key j, read through K's row stride.
+      g.pack_b(p.k + p.lk.at(b, h), 1, p.lk.row, p.D, p.T, kdst + kv * p.kpack_size);
+      g.pack_b(p.v + p.lv.at(b, h), p.lv.row, 1, p.T, p.Dv, vdst + kv * p.vpack_size);
+    }
+  });
+  p.kpack = kdst;
+  p.vpack = vdst;
 }
 
 template <typename C>
@@ -440,6 +487,8 @@ class Attention final : public Kernel {
       p.past = past, p.nonpad = nonpad;
       Tensor mask_c;
       if (ctx.has_input(3)) setup_mask(ctx, ctx.input(3), ct, &mask_c, &p);
+      Tensor packed_kv;
+      if constexpr (std::is_same_v<C, float>) pack_kv(ctx, p, packed_kv);
       run_problem(p);
     };
     if (ct == DataType::Double) {

@@ -138,7 +138,7 @@ math::MatrixView view(const Operand& o, const float* base, size_t batch, int64_t
 
 // y (contiguous [batches, m, n]) = a * b, with b packed when `packed` is given.
 void run_float(const Problem& p, const float* a, const float* b, const math::PackedB* packed,
-               float* y) {
+               float* y, const math::GemmOptions& epilogue = {}) {
   const int64_t m = p.m, n = p.n;
   const double work = static_cast<double>(p.batches) * static_cast<double>(m) *
                       static_cast<double>(n) * static_cast<double>(p.k);
@@ -146,7 +146,7 @@ void run_float(const Problem& p, const float* a, const float* b, const math::Pac
   // Enough batches for every task: one single-threaded product per batch; otherwise one
   // product after another, each split across the threads.
   const bool by_batch = tasks > 1 && p.batches >= 2 * tasks;
-  math::GemmOptions o;
+  math::GemmOptions o = epilogue;
   if (by_batch) o.max_threads = 1;
   auto product = [&](int64_t bi) {
     const size_t i = static_cast<size_t>(bi);
@@ -307,6 +307,60 @@ class MatMul final : public Kernel {
   PackedWeight packed_;  // a constant B, packed once
 };
 
+math::Activation parse_activation(const NodeInfo& info) {
+  const std::string a = info.attr_string("activation", "");
+  if (a.empty()) return math::Activation::None;
+  if (a == "Relu") return math::Activation::Relu;
+  if (a == "Gelu") return math::Activation::Gelu;
+  if (a == "GeluTanh") return math::Activation::GeluTanh;
+  if (a == "Silu") return math::Activation::Silu;
+  if (a == "Sigmoid") return math::Activation::Sigmoid;
+  if (a == "Tanh") return math::Activation::Tanh;
+  info.fail("unknown activation '" + a + "'", ErrorKind::Unsupported);
+}
+
+// kiln.FusedMatMul (made by the graph optimizer, engine/passes/fusion.cpp): float MatMul with
+// its bias Add and activation done by the GEMM's epilogue on each tile while it is in cache:
+// y = activation(alpha * A B + bias), bias a vector along the last axis.
+class FusedMatMul final : public Kernel {
+ public:
+  explicit FusedMatMul(const NodeInfo& info)
+      : packed_(pack_constant_b(info, 1, false)),
+        alpha_(info.attr_float("alpha", 1.0f)),
+        activation_(parse_activation(info)) {}
+
+  void run(OpContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    if (a.dtype() != DataType::Float || b.dtype() != DataType::Float) {
+      ctx.fail("takes float inputs, got " + a.describe() + " and " + b.describe());
+    }
+    Problem p = describe(a, b);
+    math::GemmOptions o;
+    o.alpha = alpha_;
+    o.activation = activation_;
+    Tensor bias;
+    if (ctx.has_input(2)) {
+      bias = ctx.input(2).contiguous();
+      if (bias.dtype() != DataType::Float || bias.numel() != p.n) {
+        ctx.fail("bias " + bias.describe() + " must hold " + std::to_string(p.n) + " floats");
+      }
+      o.bias = bias.data<const float>();
+    }
+    Tensor& y = ctx.output(0, DataType::Float, p.out_shape);
+    if (y.numel() == 0) return;
+    fold_batches(p);
+    const bool use_packed = packed_ && b.rank() == 2;
+    run_float(p, a.data<const float>(), use_packed ? nullptr : b.data<const float>(),
+              use_packed ? &packed_.view : nullptr, y.data<float>(), o);
+  }
+
+ private:
+  PackedWeight packed_;
+  float alpha_;
+  math::Activation activation_;
+};
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "MatMul",
@@ -318,5 +372,16 @@ KILN_REGISTER_OP({.op = "MatMul",
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16, int32, int64, uint32, uint64",
                   .create = make<MatMul>});
+
+KILN_REGISTER_OP({.domain = "kiln",
+                  .op = "FusedMatMul",
+                  .since = 1,
+                  .min_inputs = 2,
+                  .max_inputs = 3,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .strided_inputs = true,
+                  .types = "float",
+                  .create = make<FusedMatMul>});
 
 }  // namespace kiln::ops

@@ -21,9 +21,9 @@ constexpr uint64_t kMaxFoldedBytes = uint64_t{1} << 30;
 
 // Ops whose results differ from run to run.
 bool nondeterministic(const ir::Node& node) {
-  static const std::unordered_set<std::string> ops = {
-      "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
-      "Multinomial"};
+  static const std::unordered_set<std::string> ops = {"RandomNormal",     "RandomUniform",
+                                                      "RandomNormalLike", "RandomUniformLike",
+                                                      "Bernoulli",        "Multinomial"};
   return node.domain.empty() && ops.count(node.op_type) > 0;
 }
 

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "engine/ir/graph.h"
+#include "kiln/session.h"
 
 namespace kiln::passes {
 
@@ -30,5 +31,14 @@ struct FoldStats {
 // `keep` (optional) receives each folded tensor and returns the one to store (the session
 // shares equal ones between sessions through the weights cache).
 FoldStats fold_constants(ir::Graph& graph, const std::function<Tensor(Tensor)>& keep = {});
+
+struct OptimizeStats {
+  int identities_removed = 0;  // Identity, inference Dropout, x*1, x/1, x+0, x-0, same-type Cast
+  int fused = 0;               // fusions made (GELU, MatMul + bias [+ activation], attention)
+};
+
+// The graph rewrites of engine/passes/fusion.cpp, on every nested graph too: at Basic the
+// identity eliminations, at All also the fusions. Results change by float rounding at most.
+OptimizeStats optimize(ir::Graph& graph, GraphOptimization level);
 
 }  // namespace kiln::passes

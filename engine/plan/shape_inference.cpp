@@ -300,6 +300,20 @@ void matmul(Ctx& c) {
   c.set(0, c.in(0).dtype, batch);
 }
 
+// Attention (opset 23) on 4-D inputs with only its first output: Q's shape with V's head
+// size.
+void attention(Ctx& c) {
+  const Shape& q = c.shape(0);
+  const Shape& v = c.shape(2);
+  if (q.size() != 4 || v.size() != 4) unknown("only 4-D attention is inferred");
+  if (c.node.outputs.size() > 1) {
+    for (size_t i = 1; i < c.node.outputs.size(); ++i) {
+      if (c.node.outputs[i] != ir::kNoValue) unknown("present outputs are not inferred");
+    }
+  }
+  c.set(0, c.in(0).dtype, {q[0], q[1], q[2], v[3]});
+}
+
 void gemm(Ctx& c) {
   const Shape& a = c.shape(0);
   const Shape& b = c.shape(1);
@@ -768,6 +782,8 @@ const std::unordered_map<std::string, ShapeFn>& shape_functions() {
                   [](const std::vector<int64_t>& a) { return a[0] ? a[1] : a[2]; });
     };
     t["MatMul"] = matmul;
+    t["kiln.FusedMatMul"] = matmul;  // the optimizer's MatMul with bias and activation
+    t["Attention"] = attention;
     t["Gemm"] = gemm;
     t["Conv"] = conv;
     t["ConvTranspose"] = conv_transpose;
@@ -821,9 +837,13 @@ InferredValue declared(const ir::ValueInfo& info) {
 
 }  // namespace
 
+// The table's key for a node: its op type, or "domain.op" outside ai.onnx.
+static std::string shape_key(const ir::Node& node) {
+  return node.domain.empty() ? node.op_type : node.domain + "." + node.op_type;
+}
+
 bool shape_inference_covers(const ir::Node& node) {
-  return node.domain.empty() && node.graph_attributes().empty() &&
-         shape_functions().count(node.op_type) > 0;
+  return node.graph_attributes().empty() && shape_functions().count(shape_key(node)) > 0;
 }
 
 InferredValue inferred_from(const Tensor& t) {
@@ -877,7 +897,7 @@ ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& 
   for (int32_t index : order) {
     const ir::Node& node = graph.nodes[static_cast<size_t>(index)];
     std::string why;
-    auto it = node.domain.empty() ? table.find(node.op_type) : table.end();
+    auto it = table.find(shape_key(node));
     if (it == table.end()) {
       why = "not covered by shape inference";
     } else if (!node.graph_attributes().empty()) {

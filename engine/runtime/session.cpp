@@ -80,6 +80,18 @@ std::string IoInfo::describe() const {
 namespace {
 
 // Prepared forms through the weights cache, counting which weights' readers all use one.
+// Nodes of `g` and of every graph nested in it.
+uint64_t count_nodes(const ir::Graph& g) {
+  uint64_t n = g.nodes.size();
+  for (const ir::Node& node : g.nodes) {
+    for (const ir::Attribute& a : node.attributes) {
+      if (a.g) n += count_nodes(*a.g);
+      for (const auto& sub : a.graphs) n += count_nodes(*sub);
+    }
+  }
+  return n;
+}
+
 class Preparer final : public ops::WeightPreparer {
  public:
   Preparer(detail::WeightsCache& cache, LoadStats& stats, WeightPrecision gemm_weights)
@@ -286,12 +298,17 @@ struct Session::Impl {
   void prepare(SessionOptions options) {
     if (!cache) begin(options);
     try {
+      load_stats.nodes_loaded = count_nodes(*model.graph);
       passes::fold_constant_nodes(*model.graph);
       if (options.optimization != GraphOptimization::None) {
         const passes::FoldStats folded = passes::fold_constants(*model.graph, shared_folded());
         load_stats.folded_nodes += static_cast<uint64_t>(folded.nodes);
         load_stats.folded_bytes += folded.bytes;
+        const passes::OptimizeStats opt = passes::optimize(*model.graph, options.optimization);
+        load_stats.identities_removed += static_cast<uint64_t>(opt.identities_removed);
+        load_stats.fusions += static_cast<uint64_t>(opt.fused);
       }
+      load_stats.nodes_planned = count_nodes(*model.graph);
       plan = plan::build_plan(*model.graph, preparer.get());
     } catch (Error& e) {
       e.with_file(model.path);
@@ -426,6 +443,40 @@ const std::vector<IoInfo>& Session::outputs() const {
 const std::string& Session::path() const {
   return impl_->model.path;
 }
+namespace {
+
+void graph_text(const ir::Graph& g, int depth, std::string& out) {
+  const std::string indent(static_cast<size_t>(depth) * 2, ' ');
+  auto names = [&](const std::vector<ir::ValueId>& ids) {
+    std::string s;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) s += ", ";
+      s += ids[i] == ir::kNoValue ? "" : g.value(ids[i]).name;
+    }
+    return s;
+  };
+  for (int32_t ni : ir::topological_order(g)) {
+    const ir::Node& node = g.nodes[static_cast<size_t>(ni)];
+    out += indent + node.name + ": " + (node.domain.empty() ? "" : node.domain + ".") +
+           node.op_type + "(" + names(node.inputs) + ") -> " + names(node.outputs) + "\n";
+    for (const ir::Attribute& a : node.attributes) {
+      if (a.g) {
+        out += indent + "  " + a.name + ":\n";
+        graph_text(*a.g, depth + 2, out);
+      }
+      for (const auto& sub : a.graphs) graph_text(*sub, depth + 2, out);
+    }
+  }
+}
+
+}  // namespace
+
+std::string Session::graph_text() const {
+  std::string out;
+  kiln::graph_text(*impl_->model.graph, 0, out);
+  return out;
+}
+
 std::map<std::string, std::string> Session::metadata() const {
   return impl_->model.metadata;
 }

@@ -94,11 +94,12 @@ struct BSource {
   bool packed = false;
   int64_t ldb = 0;  // row stride in elements of an unpacked B
   PackedType type = PackedType::Float32;
+  int64_t panel_stride = 0;  // packed: elements from one panel to the next
 
   int elem() const { return type == PackedType::Float32 ? 4 : 2; }
-  // Row p0, column j0 (a multiple of nr) of a B with k rows.
-  const void* at(int64_t p0, int64_t j0, int64_t k, int nr) const {
-    const int64_t e = packed ? j0 * k + p0 * nr : p0 * ldb + j0;
+  // Row p0, column j0 (a multiple of nr).
+  const void* at(int64_t p0, int64_t j0, int nr) const {
+    const int64_t e = packed ? j0 / nr * panel_stride + p0 * nr : p0 * ldb + j0;
     return static_cast<const char*>(data) + e * elem();
   }
 };
@@ -137,7 +138,7 @@ void run_block(const GemmKernels& g, const MatrixView& a, const BSource& b, int6
       }
       for (int64_t j0 = n0; j0 < n1; j0 += nr) {
         const int tc = static_cast<int>(std::min<int64_t>(nr, n1 - j0));
-        const void* bp = b.at(p0, j0, k, nr);
+        const void* bp = b.at(p0, j0, nr);
         for (int64_t r = 0; r < rows; r += mr) {
           const int tr = static_cast<int>(std::min<int64_t>(mr, rows - r));
           float* ct = c + (i0 + r) * ldc + j0;
@@ -364,10 +365,20 @@ PackedB::PackedB(const MatrixView& b, const MathKernels* t, PackedType type) {
                                    [](char* p) { operator delete[](p, std::align_val_t(64)); });
   pack_into(b, owned_.get(), table, type);
   data_ = owned_.get();
+  panel_stride_ = k_ * nr_;
 }
 
 PackedB::PackedB(const void* data, int64_t k, int64_t n, int nr, PackedType type)
-    : data_(data), k_(k), n_(n), nr_(nr), type_(type) {}
+    : data_(data), k_(k), n_(n), nr_(nr), type_(type), panel_stride_(k * nr) {}
+
+PackedB PackedB::block(int64_t p0, int64_t k, int64_t j0, int64_t n) const {
+  PackedB v = *this;
+  const int64_t e = j0 / nr_ * panel_stride_ + p0 * nr_;
+  v.data_ = static_cast<const char*>(data_) + e * (type_ == PackedType::Float32 ? 4 : 2);
+  v.k_ = k;
+  v.n_ = n;
+  return v;
+}
 
 void sgemm(const MatrixView& a, const MatrixView& b, float* c, int64_t ldc, const GemmOptions& o) {
   check_shapes(a, b.rows);
@@ -378,12 +389,12 @@ void sgemm(const MatrixView& a, const MatrixView& b, float* c, int64_t ldc, cons
   if (m == 1 && b.rs == 1 && b.cs != 1) return gemv_columns(g, a, b, c, o);
   // A row-major B is read in place while A is too short to repay packing it.
   if (b.cs == 1 && m <= 4 * g.mr) {
-    return run(g, a, {b.data, false, b.rs, PackedType::Float32}, k, n, c, ldc, o);
+    return run(g, a, {b.data, false, b.rs, PackedType::Float32, 0}, k, n, c, ldc, o);
   }
   // Otherwise pack B once for all tasks.
   b_packs.fetch_add(1, std::memory_order_relaxed);
   const PackedB packed(b, &table_of(o));
-  run(g, a, {packed.data(), true, 0, PackedType::Float32}, k, n, c, ldc, o);
+  run(g, a, {packed.data(), true, 0, PackedType::Float32, packed.panel_stride()}, k, n, c, ldc, o);
 }
 
 void sgemm(const MatrixView& a, const PackedB& b, float* c, int64_t ldc, const GemmOptions& o) {
@@ -396,7 +407,7 @@ void sgemm(const MatrixView& a, const PackedB& b, float* c, int64_t ldc, const G
   const int64_t m = a.rows, n = b.n(), k = b.k();
   if (m == 0 || n == 0) return;
   if (k == 0) return empty_product(m, n, c, ldc, o);
-  run(g, a, {b.data(), true, 0, b.type()}, k, n, c, ldc, o);
+  run(g, a, {b.data(), true, 0, b.type(), b.panel_stride()}, k, n, c, ldc, o);
 }
 
 template <>

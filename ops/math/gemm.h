@@ -62,6 +62,9 @@ class PackedB {
           PackedType type = PackedType::Float32);
   // Uses panels already packed by pack_into() at `data` (not owned).
   PackedB(const void* data, int64_t k, int64_t n, int nr, PackedType type = PackedType::Float32);
+  // Rows [p0, p0 + k) and columns [j0, j0 + n) of this B (j0 a multiple of nr): a view of the
+  // same panels.
+  PackedB block(int64_t p0, int64_t k, int64_t j0, int64_t n) const;
 
   // Elements needed to pack a k x n B for tile width nr (padding included).
   static int64_t packed_floats(int64_t k, int64_t n, int nr);
@@ -75,6 +78,8 @@ class PackedB {
   int64_t k() const { return k_; }
   int64_t n() const { return n_; }
   int nr() const { return nr_; }
+  // Elements from one panel to the next (k * nr unless this is a block of a taller B).
+  int64_t panel_stride() const { return panel_stride_; }
 
  private:
   std::shared_ptr<char[]> owned_;
@@ -82,6 +87,7 @@ class PackedB {
   int64_t k_ = 0, n_ = 0;
   int nr_ = 0;
   PackedType type_ = PackedType::Float32;
+  int64_t panel_stride_ = 0;
 };
 
 // A packed into panels of the register tile's height for one level: panel i holds rows

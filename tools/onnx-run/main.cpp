@@ -36,7 +36,7 @@ constexpr const char* kUsage =
     "                [--warmup N] [--repeat N] [--profile trace.json] [--json]\n"
     "                [--output-dir DIR] [--rtol X] [--atol X] [--no-arena] [--reuse-inputs]\n"
     "                [--inputs-in-arena] [--arena-from-recording] [--gemm-weights f32|bf16|f16]\n"
-    "                [--optimize none|basic|all]\n"
+    "                [--optimize none|basic|all] [--dump-graph]\n"
     "       onnx-run --version\n";
 
 struct Options {
@@ -49,6 +49,7 @@ struct Options {
   std::string profile;
   bool json = false;
   bool version = false;
+  bool dump_graph = false;
   kiln::WeightPrecision gemm_weights = kiln::WeightPrecision::Float32;
   kiln::GraphOptimization optimization = kiln::GraphOptimization::All;
   bool arena = true, reuse_inputs = false, inputs_in_arena = false, arena_from_shapes = true;
@@ -118,6 +119,8 @@ Options parse(int argc, char** argv) {
       o.arena_from_shapes = false;
     } else if (a == "--output-dir") {
       o.output_dir = value();
+    } else if (a == "--dump-graph") {
+      o.dump_graph = true;
     } else if (a == "--optimize") {
       const std::string v = value();
       if (v == "none") {
@@ -292,6 +295,14 @@ int run(const Options& o) {
   so.gemm_weights = o.gemm_weights;
   so.optimization = o.optimization;
   kiln::Session session(o.model, so);
+  if (o.dump_graph) {
+    // The graph after optimisation, on stderr so that --json output stays one object.
+    const kiln::LoadStats& ls = session.load_stats();
+    std::cerr << "# " << o.model << ": " << ls.nodes_loaded << " nodes loaded, " << ls.nodes_planned
+              << " planned (" << ls.folded_nodes << " folded, " << ls.identities_removed
+              << " pass-through removed, " << ls.fusions << " fusions)\n"
+              << session.graph_text();
+  }
   const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t_load).count();
 
   std::vector<kiln::NamedValue> inputs;
@@ -411,6 +422,8 @@ int run(const Options& o) {
         .field("weights_mapped_bytes", ls.weights_mapped_bytes);
     j.field("weights_copied_bytes", ls.weights_copied_bytes);
     j.field("folded_nodes", ls.folded_nodes).field("folded_bytes", ls.folded_bytes);
+    j.field("nodes_loaded", ls.nodes_loaded).field("nodes_planned", ls.nodes_planned);
+    j.field("identities_removed", ls.identities_removed).field("fusions", ls.fusions);
     j.end_object();
     j.key("outputs").begin_array();
     for (size_t k = 0; k < outputs.size(); ++k) {

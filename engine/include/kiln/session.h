@@ -82,6 +82,12 @@ struct LoadStats {
   uint64_t folded_nodes = 0;
   uint64_t folded_bytes = 0;
   uint64_t folded_shared_bytes = 0;
+  // Nodes in the model (all graph levels, Constant nodes included) and in the graph planned
+  // after optimisation; pass-through nodes removed and fusions made.
+  uint64_t nodes_loaded = 0;
+  uint64_t nodes_planned = 0;
+  uint64_t identities_removed = 0;
+  uint64_t fusions = 0;
 };
 
 // One node's execution, for profiles.
@@ -185,6 +191,9 @@ class Session {
   const std::string& path() const;
   std::map<std::string, std::string> metadata() const;
   int64_t opset(const std::string& domain = "") const;
+  // The graph as it runs, after optimisation: one line per node ("name: Op(inputs) ->
+  // outputs", domain-qualified outside ai.onnx), nested graphs indented under their node.
+  std::string graph_text() const;
 
   // Runs the model. Every graph input without a default must be given; outputs are
   // returned in the model's declared order.

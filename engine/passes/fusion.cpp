@@ -1,0 +1,562 @@
+// Graph rewrites that remove work exporters leave in graphs and fuse chains of ops into one
+// kernel, on every graph level (the merged decoder's work sits inside its If). Each rewrite
+// is a small pattern match that checks op types, constants, ranks and single consumers
+// before it changes anything, and never changes results beyond float rounding.
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/passes/passes.h"
+
+namespace kiln::passes {
+namespace {
+
+// The node indices reading each value, kept up to date as the graph is rewritten.
+class Rewriter {
+ public:
+  explicit Rewriter(ir::Graph& g) : g_(g), removed_(g.nodes.size(), false) { reindex(); }
+
+  ir::Graph& graph() { return g_; }
+  size_t size() const { return g_.nodes.size(); }
+  bool removed(size_t n) const { return removed_[n]; }
+  ir::Node& node(size_t n) { return g_.nodes[n]; }
+
+  // The live node producing `v`, or null.
+  ir::Node* producer(ir::ValueId v) {
+    if (v == ir::kNoValue) return nullptr;
+    const ir::ValueInfo& info = g_.value(v);
+    if (info.origin != ir::ValueOrigin::NodeOutput || info.producer < 0) return nullptr;
+    const auto p = static_cast<size_t>(info.producer);
+    return p < g_.nodes.size() && !removed_[p] ? &g_.nodes[p] : nullptr;
+  }
+  ir::Node* producer(ir::ValueId v, const char* op) {
+    ir::Node* n = producer(v);
+    return n && n->domain.empty() && n->op_type == op ? n : nullptr;
+  }
+
+  // `v` is read by exactly one node input and nothing else (no graph output, no capture).
+  bool single_use(ir::ValueId v) const {
+    return v != ir::kNoValue && readers_[static_cast<size_t>(v)] == 1 &&
+           !pinned_[static_cast<size_t>(v)];
+  }
+  // `v` is read by nothing (an unused optional output).
+  bool unused(ir::ValueId v) const {
+    return v == ir::kNoValue ||
+           (readers_[static_cast<size_t>(v)] == 0 && !pinned_[static_cast<size_t>(v)]);
+  }
+  // A graph output or read by a nested graph: its name must stay.
+  bool pinned(ir::ValueId v) const { return pinned_[static_cast<size_t>(v)]; }
+
+  // The constant behind `v` (an initializer here or in an enclosing graph), or null.
+  const Tensor* constant(ir::ValueId v) const {
+    if (v == ir::kNoValue) return nullptr;
+    const ir::Graph* graph = &g_;
+    const ir::ValueInfo* info = &graph->value(v);
+    while (info->origin == ir::ValueOrigin::Capture && graph->parent) {
+      graph = graph->parent;
+      const ir::ValueId outer = graph->find(info->name);
+      if (outer == ir::kNoValue) return nullptr;
+      info = &graph->value(outer);
+    }
+    if (info->origin != ir::ValueOrigin::Initializer || !info->constant.defined()) return nullptr;
+    return &info->constant;
+  }
+  // The value of a float constant holding one element, or nullopt.
+  std::optional<double> scalar(ir::ValueId v) const {
+    const Tensor* t = constant(v);
+    if (!t || t->numel() != 1) return std::nullopt;
+    if (t->dtype() == DataType::Float) return t->contiguous().data<const float>()[0];
+    if (t->dtype() == DataType::Double) return t->contiguous().data<const double>()[0];
+    return std::nullopt;
+  }
+  // The element type of `v` when the graph says it, else Undefined.
+  DataType dtype(ir::ValueId v) const {
+    if (const Tensor* t = constant(v)) return t->dtype();
+    const ir::TypeInfo& type = declared(v);
+    return type.kind == Value::Kind::Tensor ? type.elem : DataType::Undefined;
+  }
+
+  // The rank of `v`, from constants, declared shapes and the ops that produced it; -1 when
+  // it cannot be told without running the graph.
+  int64_t rank(ir::ValueId v, int depth = 0) {
+    if (v == ir::kNoValue || depth > 32) return -1;
+    if (const Tensor* t = constant(v)) return static_cast<int64_t>(t->rank());
+    const ir::TypeInfo& type = declared(v);
+    if (type.kind == Value::Kind::Tensor && type.shape) {
+      return static_cast<int64_t>(type.shape->size());
+    }
+    ir::Node* p = producer(v);
+    if (!p || !p->domain.empty()) return -1;
+    const std::string& op = p->op_type;
+    if (op == "Transpose") {
+      const ir::Attribute* perm = p->attr("perm");
+      return perm ? static_cast<int64_t>(perm->ints.size()) : rank(p->inputs[0], depth + 1);
+    }
+    if (op == "Reshape") {
+      const Tensor* shape = constant(p->inputs.size() > 1 ? p->inputs[1] : ir::kNoValue);
+      return shape && shape->rank() == 1 ? shape->dim(0) : -1;
+    }
+    if (op == "Unsqueeze" || op == "Squeeze") {
+      const Tensor* axes = constant(p->inputs.size() > 1 ? p->inputs[1] : ir::kNoValue);
+      const int64_t r = rank(p->inputs[0], depth + 1);
+      if (!axes || r < 0) return -1;
+      return op == "Unsqueeze" ? r + axes->numel() : r - axes->numel();
+    }
+    static const char* const kSameRank[] = {
+        "Add",      "Sub",  "Mul",    "Div",     "Where",     "Softmax",           "Relu",
+        "Identity", "Cast", "Concat", "Erf",     "Tanh",      "Sigmoid",           "Neg",
+        "Sqrt",     "Pow",  "Gelu",   "Dropout", "Attention", "LayerNormalization"};
+    const bool same = std::find_if(std::begin(kSameRank), std::end(kSameRank),
+                                   [&](const char* s) { return op == s; }) != std::end(kSameRank);
+    if (!same && op != "MatMul") return -1;
+    int64_t r = -1;
+    for (ir::ValueId in : p->inputs) {
+      if (in == ir::kNoValue) continue;
+      const int64_t ri = rank(in, depth + 1);
+      if (ri < 0) return -1;
+      r = std::max(r, ri);
+    }
+    if (op == "MatMul" && r < 2) return -1;
+    return r;
+  }
+
+  // Every node input reading `from` reads `to` instead.
+  void replace_uses(ir::ValueId from, ir::ValueId to) {
+    for (size_t n = 0; n < g_.nodes.size(); ++n) {
+      if (removed_[n]) continue;
+      for (ir::ValueId& id : g_.nodes[n].inputs) {
+        if (id == from) id = to;
+      }
+    }
+    reindex();
+  }
+
+  void remove(ir::Node* n) {
+    const auto index = static_cast<size_t>(n - g_.nodes.data());
+    removed_[index] = true;
+    reindex();
+  }
+
+  // Appends a node producing `outputs` (values that exist already: their producer moves to it).
+  ir::Node& add(ir::Node node) {
+    const auto index = static_cast<int32_t>(g_.nodes.size());
+    for (ir::ValueId id : node.outputs) {
+      if (id == ir::kNoValue) continue;
+      ir::ValueInfo& v = g_.value(id);
+      v.origin = ir::ValueOrigin::NodeOutput;
+      v.producer = index;
+    }
+    g_.nodes.push_back(std::move(node));
+    removed_.push_back(false);
+    reindex();
+    return g_.nodes.back();
+  }
+
+  ir::ValueId new_value(const std::string& hint) {
+    std::string name = hint;
+    for (int i = 1; g_.find(name) != ir::kNoValue; ++i) name = hint + "_" + std::to_string(i);
+    return g_.add_value(name, ir::ValueOrigin::NodeOutput);
+  }
+
+  // Drops removed nodes and renumbers producers.
+  void commit() {
+    std::vector<ir::Node> kept;
+    std::vector<int32_t> index(g_.nodes.size(), -1);
+    for (size_t n = 0; n < g_.nodes.size(); ++n) {
+      if (removed_[n]) continue;
+      index[n] = static_cast<int32_t>(kept.size());
+      kept.push_back(std::move(g_.nodes[n]));
+    }
+    g_.nodes = std::move(kept);
+    for (ir::ValueInfo& v : g_.values) {
+      if (v.origin == ir::ValueOrigin::NodeOutput && v.producer >= 0) {
+        v.producer = index[static_cast<size_t>(v.producer)];
+      }
+    }
+    removed_.assign(g_.nodes.size(), false);
+    reindex();
+  }
+
+ private:
+  const ir::TypeInfo& declared(ir::ValueId v) const {
+    const ir::Graph* graph = &g_;
+    const ir::ValueInfo* info = &graph->value(v);
+    while (info->origin == ir::ValueOrigin::Capture && graph->parent &&
+           info->type.kind == Value::Kind::None) {
+      graph = graph->parent;
+      const ir::ValueId outer = graph->find(info->name);
+      if (outer == ir::kNoValue) break;
+      info = &graph->value(outer);
+    }
+    return info->type;
+  }
+
+  void reindex() {
+    readers_.assign(g_.values.size(), 0);
+    pinned_.assign(g_.values.size(), false);
+    for (size_t n = 0; n < g_.nodes.size(); ++n) {
+      if (removed_[n]) continue;
+      for (ir::ValueId id : g_.nodes[n].inputs) {
+        if (id != ir::kNoValue) ++readers_[static_cast<size_t>(id)];
+      }
+      for (ir::ValueId id : g_.nodes[n].implicit_inputs) pinned_[static_cast<size_t>(id)] = true;
+    }
+    for (ir::ValueId id : g_.outputs) pinned_[static_cast<size_t>(id)] = true;
+  }
+
+  ir::Graph& g_;
+  std::vector<bool> removed_;
+  std::vector<int32_t> readers_;
+  std::vector<bool> pinned_;
+};
+
+bool is(const ir::Node& n, const char* op) {
+  return n.domain.empty() && n.op_type == op;
+}
+
+bool near(double x, double want) {
+  return std::abs(x - want) <= 1e-6 * std::abs(want) + 1e-7;
+}
+
+// The input of `n` other than `v` (n has two inputs, one of them v).
+ir::ValueId other_input(const ir::Node& n, ir::ValueId v) {
+  return n.inputs[0] == v ? n.inputs[1] : n.inputs[0];
+}
+
+// ---- identity elimination ----
+
+// The value `n` merely passes on (its only output equals this input), or kNoValue.
+ir::ValueId passes_on(Rewriter& r, const ir::Node& n) {
+  if (!n.domain.empty() || n.outputs.empty() || n.outputs[0] == ir::kNoValue) return ir::kNoValue;
+  const std::string& op = n.op_type;
+  if (op == "Identity" && n.inputs.size() == 1) return n.inputs[0];
+  if (op == "Dropout" && !n.inputs.empty()) {
+    // Inference Dropout: training_mode absent or constant false, the mask unused.
+    if (n.outputs.size() > 1 && !r.unused(n.outputs[1])) return ir::kNoValue;
+    if (n.attr("is_test") == nullptr && n.opset < 7) return ir::kNoValue;
+    if (n.inputs.size() > 2 && n.inputs[2] != ir::kNoValue) {
+      const Tensor* training = r.constant(n.inputs[2]);
+      if (!training || training->numel() != 1 || training->dtype() != DataType::Bool ||
+          training->contiguous().data<const bool>()[0]) {
+        return ir::kNoValue;
+      }
+    }
+    return n.inputs[0];
+  }
+  if (op == "Cast" && n.inputs.size() == 1) {
+    const ir::Attribute* to = n.attr("to");
+    const DataType from = r.dtype(n.inputs[0]);
+    if (to && from != DataType::Undefined && static_cast<int64_t>(from) == to->i) {
+      return n.inputs[0];
+    }
+    return ir::kNoValue;
+  }
+  const bool mul = op == "Mul", div = op == "Div", add = op == "Add", sub = op == "Sub";
+  if ((mul || div || add || sub) && n.inputs.size() == 2) {
+    const double neutral = mul || div ? 1.0 : 0.0;
+    // x op c with c a rank-0 constant equal to the neutral element: y is x (a constant of
+    // rank 0 cannot broadcast x to a larger shape, and its type is x's).
+    for (int side = 0; side < 2; ++side) {
+      if (side == 1 && (div || sub)) break;  // 1 / x and 0 - x are not x
+      const ir::ValueId c = n.inputs[side == 0 ? 1 : 0];
+      const Tensor* t = r.constant(c);
+      const std::optional<double> v = r.scalar(c);
+      if (t && t->rank() == 0 && v && *v == neutral) return n.inputs[side == 0 ? 0 : 1];
+    }
+  }
+  return ir::kNoValue;
+}
+
+int eliminate_identities(Rewriter& r) {
+  int count = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i)) continue;
+    ir::Node& n = r.node(i);
+    const ir::ValueId in = passes_on(r, n);
+    if (in == ir::kNoValue || r.pinned(n.outputs[0])) continue;
+    const ir::ValueId out = n.outputs[0];
+    r.remove(&n);
+    r.replace_uses(out, in);
+    ++count;
+  }
+  return count;
+}
+
+// ---- GELU ----
+
+// 0.5 * x * (1 + erf(x / sqrt(2))) as torch exports it (Div or Mul by 1/sqrt2, the 0.5
+// applied first or last, operands in either order): rewritten as Gelu (opset 20).
+int fuse_gelu(Rewriter& r) {
+  int count = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i) || !is(r.node(i), "Erf")) continue;
+    ir::Node* erf = &r.node(i);
+    if (!r.single_use(erf->outputs[0])) continue;
+    // Erf's input: x / sqrt2 or x * (1 / sqrt2).
+    ir::Node* scale = r.producer(erf->inputs[0]);
+    if (!scale || !r.single_use(erf->inputs[0]) || scale->inputs.size() != 2) continue;
+    ir::ValueId x = ir::kNoValue;
+    if (is(*scale, "Div")) {
+      const auto c = r.scalar(scale->inputs[1]);
+      if (c && near(*c, std::sqrt(2.0))) x = scale->inputs[0];
+    } else if (is(*scale, "Mul")) {
+      for (int s = 0; s < 2 && x == ir::kNoValue; ++s) {
+        const auto c = r.scalar(scale->inputs[s]);
+        if (c && near(*c, 1.0 / std::sqrt(2.0))) x = scale->inputs[1 - s];
+      }
+    }
+    if (x == ir::kNoValue) continue;
+    // 1 + erf.
+    ir::Node* one = nullptr;
+    for (size_t j = 0; j < r.size() && !one; ++j) {
+      if (r.removed(j) || !is(r.node(j), "Add") || r.node(j).inputs.size() != 2) continue;
+      ir::Node& a = r.node(j);
+      if (a.inputs[0] != erf->outputs[0] && a.inputs[1] != erf->outputs[0]) continue;
+      const auto c = r.scalar(other_input(a, erf->outputs[0]));
+      if (c && *c == 1.0) one = &a;
+    }
+    if (!one || !r.single_use(one->outputs[0])) continue;
+    // The two Muls: (x * (1 + erf)) * 0.5, or (x * 0.5) * (1 + erf), in any operand order.
+    ir::Node* m1 = nullptr;  // the Mul reading 1 + erf
+    for (size_t j = 0; j < r.size() && !m1; ++j) {
+      if (r.removed(j) || !is(r.node(j), "Mul") || r.node(j).inputs.size() != 2) continue;
+      ir::Node& m = r.node(j);
+      if (m.inputs[0] == one->outputs[0] || m.inputs[1] == one->outputs[0]) m1 = &m;
+    }
+    if (!m1) continue;
+    const ir::ValueId partner = other_input(*m1, one->outputs[0]);
+    ir::Node* last = nullptr;  // the node whose output is the GELU
+    std::vector<ir::Node*> drop{scale, erf, one, m1};
+    if (partner == x) {
+      // (x * (1 + erf)) * 0.5
+      if (!r.single_use(m1->outputs[0])) continue;
+      for (size_t j = 0; j < r.size() && !last; ++j) {
+        if (r.removed(j) || !is(r.node(j), "Mul") || r.node(j).inputs.size() != 2) continue;
+        ir::Node& m = r.node(j);
+        if (m.inputs[0] != m1->outputs[0] && m.inputs[1] != m1->outputs[0]) continue;
+        const auto c = r.scalar(other_input(m, m1->outputs[0]));
+        if (c && *c == 0.5) last = &m;
+      }
+      if (!last) continue;
+      drop.push_back(last);
+    } else {
+      // (x * 0.5) * (1 + erf)
+      ir::Node* half = r.producer(partner, "Mul");
+      if (!half || !r.single_use(partner) || half->inputs.size() != 2) continue;
+      bool ok = false;
+      for (int s = 0; s < 2; ++s) {
+        const auto c = r.scalar(half->inputs[s]);
+        ok = ok || (c && *c == 0.5 && half->inputs[1 - s] == x);
+      }
+      if (!ok) continue;
+      last = m1;
+      drop.push_back(half);
+    }
+    ir::Node gelu;
+    gelu.name = last->name.empty() ? "gelu" : last->name + "/gelu";
+    gelu.op_type = "Gelu";
+    gelu.opset = 20;
+    gelu.inputs = {x};
+    gelu.outputs = {last->outputs[0]};
+    for (ir::Node* d : drop) r.remove(d);
+    r.add(std::move(gelu));
+    ++count;
+  }
+  return count;
+}
+
+// ---- MatMul with bias and activation ----
+
+const char* activation_of(const ir::Node& n) {
+  if (is(n, "Relu")) return "Relu";
+  if (is(n, "Sigmoid")) return "Sigmoid";
+  if (is(n, "Tanh")) return "Tanh";
+  if (is(n, "Gelu")) {
+    const ir::Attribute* a = n.attr("approximate");
+    return a && a->s == "tanh" ? "GeluTanh" : "Gelu";
+  }
+  return nullptr;
+}
+
+// MatMul(a, b) + bias (a constant float vector along the last axis), then optionally an
+// activation: one kiln.FusedMatMul whose GEMM adds the bias and applies the activation to
+// each tile while it is in cache.
+int fuse_matmul_epilogue(Rewriter& r) {
+  int count = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i) || !is(r.node(i), "MatMul")) continue;
+    ir::Node* mm = &r.node(i);
+    const ir::ValueId y = mm->outputs[0];
+    if (!r.single_use(y)) continue;
+    // The Add reading y with a constant bias.
+    ir::Node* add = nullptr;
+    ir::ValueId bias = ir::kNoValue;
+    for (size_t j = 0; j < r.size() && !add; ++j) {
+      if (r.removed(j) || !is(r.node(j), "Add") || r.node(j).inputs.size() != 2) continue;
+      ir::Node& a = r.node(j);
+      if (a.inputs[0] != y && a.inputs[1] != y) continue;
+      const ir::ValueId b = other_input(a, y);
+      const Tensor* t = r.constant(b);
+      if (!t || t->dtype() != DataType::Float || t->rank() != 1) continue;
+      const Tensor* w = r.constant(mm->inputs[1]);
+      // The bias must run along the product's last axis: B's columns (when B is known) and
+      // never broadcast the product to a larger shape (a 1-D product is not fused).
+      if (w && w->rank() >= 2 && w->dim(w->rank() - 1) != t->dim(0)) continue;
+      // B known and at least 2-D: the product has B's columns as its last axis, so the bias
+      // adds along it without broadcasting the product to another shape.
+      if (!w || w->dtype() != DataType::Float || w->rank() < 2) continue;
+      add = &a;
+      bias = b;
+    }
+    if (!add) continue;
+    ir::Node fused;
+    fused.name = mm->name.empty() ? "matmul" : mm->name;
+    fused.op_type = "FusedMatMul";
+    fused.domain = "kiln";
+    fused.opset = 1;
+    fused.inputs = {mm->inputs[0], mm->inputs[1], bias};
+    fused.outputs = {add->outputs[0]};
+    r.remove(mm);
+    r.remove(add);
+    r.add(std::move(fused));
+    ++count;
+  }
+  // An activation reading a fused product alone joins it.
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i)) continue;
+    ir::Node& act = r.node(i);
+    const char* name = activation_of(act);
+    if (!name || act.inputs.empty()) continue;
+    ir::Node* fm = r.producer(act.inputs[0]);
+    if (!fm || fm->domain != "kiln" || fm->op_type != "FusedMatMul" || fm->attr("activation") ||
+        !r.single_use(act.inputs[0])) {
+      continue;
+    }
+    ir::Attribute a;
+    a.name = "activation";
+    a.kind = ir::AttrKind::String;
+    a.s = name;
+    ir::Node fused = *fm;
+    fused.attributes.push_back(a);
+    fused.outputs = {act.outputs[0]};
+    r.remove(fm);
+    r.remove(&act);
+    r.add(std::move(fused));
+    ++count;
+  }
+  return count;
+}
+
+// ---- attention ----
+
+// MatMul(Q, K^T) [* or / scale] [+ mask] -> Softmax(last axis) -> MatMul(., V) on 4-D
+// [batch, heads, positions, head size] operands: one Attention (opset 23), which computes
+// the scores a block of query rows at a time and never holds the [heads, L, L] matrix. K is
+// K^T transposed back: a view (Transpose of a view).
+int fuse_attention(Rewriter& r) {
+  int count = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i) || !is(r.node(i), "MatMul")) continue;
+    ir::Node* pv = &r.node(i);
+    ir::Node* softmax = r.producer(pv->inputs[0], "Softmax");
+    if (!softmax || !r.single_use(pv->inputs[0]) || softmax->opset < 13) continue;
+    const ir::Attribute* axis = softmax->attr("axis");
+    if (axis && axis->i != -1 && axis->i != 3) continue;
+    ir::ValueId s = softmax->inputs[0];
+    if (!r.single_use(s)) continue;
+    std::vector<ir::Node*> chain{pv, softmax};
+    ir::ValueId mask = ir::kNoValue;
+    double scale = 1.0;
+    ir::Node* n = r.producer(s);
+    // Optional additive mask: the operand produced by the scores chain is the scores.
+    if (n && is(*n, "Add") && n->inputs.size() == 2) {
+      const bool first = r.producer(n->inputs[0], "MatMul") || r.producer(n->inputs[0], "Mul") ||
+                         r.producer(n->inputs[0], "Div");
+      const ir::ValueId scores = first ? n->inputs[0] : n->inputs[1];
+      mask = first ? n->inputs[1] : n->inputs[0];
+      const int64_t mr = r.rank(mask);
+      if (mr < 0 || mr > 4 || !r.single_use(scores)) continue;
+      chain.push_back(n);
+      s = scores;
+      n = r.producer(s);
+    }
+    if (n && (is(*n, "Mul") || is(*n, "Div")) && n->inputs.size() == 2) {
+      const bool mul = is(*n, "Mul");
+      std::optional<double> c = r.scalar(n->inputs[1]);
+      ir::ValueId scores = n->inputs[0];
+      if (!c && mul) {
+        c = r.scalar(n->inputs[0]);
+        scores = n->inputs[1];
+      }
+      if (!c || *c == 0.0 || !r.single_use(scores)) continue;
+      scale = mul ? *c : 1.0 / *c;
+      chain.push_back(n);
+      s = scores;
+      n = r.producer(s);
+    }
+    if (!n || !is(*n, "MatMul") || !r.single_use(s)) continue;
+    ir::Node* qk = n;
+    chain.push_back(qk);
+    const ir::ValueId q = qk->inputs[0], kt = qk->inputs[1], v = pv->inputs[1];
+    if (r.rank(q) != 4 || r.rank(kt) != 4 || r.rank(v) != 4) continue;
+    // K = K^T with its last two axes swapped back.
+    const ir::ValueId k = r.new_value(r.graph().value(kt).name + "/untransposed");
+    ir::Node transpose;
+    transpose.name = qk->name + "/k";
+    transpose.op_type = "Transpose";
+    transpose.opset = 13;
+    ir::Attribute perm;
+    perm.name = "perm";
+    perm.kind = ir::AttrKind::Ints;
+    perm.ints = {0, 1, 3, 2};
+    transpose.attributes = {perm};
+    transpose.inputs = {kt};
+    transpose.outputs = {k};
+    ir::Node attention;
+    attention.name = pv->name.empty() ? "attention" : pv->name + "/attention";
+    attention.op_type = "Attention";
+    attention.opset = 23;
+    attention.inputs = {q, k, v};
+    if (mask != ir::kNoValue) attention.inputs.push_back(mask);
+    ir::Attribute sc;
+    sc.name = "scale";
+    sc.kind = ir::AttrKind::Float;
+    sc.f = static_cast<float>(scale);
+    attention.attributes = {sc};
+    attention.outputs = {pv->outputs[0]};
+    for (ir::Node* d : chain) r.remove(d);
+    r.add(std::move(transpose));
+    r.add(std::move(attention));
+    ++count;
+  }
+  return count;
+}
+
+void optimize_graph(ir::Graph& g, GraphOptimization level, OptimizeStats& stats) {
+  Rewriter r(g);
+  stats.identities_removed += eliminate_identities(r);
+  if (level == GraphOptimization::All) {
+    stats.fused += fuse_gelu(r);
+    stats.fused += fuse_matmul_epilogue(r);
+    stats.fused += fuse_attention(r);
+  }
+  r.commit();
+  for (ir::Node& node : g.nodes) {
+    for (ir::Attribute& a : node.attributes) {
+      if (a.g) optimize_graph(*a.g, level, stats);
+      for (auto& sub : a.graphs) optimize_graph(*sub, level, stats);
+    }
+  }
+}
+
+}  // namespace
+
+OptimizeStats optimize(ir::Graph& graph, GraphOptimization level) {
+  OptimizeStats stats;
+  if (level != GraphOptimization::None) optimize_graph(graph, level, stats);
+  return stats;
+}
+
+}  // namespace kiln::passes
