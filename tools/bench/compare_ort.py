@@ -465,7 +465,7 @@ def contention_notes(sections, decode, threads):
             "columns are the more reliable comparison."]
 
 
-def write_report(path, args, cmdline, info, sections, decode, started, ended, loads, extra=()):
+def write_report(path, args, cmdline, info, sections, decode, started, ended, loads, appendix=()):
     lines = [
         "# Benchmarks: kiln next to onnxruntime",
         "",
@@ -554,7 +554,7 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
         lines += table
         lines += summary
         lines.append("")
-    for title, desc, table in extra:
+    for title, desc, table in appendix:
         lines += [f"## {title}", "", desc, ""] + table + [""]
     with open(path, "w") as f:
         f.write("\n".join(lines).rstrip() + "\n")
