@@ -125,9 +125,15 @@ void run_block(const GemmKernels& g, const MatrixView& a, const BSource& b, int6
                int64_t ldc, const GemmOptions& o, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   const int mr = g.mr, nr = g.nr;
   const int64_t mc = row_block(mr);
-  float* apack = a_scratch().get(mc * std::min(k, kKc));
-  for (int64_t p0 = 0; p0 < k; p0 += kKc) {
-    const int64_t kc = std::min(kKc, k - p0);
+  // k blocks keep a B block in L1 for the many row tiles that use it. With a single row
+  // tile (a GEMV-shaped product) nothing reuses it: B is better read in one pass, each panel
+  // a single sequential stream.
+  const int64_t kb = m1 - m0 <= mr ? k : kKc;
+  // Packed panels always hold whole tiles of mr rows (short ones padded).
+  const int64_t rows_packed = std::min(mc, (m1 - m0 + mr - 1) / mr * mr);
+  float* apack = a_scratch().get(rows_packed * std::min(k, kb));
+  for (int64_t p0 = 0; p0 < k; p0 += kb) {
+    const int64_t kc = std::min(kb, k - p0);
     const bool first = p0 == 0, last = p0 + kc == k;
     const bool accumulate = !first || o.accumulate;
     for (int64_t i0 = m0; i0 < m1; i0 += mc) {
