@@ -206,8 +206,19 @@ void attend_block(const Problem<C>& p, const Block& blk, C* s) {
   one_thread.max_threads = 1;
   math::GemmOptions scaled = one_thread;
   scaled.alpha = static_cast<float>(p.scale);
-  const int nr = math::kernels().gemm.nr;
+  const math::GemmKernels& gk = math::kernels().gemm;
+  const int nr = gk.nr;
   const bool packed = p.kpack && c0 % nr == 0;
+  // One query row (a decode step): its scores are dot products with K's rows and its output
+  // a weighted sum of V's rows, each read once.
+  const bool single = rows == 1;
+  if constexpr (std::is_same_v<C, float>) {
+    if (single) {
+      gk.dots(q, k, p.lk.row, p.D, w, s);
+      const C sc = p.scale;
+      for (int64_t j = 0; j < w; ++j) s[j] *= sc;
+    }
+  }
   if constexpr (std::is_same_v<C, float>) {
     if (packed) {
       const int64_t kv = b * p.Hkv + kvh;
@@ -215,7 +226,9 @@ void attend_block(const Problem<C>& p, const Block& blk, C* s) {
       math::sgemm({q, rows, p.D, qrow, 1}, kp.block(0, p.D, c0, w), s, w, scaled);
     }
   }
-  if (!packed) math::gemm<C>(q, rows, p.D, qrow, 1, k, w, 1, p.lk.row, s, w, scaled);
+  if (!packed && !(single && std::is_same_v<C, float>)) {
+    math::gemm<C>(q, rows, p.D, qrow, 1, k, w, 1, p.lk.row, s, w, scaled);
+  }
   MutMap<C> sc(s, rows, w, Eigen::OuterStride<>(w));
 
   // qk rows of a block are consecutive either way: [.., head, position, key] with either the
@@ -296,6 +309,10 @@ void attend_block(const Problem<C>& p, const Block& blk, C* s) {
   }
   save(3);
   if constexpr (std::is_same_v<C, float>) {
+    if (single) {
+      gk.gemv_rows(s, v, p.lv.row, w, p.Dv, y);
+      return;
+    }
     if (packed) {
       const int64_t kv = b * p.Hkv + kvh;
       const math::PackedB vp(p.vpack + kv * p.vpack_size, p.T, p.Dv, nr);

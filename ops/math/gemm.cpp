@@ -220,9 +220,18 @@ void gemv_columns(const GemmKernels& g, const MatrixView& a, const MatrixView& b
   const int tasks = task_count(static_cast<double>(k) * static_cast<double>(n), o.max_threads);
   run_tasks(tasks, [&](int t) {
     const int64_t j0 = n * t / tasks, j1 = n * (t + 1) / tasks;
-    for (int64_t j = j0; j < j1; ++j) {
-      const float v = o.alpha * g.dot(x, b.data + j * b.cs, k);
-      c[j] = o.accumulate ? c[j] + v : v;
+    if (!o.accumulate && o.alpha == 1.0f) {
+      g.dots(x, b.data + j0 * b.cs, b.cs, k, j1 - j0, c + j0);
+      return;
+    }
+    float part[256];
+    for (int64_t j = j0; j < j1; j += 256) {
+      const int64_t len = std::min<int64_t>(256, j1 - j);
+      g.dots(x, b.data + j * b.cs, b.cs, k, len, part);
+      for (int64_t i = 0; i < len; ++i) {
+        const float v = o.alpha * part[i];
+        c[j + i] = o.accumulate ? c[j + i] + v : v;
+      }
     }
   });
   apply_epilogue(o, c, 0, 1, n, 0, 0);

@@ -52,6 +52,14 @@ struct GemmKernels {
   // `kernel` for B in packed panels (padded to nr columns): edge tiles load whole vectors.
   void (*kernel_packed)(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
                         int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
+  // y[j] = dot(x, b + j * ldb) over k elements, for j < n (a row vector times a
+  // column-major matrix: attention scores of one query against a row-major K).
+  void (*dots)(const float* x, const float* b, int64_t ldb, int64_t k, int64_t n,
+               float* y) = nullptr;
+  // y[j] = sum_p w[p] * b[p * ldb + j] for j < n (a row vector times a row-major matrix,
+  // streaming its rows once).
+  void (*gemv_rows)(const float* w, const float* b, int64_t ldb, int64_t k, int64_t n,
+                    float* y) = nullptr;
 };
 
 // Spatial sizes of one convolution, always three dimensions (1-D and 2-D problems have

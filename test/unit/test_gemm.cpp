@@ -243,3 +243,42 @@ KILN_ISA_TEST_CASE("sgemm with B packed as bfloat16 or float16 equals the produc
     }
   }
 }
+
+KILN_ISA_TEST_CASE("row dot products and the row-streaming GEMV match naive sums", "[math][gemm]") {
+  KILN_REQUIRE_ISA();
+  const math::GemmKernels& g = isa_kernels.gemm;
+  std::mt19937 rng(41);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (const int64_t k : {1, 5, 16, 17, 64, 100}) {
+    for (const int64_t n : {1, 3, 4, 7, 33, 130, 300}) {
+      const int64_t ld = std::max(k, n) + 3;
+      std::vector<float> x(static_cast<size_t>(std::max(k, n))),
+          b(static_cast<size_t>(ld * (k + n)));
+      for (auto& v : x) v = dist(rng);
+      for (auto& v : b) v = dist(rng);
+      // dots: y[j] = x . b[j * ld : j * ld + k]
+      std::vector<float> y(static_cast<size_t>(n));
+      g.dots(x.data(), b.data(), ld, k, n, y.data());
+      for (int64_t j = 0; j < n; ++j) {
+        double want = 0;
+        for (int64_t p = 0; p < k; ++p)
+          want += double(x[static_cast<size_t>(p)]) * b[static_cast<size_t>(j * ld + p)];
+        INFO("dots k " << k << " n " << n << " j " << j);
+        REQUIRE(std::abs(y[static_cast<size_t>(j)] - want) <=
+                1e-5 * (1 + std::abs(want)) * std::sqrt(double(k)));
+      }
+      // gemv_rows: y[j] = sum_p x[p] * b[p * ld + j]
+      std::vector<float> z(static_cast<size_t>(n) + 1, 42.0f);
+      g.gemv_rows(x.data(), b.data(), ld, k, n, z.data());
+      CHECK(z[static_cast<size_t>(n)] == 42.0f);  // nothing written past n
+      for (int64_t j = 0; j < n; ++j) {
+        double want = 0;
+        for (int64_t p = 0; p < k; ++p)
+          want += double(x[static_cast<size_t>(p)]) * b[static_cast<size_t>(p * ld + j)];
+        INFO("gemv_rows k " << k << " n " << n << " j " << j);
+        REQUIRE(std::abs(z[static_cast<size_t>(j)] - want) <=
+                1e-5 * (1 + std::abs(want)) * std::sqrt(double(k)));
+      }
+    }
+  }
+}

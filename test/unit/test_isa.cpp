@@ -74,6 +74,8 @@ KILN_ISA_TEST_CASE("every entry of the level's table is filled", "[math][isa]") 
   CHECK(k.gemm.pack_b_bf16);
   CHECK(k.gemm.pack_b_f16);
   CHECK(k.gemm.kernel_packed);
+  CHECK(k.gemm.dots);
+  CHECK(k.gemm.gemv_rows);
   CHECK(k.conv.plane);
   CHECK(k.conv.deinterleave_rows);
   CHECK(k.conv.im2col_panels);

@@ -238,6 +238,74 @@ void sgemm_pack_b_f16(const float* b, int64_t rs, int64_t cs, int64_t k, int64_t
   pack_b_half<false>(b, rs, cs, k, n, out);
 }
 
+// y[j] = sum over p of x[p] * b[j * ldb + p] for j < n: dot products with n contiguous rows,
+// four at a time so x is loaded once for four of them.
+void sdots(const float* x, const float* b, int64_t ldb, int64_t k, int64_t n, float* y) {
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float* b0 = b + j * ldb;
+    const float* b1 = b0 + ldb;
+    const float* b2 = b1 + ldb;
+    const float* b3 = b2 + ldb;
+    VF s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
+    int64_t p = 0;
+    for (; p + kLanes <= k; p += kLanes) {
+      const VF xv = vload(x + p);
+      s0 = vfmadd(xv, vload(b0 + p), s0);
+      s1 = vfmadd(xv, vload(b1 + p), s1);
+      s2 = vfmadd(xv, vload(b2 + p), s2);
+      s3 = vfmadd(xv, vload(b3 + p), s3);
+    }
+    if (p < k) {
+      const int left = static_cast<int>(k - p);
+      const VF xv = vload_partial(x + p, left);
+      s0 = vfmadd(xv, vload_partial(b0 + p, left), s0);
+      s1 = vfmadd(xv, vload_partial(b1 + p, left), s1);
+      s2 = vfmadd(xv, vload_partial(b2 + p, left), s2);
+      s3 = vfmadd(xv, vload_partial(b3 + p, left), s3);
+    }
+    y[j] = vreduce_add(s0);
+    y[j + 1] = vreduce_add(s1);
+    y[j + 2] = vreduce_add(s2);
+    y[j + 3] = vreduce_add(s3);
+  }
+  for (; j < n; ++j) {
+    const float* bj = b + j * ldb;
+    VF s0 = vzero();
+    int64_t p = 0;
+    for (; p + kLanes <= k; p += kLanes) s0 = vfmadd(vload(x + p), vload(bj + p), s0);
+    if (p < k) {
+      const int left = static_cast<int>(k - p);
+      s0 = vfmadd(vload_partial(x + p, left), vload_partial(bj + p, left), s0);
+    }
+    y[j] = vreduce_add(s0);
+  }
+}
+
+// y[j] = sum over p of w[p] * b[p * ldb + j] for j < n: a row vector times a row-major
+// matrix read row by row, each row once (attention's weighted sum of a query's values).
+void sgemv_rows(const float* w, const float* b, int64_t ldb, int64_t k, int64_t n, float* y) {
+  constexpr int kMaxVectors = 8;
+  for (int64_t j0 = 0; j0 < n; j0 += kMaxVectors * kLanes) {
+    const int64_t cols = n - j0 < kMaxVectors * kLanes ? n - j0 : kMaxVectors * kLanes;
+    const int full = static_cast<int>(cols / kLanes), left = static_cast<int>(cols % kLanes);
+    VF acc[kMaxVectors + 1];
+#pragma GCC unroll 9
+    for (int v = 0; v <= kMaxVectors; ++v) acc[v] = vzero();
+    for (int64_t p = 0; p < k; ++p) {
+      const VF wv = vset1(w[p]);
+      const float* row = b + p * ldb + j0;
+#pragma GCC unroll 8
+      for (int v = 0; v < kMaxVectors; ++v) {
+        if (v < full) acc[v] = vfmadd(wv, vload(row + v * kLanes), acc[v]);
+      }
+      if (left) acc[full] = vfmadd(wv, vload_partial(row + full * kLanes, left), acc[full]);
+    }
+    for (int v = 0; v < full; ++v) vstore(y + j0 + v * kLanes, acc[v]);
+    if (left) vstore_partial(y + j0 + full * kLanes, acc[full], left);
+  }
+}
+
 // sum over p of x[p] * y[p].
 float sdot(const float* x, const float* y, int64_t n) {
   VF s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
@@ -287,4 +355,6 @@ constexpr GemmKernels kGemmKernels{.mr = kGemmMr,
                                    .kernel_f16 = sgemm_kernel_f16,
                                    .pack_b_bf16 = sgemm_pack_b_bf16,
                                    .pack_b_f16 = sgemm_pack_b_f16,
-                                   .kernel_packed = sgemm_kernel_packed};
+                                   .kernel_packed = sgemm_kernel_packed,
+                                   .dots = sdots,
+                                   .gemv_rows = sgemv_rows};
