@@ -160,7 +160,8 @@ struct Sizes {
 // channels per group run as direct loops: a GEMM with so few rows would spend its time
 // lowering patches.
 bool use_direct(const Sizes& s, const Geometry& g) {
-  return (s.cg == 1 || s.mg <= 2) && g.k[2] <= math::kConvMaxTaps;
+  (void)g;
+  return s.cg == 1 || s.mg <= 2;
 }
 
 math::ConvGeometry conv_geometry(const Geometry& g) {
@@ -179,23 +180,23 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
   const math::ConvKernels& k = math::kernels().conv;
   const math::ConvGeometry dg = conv_geometry(g);
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size();
-  // Stride 2 along rows: deinterleave each input plane once so the taps vectorise.
-  const bool split = g.stride[2] == 2 && (g.k[2] == 3 || g.k[2] == 5 || g.k[2] == 7);
+  const auto padded = static_cast<size_t>(math::conv_padded_floats(dg));
+  std::vector<int64_t> offsets(static_cast<size_t>(kp));
+  math::conv_tap_offsets(dg, offsets.data());
   parallel_for(s.n * s.m, grain_for(op * kp * s.cg), [&](int64_t lo, int64_t hi) {
-    std::vector<float> buf(split ? static_cast<size_t>(ip) : 0);
-    int64_t buffered = -1;  // the input plane held in buf
+    std::vector<float> buf(padded);
+    int64_t buffered = -1;  // the input plane held padded in buf
     for (int64_t plane = lo; plane < hi; ++plane) {
       const int64_t n = plane / s.m, m = plane % s.m, grp = m / s.mg;
       float* yp = y + plane * op;
       std::fill(yp, yp + op, bias ? bias[m] : 0.0f);
       for (int64_t c = 0; c < s.cg; ++c) {
         const int64_t in_plane = n * s.c + grp * s.cg + c;
-        const float* xp = x + in_plane * ip;
-        if (split && buffered != in_plane) {
-          k.deinterleave_rows(xp, g.in[0] * g.in[1], g.in[2], buf.data());
+        if (buffered != in_plane) {
+          k.pad_plane(x + in_plane * ip, dg, buf.data());
           buffered = in_plane;
         }
-        k.plane(xp, split ? buf.data() : nullptr, w + (m * s.cg + c) * kp, dg, yp);
+        k.padded_plane(buf.data(), w + (m * s.cg + c) * kp, offsets.data(), dg, yp);
       }
     }
   });

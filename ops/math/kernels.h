@@ -69,21 +69,53 @@ struct ConvGeometry {
           dil[3] = {1, 1, 1}, pad[3] = {0, 0, 0};
 };
 
-// Convolution kernels (impl/conv.h): direct convolution of one input plane into one output
-// plane, and the lowering of patches into GEMM panels.
+// Rows (depth, height) and row width of the padded, phase-split copy of an input plane
+// that ConvKernels::pad_plane writes: rows[0] x rows[1] rows of stride[2] phases of
+// len[2] floats each (rows[2]: the padded width actually read).
+inline void conv_padded_extent(const ConvGeometry& g, int64_t rows[3], int64_t len[3]) {
+  for (int i = 0; i < 3; ++i) {
+    rows[i] = (g.out[i] - 1) * g.stride[i] + (g.k[i] - 1) * g.dil[i] + 1;
+    len[i] = (rows[i] + g.stride[i] - 1) / g.stride[i];
+  }
+}
+// Floats of that copy.
+inline int64_t conv_padded_floats(const ConvGeometry& g) {
+  int64_t rows[3], len[3];
+  conv_padded_extent(g, rows, len);
+  return rows[0] * rows[1] * g.stride[2] * len[2];
+}
+
+// Each tap's offset in that copy from an output row's first tap (taps in filter order).
+inline void conv_tap_offsets(const ConvGeometry& g, int64_t* off) {
+  int64_t rows[3], len[3];
+  conv_padded_extent(g, rows, len);
+  const int64_t s = g.stride[2], row = s * len[2];
+  int64_t t = 0;
+  for (int64_t kd = 0; kd < g.k[0]; ++kd) {
+    for (int64_t kh = 0; kh < g.k[1]; ++kh) {
+      for (int64_t kw = 0; kw < g.k[2]; ++kw) {
+        const int64_t c = kw * g.dil[2];
+        off[t++] = (kd * g.dil[0] * rows[1] + kh * g.dil[1]) * row + (c % s) * len[2] + c / s;
+      }
+    }
+  }
+}
+
+// Convolution kernels (impl/conv.h): direct convolution of one plane, for the convolutions
+// where a GEMM is the wrong shape, and the lowering of patches into GEMM panels.
 struct ConvKernels {
-  // y += w (*) x over one plane; `split` is x deinterleaved for stride-2 rows (or null).
-  // At most kConvMaxTaps taps along the innermost dimension.
-  void (*plane)(const float* x, const float* split, const float* w, const ConvGeometry& g,
-                float* y) = nullptr;
-  // Every row as its even columns then its odd columns.
-  void (*deinterleave_rows)(const float* x, int64_t rows, int64_t width, float* out) = nullptr;
+  // The input plane `x` padded with zeros and split into stride phases (conv_padded_floats
+  // floats at `out`).
+  void (*pad_plane)(const float* x, const ConvGeometry& g, float* out) = nullptr;
+  // y += w (*) x over one output plane, x given as pad_plane's copy and each tap's offset in
+  // it as conv_tap_offsets gives them.
+  void (*padded_plane)(const float* xp, const float* w, const int64_t* tap_offsets,
+                       const ConvGeometry& g, float* y) = nullptr;
   // Rows [p0, p0 + kc) and output positions [j0, j0 + nc) of a convolution's patch matrix
   // (im2col) straight into GEMM B panels of this level's tile width (see math::BPacker).
   void (*im2col_panels)(const float* x, const ConvGeometry& g, int64_t p0, int64_t kc, int64_t j0,
                         int64_t nc, float* out) = nullptr;
 };
-constexpr int64_t kConvMaxTaps = 1024;
 
 // Float arithmetic on rows: y[i] = a[i * sa] op b[i * sb] (impl/binary.h). Fast when both
 // strides are 1 or one is 0 (a broadcast scalar); y may be a or b.
