@@ -7,12 +7,19 @@
 // block (im2col without an intermediate matrix); 1x1 convolutions with unit stride and no
 // padding pack the input itself. Bias is the GEMM's row epilogue. Convolutions with one
 // input channel per group (depthwise) run as direct loops; double uses plain loops.
+//
+// kiln.FusedConv (made by the graph optimizer, engine/passes/fusion.cpp) is a float Conv
+// with an `activation` attribute and an optional fourth input Z added before it:
+// y = activation(conv(x, w) + bias + Z), as one pass over y (the GEMM accumulates onto Z and
+// applies the activation to each tile while it is in cache). Z with the output's shape is
+// overwritten in place when the executor allows; a Z that broadcasts is added afterwards.
 #include <algorithm>
 #include <array>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "ops/activation.h"
 #include "ops/common.h"
 #include "ops/elementwise.h"
 #include "ops/math/gemm.h"
@@ -164,6 +171,13 @@ bool use_direct(const Sizes& s, const Geometry& g) {
   return s.cg == 1 || s.mg <= 2;
 }
 
+// What a fused convolution does besides the product: start from y's values (Z) instead of
+// zeros, and the activation applied to the finished output.
+struct ConvEpilogue {
+  bool accumulate = false;
+  math::Activation activation = math::Activation::None;
+};
+
 math::ConvGeometry conv_geometry(const Geometry& g) {
   math::ConvGeometry d;
   for (int i = 0; i < 3; ++i) {
@@ -176,7 +190,7 @@ math::ConvGeometry conv_geometry(const Geometry& g) {
 // Float convolution with the dispatched direct plane kernel: each output plane is the sum
 // over its group's input channels.
 void direct_convolve(const float* x, const float* w, const float* bias, float* y, const Sizes& s,
-                     const Geometry& g) {
+                     const Geometry& g, const ConvEpilogue& e) {
   const math::ConvKernels& k = math::kernels().conv;
   const math::ConvGeometry dg = conv_geometry(g);
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size();
@@ -189,7 +203,12 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
     for (int64_t plane = lo; plane < hi; ++plane) {
       const int64_t n = plane / s.m, m = plane % s.m, grp = m / s.mg;
       float* yp = y + plane * op;
-      std::fill(yp, yp + op, bias ? bias[m] : 0.0f);
+      if (!e.accumulate) {
+        std::fill(yp, yp + op, bias ? bias[m] : 0.0f);
+      } else if (bias) {
+        const float b = bias[m];
+        for (int64_t i = 0; i < op; ++i) yp[i] += b;
+      }
       for (int64_t c = 0; c < s.cg; ++c) {
         const int64_t in_plane = n * s.c + grp * s.cg + c;
         if (buffered != in_plane) {
@@ -198,13 +217,14 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
         }
         k.padded_plane(buf.data(), w + (m * s.cg + c) * kp, offsets.data(), dg, yp);
       }
+      apply_activation(e.activation, yp, op);
     }
   });
 }
 
 // Float convolution through the GEMM layer; `packed` is pack_filter's form of the filter.
 void gemm_convolve(const float* x, const float* packed, const float* bias, float* y, const Sizes& s,
-                   const Geometry& g) {
+                   const Geometry& g, const ConvEpilogue& e) {
   const math::MathKernels& t = math::kernels();
   const math::ConvGeometry cg = conv_geometry(g);
   const int64_t ip = g.in_size(), op = g.out_size(), kk = s.cg * g.k_size();
@@ -219,6 +239,8 @@ void gemm_convolve(const float* x, const float* packed, const float* bias, float
   // each split across the threads.
   const bool by_unit = tasks > 1 && units >= 2 * tasks;
   math::GemmOptions o;
+  o.accumulate = e.accumulate;
+  o.activation = e.activation;
   if (by_unit) o.max_threads = 1;
   auto unit_product = [&](int64_t unit) {
     const int64_t n = unit / s.groups, grp = unit % s.groups;
@@ -251,20 +273,21 @@ void gemm_convolve(const float* x, const float* packed, const float* bias, float
 // float filter of every group packed for the GEMM (null for depthwise and double).
 template <typename T>
 void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, const Sizes& s,
-              const Geometry& g) {
+              const Geometry& g, const ConvEpilogue& e = {}) {
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size(), kk = s.cg * kp;
   if (op == 0 || s.m == 0 || s.n == 0) return;
 
   const int64_t units = s.n * s.groups;
   if constexpr (std::is_same_v<T, float>) {
     if (use_direct(s, g)) {
-      direct_convolve(x, w, bias, y, s, g);
+      direct_convolve(x, w, bias, y, s, g, e);
     } else {
-      gemm_convolve(x, packed, bias, y, s, g);
+      gemm_convolve(x, packed, bias, y, s, g, e);
     }
   } else {
-    // Double: lower each (image, group) whole, then plain loops.
+    // Double: lower each (image, group) whole, then plain loops (never fused).
     (void)packed;
+    (void)e;
     std::vector<T> col(static_cast<size_t>(kk * op));
     for (int64_t unit = 0; unit < units; ++unit) {
       const int64_t n = unit / s.groups, grp = unit % s.groups;
@@ -288,8 +311,10 @@ void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, 
 
 class Conv final : public Kernel {
  public:
-  explicit Conv(const NodeInfo& info)
-      : auto_pad_(parse_auto_pad(info)),
+  Conv(const NodeInfo& info, bool fused)
+      : fused_(fused),
+        activation_(fused ? parse_activation(info) : math::Activation::None),
+        auto_pad_(parse_auto_pad(info)),
         group_(info.attr_int("group", 1)),
         kernel_shape_(info.attr_ints("kernel_shape")),
         strides_(info.attr_ints("strides")),
@@ -348,6 +373,10 @@ class Conv final : public Kernel {
     Shape out_shape{s.n, s.m};
     for (size_t d = 0; d + 2 < x.rank(); ++d) out_shape.push_back(g.out[3 - (x.rank() - 2) + d]);
     check_output_size(ctx, out_shape);
+    if (fused_) {
+      run_fused(ctx, s, g, out_shape);
+      return;
+    }
 
     dispatch(TypeList<float, double, float16, bfloat16>{}, x.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, double>) {
@@ -364,19 +393,8 @@ class Conv final : public Kernel {
         };
         const Tensor fx = widen(x);
         const Tensor fb = has_bias ? widen(ctx.input(2)) : Tensor();
-        Tensor fw;
-        const float* packed = nullptr;
-        Tensor packed_now;
-        if (use_direct(s, g)) {
-          fw = widen(w);  // direct loops read the filter as it is
-        } else if (packed_ && packed_groups_ == s.groups) {
-          packed = packed_->data<const float>();
-        } else {
-          // A filter computed at run time: packed into a pool buffer for this run.
-          packed_now = ctx.allocate(DataType::Float, Shape{packed_filter_floats(w, s.groups)});
-          pack_filter_into(w, s.groups, packed_now.data<float>());
-          packed = packed_now.data<const float>();
-        }
+        Tensor fw, packed_now;
+        const float* packed = filter(ctx, s, g, widen, fw, packed_now);
         const bool is_float = std::is_same_v<T, float>;
         Tensor fy = is_float ? Tensor() : ctx.allocate(DataType::Float, out_shape);
         Tensor& y = is_float ? ctx.output(0, x.dtype(), out_shape) : fy;
@@ -391,6 +409,72 @@ class Conv final : public Kernel {
   }
 
  private:
+  // The filter as the convolution reads it: for the direct loops `fw` (widened to float by
+  // `widen`), else the packed GEMM form returned (the cached one, or packed into
+  // `packed_now` from a filter computed at run time).
+  template <typename Widen>
+  const float* filter(OpContext& ctx, const Sizes& s, const Geometry& g, const Widen& widen,
+                      Tensor& fw, Tensor& packed_now) const {
+    const Tensor& w = ctx.input(1);
+    if (use_direct(s, g)) {
+      fw = widen(w);  // direct loops read the filter as it is
+      return nullptr;
+    }
+    if (packed_ && packed_groups_ == s.groups) return packed_->data<const float>();
+    packed_now = ctx.allocate(DataType::Float, Shape{packed_filter_floats(w, s.groups)});
+    pack_filter_into(w, s.groups, packed_now.data<float>());
+    return packed_now.data<const float>();
+  }
+
+  // kiln.FusedConv: y = activation(conv + bias + Z).
+  void run_fused(OpContext& ctx, const Sizes& s, const Geometry& g, const Shape& out_shape) {
+    const Tensor& x = ctx.input(0);
+    if (x.dtype() != DataType::Float) ctx.fail("takes float inputs, got " + x.describe());
+    const bool has_bias = ctx.has_input(2), has_z = ctx.has_input(3);
+    const float* bias = has_bias ? ctx.input(2).data<const float>() : nullptr;
+    Tensor fw, packed_now;
+    const float* packed = filter(
+        ctx, s, g, [](const Tensor& t) { return t; }, fw, packed_now);
+    const float* w = fw.defined() ? fw.data<const float>() : nullptr;
+    ConvEpilogue e;
+    e.activation = activation_;
+    if (!has_z) {
+      Tensor& y = ctx.output(0, DataType::Float, out_shape);
+      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e);
+      return;
+    }
+    const Tensor& z = ctx.input(3);
+    if (z.dtype() != DataType::Float) ctx.fail("Z " + z.describe() + " must be float");
+    if (z.shape() == out_shape) {
+      // Accumulate onto Z: in place when Z dies here, else onto a copy of it.
+      e.accumulate = true;
+      if (ctx.can_overwrite(3)) {
+        Tensor& y = ctx.output_reusing(0, 3, DataType::Float, out_shape);
+        ctx.count_in_place();
+        convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e);
+        return;
+      }
+      Tensor& y = ctx.output(0, DataType::Float, out_shape);
+      copy_elements(z, y);
+      ctx.count_copy(static_cast<uint64_t>(y.nbytes()));
+      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e);
+      return;
+    }
+    // Z broadcasts (to the convolution's shape or beyond): the sum is a broadcasting Add.
+    Tensor conv = ctx.allocate(DataType::Float, out_shape);
+    convolve<float>(x.data<const float>(), w, packed, bias, conv.data<float>(), s, g, {});
+    Shape sum_shape;
+    try {
+      sum_shape = broadcast_shapes(out_shape, z.shape());
+    } catch (const Error&) {
+      ctx.fail("Z " + z.describe() + " does not broadcast to the convolution's output " +
+               shape_to_string(out_shape));
+    }
+    Tensor& y = ctx.output(0, DataType::Float, sum_shape);
+    binary_loop<float, float, float>(conv, z, y, [](float a, float b) { return a + b; });
+    apply_activation(activation_, y.data<float>(), y.numel());
+  }
+
   Geometry geometry(const OpContext& ctx, const Tensor& x, const Tensor& w) const {
     const size_t r = x.rank() - 2, off = 3 - r;
     auto attr = [&](const std::vector<int64_t>& v, size_t n, const char* name) {
@@ -429,6 +513,8 @@ class Conv final : public Kernel {
     return g;
   }
 
+  bool fused_;
+  math::Activation activation_;
   AutoPad auto_pad_;
   int64_t group_;
   std::vector<int64_t> kernel_shape_, strides_, dilations_, pads_;
@@ -445,6 +531,21 @@ KILN_REGISTER_OP({.op = "Conv",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
-                  .create = make<Conv>});
+                  .create = [](const NodeInfo& info) -> std::unique_ptr<Kernel> {
+                    return std::make_unique<Conv>(info, false);
+                  }});
+
+KILN_REGISTER_OP({.domain = "kiln",
+                  .op = "FusedConv",
+                  .since = 1,
+                  .min_inputs = 2,
+                  .max_inputs = 4,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .in_place = inputs(3),
+                  .types = "float",
+                  .create = [](const NodeInfo& info) -> std::unique_ptr<Kernel> {
+                    return std::make_unique<Conv>(info, true);
+                  }});
 
 }  // namespace kiln::ops

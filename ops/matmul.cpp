@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops/activation.h"
 #include "ops/common.h"
 #include "ops/elementwise.h"
 #include "ops/math/gemm.h"
@@ -306,18 +307,6 @@ class MatMul final : public Kernel {
 
   PackedWeight packed_;  // a constant B, packed once
 };
-
-math::Activation parse_activation(const NodeInfo& info) {
-  const std::string a = info.attr_string("activation", "");
-  if (a.empty()) return math::Activation::None;
-  if (a == "Relu") return math::Activation::Relu;
-  if (a == "Gelu") return math::Activation::Gelu;
-  if (a == "GeluTanh") return math::Activation::GeluTanh;
-  if (a == "Silu") return math::Activation::Silu;
-  if (a == "Sigmoid") return math::Activation::Sigmoid;
-  if (a == "Tanh") return math::Activation::Tanh;
-  info.fail("unknown activation '" + a + "'", ErrorKind::Unsupported);
-}
 
 // kiln.FusedMatMul (made by the graph optimizer, engine/passes/fusion.cpp): float MatMul with
 // its bias Add and activation done by the GEMM's epilogue on each tile while it is in cache:

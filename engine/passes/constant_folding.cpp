@@ -117,26 +117,6 @@ std::vector<Tensor> evaluate(const ir::Graph& g, const ir::Node& node) {
 }
 
 // Drops initializers nothing reads any more (inputs of folded nodes).
-void drop_unused_initializers(ir::Graph& g) {
-  std::vector<bool> used(g.values.size(), false);
-  for (const ir::Node& node : g.nodes) {
-    for (ir::ValueId id : node.inputs) {
-      if (id != ir::kNoValue) used[static_cast<size_t>(id)] = true;
-    }
-    for (ir::ValueId id : node.implicit_inputs) used[static_cast<size_t>(id)] = true;
-  }
-  for (ir::ValueId id : g.outputs) used[static_cast<size_t>(id)] = true;
-  std::vector<ir::ValueId> kept;
-  for (ir::ValueId id : g.initializers) {
-    if (used[static_cast<size_t>(id)]) {
-      kept.push_back(id);
-    } else {
-      g.value(id).constant = Tensor();  // its storage goes when nothing else holds it
-    }
-  }
-  g.initializers = std::move(kept);
-}
-
 void fold_graph(ir::Graph& g, const std::function<Tensor(Tensor)>& keep, FoldStats& stats) {
   std::vector<bool> graph_output(g.values.size(), false);
   for (ir::ValueId id : g.outputs) graph_output[static_cast<size_t>(id)] = true;
@@ -197,6 +177,26 @@ void fold_graph(ir::Graph& g, const std::function<Tensor(Tensor)>& keep, FoldSta
 }
 
 }  // namespace
+
+void drop_unused_initializers(ir::Graph& g) {
+  std::vector<bool> used(g.values.size(), false);
+  for (const ir::Node& node : g.nodes) {
+    for (ir::ValueId id : node.inputs) {
+      if (id != ir::kNoValue) used[static_cast<size_t>(id)] = true;
+    }
+    for (ir::ValueId id : node.implicit_inputs) used[static_cast<size_t>(id)] = true;
+  }
+  for (ir::ValueId id : g.outputs) used[static_cast<size_t>(id)] = true;
+  std::vector<ir::ValueId> kept;
+  for (ir::ValueId id : g.initializers) {
+    if (used[static_cast<size_t>(id)]) {
+      kept.push_back(id);
+    } else {
+      g.value(id).constant = Tensor();  // its storage goes when nothing else holds it
+    }
+  }
+  g.initializers = std::move(kept);
+}
 
 FoldStats fold_constants(ir::Graph& graph, const std::function<Tensor(Tensor)>& keep) {
   FoldStats stats;

@@ -154,6 +154,23 @@ class Rewriter {
     return g_.nodes.back();
   }
 
+  // A new initializer of this graph holding `t` (made read-only).
+  ir::ValueId new_constant(const std::string& hint, Tensor t) {
+    const ir::ValueId id = new_value(hint);
+    ir::ValueInfo& v = g_.value(id);
+    v.origin = ir::ValueOrigin::Initializer;
+    v.type.kind = Value::Kind::Tensor;
+    v.type.elem = t.dtype();
+    std::vector<ir::Dim> dims;
+    for (int64_t d : t.shape()) dims.push_back({d, ""});
+    v.type.shape = dims;
+    t.storage()->set_read_only();
+    v.constant = std::move(t);
+    g_.initializers.push_back(id);
+    reindex();
+    return id;
+  }
+
   ir::ValueId new_value(const std::string& hint) {
     std::string name = hint;
     for (int i = 1; g_.find(name) != ir::kNoValue; ++i) name = hint + "_" + std::to_string(i);
@@ -534,6 +551,135 @@ int fuse_attention(Rewriter& r) {
   return count;
 }
 
+// ---- convolutions ----
+
+// A float constant of `n` values (any shape holding n), as doubles; empty otherwise.
+std::vector<double> float_values(Rewriter& r, ir::ValueId v, int64_t n) {
+  const Tensor* t = r.constant(v);
+  if (!t || t->dtype() != DataType::Float || t->numel() != n || t->rank() != 1) return {};
+  const Tensor c = t->contiguous();
+  const float* p = c.data<const float>();
+  return std::vector<double>(p, p + n);
+}
+
+// Conv(X, W, B) -> BatchNormalization at inference, W, B and the normalization's scale,
+// bias, mean and variance constants: one Conv(X, W', B') with W' = W * s per output channel
+// and B' = (B - mean) * s + bias, s = scale / sqrt(variance + epsilon), computed in double.
+int fold_conv_batchnorm(Rewriter& r) {
+  int count = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i) || !is(r.node(i), "BatchNormalization")) continue;
+    ir::Node* bn = &r.node(i);
+    if (bn->inputs.size() != 5 || bn->opset < 7) continue;  // before 7: is_test, spatial
+    bool statistics_used = false;
+    for (size_t o = 1; o < bn->outputs.size(); ++o) {
+      statistics_used = statistics_used || !r.unused(bn->outputs[o]);
+    }
+    const ir::Attribute* training = bn->attr("training_mode");
+    const ir::Attribute* spatial = bn->attr("spatial");
+    if (statistics_used || (training && training->i != 0) || (spatial && spatial->i == 0)) continue;
+    ir::Node* conv = r.producer(bn->inputs[0], "Conv");
+    if (!conv || !r.single_use(bn->inputs[0]) || conv->inputs.size() < 2) continue;
+    const Tensor* w = r.constant(conv->inputs[1]);
+    if (!w || w->dtype() != DataType::Float || w->rank() < 3 || w->dim(0) == 0) continue;
+    const int64_t m = w->dim(0), per = w->numel() / m;
+    std::vector<double> b(static_cast<size_t>(m), 0.0);
+    if (conv->inputs.size() > 2 && conv->inputs[2] != ir::kNoValue) {
+      b = float_values(r, conv->inputs[2], m);
+      if (b.empty()) continue;
+    }
+    const std::vector<double> scale = float_values(r, bn->inputs[1], m),
+                              shift = float_values(r, bn->inputs[2], m),
+                              mean = float_values(r, bn->inputs[3], m),
+                              var = float_values(r, bn->inputs[4], m);
+    if (scale.empty() || shift.empty() || mean.empty() || var.empty()) continue;
+    const ir::Attribute* eps = bn->attr("epsilon");
+    const double epsilon = eps ? static_cast<double>(eps->f) : 1e-5;
+    Tensor nw(DataType::Float, w->shape(),
+              Storage::heap_uninitialized(storage_bytes(DataType::Float, w->numel())));
+    Tensor nb(DataType::Float, Shape{m},
+              Storage::heap_uninitialized(storage_bytes(DataType::Float, m)));
+    const Tensor wc = w->contiguous();
+    const float* src = wc.data<const float>();
+    float* dst = nw.data<float>();
+    for (int64_t c = 0; c < m; ++c) {
+      const auto k = static_cast<size_t>(c);
+      const double f = scale[k] / std::sqrt(var[k] + epsilon);
+      for (int64_t j = 0; j < per; ++j) {
+        dst[c * per + j] = static_cast<float>(static_cast<double>(src[c * per + j]) * f);
+      }
+      nb.data<float>()[c] = static_cast<float>((b[k] - mean[k]) * f + shift[k]);
+    }
+    const std::string base = r.graph().value(bn->outputs[0]).name;
+    ir::Node folded = *conv;
+    folded.inputs = {conv->inputs[0], r.new_constant(base + "/conv_weight", std::move(nw)),
+                     r.new_constant(base + "/conv_bias", std::move(nb))};
+    folded.outputs = {bn->outputs[0]};
+    r.remove(conv);
+    r.remove(bn);
+    r.add(std::move(folded));
+    ++count;
+  }
+  return count;
+}
+
+// A float Conv, then optionally an Add of another tensor Z (a residual connection; it may
+// broadcast), then optionally an activation, each reading the previous output alone: one
+// kiln.FusedConv(X, W, B, Z) with the `activation` attribute, y = act(conv + B + Z), which
+// accumulates onto Z in place and applies the activation to each tile while it is in cache.
+int fuse_conv_epilogue(Rewriter& r) {
+  int count = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i) || !is(r.node(i), "Conv")) continue;
+    ir::Node* conv = &r.node(i);
+    if (conv->inputs.size() < 2 || r.dtype(conv->inputs[1]) != DataType::Float) continue;
+    ir::ValueId y = conv->outputs[0];
+    std::vector<ir::Node*> chain{conv};
+    ir::ValueId z = ir::kNoValue;
+    auto reader = [&](ir::ValueId v) -> ir::Node* {
+      if (!r.single_use(v)) return nullptr;
+      for (size_t j = 0; j < r.size(); ++j) {
+        if (r.removed(j)) continue;
+        ir::Node& n = r.node(j);
+        if (std::find(n.inputs.begin(), n.inputs.end(), v) != n.inputs.end()) return &n;
+      }
+      return nullptr;
+    };
+    ir::Node* next = reader(y);
+    // (Add takes one type, so Z is float as the convolution is.)
+    if (next && is(*next, "Add") && next->inputs.size() == 2 && other_input(*next, y) != y) {
+      z = other_input(*next, y);
+      chain.push_back(next);
+      y = next->outputs[0];
+      next = reader(y);
+    }
+    const char* act = next ? activation_of(*next) : nullptr;
+    if (act) {
+      chain.push_back(next);
+      y = next->outputs[0];
+    }
+    if (chain.size() == 1) continue;
+    ir::Node fused = *conv;
+    fused.domain = "kiln";
+    fused.op_type = "FusedConv";
+    fused.opset = 1;
+    fused.inputs.resize(3, ir::kNoValue);
+    if (z != ir::kNoValue) fused.inputs.push_back(z);
+    if (act) {
+      ir::Attribute a;
+      a.name = "activation";
+      a.kind = ir::AttrKind::String;
+      a.s = act;
+      fused.attributes.push_back(a);
+    }
+    fused.outputs = {y};
+    for (ir::Node* n : chain) r.remove(n);
+    r.add(std::move(fused));
+    ++count;
+  }
+  return count;
+}
+
 void optimize_graph(ir::Graph& g, GraphOptimization level, OptimizeStats& stats) {
   Rewriter r(g);
   stats.identities_removed += eliminate_identities(r);
@@ -541,6 +687,10 @@ void optimize_graph(ir::Graph& g, GraphOptimization level, OptimizeStats& stats)
     stats.fused += fuse_gelu(r);
     stats.fused += fuse_matmul_epilogue(r);
     stats.fused += fuse_attention(r);
+    const int convs = fold_conv_batchnorm(r);
+    stats.fused += convs + fuse_conv_epilogue(r);
+    r.commit();
+    if (convs > 0) drop_unused_initializers(g);  // the filters and biases folded
   }
   r.commit();
   for (ir::Node& node : g.nodes) {

@@ -32,9 +32,13 @@ struct FoldStats {
 // shares equal ones between sessions through the weights cache).
 FoldStats fold_constants(ir::Graph& graph, const std::function<Tensor(Tensor)>& keep = {});
 
+// Forgets the initializers of `g` that no node, nested graph or graph output reads (their
+// storage goes when nothing else holds it).
+void drop_unused_initializers(ir::Graph& g);
+
 struct OptimizeStats {
   int identities_removed = 0;  // Identity, inference Dropout, x*1, x/1, x+0, x-0, same-type Cast
-  int fused = 0;               // fusions made (GELU, MatMul + bias [+ activation], attention)
+  int fused = 0;  // fusions made (GELU, MatMul + bias [+ activation], attention, Conv + ...)
 };
 
 // The graph rewrites of engine/passes/fusion.cpp, on every nested graph too: at Basic the

@@ -227,7 +227,7 @@ Shape windowed(Ctx& c, const Shape& x, const std::vector<int64_t>& kernel, bool 
   return out;
 }
 
-void conv(Ctx& c) {
+Shape conv_shape(Ctx& c) {
   const Shape& x = c.shape(0);
   const Shape& w = c.shape(1);
   if (x.size() < 3 || w.size() != x.size()) unknown("ranks of X and W");
@@ -235,7 +235,17 @@ void conv(Ctx& c) {
   if (kernel.empty()) kernel.assign(w.begin() + 2, w.end());
   Shape out{x[0], w[0]};
   for (int64_t d : windowed(c, x, kernel, false)) out.push_back(d);
-  c.set(0, c.in(0).dtype, out);
+  return out;
+}
+
+void conv(Ctx& c) {
+  c.set(0, c.in(0).dtype, conv_shape(c));
+}
+
+// kiln.FusedConv: the convolution plus Z, which may broadcast.
+void fused_conv(Ctx& c) {
+  const Shape out = conv_shape(c);
+  c.set(0, c.in(0).dtype, c.has(3) ? ops::broadcast_shapes(out, c.shape(3)) : out);
 }
 
 void conv_transpose(Ctx& c) {
@@ -786,6 +796,7 @@ const std::unordered_map<std::string, ShapeFn>& shape_functions() {
     t["Attention"] = attention;
     t["Gemm"] = gemm;
     t["Conv"] = conv;
+    t["kiln.FusedConv"] = fused_conv;  // the optimizer's Conv with Z and activation
     t["ConvTranspose"] = conv_transpose;
     for (const char* op : {"MaxPool", "AveragePool", "LpPool"}) t[op] = pool;
     for (const char* op : {"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})

@@ -48,43 +48,35 @@ Scratch& a_scratch() {
 void apply_epilogue(const GemmOptions& o, float* c, int64_t ldc, int64_t rows, int64_t cols,
                     int64_t i0, int64_t j0) {
   if (!o.bias && !o.row_bias && o.activation == Activation::None) return;
-  const VecMathKernels& vec = (o.kernels ? *o.kernels : kernels()).vec;
+  const MathKernels& t = o.kernels ? *o.kernels : kernels();
+  const bool relu = o.activation == Activation::Relu;
+  if (o.bias || o.row_bias || relu) {
+    t.gemm.epilogue(c, ldc, rows, cols, o.bias ? o.bias + j0 : nullptr,
+                    o.row_bias ? o.row_bias + i0 : nullptr, relu);
+  }
   VecMathKernels::Elementwise act = nullptr;
   switch (o.activation) {
     case Activation::Gelu:
-      act = vec.gelu;
+      act = t.vec.gelu;
       break;
     case Activation::GeluTanh:
-      act = vec.gelu_tanh;
+      act = t.vec.gelu_tanh;
       break;
     case Activation::Silu:
-      act = vec.silu;
+      act = t.vec.silu;
       break;
     case Activation::Sigmoid:
-      act = vec.sigmoid;
+      act = t.vec.sigmoid;
       break;
     case Activation::Tanh:
-      act = vec.tanh;
+      act = t.vec.tanh;
       break;
     case Activation::None:
     case Activation::Relu:
       break;
   }
-  for (int64_t i = 0; i < rows; ++i) {
-    float* row = c + i * ldc;
-    if (o.bias) {
-      const float* b = o.bias + j0;
-      for (int64_t j = 0; j < cols; ++j) row[j] += b[j];
-    }
-    if (o.row_bias) {
-      const float rb = o.row_bias[i0 + i];
-      for (int64_t j = 0; j < cols; ++j) row[j] += rb;
-    }
-    if (o.activation == Activation::Relu) {
-      for (int64_t j = 0; j < cols; ++j) row[j] = row[j] > 0.0f ? row[j] : 0.0f;
-    } else if (act) {
-      act(row, row, cols);
-    }
+  if (act) {
+    for (int64_t i = 0; i < rows; ++i) act(c + i * ldc, c + i * ldc, cols);
   }
 }
 

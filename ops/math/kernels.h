@@ -60,6 +60,10 @@ struct GemmKernels {
   // streaming its rows once).
   void (*gemv_rows)(const float* w, const float* b, int64_t ldb, int64_t k, int64_t n,
                     float* y) = nullptr;
+  // A finished tile's epilogue: c[i][j] += bias[j] + row_bias[i] (either may be null), then
+  // max(c, 0) when `relu`.
+  void (*epilogue)(float* c, int64_t ldc, int64_t rows, int64_t cols, const float* bias,
+                   const float* row_bias, bool relu) = nullptr;
 };
 
 // Spatial sizes of one convolution, always three dimensions (1-D and 2-D problems have

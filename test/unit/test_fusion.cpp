@@ -233,3 +233,75 @@ TEST_CASE("scaled dot-product attention becomes one Attention", "[passes][fusion
   Session s = session(b.build(), GraphOptimization::All);
   CHECK(s.load_stats().fusions == 0);
 }
+
+TEST_CASE("Conv, BatchNormalization, a residual Add and an activation become one FusedConv",
+          "[passes][fusion]") {
+  // Grouped GEMM convolutions and depthwise (direct) ones; Z with the output's shape (made
+  // by a node, so it is overwritten in place, or a graph input, so it is copied) or
+  // broadcasting from [1, M, 1, 1].
+  for (const int64_t group : {int64_t{1}, int64_t{2}, int64_t{8}}) {
+    for (const bool broadcast_z : {false, true}) {
+      for (const bool z_node : {true, false}) {
+        for (const char* act : {"Relu", "Sigmoid"}) {
+          const int64_t c = 8, m = 8;
+          const Shape z_shape = broadcast_z ? Shape{1, m, 1, 1} : Shape{2, m, 9, 9};
+          auto make = [&] {
+            GraphBuilder b;
+            b.input("x", DataType::Float, {2, c, 9, 9}, true);
+            b.input("z_in", DataType::Float, z_shape, true);
+            b.initializer("w", random_floats({m, c / group, 3, 3}, 11));
+            b.initializer("b", random_floats({m}, 12));
+            b.initializer("scale", random_floats({m}, 13, 0.5f, 1.5f));
+            b.initializer("shift", random_floats({m}, 14));
+            b.initializer("mean", random_floats({m}, 15));
+            b.initializer("var", random_floats({m}, 16, 0.5f, 2.0f));
+            b.node("Conv", {"x", "w", "b"}, {"c"},
+                   {ints_attr("pads", {1, 1, 1, 1}), int_attr("group", group)});
+            b.node("BatchNormalization", {"c", "scale", "shift", "mean", "var"}, {"n"},
+                   {float_attr("epsilon", 1e-3f)});
+            if (z_node) b.node("Neg", {"z_in"}, {"z"});
+            b.node("Add", {z_node ? "z" : "z_in", "n"}, {"s"});
+            b.node(act, {"s"}, {"r"});
+            b.node("Neg", {"r"}, {"out"});
+            b.output("out");
+            return b.build();
+          };
+          INFO("group " << group << " broadcast Z " << broadcast_z << " Z from a node " << z_node
+                        << " " << act);
+          LoadStats stats;
+          check_same(make,
+                     {{"x", random_floats({2, c, 9, 9}, 17)}, {"z_in", random_floats(z_shape, 18)}},
+                     GraphOptimization::All, 1e-5, &stats);
+          CHECK(stats.fusions == 2);  // the folded normalization, the FusedConv
+          CHECK(stats.nodes_planned == (z_node ? 3u : 2u));  // [Neg,] FusedConv, Neg
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("Conv fusions leave shared outputs and run-time filters alone", "[passes][fusion]") {
+  // The convolution's output is also a graph output: nothing folds into it. A filter that is
+  // an input cannot absorb the normalization (and the ReLU reads the normalization).
+  auto make = [] {
+    GraphBuilder b;
+    b.input("x", DataType::Float, {1, 4, 6, 6}, true);
+    b.input("w_in", DataType::Float, {4, 4, 1, 1}, true);
+    b.initializer("w", random_floats({4, 4, 1, 1}, 21));
+    for (const char* p : {"scale", "shift", "mean"}) b.initializer(p, random_floats({4}, 22));
+    b.initializer("var", random_floats({4}, 23, 0.5f, 1.0f));
+    b.node("Conv", {"x", "w"}, {"c"});
+    b.node("BatchNormalization", {"c", "scale", "shift", "mean", "var"}, {"n"});
+    b.node("Conv", {"x", "w_in"}, {"c2"});
+    b.node("BatchNormalization", {"c2", "scale", "shift", "mean", "var"}, {"n2"});
+    b.node("Relu", {"n2"}, {"r2"});
+    b.output("c").output("n").output("r2");
+    return b.build();
+  };
+  LoadStats stats;
+  check_same(make,
+             {{"x", random_floats({1, 4, 6, 6}, 24)}, {"w_in", random_floats({4, 4, 1, 1}, 25)}},
+             GraphOptimization::All, 1e-5, &stats);
+  CHECK(stats.fusions == 0);
+  CHECK(stats.nodes_planned == stats.nodes_loaded);
+}

@@ -344,6 +344,29 @@ double fma_peak_loop(int64_t iterations) {
   return 2.0 * kChains * kLanes * static_cast<double>(iterations);
 }
 
+// A finished tile's bias and ReLU, one vector at a time while the tile is in L1.
+void gemm_epilogue(float* c, int64_t ldc, int64_t rows, int64_t cols, const float* bias,
+                   const float* row_bias, bool relu) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = c + i * ldc;
+    const VF rb = vset1(row_bias ? row_bias[i] : 0.0f);
+    int64_t j = 0;
+    for (; j + kLanes <= cols; j += kLanes) {
+      VF v = vadd(vload(row + j), rb);
+      if (bias) v = vadd(v, vload(bias + j));
+      if (relu) v = vmax(v, vzero());
+      vstore(row + j, v);
+    }
+    if (j < cols) {
+      const int n = static_cast<int>(cols - j);
+      VF v = vadd(vload_partial(row + j, n), rb);
+      if (bias) v = vadd(v, vload_partial(bias + j, n));
+      if (relu) v = vmax(v, vzero());
+      vstore_partial(row + j, v, n);
+    }
+  }
+}
+
 constexpr GemmKernels kGemmKernels{.mr = kGemmMr,
                                    .nr = kGemmNr,
                                    .kernel = sgemm_kernel,
@@ -357,4 +380,5 @@ constexpr GemmKernels kGemmKernels{.mr = kGemmMr,
                                    .pack_b_f16 = sgemm_pack_b_f16,
                                    .kernel_packed = sgemm_kernel_packed,
                                    .dots = sdots,
-                                   .gemv_rows = sgemv_rows};
+                                   .gemv_rows = sgemv_rows,
+                                   .epilogue = gemm_epilogue};
