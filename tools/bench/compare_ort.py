@@ -15,7 +15,8 @@ pooled for the median and p90. Peak RSS is each child's own high-water mark (VmH
 Cases: whisper encoder on [1,80,3000] features; one merged-decoder step (use_cache_branch
 true) at past lengths 16, 128 and 400; MiniLM at sequence length 128, batch 1; a 200-step
 Whisper decode loop (--decode-steps), reported per step; the ONNX backend data's light/ CNN
-models (--light, case "light") on a random input of their declared shape.
+models (--light, case "light") on a random input of their declared shape; a ResNet-50 with
+random weights exported from torch (--resnet, case "resnet", tools/export/make_resnet.py).
 """
 import argparse
 import datetime
@@ -581,7 +582,9 @@ def main():
     p.add_argument("--light", default=os.path.join(
         os.environ.get("ONNX_BACKEND_TEST_DATA") or os.path.join(ROOT, "..", "shared", "onnx-backend-tests"),
         "light"), help="folder of the ONNX backend data's light/ CNN models")
-    p.add_argument("--cases", default="encoder,decoder-step,minilm,decode,light,gemm,bf16")
+    p.add_argument("--resnet", default=os.path.join(ROOT, "models/cache/resnet50-random"),
+                   help="folder of tools/export/make_resnet.py's model (case resnet)")
+    p.add_argument("--cases", default="encoder,decoder-step,minilm,decode,light,resnet,gemm,bf16")
     p.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
     p.add_argument("--raw", help="also write every child's JSON result to this file")
     args = p.parse_args()
@@ -591,7 +594,8 @@ def main():
     except ValueError:
         p.error("--threads and --past-lens take comma-separated integers")
     cases = args.cases.split(",")
-    unknown = set(cases) - {"encoder", "decoder-step", "minilm", "decode", "light", "gemm", "bf16"}
+    unknown = set(cases) - {"encoder", "decoder-step", "minilm", "decode", "light", "resnet", "gemm",
+                            "bf16"}
     if unknown:
         p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     if min(args.threads) < 1 or args.rounds < 1 or args.iterations < 1 or args.decode_rounds < 1:
@@ -599,7 +603,8 @@ def main():
     if not os.access(args.kiln_bench, os.X_OK):
         p.error(f"{args.kiln_bench}: not found (build kiln first: cmake --build build)")
     whisper_cases = {"encoder", "decoder-step", "decode", "bf16"} & set(cases)
-    for folder, needed in ((args.whisper, whisper_cases), (args.minilm, {"minilm"} & set(cases))):
+    for folder, needed in ((args.whisper, whisper_cases), (args.minilm, {"minilm"} & set(cases)),
+                           (args.resnet, {"resnet"} & set(cases))):
         if needed and not os.path.isdir(folder):
             p.error(f"{folder}: no such model folder (see models/README.md to make it)")
     if "light" in cases and not os.path.isdir(args.light):
@@ -673,6 +678,23 @@ def main():
                              "Each `light/*.onnx` model on one random standard-normal input of its declared "
                              "shape (float32[1,3,224,224]); `kiln-bench run` and onnxruntime's `run` on the "
                              "same .npy file.", rows, "model"))
+        if "resnet" in cases:
+            import onnx
+            from onnx import numpy_helper
+            image = numpy_helper.to_array(onnx.load_tensor(os.path.join(args.resnet, "test_data_set_0",
+                                                                        "input_0.pb")))
+            idir = write_inputs(os.path.join(tmp, "resnet"), {"image": image})
+            path = os.path.join(args.resnet, "model.onnx")
+            rows = []
+            for t in args.threads:
+                res, _ = runner.measure("resnet50", "run", path, idir, t)
+                rows.append(("resnet50", t, summarize(res["kiln"]), summarize(res["onnxruntime"]), None))
+            sections.append(("CNN: ResNet-50 exported from torch",
+                             "`tools/export/make_resnet.py`: torchvision's ResNet-50 architecture with random "
+                             "weights and batch-normalization statistics, exported by torch 2.9.1's TorchScript "
+                             "exporter (opset 17, normalizations folded into the convolutions by the exporter), "
+                             "on one random float32[1,3,224,224] image. " +
+                             runner.profile("run", path, idir), rows, "model"))
         if "bf16" in cases:
             extra.append(bf16_section(runner, args, dirs, past_lens))
         if "gemm" in cases:
