@@ -180,7 +180,8 @@ void transpose_convolve(OpContext& ctx, const T* x, const T* w, const float* pac
     const T* xg = x + (n * s.c + grp * s.cg) * ip;
     // col ([channels * kernel] x input positions) = W^T (rows of this block) * X
     if constexpr (kFloat) {
-      const math::PackedA a(packed + grp * per + m0 * kp * s.cg, (m1 - m0) * kp, s.cg, t.gemm.mr);
+      const math::PackedA a =
+          math::PackedA(packed + grp * per, wrow, s.cg, t.gemm.mr).rows(m0 * kp, (m1 - m0) * kp);
       math::sgemm(
           a, ip,
           [&](int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {

@@ -15,7 +15,7 @@ namespace {
 
 // k block: a B panel block (kKc x nr floats, 32 KiB at nr = 32) stays in L1 while a row
 // block of packed A (mc x kKc) stays in L2.
-constexpr int64_t kKc = 256;
+constexpr int64_t kKc = PackedA::kBlock;
 // Rows of A packed at once: a multiple of the tile rows near 128.
 int64_t row_block(int mr) {
   return std::max<int64_t>(mr, 128 / mr * mr);
@@ -244,6 +244,7 @@ void check_shapes(const MatrixView& a, int64_t brows) {
 // B block (kKc x nc) and the A rows it meets (mc x kKc) stay in L2 together.
 constexpr int64_t kPanelsPerBlock = 8;
 constexpr int64_t kRowsPerBlock = 252;  // a multiple of every level's tile height
+constexpr int64_t kFewPanels = 4;
 
 Scratch& b_scratch() {
   thread_local Scratch s;
@@ -265,17 +266,25 @@ void run_packed_a_block(const GemmKernels& g, const PackedA& a, const BPacker& p
       const bool last = p0 + kc == k;
       const bool accumulate = p0 > 0 || o.accumulate;
       pack_b(p0, kc, j0, nc, bpack);
+      auto tile = [&](int64_t i, int64_t i1, int64_t q) {
+        const int tr = static_cast<int>(std::min<int64_t>(mr, i1 - i));
+        const int tc = static_cast<int>(std::min<int64_t>(nr, nc - q * nr));
+        float* ct = c + i * ldc + j0 + q * nr;
+        g.kernel_cold_a(kc, a.panel(i, p0), bpack + q * kc * nr, nr, ct, ldc, tr, tc, accumulate);
+        if (last) apply_epilogue(o, ct, ldc, tr, tc, i, j0 + q * nr);
+      };
+      const int64_t panels = (nc + nr - 1) / nr;
+      if (panels <= kFewPanels) {
+        // Few columns: each A panel (a constant's, often cold) is read once, for all of them.
+        for (int64_t i = m0; i < m1; i += mr) {
+          for (int64_t q = 0; q < panels; ++q) tile(i, m1, q);
+        }
+        continue;
+      }
       for (int64_t i0 = m0; i0 < m1; i0 += kRowsPerBlock) {
         const int64_t i1 = std::min(m1, i0 + kRowsPerBlock);
-        for (int64_t q = 0; q * nr < nc; ++q) {
-          const int tc = static_cast<int>(std::min<int64_t>(nr, nc - q * nr));
-          const float* bp = bpack + q * kc * nr;
-          for (int64_t i = i0; i < i1; i += mr) {
-            const int tr = static_cast<int>(std::min<int64_t>(mr, i1 - i));
-            float* ct = c + i * ldc + j0 + q * nr;
-            g.kernel_packed(kc, a.data() + i * k + p0 * mr, bp, nr, ct, ldc, tr, tc, accumulate);
-            if (last) apply_epilogue(o, ct, ldc, tr, tc, i, j0 + q * nr);
-          }
+        for (int64_t q = 0; q < panels; ++q) {
+          for (int64_t i = i0; i < i1; i += mr) tile(i, i1, q);
         }
       }
     }
@@ -290,9 +299,14 @@ int64_t PackedA::packed_floats(int64_t m, int64_t k, int mr) {
 
 void PackedA::pack_into(const MatrixView& a, float* out, const MathKernels& t) {
   const int mr = t.gemm.mr;
-  for (int64_t i0 = 0; i0 < a.rows; i0 += mr) {
-    const int rows = static_cast<int>(std::min<int64_t>(mr, a.rows - i0));
-    t.gemm.pack_a(a.data + i0 * a.rs, a.rs, a.cs, rows, a.cols, 1.0f, out + i0 * a.cols);
+  const int64_t padded = (a.rows + mr - 1) / mr * mr;
+  for (int64_t p0 = 0; p0 < a.cols; p0 += kBlock) {
+    const int64_t kc = std::min(kBlock, a.cols - p0);
+    for (int64_t i0 = 0; i0 < a.rows; i0 += mr) {
+      const int rows = static_cast<int>(std::min<int64_t>(mr, a.rows - i0));
+      t.gemm.pack_a(a.data + i0 * a.rs + p0 * a.cs, a.rs, a.cs, rows, kc, 1.0f,
+                    out + p0 * padded + i0 * kc);
+    }
   }
 }
 
@@ -301,6 +315,7 @@ PackedA::PackedA(const MatrixView& a, const MathKernels* t) {
   m_ = a.rows;
   k_ = a.cols;
   mr_ = table.gemm.mr;
+  padded_rows_ = (m_ + mr_ - 1) / mr_ * mr_;
   const int64_t floats = packed_floats(m_, k_, mr_);
   owned_ = std::shared_ptr<float[]>(new (std::align_val_t(64)) float[static_cast<size_t>(floats)],
                                     [](float* p) { operator delete[](p, std::align_val_t(64)); });
@@ -309,7 +324,19 @@ PackedA::PackedA(const MatrixView& a, const MathKernels* t) {
 }
 
 PackedA::PackedA(const float* data, int64_t m, int64_t k, int mr)
-    : data_(data), m_(m), k_(k), mr_(mr) {}
+    : data_(data), m_(m), k_(k), padded_rows_((m + mr - 1) / mr * mr), mr_(mr) {}
+
+PackedA PackedA::rows(int64_t r0, int64_t m) const {
+  if (r0 % mr_ != 0 || r0 < 0 || m < 0 || r0 + m > m_) {
+    throw Error(ErrorKind::Runtime, "PackedA::rows: rows [" + std::to_string(r0) + ", " +
+                                        std::to_string(r0 + m) + ") of " + std::to_string(m_) +
+                                        " do not start at a tile");
+  }
+  PackedA v = *this;
+  v.row0_ = row0_ + r0;
+  v.m_ = m;
+  return v;
+}
 
 void sgemm(const PackedA& a, int64_t n, const BPacker& pack_b, float* c, int64_t ldc,
            const GemmOptions& o) {

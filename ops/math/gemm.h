@@ -90,11 +90,16 @@ class PackedB {
   int64_t panel_stride_ = 0;
 };
 
-// A packed into panels of the register tile's height for one level: panel i holds rows
-// [i * mr, (i + 1) * mr) as k groups of mr floats (rows past m zero). A constant left
+// A packed into panels of the register tile's height for one level: a panel holds rows
+// [i, i + mr) of one k block as kc groups of mr floats (rows past m zero). A constant left
 // operand, such as a convolution's filter, is packed once this way.
 class PackedA {
  public:
+  // k is cut into blocks of kBlock (the driver's k block); each block holds the panels of all
+  // row tiles one after another (tile t at t * mr * kc within it), so a product's pass over
+  // one k block reads the weights as one sequential stream.
+  static constexpr int64_t kBlock = 256;
+
   PackedA() = default;
   PackedA(const MatrixView& a, const MathKernels* kernels = nullptr);
   PackedA(const float* data, int64_t m, int64_t k, int mr);
@@ -102,7 +107,13 @@ class PackedA {
   static int64_t packed_floats(int64_t m, int64_t k, int mr);
   static void pack_into(const MatrixView& a, float* out, const MathKernels& kernels);
 
-  const float* data() const { return data_; }
+  // Rows [r0, r0 + m) of this A (r0 a multiple of mr): a view of the same panels.
+  PackedA rows(int64_t r0, int64_t m) const;
+  // The panel of row tile `i` (a multiple of mr) for the k block starting at p0.
+  const float* panel(int64_t i, int64_t p0) const {
+    const int64_t kc = k_ - p0 < kBlock ? k_ - p0 : kBlock;
+    return data_ + p0 * padded_rows_ + (row0_ + i) * kc;
+  }
   int64_t m() const { return m_; }
   int64_t k() const { return k_; }
   int mr() const { return mr_; }
@@ -111,6 +122,8 @@ class PackedA {
   std::shared_ptr<float[]> owned_;
   const float* data_ = nullptr;
   int64_t m_ = 0, k_ = 0;
+  int64_t row0_ = 0;         // the first row of this view in the packed matrix
+  int64_t padded_rows_ = 0;  // the packed matrix's rows, padded to whole tiles
   int mr_ = 0;
 };
 

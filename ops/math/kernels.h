@@ -52,6 +52,10 @@ struct GemmKernels {
   // `kernel` for B in packed panels (padded to nr columns): edge tiles load whole vectors.
   void (*kernel_packed)(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
                         int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
+  // `kernel_packed` for a packed constant A that streams from memory (a convolution's
+  // filter, larger than the caches): it prefetches A well ahead of its reads.
+  void (*kernel_cold_a)(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
+                        int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
   // y[j] = dot(x, b + j * ldb) over k elements, for j < n (a row vector times a
   // column-major matrix: attention scores of one query against a row-major K).
   void (*dots)(const float* x, const float* b, int64_t ldb, int64_t k, int64_t n,

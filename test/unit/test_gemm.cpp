@@ -2,6 +2,7 @@
 // instruction-set level: random shapes (odd sizes, M/N/K of 1, K across the k blocks),
 // strided and transposed A, row- and column-major B, prepacked B, alpha, accumulation, bias
 // and activation.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -203,6 +204,16 @@ KILN_ISA_TEST_CASE("sgemm with a packed A and B delivered in panels matches the 
     }
     INFO("m " << m << " n " << n << " k " << k);
     CHECK(worst <= 2e-6 * std::sqrt(static_cast<double>(k) + 1) + 1e-6);
+    // A view of the rows from the second tile on gives exactly those rows of C.
+    const int64_t r0 = isa_kernels.gemm.mr;
+    if (m > r0) {
+      std::vector<float> part(static_cast<size_t>((m - r0) * n));
+      math::GemmOptions po = o;
+      po.row_bias = bias.data() + r0;
+      math::sgemm(pa.rows(r0, m - r0), n, packer, part.data(), n, po);
+      CHECK(std::equal(part.begin(), part.end(), c.begin() + r0 * n));
+    }
+    CHECK_THROWS(pa.rows(1, m - 1));  // not at a tile
   }
 }
 

@@ -14,6 +14,9 @@
 constexpr int kGemmNv = 2;
 constexpr int kGemmNr = kGemmNv * kLanes;
 constexpr int kGemmMr = kLanes == 16 ? 12 : 6;
+// Floats of packed A ahead of the tile's reads that it prefetches (about a DRAM latency's
+// worth of its consumption).
+constexpr int kGemmPrefetchA = 1024;
 
 // B's element type in the tile: float, or bfloat16 / float16 panels (weights kept at half the
 // size; widened to float in registers, so products and sums stay in float).
@@ -41,7 +44,8 @@ struct BF16 {
 
 // Rows x (kGemmNv vectors) of C += A * B. `Full`: all kGemmNr columns are valid in C (and in
 // B); otherwise float B is read with masks, while half-type B is always a padded panel.
-template <int Rows, bool Full, typename B>
+// `ColdA`: A is a packed constant streaming from memory (a cold filter), fetched ahead.
+template <int Rows, bool Full, typename B, bool ColdA = false>
 inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
                       int64_t ldc, int cols, bool accumulate) {
   VF acc[Rows][kGemmNv];
@@ -62,6 +66,7 @@ inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t
                                : (left > 0 ? vload_partial(b + v * kLanes, left) : vzero());
       }
     }
+    if constexpr (ColdA) __builtin_prefetch(a + kGemmPrefetchA);
 #pragma GCC unroll 16
     for (int r = 0; r < Rows; ++r) {
       const VF ar = vbroadcast(a + r);
@@ -87,26 +92,26 @@ inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t
   }
 }
 
-template <int Rows, typename B>
+template <int Rows, typename B, bool ColdA>
 inline void gemm_rows(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
                       int64_t ldc, int cols, bool accumulate) {
   if (cols == kGemmNr) {
-    gemm_tile<Rows, true, B>(k, a, b, ldb, c, ldc, cols, accumulate);
+    gemm_tile<Rows, true, B, ColdA>(k, a, b, ldb, c, ldc, cols, accumulate);
   } else {
-    gemm_tile<Rows, false, B>(k, a, b, ldb, c, ldc, cols, accumulate);
+    gemm_tile<Rows, false, B, ColdA>(k, a, b, ldb, c, ldc, cols, accumulate);
   }
 }
 
 // C[rows x cols] (+)= packed A [k x kGemmMr] * B [k x kGemmNr, row stride ldb].
-template <typename B>
+template <typename B, bool ColdA = false>
 void gemm_kernel(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
                  int64_t ldc, int rows, int cols, bool accumulate) {
   switch (rows) {
-#define KILN_GEMM_ROWS(R)                                      \
-  case R:                                                      \
-    if constexpr (R <= kGemmMr) {                              \
-      gemm_rows<R, B>(k, a, b, ldb, c, ldc, cols, accumulate); \
-    }                                                          \
+#define KILN_GEMM_ROWS(R)                                             \
+  case R:                                                             \
+    if constexpr (R <= kGemmMr) {                                     \
+      gemm_rows<R, B, ColdA>(k, a, b, ldb, c, ldc, cols, accumulate); \
+    }                                                                 \
     break;
     KILN_GEMM_ROWS(1)
     KILN_GEMM_ROWS(2)
@@ -134,6 +139,11 @@ void sgemm_kernel(int64_t k, const float* a, const float* b, int64_t ldb, float*
 void sgemm_kernel_packed(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
                          int64_t ldc, int rows, int cols, bool accumulate) {
   gemm_kernel<BF32Packed>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
+}
+
+void sgemm_kernel_cold_a(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
+                         int64_t ldc, int rows, int cols, bool accumulate) {
+  gemm_kernel<BF32Packed, true>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
 }
 
 void sgemm_kernel_bf16(int64_t k, const float* a, const uint16_t* b, int64_t ldb, float* c,
@@ -379,6 +389,7 @@ constexpr GemmKernels kGemmKernels{.mr = kGemmMr,
                                    .pack_b_bf16 = sgemm_pack_b_bf16,
                                    .pack_b_f16 = sgemm_pack_b_f16,
                                    .kernel_packed = sgemm_kernel_packed,
+                                   .kernel_cold_a = sgemm_kernel_cold_a,
                                    .dots = sdots,
                                    .gemv_rows = sgemv_rows,
                                    .epilogue = gemm_epilogue};
