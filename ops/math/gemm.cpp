@@ -96,13 +96,14 @@ struct BSource {
   }
 };
 
+// One tile; `first` when it is the first row tile to read this B panel block.
 void tile(const GemmKernels& g, const BSource& b, int64_t kc, const float* a, const void* bp,
-          float* c, int64_t ldc, int rows, int cols, bool accumulate) {
+          float* c, int64_t ldc, int rows, int cols, bool accumulate, bool first) {
   const int64_t ldb = b.packed ? g.nr : b.ldb;
   switch (b.type) {
     case PackedType::Float32:
-      return (b.packed ? g.kernel_packed : g.kernel)(kc, a, static_cast<const float*>(bp), ldb, c,
-                                                     ldc, rows, cols, accumulate);
+      return (b.packed ? (first ? g.kernel_cold_b : g.kernel_packed) : g.kernel)(
+          kc, a, static_cast<const float*>(bp), ldb, c, ldc, rows, cols, accumulate);
     case PackedType::BFloat16:
       return g.kernel_bf16(kc, a, static_cast<const uint16_t*>(bp), ldb, c, ldc, rows, cols,
                            accumulate);
@@ -140,7 +141,7 @@ void run_block(const GemmKernels& g, const MatrixView& a, const BSource& b, int6
         for (int64_t r = 0; r < rows; r += mr) {
           const int tr = static_cast<int>(std::min<int64_t>(mr, rows - r));
           float* ct = c + (i0 + r) * ldc + j0;
-          tile(g, b, kc, apack + r * kc, bp, ct, ldc, tr, tc, accumulate);
+          tile(g, b, kc, apack + r * kc, bp, ct, ldc, tr, tc, accumulate, r == 0);
           if (last) apply_epilogue(o, ct, ldc, tr, tc, i0 + r, j0);
         }
       }

@@ -56,6 +56,10 @@ struct GemmKernels {
   // filter, larger than the caches): it prefetches A well ahead of its reads.
   void (*kernel_cold_a)(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
                         int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
+  // `kernel_packed` prefetching the packed B panel ahead (the first row tile to meet a
+  // panel of constant weights, which stream from memory).
+  void (*kernel_cold_b)(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
+                        int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
   // y[j] = dot(x, b + j * ldb) over k elements, for j < n (a row vector times a
   // column-major matrix: attention scores of one query against a row-major K).
   void (*dots)(const float* x, const float* b, int64_t ldb, int64_t k, int64_t n,

@@ -17,6 +17,8 @@ constexpr int kGemmMr = kLanes == 16 ? 12 : 6;
 // Floats of packed A ahead of the tile's reads that it prefetches (about a DRAM latency's
 // worth of its consumption).
 constexpr int kGemmPrefetchA = 1024;
+// The same for a packed B panel (32 k steps ahead).
+constexpr int kGemmPrefetchB = 32 * kGemmNr;
 
 // B's element type in the tile: float, or bfloat16 / float16 panels (weights kept at half the
 // size; widened to float in registers, so products and sums stay in float).
@@ -44,8 +46,9 @@ struct BF16 {
 
 // Rows x (kGemmNv vectors) of C += A * B. `Full`: all kGemmNr columns are valid in C (and in
 // B); otherwise float B is read with masks, while half-type B is always a padded panel.
-// `ColdA`: A is a packed constant streaming from memory (a cold filter), fetched ahead.
-template <int Rows, bool Full, typename B, bool ColdA = false>
+// `ColdA`, `ColdB`: A or B is a packed constant streaming from memory (a cold filter or
+// weight matrix), fetched ahead.
+template <int Rows, bool Full, typename B, bool ColdA = false, bool ColdB = false>
 inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
                       int64_t ldc, int cols, bool accumulate) {
   VF acc[Rows][kGemmNv];
@@ -67,6 +70,10 @@ inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t
       }
     }
     if constexpr (ColdA) __builtin_prefetch(a + kGemmPrefetchA);
+    if constexpr (ColdB) {
+      __builtin_prefetch(b + kGemmPrefetchB);
+      __builtin_prefetch(b + kGemmPrefetchB + kGemmNr / 2);
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < Rows; ++r) {
       const VF ar = vbroadcast(a + r);
@@ -92,26 +99,26 @@ inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t
   }
 }
 
-template <int Rows, typename B, bool ColdA>
+template <int Rows, typename B, bool ColdA, bool ColdB>
 inline void gemm_rows(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
                       int64_t ldc, int cols, bool accumulate) {
   if (cols == kGemmNr) {
-    gemm_tile<Rows, true, B, ColdA>(k, a, b, ldb, c, ldc, cols, accumulate);
+    gemm_tile<Rows, true, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate);
   } else {
-    gemm_tile<Rows, false, B, ColdA>(k, a, b, ldb, c, ldc, cols, accumulate);
+    gemm_tile<Rows, false, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate);
   }
 }
 
 // C[rows x cols] (+)= packed A [k x kGemmMr] * B [k x kGemmNr, row stride ldb].
-template <typename B, bool ColdA = false>
+template <typename B, bool ColdA = false, bool ColdB = false>
 void gemm_kernel(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
                  int64_t ldc, int rows, int cols, bool accumulate) {
   switch (rows) {
-#define KILN_GEMM_ROWS(R)                                             \
-  case R:                                                             \
-    if constexpr (R <= kGemmMr) {                                     \
-      gemm_rows<R, B, ColdA>(k, a, b, ldb, c, ldc, cols, accumulate); \
-    }                                                                 \
+#define KILN_GEMM_ROWS(R)                                                    \
+  case R:                                                                    \
+    if constexpr (R <= kGemmMr) {                                            \
+      gemm_rows<R, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate); \
+    }                                                                        \
     break;
     KILN_GEMM_ROWS(1)
     KILN_GEMM_ROWS(2)
@@ -144,6 +151,11 @@ void sgemm_kernel_packed(int64_t k, const float* a, const float* b, int64_t ldb,
 void sgemm_kernel_cold_a(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
                          int64_t ldc, int rows, int cols, bool accumulate) {
   gemm_kernel<BF32Packed, true>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
+}
+
+void sgemm_kernel_cold_b(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
+                         int64_t ldc, int rows, int cols, bool accumulate) {
+  gemm_kernel<BF32Packed, false, true>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
 }
 
 void sgemm_kernel_bf16(int64_t k, const float* a, const uint16_t* b, int64_t ldb, float* c,
@@ -390,6 +402,7 @@ constexpr GemmKernels kGemmKernels{.mr = kGemmMr,
                                    .pack_b_f16 = sgemm_pack_b_f16,
                                    .kernel_packed = sgemm_kernel_packed,
                                    .kernel_cold_a = sgemm_kernel_cold_a,
+                                   .kernel_cold_b = sgemm_kernel_cold_b,
                                    .dots = sdots,
                                    .gemv_rows = sgemv_rows,
                                    .epilogue = gemm_epilogue};
