@@ -47,20 +47,22 @@ struct BF16 {
 // Rows x (kGemmNv vectors) of C += A * B. `Full`: all kGemmNr columns are valid in C (and in
 // B); otherwise float B is read with masks, while half-type B is always a padded panel.
 // `ColdA`, `ColdB`: A or B is a packed constant streaming from memory (a cold filter or
-// weight matrix), fetched ahead.
-template <int Rows, bool Full, typename B, bool ColdA = false, bool ColdB = false>
+// weight matrix), fetched ahead. `Nv`: vectors of columns computed (one for a narrow edge
+// tile of at most kLanes columns, which then costs half a full one).
+template <int Rows, bool Full, typename B, bool ColdA = false, bool ColdB = false,
+          int Nv = kGemmNv>
 inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
                       int64_t ldc, int cols, bool accumulate) {
-  VF acc[Rows][kGemmNv];
+  VF acc[Rows][Nv];
 #pragma GCC unroll 16
   for (int r = 0; r < Rows; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < kGemmNv; ++v) acc[r][v] = vzero();
+    for (int v = 0; v < Nv; ++v) acc[r][v] = vzero();
   }
   for (int64_t p = 0; p < k; ++p) {
-    VF bv[kGemmNv];
+    VF bv[Nv];
 #pragma GCC unroll 4
-    for (int v = 0; v < kGemmNv; ++v) {
+    for (int v = 0; v < Nv; ++v) {
       const int left = cols - v * kLanes;
       if constexpr (Full || B::kPadded) {
         bv[v] = B::load(b + v * kLanes);
@@ -78,7 +80,7 @@ inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t
     for (int r = 0; r < Rows; ++r) {
       const VF ar = vbroadcast(a + r);
 #pragma GCC unroll 4
-      for (int v = 0; v < kGemmNv; ++v) acc[r][v] = vfmadd(ar, bv[v], acc[r][v]);
+      for (int v = 0; v < Nv; ++v) acc[r][v] = vfmadd(ar, bv[v], acc[r][v]);
     }
     a += kGemmMr;
     b += ldb;
@@ -87,7 +89,7 @@ inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t
   for (int r = 0; r < Rows; ++r) {
     float* cr = c + r * ldc;
 #pragma GCC unroll 4
-    for (int v = 0; v < kGemmNv; ++v) {
+    for (int v = 0; v < Nv; ++v) {
       const int left = Full ? kLanes : cols - v * kLanes;
       if (left >= kLanes) {
         vstore(cr + v * kLanes, accumulate ? vadd(vload(cr + v * kLanes), acc[r][v]) : acc[r][v]);
@@ -104,6 +106,8 @@ inline void gemm_rows(int64_t k, const float* a, const typename B::T* b, int64_t
                       int64_t ldc, int cols, bool accumulate) {
   if (cols == kGemmNr) {
     gemm_tile<Rows, true, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate);
+  } else if (cols <= kLanes) {
+    gemm_tile<Rows, false, B, ColdA, ColdB, 1>(k, a, b, ldb, c, ldc, cols, accumulate);
   } else {
     gemm_tile<Rows, false, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate);
   }
