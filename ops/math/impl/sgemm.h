@@ -49,8 +49,7 @@ struct BF16 {
 // `ColdA`, `ColdB`: A or B is a packed constant streaming from memory (a cold filter or
 // weight matrix), fetched ahead. `Nv`: vectors of columns computed (one for a narrow edge
 // tile of at most kLanes columns, which then costs half a full one).
-template <int Rows, bool Full, typename B, bool ColdA = false, bool ColdB = false,
-          int Nv = kGemmNv>
+template <int Rows, bool Full, typename B, bool ColdA = false, bool ColdB = false, int Nv = kGemmNv>
 inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
                       int64_t ldc, int cols, bool accumulate) {
   VF acc[Rows][Nv];
