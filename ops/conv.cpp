@@ -222,9 +222,68 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
   });
 }
 
+// Output rows at least this wide take the wide path below (narrower ones would compute
+// too many discarded positions: (kernel width - 1) per row).
+constexpr int64_t kMinWideWidth = 12;
+
+// A stride-1 convolution of one (image, group) over "wide" output positions: with each input
+// channel padded once (pad_plane), every row of the patch matrix over output rows as wide as
+// the padded rows is a contiguous run of the padded input, so the GEMM's panels are plain
+// copies (shifted_panels) instead of im2col's index arithmetic. The product lands in `wide`
+// (mg x wide positions) and its valid columns are copied (or added, for Z) into y.
+void wide_convolve(OpContext& ctx, const float* xg, const math::PackedA& a, const float* bias,
+                   float* y, const Sizes& s, const math::ConvGeometry& cg, const ConvEpilogue& e,
+                   float* xp, float* wide) {
+  const math::MathKernels& t = math::kernels();
+  int64_t rows[3], len[3];
+  math::conv_padded_extent(cg, rows, len);
+  const int64_t plane = math::conv_padded_floats(cg), wp = len[2];
+  const int64_t ip = cg.in[0] * cg.in[1] * cg.in[2], kp = cg.k[0] * cg.k[1] * cg.k[2];
+  const int64_t op = cg.out[0] * cg.out[1] * cg.out[2];
+  const int64_t wide_n = ((cg.out[0] - 1) * rows[1] + cg.out[1] - 1) * wp + cg.out[2];
+  (void)ctx;
+  parallel_for(s.cg, grain_for(plane), [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) t.conv.pad_plane(xg + c * ip, cg, xp + c * plane);
+  });
+  std::vector<int64_t> taps(static_cast<size_t>(kp)), row_offsets(static_cast<size_t>(s.cg * kp));
+  math::conv_tap_offsets(cg, taps.data());
+  for (int64_t c = 0; c < s.cg; ++c) {
+    for (int64_t k = 0; k < kp; ++k) {
+      row_offsets[static_cast<size_t>(c * kp + k)] = c * plane + taps[static_cast<size_t>(k)];
+    }
+  }
+  math::GemmOptions o;
+  o.row_bias = bias;
+  if (!e.accumulate) o.activation = e.activation;
+  math::sgemm(
+      a, wide_n,
+      [&](int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
+        t.conv.shifted_panels(xp, row_offsets.data() + p0, kc, j0, nc, out);
+      },
+      wide, wide_n, o);
+  parallel_for(s.mg, grain_for(op), [&](int64_t lo, int64_t hi) {
+    for (int64_t m = lo; m < hi; ++m) {
+      float* ym = y + m * op;
+      for (int64_t od = 0; od < cg.out[0]; ++od) {
+        for (int64_t oh = 0; oh < cg.out[1]; ++oh) {
+          const float* src = wide + m * wide_n + (od * rows[1] + oh) * wp;
+          float* dst = ym + (od * cg.out[1] + oh) * cg.out[2];
+          if (e.accumulate) {
+            for (int64_t i = 0; i < cg.out[2]; ++i) dst[i] += src[i];
+          } else {
+            std::copy(src, src + cg.out[2], dst);
+          }
+        }
+      }
+      if (e.accumulate) apply_activation(e.activation, ym, op);
+    }
+  });
+}
+
 // Float convolution through the GEMM layer; `packed` is pack_filter's form of the filter.
-void gemm_convolve(const float* x, const float* packed, const float* bias, float* y, const Sizes& s,
-                   const Geometry& g, const ConvEpilogue& e) {
+// `ctx` (may be null) gives the wide path's buffers.
+void gemm_convolve(OpContext* ctx, const float* x, const float* packed, const float* bias, float* y,
+                   const Sizes& s, const Geometry& g, const ConvEpilogue& e) {
   const math::MathKernels& t = math::kernels();
   const math::ConvGeometry cg = conv_geometry(g);
   const int64_t ip = g.in_size(), op = g.out_size(), kk = s.cg * g.k_size();
@@ -242,6 +301,23 @@ void gemm_convolve(const float* x, const float* packed, const float* bias, float
   o.accumulate = e.accumulate;
   o.activation = e.activation;
   if (by_unit) o.max_threads = 1;
+  const bool wide = ctx && !pointwise && !by_unit && g.stride == std::array<int64_t, 3>{1, 1, 1} &&
+                    g.out[2] >= kMinWideWidth;
+  if (wide) {
+    int64_t rows[3], len[3];
+    math::conv_padded_extent(cg, rows, len);
+    const int64_t wide_n = ((g.out[0] - 1) * rows[1] + g.out[1] - 1) * len[2] + g.out[2];
+    Tensor xp = ctx->allocate(DataType::Float, Shape{s.cg * math::conv_padded_floats(cg)});
+    Tensor wide_y = ctx->allocate(DataType::Float, Shape{s.mg * wide_n});
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t n = u / s.groups, grp = u % s.groups;
+      const math::PackedA a(packed + grp * per, s.mg, kk, t.gemm.mr);
+      wide_convolve(*ctx, x + (n * s.c + grp * s.cg) * ip, a, bias ? bias + grp * s.mg : nullptr,
+                    y + (n * s.m + grp * s.mg) * op, s, cg, e, xp.data<float>(),
+                    wide_y.data<float>());
+    }
+    return;
+  }
   auto unit_product = [&](int64_t unit) {
     const int64_t n = unit / s.groups, grp = unit % s.groups;
     const float* xg = x + (n * s.c + grp * s.cg) * ip;
@@ -273,7 +349,7 @@ void gemm_convolve(const float* x, const float* packed, const float* bias, float
 // float filter of every group packed for the GEMM (null for depthwise and double).
 template <typename T>
 void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, const Sizes& s,
-              const Geometry& g, const ConvEpilogue& e = {}) {
+              const Geometry& g, const ConvEpilogue& e = {}, OpContext* ctx = nullptr) {
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size(), kk = s.cg * kp;
   if (op == 0 || s.m == 0 || s.n == 0) return;
 
@@ -282,12 +358,13 @@ void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, 
     if (use_direct(s, g)) {
       direct_convolve(x, w, bias, y, s, g, e);
     } else {
-      gemm_convolve(x, packed, bias, y, s, g, e);
+      gemm_convolve(ctx, x, packed, bias, y, s, g, e);
     }
   } else {
     // Double: lower each (image, group) whole, then plain loops (never fused).
     (void)packed;
     (void)e;
+    (void)ctx;
     std::vector<T> col(static_cast<size_t>(kk * op));
     for (int64_t unit = 0; unit < units; ++unit) {
       const int64_t n = unit / s.groups, grp = unit % s.groups;
@@ -399,7 +476,8 @@ class Conv final : public Kernel {
         Tensor fy = is_float ? Tensor() : ctx.allocate(DataType::Float, out_shape);
         Tensor& y = is_float ? ctx.output(0, x.dtype(), out_shape) : fy;
         convolve<float>(fx.data<const float>(), fw.defined() ? fw.data<const float>() : nullptr,
-                        packed, has_bias ? fb.data<const float>() : nullptr, y.data<float>(), s, g);
+                        packed, has_bias ? fb.data<const float>() : nullptr, y.data<float>(), s, g,
+                        {}, &ctx);
         if (!is_float) {
           Tensor& out = ctx.output(0, x.dtype(), out_shape);
           unary_loop<float, T>(fy, out, [](float v) { return T(v); });
@@ -440,7 +518,7 @@ class Conv final : public Kernel {
     e.activation = activation_;
     if (!has_z) {
       Tensor& y = ctx.output(0, DataType::Float, out_shape);
-      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e);
+      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx);
       return;
     }
     const Tensor& z = ctx.input(3);
@@ -451,18 +529,18 @@ class Conv final : public Kernel {
       if (ctx.can_overwrite(3)) {
         Tensor& y = ctx.output_reusing(0, 3, DataType::Float, out_shape);
         ctx.count_in_place();
-        convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e);
+        convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx);
         return;
       }
       Tensor& y = ctx.output(0, DataType::Float, out_shape);
       copy_elements(z, y);
       ctx.count_copy(static_cast<uint64_t>(y.nbytes()));
-      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e);
+      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx);
       return;
     }
     // Z broadcasts (to the convolution's shape or beyond): the sum is a broadcasting Add.
     Tensor conv = ctx.allocate(DataType::Float, out_shape);
-    convolve<float>(x.data<const float>(), w, packed, bias, conv.data<float>(), s, g, {});
+    convolve<float>(x.data<const float>(), w, packed, bias, conv.data<float>(), s, g, {}, &ctx);
     Shape sum_shape;
     try {
       sum_shape = broadcast_shapes(out_shape, z.shape());

@@ -127,6 +127,11 @@ struct ConvKernels {
   // (im2col) straight into GEMM B panels of this level's tile width (see math::BPacker).
   void (*im2col_panels)(const float* x, const ConvGeometry& g, int64_t p0, int64_t kc, int64_t j0,
                         int64_t nc, float* out) = nullptr;
+  // Rows [p0, p0 + kc) of a stride-1 convolution's patch matrix over "wide" output positions
+  // (each output row as wide as the padded input row), positions [j0, j0 + nc), into GEMM B
+  // panels: row r is pad_plane's copies read from xp + row_offsets[r] + j0, a plain copy.
+  void (*shifted_panels)(const float* xp, const int64_t* row_offsets, int64_t kc, int64_t j0,
+                         int64_t nc, float* out) = nullptr;
 };
 
 // Float arithmetic on rows: y[i] = a[i * sa] op b[i * sb] (impl/binary.h). Fast when both

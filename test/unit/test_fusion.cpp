@@ -244,10 +244,10 @@ TEST_CASE("Conv, BatchNormalization, a residual Add and an activation become one
       for (const bool z_node : {true, false}) {
         for (const char* act : {"Relu", "Sigmoid"}) {
           const int64_t c = 8, m = 8;
-          const Shape z_shape = broadcast_z ? Shape{1, m, 1, 1} : Shape{2, m, 9, 9};
+          const Shape z_shape = broadcast_z ? Shape{1, m, 1, 1} : Shape{2, m, 13, 13};
           auto make = [&] {
             GraphBuilder b;
-            b.input("x", DataType::Float, {2, c, 9, 9}, true);
+            b.input("x", DataType::Float, {2, c, 13, 13}, true);
             b.input("z_in", DataType::Float, z_shape, true);
             b.initializer("w", random_floats({m, c / group, 3, 3}, 11));
             b.initializer("b", random_floats({m}, 12));
@@ -269,9 +269,10 @@ TEST_CASE("Conv, BatchNormalization, a residual Add and an activation become one
           INFO("group " << group << " broadcast Z " << broadcast_z << " Z from a node " << z_node
                         << " " << act);
           LoadStats stats;
-          check_same(make,
-                     {{"x", random_floats({2, c, 9, 9}, 17)}, {"z_in", random_floats(z_shape, 18)}},
-                     GraphOptimization::All, 1e-5, &stats);
+          check_same(
+              make,
+              {{"x", random_floats({2, c, 13, 13}, 17)}, {"z_in", random_floats(z_shape, 18)}},
+              GraphOptimization::All, 1e-5, &stats);
           CHECK(stats.fusions == 2);  // the folded normalization, the FusedConv
           CHECK(stats.nodes_planned == (z_node ? 3u : 2u));  // [Neg,] FusedConv, Neg
         }

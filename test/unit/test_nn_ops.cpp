@@ -398,6 +398,10 @@ TEST_CASE("Conv blocks and parallelises large problems correctly", "[nn]") {
       {{1, 3, 2000}, {2, 3, 301}, {{3}, {1}, {0, 5}, 1}},      // two outputs, long taps
       {{1, 16, 23, 19}, {1, 16, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 1}},  // one output channel
       {{1, 12, 20, 20}, {4, 6, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 2}},   // two per group
+      // Stride 1 over wide output rows: dilated with uneven pads, images and groups; 3-D; 1-D.
+      {{2, 8, 20, 26}, {12, 4, 3, 3}, {{1, 1}, {2, 1}, {0, 2, 1, 0}, 2}},
+      {{1, 4, 4, 6, 14}, {6, 4, 2, 3, 3}, {{1, 1, 1}, {1, 1, 1}, {0, 1, 1, 1, 0, 1}, 1}},
+      {{1, 16, 100}, {8, 16, 5}, {{1}, {1}, {2, 2}, 1}},
   };
   for (const Case& c : cases) {
     Tensor x = random_tensor(DataType::Float, c.x, rng);
