@@ -352,10 +352,12 @@ void sgemm(const PackedA& a, int64_t n, const BPacker& pack_b, float* c, int64_t
   if (k == 0) return empty_product(m, n, c, ldc, o);
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   const int tasks = task_count(work, o.max_threads);
-  // Columns first: each task then lowers only its own part of B.
+  // Columns when B is the larger operand: each task then lowers only its own part of B.
+  // Rows when A is (a large filter over a small image): each task then reads only its own
+  // part of A, and B, lowered by both, is small.
   Split s;
   const int64_t col_tiles = (n + g.nr - 1) / g.nr, row_tiles = (m + g.mr - 1) / g.mr;
-  if (col_tiles >= tasks || col_tiles >= row_tiles) {
+  if ((col_tiles >= tasks && (n >= m || row_tiles < tasks)) || col_tiles >= row_tiles) {
     s.col_parts = static_cast<int>(std::min<int64_t>(tasks, col_tiles));
   } else {
     s.row_parts = static_cast<int>(std::min<int64_t>(tasks, row_tiles));
