@@ -386,6 +386,15 @@ int fuse_gelu(Rewriter& r) {
 
 // ---- MatMul with bias and activation ----
 
+// The `activation` attribute of the fused ops.
+ir::Attribute activation_attr(const char* name) {
+  ir::Attribute a;
+  a.name = "activation";
+  a.kind = ir::AttrKind::String;
+  a.s = name;
+  return a;
+}
+
 const char* activation_of(const ir::Node& n) {
   if (is(n, "Relu")) return "Relu";
   if (is(n, "Sigmoid")) return "Sigmoid";
@@ -451,12 +460,8 @@ int fuse_matmul_epilogue(Rewriter& r) {
         !r.single_use(act.inputs[0])) {
       continue;
     }
-    ir::Attribute a;
-    a.name = "activation";
-    a.kind = ir::AttrKind::String;
-    a.s = name;
     ir::Node fused = *fm;
-    fused.attributes.push_back(a);
+    fused.attributes.push_back(activation_attr(name));
     fused.outputs = {act.outputs[0]};
     r.remove(fm);
     r.remove(&act);
@@ -665,13 +670,7 @@ int fuse_conv_epilogue(Rewriter& r) {
     fused.opset = 1;
     fused.inputs.resize(3, ir::kNoValue);
     if (z != ir::kNoValue) fused.inputs.push_back(z);
-    if (act) {
-      ir::Attribute a;
-      a.name = "activation";
-      a.kind = ir::AttrKind::String;
-      a.s = act;
-      fused.attributes.push_back(a);
-    }
+    if (act) fused.attributes.push_back(activation_attr(act));
     fused.outputs = {y};
     for (ir::Node* n : chain) r.remove(n);
     r.add(std::move(fused));

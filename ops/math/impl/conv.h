@@ -19,6 +19,29 @@ inline int64_t dc_first_at_least(int64_t base, int64_t s, int64_t limit) {
   return need <= 0 ? 0 : (need + s - 1) / s;
 }
 
+// dst[j] = the input row `src` at column base + j * s for j < n, zero where that column is
+// outside [0, width) (src may be null when the whole row is outside).
+inline void dc_copy_row(const float* src, int64_t width, int64_t base, int64_t s, int64_t n,
+                        float* dst) {
+  int64_t lo = n, hi = n;
+  if (src && s == 1) {  // no division on the common path
+    lo = dc_min(dc_max(-base, 0), n);
+    hi = dc_max(lo, dc_min(n, width - base));
+  } else if (src) {
+    lo = dc_min(dc_first_at_least(base, s, 0), n);
+    const int64_t h = dc_first_at_least(base, s, width);
+    hi = h < lo ? lo : (h > n ? n : h);
+  }
+  for (int64_t i = 0; i < lo; ++i) dst[i] = 0.0f;
+  if (hi > lo && s == 1) {
+    const float* from = src + base;
+    for (int64_t i = lo; i < hi; ++i) dst[i] = from[i];
+  } else if (hi > lo) {
+    for (int64_t i = lo; i < hi; ++i) dst[i] = src[base + i * s];
+  }
+  for (int64_t i = hi; i < n; ++i) dst[i] = 0.0f;
+}
+
 // Direct convolution works on a padded copy of one input plane: zeros around it, so no tap
 // needs a bounds check, and each row split into `stride` phases (column c at phase c % s,
 // index c / s), so the inputs of consecutive output columns are consecutive in memory for
@@ -35,27 +58,9 @@ void dc_pad_plane(const float* x, const ConvGeometry& g, float* out) {
       const bool inside = id >= 0 && id < g.in[0] && ih >= 0 && ih < g.in[1];
       const float* src = inside ? x + (id * g.in[1] + ih) * g.in[2] : nullptr;
       // Phase ph holds padded columns ph, ph + s, ...: entry i is input column
-      // i * s + ph - pad, inside the input for i in [lo, hi).
+      // i * s + ph - pad.
       for (int64_t ph = 0; ph < s; ++ph) {
-        float* dst = o + ph * phase;
-        const int64_t base = ph - g.pad[2];
-        int64_t lo = phase, hi = phase;
-        if (inside && s == 1) {  // no division on the common path
-          lo = dc_min(dc_max(-base, 0), phase);
-          hi = dc_max(lo, dc_min(phase, g.in[2] - base));
-        } else if (inside) {
-          lo = dc_min(dc_first_at_least(base, s, 0), phase);
-          const int64_t h = dc_first_at_least(base, s, g.in[2]);
-          hi = h < lo ? lo : (h > phase ? phase : h);
-        }
-        for (int64_t i = 0; i < lo; ++i) dst[i] = 0.0f;
-        if (s == 1) {
-          const float* from = src + base;
-          for (int64_t i = lo; i < hi; ++i) dst[i] = from[i];
-        } else {
-          for (int64_t i = lo; i < hi; ++i) dst[i] = src[base + i * s];
-        }
-        for (int64_t i = hi; i < phase; ++i) dst[i] = 0.0f;
+        dc_copy_row(src, g.in[2], ph - g.pad[2], s, phase, o + ph * phase);
       }
     }
   }
@@ -165,26 +170,9 @@ void im2col_panels(const float* x, const ConvGeometry& g, int64_t p0, int64_t kc
           for (int64_t j = 0; j < run.len; ++j) dst[j] = 0.0f;
           continue;
         }
-        // Input column of the run's position j: base + j * s; inside for j in [lo, hi).
-        const int64_t base = run.iw0 + kw * g.dil[2];
-        const float* src = xc + (id * g.in[1] + ih) * g.in[2];
-        int64_t lo, hi;
-        if (s == 1) {
-          lo = base < 0 ? dc_min(-base, run.len) : 0;
-          hi = dc_max(lo, dc_min(run.len, g.in[2] - base));
-        } else {
-          lo = dc_min(dc_first_at_least(base, s, 0), run.len);
-          const int64_t h = dc_first_at_least(base, s, g.in[2]);
-          hi = h < lo ? lo : (h > run.len ? run.len : h);
-        }
-        for (int64_t j = 0; j < lo; ++j) dst[j] = 0.0f;
-        if (s == 1) {
-          const float* sp = src + base;
-          for (int64_t j = lo; j < hi; ++j) dst[j] = sp[j];
-        } else {
-          for (int64_t j = lo; j < hi; ++j) dst[j] = src[base + j * s];
-        }
-        for (int64_t j = hi; j < run.len; ++j) dst[j] = 0.0f;
+        // Input column of the run's position j: base + j * s.
+        dc_copy_row(xc + (id * g.in[1] + ih) * g.in[2], g.in[2], run.iw0 + kw * g.dil[2], s,
+                    run.len, dst);
       }
       // The last panel's columns past nc.
       if (q1 == panels) {
