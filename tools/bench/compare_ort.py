@@ -500,6 +500,7 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
         "onnxruntime gets plain arrays, as Optimum feeds it.",
         "- max |kiln - ORT|: the largest absolute difference between the two engines' first output "
         "(logits, last_hidden_state) on the same inputs.",
+        "- Where a case misses its speed target, `docs/performance.md` says what limits it.",
         "",
         "## Summary (kiln median / onnxruntime median; below 1 means kiln is faster)",
         "",
