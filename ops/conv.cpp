@@ -212,7 +212,7 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
       for (int64_t c = 0; c < s.cg; ++c) {
         const int64_t in_plane = n * s.c + grp * s.cg + c;
         if (buffered != in_plane) {
-          k.pad_plane(x + in_plane * ip, dg, buf.data());
+          k.pad_plane(x + in_plane * ip, dg, 0.0f, buf.data());
           buffered = in_plane;
         }
         k.padded_plane(buf.data(), w + (m * s.cg + c) * kp, offsets.data(), dg, yp);
@@ -243,7 +243,7 @@ void wide_convolve(OpContext& ctx, const float* xg, const math::PackedA& a, cons
   const int64_t wide_n = ((cg.out[0] - 1) * rows[1] + cg.out[1] - 1) * wp + cg.out[2];
   (void)ctx;
   parallel_for(s.cg, grain_for(plane), [&](int64_t lo, int64_t hi) {
-    for (int64_t c = lo; c < hi; ++c) t.conv.pad_plane(xg + c * ip, cg, xp + c * plane);
+    for (int64_t c = lo; c < hi; ++c) t.conv.pad_plane(xg + c * ip, cg, 0.0f, xp + c * plane);
   });
   std::vector<int64_t> taps(static_cast<size_t>(kp)), row_offsets(static_cast<size_t>(s.cg * kp));
   math::conv_tap_offsets(cg, taps.data());

@@ -1,8 +1,12 @@
 // MaxPool (with the optional Indices output), AveragePool and LpPool over 1 to 3 spatial
 // dimensions, with strides, dilations, explicit or automatic padding and ceil_mode.
 //
-// The valid kernel taps of every output coordinate are computed once per dimension, so the
-// inner loops never test bounds. Planes (image, channel) run in parallel.
+// Float max pooling (without Indices) and average pooling run the dispatched plane kernel
+// (ConvKernels::pool_plane): each plane copied once, padded with -inf or zeros and split
+// into stride phases, so every tap of a vector of outputs reads consecutive floats. The
+// other types and LpPool: the valid kernel taps of every output coordinate are computed
+// once per dimension, so the inner loops never test bounds. Planes (image, channel) run in
+// parallel.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -12,6 +16,7 @@
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/math/kernels.h"
 
 namespace kiln::ops {
 namespace {
@@ -299,6 +304,47 @@ void pool_rows(const T* x, T* y, int64_t planes, const Geometry& g, const Op& op
   });
 }
 
+// Float max or average pooling of every plane with the dispatched plane kernel; the average
+// divides by the window's size per output (taps inside the input, or inside input and
+// padding with count_include_pad), a product over the dimensions.
+void pool_planes_float(const float* x, float* y, int64_t planes, const Geometry& g, bool max,
+                       bool count_pad) {
+  const math::ConvKernels& k = math::kernels().conv;
+  math::ConvGeometry cg;
+  for (size_t i = 0; i < 3; ++i) {
+    cg.in[i] = g.in[i], cg.out[i] = g.out[i], cg.k[i] = g.k[i];
+    cg.stride[i] = g.stride[i], cg.dil[i] = g.dil[i], cg.pad[i] = -g.taps[i].start[0];
+  }
+  const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k[0] * g.k[1] * g.k[2];
+  const auto padded = static_cast<size_t>(math::conv_padded_floats(cg));
+  std::vector<int64_t> offsets(static_cast<size_t>(kp));
+  math::conv_tap_offsets(cg, offsets.data());
+  std::array<std::vector<float>, 3> inv;
+  for (size_t i = 0; i < 3 && !max; ++i) {
+    const Taps& t = g.taps[i];
+    for (size_t o = 0; o < t.start.size(); ++o) {
+      inv[i].push_back(reciprocal<float>(count_pad ? t.padded[o] : t.hi[o] - t.lo[o]));
+    }
+  }
+  parallel_for(planes, grain_for(op * kp), [&](int64_t lo, int64_t hi) {
+    std::vector<float> buf(padded);
+    for (int64_t p = lo; p < hi; ++p) {
+      k.pad_plane(x + p * ip, cg, max ? -std::numeric_limits<float>::infinity() : 0.0f, buf.data());
+      float* yp = y + p * op;
+      k.pool_plane(buf.data(), offsets.data(), cg, max, yp);
+      if (max) continue;
+      for (int64_t od = 0; od < g.out[0]; ++od) {
+        for (int64_t oh = 0; oh < g.out[1]; ++oh) {
+          const float outer = inv[0][static_cast<size_t>(od)] * inv[1][static_cast<size_t>(oh)];
+          float* row = yp + (od * g.out[1] + oh) * g.out[2];
+          for (int64_t ow = 0; ow < g.out[2]; ++ow)
+            row[ow] *= outer * inv[2][static_cast<size_t>(ow)];
+        }
+      }
+    }
+  });
+}
+
 template <typename C>
 struct MaxOp {
   C init() const {
@@ -421,6 +467,8 @@ class Pool final : public Kernel {
         if (ind) {
           max_pool_with_indices<T>(x.data<const T>(), y.data<T>(), ind->data<int64_t>(), col_major_,
                                    planes, g);
+        } else if constexpr (std::is_same_v<T, float>) {
+          pool_planes_float(x.data<const float>(), y.data<float>(), planes, g, true, false);
         } else {
           pool_rows<T>(x.data<const T>(), y.data<T>(), planes, g, MaxOp<compute_t<T>>{});
         }
@@ -430,7 +478,9 @@ class Pool final : public Kernel {
         using C = compute_t<T>;
         Tensor& y = ctx.output(0, x.dtype(), shape);
         if (planes == 0) return;
-        if constexpr (kKind == PoolKind::Average) {
+        if constexpr (kKind == PoolKind::Average && std::is_same_v<T, float>) {
+          pool_planes_float(x.data<const float>(), y.data<float>(), planes, g, false, count_pad_);
+        } else if constexpr (kKind == PoolKind::Average) {
           pool_rows<T>(x.data<const T>(), y.data<T>(), planes, g, AverageOp<C>{count_pad_});
         } else {
           pool_rows<T>(x.data<const T>(), y.data<T>(), planes, g, LpOp<C>{static_cast<C>(p_)});

@@ -116,9 +116,9 @@ inline void conv_tap_offsets(const ConvGeometry& g, int64_t* off) {
 // Convolution kernels (impl/conv.h): direct convolution of one plane, for the convolutions
 // where a GEMM is the wrong shape, and the lowering of patches into GEMM panels.
 struct ConvKernels {
-  // The input plane `x` padded with zeros and split into stride phases (conv_padded_floats
-  // floats at `out`).
-  void (*pad_plane)(const float* x, const ConvGeometry& g, float* out) = nullptr;
+  // The input plane `x` padded with `fill` (zeros for convolutions, -inf for max pooling)
+  // and split into stride phases (conv_padded_floats floats at `out`).
+  void (*pad_plane)(const float* x, const ConvGeometry& g, float fill, float* out) = nullptr;
   // y += w (*) x over one output plane, x given as pad_plane's copy and each tap's offset in
   // it as conv_tap_offsets gives them.
   void (*padded_plane)(const float* xp, const float* w, const int64_t* tap_offsets,
@@ -132,6 +132,10 @@ struct ConvKernels {
   // panels: row r is pad_plane's copies read from xp + row_offsets[r] + j0, a plain copy.
   void (*shifted_panels)(const float* xp, const int64_t* row_offsets, int64_t kc, int64_t j0,
                          int64_t nc, float* out) = nullptr;
+  // Pooling of one plane from pad_plane's copy: y = the maximum (`max`) or the sum of each
+  // window's taps (tap offsets as conv_tap_offsets gives them), written over y.
+  void (*pool_plane)(const float* xp, const int64_t* tap_offsets, const ConvGeometry& g, bool max,
+                     float* y) = nullptr;
 };
 
 // Float arithmetic on rows: y[i] = a[i * sa] op b[i * sb] (impl/binary.h). Fast when both

@@ -4,6 +4,7 @@
 // and long 1-D filters.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -69,7 +70,7 @@ KILN_ISA_TEST_CASE("the direct convolution plane matches a naive loop", "[math][
     for (auto& v : y) v = dist(rng);
     const std::vector<double> want = naive_plane(x, w, g, y);
     std::vector<float> padded(static_cast<size_t>(math::conv_padded_floats(g)) + 1, 7.0f);
-    k.pad_plane(x.data(), g, padded.data());
+    k.pad_plane(x.data(), g, 0.0f, padded.data());
     CHECK(padded.back() == 7.0f);  // nothing written past the copy's size
     std::vector<int64_t> offsets(static_cast<size_t>(kp));
     math::conv_tap_offsets(g, offsets.data());
@@ -169,7 +170,8 @@ KILN_ISA_TEST_CASE("shifted panels over wide positions equal the patch matrix", 
     std::vector<float> x(static_cast<size_t>(channels * ip)),
         xp(static_cast<size_t>(channels * plane));
     for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 89) + 0.25f;
-    for (int64_t c = 0; c < channels; ++c) k.pad_plane(x.data() + c * ip, g, xp.data() + c * plane);
+    for (int64_t c = 0; c < channels; ++c)
+      k.pad_plane(x.data() + c * ip, g, 0.0f, xp.data() + c * plane);
     std::vector<int64_t> taps(static_cast<size_t>(kp)), offsets;
     math::conv_tap_offsets(g, taps.data());
     for (int64_t c = 0; c < channels; ++c) {
@@ -205,6 +207,75 @@ KILN_ISA_TEST_CASE("shifted panels over wide positions equal the patch matrix", 
           REQUIRE(got == want);
         }
       }
+    }
+  }
+}
+
+KILN_ISA_TEST_CASE("the pooling plane matches a naive max and sum", "[math][conv]") {
+  KILN_REQUIRE_ISA();
+  const math::ConvKernels& k = isa_kernels.conv;
+  std::mt19937 rng(11);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
+  for (int iter = 0; iter < 150; ++iter) {
+    math::ConvGeometry g;
+    const int dims = static_cast<int>(pick(1, 3));
+    for (int d = 3 - dims; d < 3; ++d) {
+      g.k[d] = pick(1, 4);
+      g.stride[d] = pick(1, 3);
+      g.dil[d] = pick(1, 2);
+      g.pad[d] = pick(0, g.k[d] - 1);
+      const int64_t ek = (g.k[d] - 1) * g.dil[d] + 1;
+      g.in[d] = std::max<int64_t>(ek - 2 * g.pad[d], 1) + pick(0, iter % 5 == 0 ? 40 : 9);
+      g.out[d] = (g.in[d] + 2 * g.pad[d] - ek) / g.stride[d] + 1;
+    }
+    const int64_t ip = g.in[0] * g.in[1] * g.in[2], op = g.out[0] * g.out[1] * g.out[2];
+    const int64_t kp = g.k[0] * g.k[1] * g.k[2];
+    std::vector<float> x(static_cast<size_t>(ip));
+    for (auto& v : x) v = dist(rng);
+    if (iter % 7 == 0) x[static_cast<size_t>(pick(0, ip - 1))] = std::nanf("");  // skipped by max
+    std::vector<int64_t> taps(static_cast<size_t>(kp));
+    math::conv_tap_offsets(g, taps.data());
+    std::vector<float> xp(static_cast<size_t>(math::conv_padded_floats(g)));
+    for (const bool max : {true, false}) {
+      const float fill = max ? -std::numeric_limits<float>::infinity() : 0.0f;
+      k.pad_plane(x.data(), g, fill, xp.data());
+      std::vector<float> y(static_cast<size_t>(op), 123.0f);
+      k.pool_plane(xp.data(), taps.data(), g, max, y.data());
+      for (int64_t od = 0; od < g.out[0]; ++od)
+        for (int64_t oh = 0; oh < g.out[1]; ++oh)
+          for (int64_t ow = 0; ow < g.out[2]; ++ow) {
+            double want = max ? -std::numeric_limits<double>::infinity() : 0.0;
+            for (int64_t kd = 0; kd < g.k[0]; ++kd)
+              for (int64_t kh = 0; kh < g.k[1]; ++kh)
+                for (int64_t kw = 0; kw < g.k[2]; ++kw) {
+                  const int64_t id = od * g.stride[0] - g.pad[0] + kd * g.dil[0];
+                  const int64_t ih = oh * g.stride[1] - g.pad[1] + kh * g.dil[1];
+                  const int64_t iw = ow * g.stride[2] - g.pad[2] + kw * g.dil[2];
+                  double v = fill;
+                  if (id >= 0 && id < g.in[0] && ih >= 0 && ih < g.in[1] && iw >= 0 &&
+                      iw < g.in[2]) {
+                    v = x[static_cast<size_t>((id * g.in[1] + ih) * g.in[2] + iw)];
+                  }
+                  if (max) {
+                    want = v > want ? v : want;
+                  } else {
+                    want += v;
+                  }
+                }
+            const float got = y[static_cast<size_t>((od * g.out[1] + oh) * g.out[2] + ow)];
+            INFO("iteration " << iter << " max " << max << " output " << od << "," << oh << ","
+                              << ow);
+            if (std::isnan(want)) {
+              REQUIRE(std::isnan(got));
+            } else if (std::isinf(want)) {  // a window holding only a NaN
+              REQUIRE(static_cast<double>(got) == want);
+            } else {
+              REQUIRE(std::abs(got - want) <= 1e-5 * (1 + std::abs(want)));
+            }
+          }
     }
   }
 }

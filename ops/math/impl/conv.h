@@ -19,10 +19,10 @@ inline int64_t dc_first_at_least(int64_t base, int64_t s, int64_t limit) {
   return need <= 0 ? 0 : (need + s - 1) / s;
 }
 
-// dst[j] = the input row `src` at column base + j * s for j < n, zero where that column is
+// dst[j] = the input row `src` at column base + j * s for j < n, `fill` where that column is
 // outside [0, width) (src may be null when the whole row is outside).
 inline void dc_copy_row(const float* src, int64_t width, int64_t base, int64_t s, int64_t n,
-                        float* dst) {
+                        float* dst, float fill = 0.0f) {
   int64_t lo = n, hi = n;
   if (src && s == 1) {  // no division on the common path
     lo = dc_min(dc_max(-base, 0), n);
@@ -32,21 +32,21 @@ inline void dc_copy_row(const float* src, int64_t width, int64_t base, int64_t s
     const int64_t h = dc_first_at_least(base, s, width);
     hi = h < lo ? lo : (h > n ? n : h);
   }
-  for (int64_t i = 0; i < lo; ++i) dst[i] = 0.0f;
+  for (int64_t i = 0; i < lo; ++i) dst[i] = fill;
   if (hi > lo && s == 1) {
     const float* from = src + base;
     for (int64_t i = lo; i < hi; ++i) dst[i] = from[i];
   } else if (hi > lo) {
     for (int64_t i = lo; i < hi; ++i) dst[i] = src[base + i * s];
   }
-  for (int64_t i = hi; i < n; ++i) dst[i] = 0.0f;
+  for (int64_t i = hi; i < n; ++i) dst[i] = fill;
 }
 
 // Direct convolution works on a padded copy of one input plane: zeros around it, so no tap
 // needs a bounds check, and each row split into `stride` phases (column c at phase c % s,
 // index c / s), so the inputs of consecutive output columns are consecutive in memory for
 // every tap and stride. Then each vector of outputs sums all its taps in a register.
-void dc_pad_plane(const float* x, const ConvGeometry& g, float* out) {
+void dc_pad_plane(const float* x, const ConvGeometry& g, float fill, float* out) {
   int64_t rows[3], len[3];
   conv_padded_extent(g, rows, len);
   const int64_t s = g.stride[2], phase = len[2];
@@ -60,7 +60,7 @@ void dc_pad_plane(const float* x, const ConvGeometry& g, float* out) {
       // Phase ph holds padded columns ph, ph + s, ...: entry i is input column
       // i * s + ph - pad.
       for (int64_t ph = 0; ph < s; ++ph) {
-        dc_copy_row(src, g.in[2], ph - g.pad[2], s, phase, o + ph * phase);
+        dc_copy_row(src, g.in[2], ph - g.pad[2], s, phase, o + ph * phase, fill);
       }
     }
   }
@@ -122,6 +122,65 @@ void dc_padded_plane(const float* xp, const float* w, const int64_t* off, const 
         dc_rows<1>(slice + oh * row_step, row_step, wv, o, n_taps, g.out[2], ys + oh * g.out[2]);
       }
     }
+  }
+}
+
+// Rows [oh, oh + R) of one pooled depth slice: y = max or sum over all taps, R rows of
+// vectors at a time in independent registers.
+template <int R, bool Max>
+inline void dc_pool_rows(const float* base, int64_t row_step, const int64_t* off, int64_t taps,
+                         int64_t width, float* yr) {
+  int64_t j = 0;
+  for (; j < width; j += kLanes) {
+    const int n = static_cast<int>(dc_min(kLanes, width - j));
+    // v > acc is false for a NaN v, so max pooling skips NaN inputs (starting from -inf, as
+    // the scalar loops do).
+    VF acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = Max ? vset1(-__builtin_inff()) : vzero();
+    for (int64_t t = 0; t < taps; ++t) {
+      for (int r = 0; r < R; ++r) {
+        const float* src = base + r * row_step + off[t] + j;
+        const VF v = n == kLanes ? vload(src) : vload_partial(src, n);
+        acc[r] = Max ? vselect(vgt(v, acc[r]), v, acc[r]) : vadd(acc[r], v);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      if (n == kLanes) {
+        vstore(yr + r * width + j, acc[r]);
+      } else {
+        vstore_partial(yr + r * width + j, acc[r], n);
+      }
+    }
+  }
+}
+
+template <bool Max>
+void dc_pool_plane_of(const float* xp, const int64_t* off, const ConvGeometry& g, float* y) {
+  int64_t rows[3], len[3];
+  conv_padded_extent(g, rows, len);
+  const int64_t row = g.stride[2] * len[2], row_step = g.stride[1] * row;
+  const int64_t taps = g.k[0] * g.k[1] * g.k[2];
+  constexpr int kRows = 4;
+  for (int64_t od = 0; od < g.out[0]; ++od) {
+    const float* slice = xp + od * g.stride[0] * rows[1] * row;
+    float* ys = y + od * g.out[1] * g.out[2];
+    int64_t oh = 0;
+    for (; oh + kRows <= g.out[1]; oh += kRows) {
+      dc_pool_rows<kRows, Max>(slice + oh * row_step, row_step, off, taps, g.out[2],
+                               ys + oh * g.out[2]);
+    }
+    for (; oh < g.out[1]; ++oh) {
+      dc_pool_rows<1, Max>(slice + oh * row_step, row_step, off, taps, g.out[2],
+                           ys + oh * g.out[2]);
+    }
+  }
+}
+
+void dc_pool_plane(const float* xp, const int64_t* off, const ConvGeometry& g, bool max, float* y) {
+  if (max) {
+    dc_pool_plane_of<true>(xp, off, g, y);
+  } else {
+    dc_pool_plane_of<false>(xp, off, g, y);
   }
 }
 
@@ -210,4 +269,5 @@ void shifted_panels(const float* xp, const int64_t* row_offsets, int64_t kc, int
 constexpr ConvKernels kConvKernels{.pad_plane = dc_pad_plane,
                                    .padded_plane = dc_padded_plane,
                                    .im2col_panels = im2col_panels,
-                                   .shifted_panels = shifted_panels};
+                                   .shifted_panels = shifted_panels,
+                                   .pool_plane = dc_pool_plane};
