@@ -24,6 +24,7 @@
 #include "tools/common/compare.h"
 #include "tools/common/json.h"
 #include "tools/common/npy.h"
+#include "tools/common/options.h"
 #include "tools/common/test_data.h"
 
 namespace {
@@ -123,26 +124,14 @@ Options parse(int argc, char** argv) {
       o.dump_graph = true;
     } else if (a == "--optimize") {
       const std::string v = value();
-      if (v == "none") {
-        o.optimization = kiln::GraphOptimization::None;
-      } else if (v == "basic") {
-        o.optimization = kiln::GraphOptimization::Basic;
-      } else if (v == "all") {
-        o.optimization = kiln::GraphOptimization::All;
-      } else {
-        throw UsageError("--optimize takes none, basic or all, got '" + v + "'");
-      }
+      const auto level = kiln::tooling::parse_optimization(v);
+      if (!level) throw UsageError("--optimize takes none, basic or all, got '" + v + "'");
+      o.optimization = *level;
     } else if (a == "--gemm-weights") {
       const std::string v = value();
-      if (v == "f32") {
-        o.gemm_weights = kiln::WeightPrecision::Float32;
-      } else if (v == "bf16") {
-        o.gemm_weights = kiln::WeightPrecision::BFloat16;
-      } else if (v == "f16") {
-        o.gemm_weights = kiln::WeightPrecision::Float16;
-      } else {
-        throw UsageError("--gemm-weights takes f32, bf16 or f16, got '" + v + "'");
-      }
+      const auto precision = kiln::tooling::parse_gemm_weights(v);
+      if (!precision) throw UsageError("--gemm-weights takes f32, bf16 or f16, got '" + v + "'");
+      o.gemm_weights = *precision;
     } else if (a == "--rtol") {
       o.rtol = to_double(a, value());
     } else if (a == "--atol") {
@@ -385,9 +374,7 @@ int run(const Options& o) {
     j.begin_object();
     j.field("model", o.model);
     j.field("kiln_version", kiln::version()).field("isa", kiln::isa_level());
-    j.field("gemm_weights", o.gemm_weights == kiln::WeightPrecision::Float32    ? "f32"
-                            : o.gemm_weights == kiln::WeightPrecision::BFloat16 ? "bf16"
-                                                                                : "f16");
+    j.field("gemm_weights", kiln::tooling::gemm_weights_name(o.gemm_weights));
     if (expected.empty()) {
       j.key("passed").null();
     } else {

@@ -33,6 +33,7 @@
 #include "tools/bench/kiln-bench/gemm_case.h"
 #include "tools/common/json.h"
 #include "tools/common/npy.h"
+#include "tools/common/options.h"
 #include "tools/common/rss.h"
 
 namespace {
@@ -144,26 +145,14 @@ Options parse(int argc, char** argv) {
       o.profile = true;
     } else if (a == "--optimize") {
       const std::string v = value();
-      if (v == "none") {
-        o.optimization = kiln::GraphOptimization::None;
-      } else if (v == "basic") {
-        o.optimization = kiln::GraphOptimization::Basic;
-      } else if (v == "all") {
-        o.optimization = kiln::GraphOptimization::All;
-      } else {
-        throw UsageError("--optimize takes none, basic or all, got '" + v + "'");
-      }
+      const auto level = kiln::tooling::parse_optimization(v);
+      if (!level) throw UsageError("--optimize takes none, basic or all, got '" + v + "'");
+      o.optimization = *level;
     } else if (a == "--gemm-weights") {
       const std::string v = value();
-      if (v == "f32") {
-        o.gemm_weights = kiln::WeightPrecision::Float32;
-      } else if (v == "bf16") {
-        o.gemm_weights = kiln::WeightPrecision::BFloat16;
-      } else if (v == "f16") {
-        o.gemm_weights = kiln::WeightPrecision::Float16;
-      } else {
-        throw UsageError("--gemm-weights takes f32, bf16 or f16, got '" + v + "'");
-      }
+      const auto precision = kiln::tooling::parse_gemm_weights(v);
+      if (!precision) throw UsageError("--gemm-weights takes f32, bf16 or f16, got '" + v + "'");
+      o.gemm_weights = *precision;
     } else if (a == "-h" || a == "--help") {
       std::cout << kUsage;
       std::exit(0);
@@ -214,18 +203,6 @@ Options parse(int argc, char** argv) {
         "decode times one generation: --iterations, --output-dir and --profile do not apply");
   if (o.warmup < 0) o.warmup = o.kase == "decode" ? 1 : 3;
   return o;
-}
-
-const char* precision_name(kiln::WeightPrecision p) {
-  switch (p) {
-    case kiln::WeightPrecision::BFloat16:
-      return "bf16";
-    case kiln::WeightPrecision::Float16:
-      return "f16";
-    case kiln::WeightPrecision::Float32:
-      break;
-  }
-  return "f32";
 }
 
 double ms_since(Clock::time_point t0) {
@@ -557,7 +534,7 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
   j.begin_object();
   j.field("engine", "kiln").field("case", o.kase).field("model", file);
   j.field("kiln_version", kiln::version()).field("isa", kiln::isa_level());
-  j.field("gemm_weights", precision_name(o.gemm_weights));
+  j.field("gemm_weights", kiln::tooling::gemm_weights_name(o.gemm_weights));
   j.field("threads", env->threads()).field("warmup", o.warmup).field("iterations", o.iterations);
   if (o.kase == "decoder-step") j.field("past_len", o.past_len);
   if (!feed.kv.empty()) j.field("kv_capacity", kv_capacity);
@@ -627,7 +604,7 @@ int run_decode_case(const Options& o, const std::shared_ptr<kiln::Environment>& 
   j.begin_object();
   j.field("engine", "kiln").field("case", "decode").field("model", o.model);
   j.field("kiln_version", kiln::version()).field("isa", kiln::isa_level());
-  j.field("gemm_weights", precision_name(o.gemm_weights));
+  j.field("gemm_weights", kiln::tooling::gemm_weights_name(o.gemm_weights));
   j.field("threads", env->threads()).field("warmup", o.warmup);
   j.field("steps_requested", o.steps);
   j.field("load_ms", load_ms).field("encoder_ms", r.encoder_ms);

@@ -1,0 +1,40 @@
+// Command-line names of the session options the tools share (onnx-run, kiln-bench).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "kiln/session.h"
+
+namespace kiln::tooling {
+
+// --optimize none|basic|all; nullopt for any other name.
+inline std::optional<GraphOptimization> parse_optimization(const std::string& v) {
+  if (v == "none") return GraphOptimization::None;
+  if (v == "basic") return GraphOptimization::Basic;
+  if (v == "all") return GraphOptimization::All;
+  return std::nullopt;
+}
+
+// --gemm-weights f32|bf16|f16; nullopt for any other name.
+inline std::optional<WeightPrecision> parse_gemm_weights(const std::string& v) {
+  if (v == "f32") return WeightPrecision::Float32;
+  if (v == "bf16") return WeightPrecision::BFloat16;
+  if (v == "f16") return WeightPrecision::Float16;
+  return std::nullopt;
+}
+
+// The name parse_gemm_weights reads, for the tools' JSON.
+inline const char* gemm_weights_name(WeightPrecision p) {
+  switch (p) {
+    case WeightPrecision::BFloat16:
+      return "bf16";
+    case WeightPrecision::Float16:
+      return "f16";
+    case WeightPrecision::Float32:
+      break;
+  }
+  return "f32";
+}
+
+}  // namespace kiln::tooling
