@@ -14,21 +14,8 @@
 namespace kiln::math::avx512 {
 
 #include "ops/math/simd/avx512.h"
-// Kernel sources, written once against the vector type above. The GEMM tile uses the
-// conversions, and the convolution lowering the tile's width, so these two come first.
-#include "ops/math/impl/convert.h"
-
-#include "ops/math/impl/sgemm.h"
-
-#include "ops/math/impl/binary.h"
-#include "ops/math/impl/conv.h"
-#include "ops/math/impl/vecmath.h"
-#include "ops/math/impl/vecmath_rows.h"
-
-// The int8 GEMM, with the dot-product step it is compiled with defined first.
-#include "ops/math/impl/qgemm_widen.h"
-// (after its step)
-#include "ops/math/impl/qgemm.h"
+// Kernel sources, written once against the vector type above, and level_table().
+#include "ops/math/impl/all.h"
 
 // AVX512-VNNI (Ice Lake, Cascade Lake, Zen 4 and later) multiplies four uint8 by four int8 and
 // adds them to an int32 lane exactly (vpdpbusd). The int8 GEMM is compiled a second time
@@ -51,20 +38,8 @@ struct QDot {
 #pragma GCC pop_options
 }  // namespace vnni
 
-constexpr MathKernels kTable{.isa = Isa::Avx512,
-                             .convert = kConvertKernels,
-                             .gemm = kGemmKernels,
-                             .conv = kConvKernels,
-                             .binary = kBinaryKernels,
-                             .vec = kVecMathKernels,
-                             .int8_gemm = kInt8GemmKernels};
-constexpr MathKernels kVnniTable{.isa = Isa::Avx512,
-                                 .convert = kConvertKernels,
-                                 .gemm = kGemmKernels,
-                                 .conv = kConvKernels,
-                                 .binary = kBinaryKernels,
-                                 .vec = kVecMathKernels,
-                                 .int8_gemm = vnni::kInt8GemmKernels};
+constexpr MathKernels kTable = level_table(Isa::Avx512, kInt8GemmKernels);
+constexpr MathKernels kVnniTable = level_table(Isa::Avx512, vnni::kInt8GemmKernels);
 
 const MathKernels& table() {
   return cpu_has_avx512_vnni() ? kVnniTable : kTable;

@@ -13,30 +13,11 @@
 namespace kiln::math::generic {
 
 #include "ops/math/simd/sse.h"
-// Kernel sources, written once against the vector type above. The GEMM tile uses the
-// conversions, and the convolution lowering the tile's width, so these two come first.
-#include "ops/math/impl/convert.h"
-
-#include "ops/math/impl/sgemm.h"
-
-#include "ops/math/impl/binary.h"
-#include "ops/math/impl/conv.h"
-#include "ops/math/impl/vecmath.h"
-#include "ops/math/impl/vecmath_rows.h"
-
-// The int8 GEMM, with the dot-product step it is compiled with defined first.
-#include "ops/math/impl/qgemm_widen.h"
-// (after its step)
-#include "ops/math/impl/qgemm.h"
+// Kernel sources, written once against the vector type above, and level_table().
+#include "ops/math/impl/all.h"
 
 const MathKernels& table() {
-  static constexpr MathKernels kTable{.isa = Isa::Generic,
-                                      .convert = kConvertKernels,
-                                      .gemm = kGemmKernels,
-                                      .conv = kConvKernels,
-                                      .binary = kBinaryKernels,
-                                      .vec = kVecMathKernels,
-                                      .int8_gemm = kInt8GemmKernels};
+  static constexpr MathKernels kTable = level_table(Isa::Generic, kInt8GemmKernels);
   return kTable;
 }
 
