@@ -149,43 +149,15 @@ void run_block(const GemmKernels& g, const MatrixView& a, const BSource& b, int6
   }
 }
 
-// Splits [0, m) x [0, n) into `tasks` blocks: rows in multiples of mr when there are
-// enough, else columns in multiples of nr.
-struct Split {
-  int row_parts = 1, col_parts = 1;
-};
-
-Split split_for(int tasks, int64_t m, int64_t n, int mr, int nr) {
-  Split s;
-  const int64_t row_tiles = (m + mr - 1) / mr, col_tiles = (n + nr - 1) / nr;
-  if (row_tiles >= 2 * tasks || row_tiles >= col_tiles) {
-    s.row_parts = static_cast<int>(std::min<int64_t>(tasks, row_tiles));
-  } else {
-    s.col_parts = static_cast<int>(std::min<int64_t>(tasks, col_tiles));
-  }
-  return s;
-}
-
-// Boundaries of part `i` of `parts` over `tiles` tiles of `step` (clamped to `total`).
-int64_t part_edge(int i, int parts, int64_t total, int step) {
-  const int64_t tiles = (total + step - 1) / step;
-  return std::min(total, tiles * i / parts * step);
-}
-
 void run(const GemmKernels& g, const MatrixView& a, const BSource& b, int64_t k, int64_t n,
          float* c, int64_t ldc, const GemmOptions& o) {
   const int64_t m = a.rows;
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   const int tasks = task_count(work, o.max_threads);
-  const Split s = split_for(tasks, m, n, g.mr, g.nr);
-  run_tasks(s.row_parts * s.col_parts, [&](int t) {
-    const int ri = t / s.col_parts, ci = t % s.col_parts;
-    const int64_t m0 = part_edge(ri, s.row_parts, m, g.mr),
-                  m1 = part_edge(ri + 1, s.row_parts, m, g.mr);
-    const int64_t n0 = part_edge(ci, s.col_parts, n, g.nr),
-                  n1 = part_edge(ci + 1, s.col_parts, n, g.nr);
-    if (m0 < m1 && n0 < n1) run_block(g, a, b, k, c, ldc, o, m0, m1, n0, n1);
-  });
+  run_split(split_for(tasks, m, n, g.mr, g.nr, SplitPolicy::RowsFirst), m, n, g.mr, g.nr,
+            [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+              run_block(g, a, b, k, c, ldc, o, m0, m1, n0, n1);
+            });
 }
 
 // C = 0 (or unchanged when accumulating) plus the epilogue, for k == 0.
@@ -355,21 +327,10 @@ void sgemm(const PackedA& a, int64_t n, const BPacker& pack_b, float* c, int64_t
   // Columns when B is the larger operand: each task then lowers only its own part of B.
   // Rows when A is (a large filter over a small image): each task then reads only its own
   // part of A, and B, lowered by both, is small.
-  Split s;
-  const int64_t col_tiles = (n + g.nr - 1) / g.nr, row_tiles = (m + g.mr - 1) / g.mr;
-  if ((col_tiles >= tasks && (n >= m || row_tiles < tasks)) || col_tiles >= row_tiles) {
-    s.col_parts = static_cast<int>(std::min<int64_t>(tasks, col_tiles));
-  } else {
-    s.row_parts = static_cast<int>(std::min<int64_t>(tasks, row_tiles));
-  }
-  run_tasks(s.row_parts * s.col_parts, [&](int t) {
-    const int ri = t / s.col_parts, ci = t % s.col_parts;
-    const int64_t m0 = part_edge(ri, s.row_parts, m, g.mr);
-    const int64_t m1 = part_edge(ri + 1, s.row_parts, m, g.mr);
-    const int64_t n0 = part_edge(ci, s.col_parts, n, g.nr);
-    const int64_t n1 = part_edge(ci + 1, s.col_parts, n, g.nr);
-    if (m0 < m1 && n0 < n1) run_packed_a_block(g, a, pack_b, c, ldc, o, m0, m1, n0, n1);
-  });
+  run_split(split_for(tasks, m, n, g.mr, g.nr, SplitPolicy::LargerOperand), m, n, g.mr, g.nr,
+            [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+              run_packed_a_block(g, a, pack_b, c, ldc, o, m0, m1, n0, n1);
+            });
 }
 
 int64_t PackedB::packed_floats(int64_t k, int64_t n, int nr) {

@@ -288,30 +288,6 @@ void run_a_packed(const Plan& p, const QPackedA& a, const QBFiller& fill, int64_
   }
 }
 
-// Splits [0, m) x [0, n) into `tasks` blocks of whole tiles: rows when there are enough of
-// them (or `columns_first` is false and rows are the longer side), else columns.
-struct Split {
-  int row_parts = 1, col_parts = 1;
-};
-
-Split split_for(int tasks, int64_t m, int64_t n, int mr, int nr, bool columns_first) {
-  Split s;
-  const int64_t row_tiles = (m + mr - 1) / mr, col_tiles = (n + nr - 1) / nr;
-  const bool by_rows = columns_first ? !(col_tiles >= tasks || col_tiles >= row_tiles)
-                                     : (row_tiles >= 2 * tasks || row_tiles >= col_tiles);
-  if (by_rows) {
-    s.row_parts = static_cast<int>(std::min<int64_t>(tasks, row_tiles));
-  } else {
-    s.col_parts = static_cast<int>(std::min<int64_t>(tasks, col_tiles));
-  }
-  return s;
-}
-
-int64_t part_edge(int i, int parts, int64_t total, int step) {
-  const int64_t tiles = (total + step - 1) / step;
-  return std::min(total, tiles * i / parts * step);
-}
-
 // Runs body(m0, m1, n0, n1) over the blocks of a split of the product across threads. An
 // 8-bit multiply-add costs about a quarter of a float one, so the work is counted so.
 template <typename Body>
@@ -319,15 +295,9 @@ void run_split(const Plan& p, bool columns_first, Body&& body) {
   const double work = static_cast<double>(p.m) * static_cast<double>(p.n) *
                       static_cast<double>(std::max<int64_t>(p.k, 1)) / 4;
   const int tasks = task_count(work, p.o->max_threads);
-  const Split s = split_for(tasks, p.m, p.n, p.t->mr, p.t->nr, columns_first);
-  run_tasks(s.row_parts * s.col_parts, [&](int task) {
-    const int ri = task / s.col_parts, ci = task % s.col_parts;
-    const int64_t m0 = part_edge(ri, s.row_parts, p.m, p.t->mr);
-    const int64_t m1 = part_edge(ri + 1, s.row_parts, p.m, p.t->mr);
-    const int64_t n0 = part_edge(ci, s.col_parts, p.n, p.t->nr);
-    const int64_t n1 = part_edge(ci + 1, s.col_parts, p.n, p.t->nr);
-    if (m0 < m1 && n0 < n1) body(m0, m1, n0, n1);
-  });
+  const SplitPolicy policy = columns_first ? SplitPolicy::ColumnsFirst : SplitPolicy::RowsFirst;
+  math::run_split(split_for(tasks, p.m, p.n, p.t->mr, p.t->nr, policy), p.m, p.n, p.t->mr, p.t->nr,
+                  body);
 }
 
 bool same_layout(const char* layout, int tile, const Int8GemmKernels& t, int t_tile) {

@@ -34,4 +34,62 @@ void run_tasks(int tasks, F&& body) {
       0, tasks, [&](int t) { body(t); }, tbb::static_partitioner());
 }
 
+// How a product's [0, m) x [0, n) is cut into blocks of whole tiles, one per task.
+struct Split {
+  int row_parts = 1, col_parts = 1;
+};
+
+enum class SplitPolicy {
+  RowsFirst,      // rows when there are enough of them or they are the longer side
+  ColumnsFirst,   // columns when there are enough of them or they are the longer side
+  LargerOperand,  // columns when B is the larger operand, rows when A is (each task then
+                  // reads only its part of the larger one)
+};
+
+// The split of an m x n product in mr x nr tiles among `tasks` tasks (never more parts than
+// tiles).
+inline Split split_for(int tasks, int64_t m, int64_t n, int mr, int nr, SplitPolicy policy) {
+  const int64_t row_tiles = (m + mr - 1) / mr, col_tiles = (n + nr - 1) / nr;
+  bool by_rows = false;
+  switch (policy) {
+    case SplitPolicy::RowsFirst:
+      by_rows = row_tiles >= 2 * tasks || row_tiles >= col_tiles;
+      break;
+    case SplitPolicy::ColumnsFirst:
+      by_rows = !(col_tiles >= tasks || col_tiles >= row_tiles);
+      break;
+    case SplitPolicy::LargerOperand:
+      by_rows = !((col_tiles >= tasks && (n >= m || row_tiles < tasks)) || col_tiles >= row_tiles);
+      break;
+  }
+  Split s;
+  if (by_rows) {
+    s.row_parts = static_cast<int>(row_tiles < tasks ? row_tiles : tasks);
+  } else {
+    s.col_parts = static_cast<int>(col_tiles < tasks ? col_tiles : tasks);
+  }
+  return s;
+}
+
+// The start of part `i` of `parts` over `total` in whole steps (clamped to `total`).
+inline int64_t part_edge(int i, int parts, int64_t total, int step) {
+  const int64_t tiles = (total + step - 1) / step;
+  const int64_t edge = tiles * i / parts * step;
+  return edge < total ? edge : total;
+}
+
+// Runs body(m0, m1, n0, n1) for every non-empty block of `s` over an m x n product in mr x nr
+// tiles, each block on its own thread.
+template <typename F>
+void run_split(const Split& s, int64_t m, int64_t n, int mr, int nr, F&& body) {
+  run_tasks(s.row_parts * s.col_parts, [&](int t) {
+    const int ri = t / s.col_parts, ci = t % s.col_parts;
+    const int64_t m0 = part_edge(ri, s.row_parts, m, mr),
+                  m1 = part_edge(ri + 1, s.row_parts, m, mr);
+    const int64_t n0 = part_edge(ci, s.col_parts, n, nr),
+                  n1 = part_edge(ci + 1, s.col_parts, n, nr);
+    if (m0 < m1 && n0 < n1) body(m0, m1, n0, n1);
+  });
+}
+
 }  // namespace kiln::math
