@@ -477,11 +477,7 @@ class Converter {
         g.value(id).origin = ir::ValueOrigin::Initializer;
         std::erase(g.inputs, id);
         ir::ValueInfo& v = g.value(id);
-        v.type.kind = Value::Kind::Tensor;
-        v.type.elem = t.dtype();
-        std::vector<ir::Dim> dims;
-        for (int64_t d : t.shape()) dims.push_back(ir::Dim{d, ""});
-        v.type.shape = std::move(dims);
+        v.type = ir::tensor_type(t.dtype(), t.shape());
         v.constant = std::move(t);
         g.initializers.push_back(id);
         return;
@@ -489,11 +485,7 @@ class Converter {
       if (id != ir::kNoValue) invalid("initializer '" + name + "' is defined twice");
       id = g.add_value(name, ir::ValueOrigin::Initializer);
       ir::ValueInfo& v = g.value(id);
-      v.type.kind = Value::Kind::Tensor;
-      v.type.elem = t.dtype();
-      std::vector<ir::Dim> dims;
-      for (int64_t d : t.shape()) dims.push_back(ir::Dim{d, ""});
-      v.type.shape = std::move(dims);
+      v.type = ir::tensor_type(t.dtype(), t.shape());
       v.hollow = !t.defined();
       if (t.defined()) v.constant = std::move(t);
       g.initializers.push_back(id);

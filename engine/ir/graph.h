@@ -37,6 +37,17 @@ struct TypeInfo {
   std::shared_ptr<TypeInfo> inner;  // for Sequence and Optional
 };
 
+// The type of a tensor with this element type and this fixed shape (an initializer's).
+inline TypeInfo tensor_type(DataType elem, const Shape& shape) {
+  TypeInfo t;
+  t.kind = Value::Kind::Tensor;
+  t.elem = elem;
+  std::vector<Dim> dims;
+  for (int64_t d : shape) dims.push_back(Dim{d, ""});
+  t.shape = std::move(dims);
+  return t;
+}
+
 enum class ValueOrigin { GraphInput, Initializer, NodeOutput, Capture };
 
 struct ValueInfo {

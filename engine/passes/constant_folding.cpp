@@ -138,11 +138,7 @@ void fold_graph(ir::Graph& g, const std::function<Tensor(Tensor)>& keep, FoldSta
       ir::ValueInfo& v = g.value(id);
       v.origin = ir::ValueOrigin::Initializer;
       v.producer = -1;
-      v.type.kind = Value::Kind::Tensor;
-      v.type.elem = t.dtype();
-      std::vector<ir::Dim> dims;
-      for (int64_t d : t.shape()) dims.push_back({d, ""});
-      v.type.shape = dims;
+      v.type = ir::tensor_type(t.dtype(), t.shape());
       stats.bytes += t.nbytes();
       v.constant = std::move(t);
       g.initializers.push_back(id);

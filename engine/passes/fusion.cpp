@@ -159,11 +159,7 @@ class Rewriter {
     const ir::ValueId id = new_value(hint);
     ir::ValueInfo& v = g_.value(id);
     v.origin = ir::ValueOrigin::Initializer;
-    v.type.kind = Value::Kind::Tensor;
-    v.type.elem = t.dtype();
-    std::vector<ir::Dim> dims;
-    for (int64_t d : t.shape()) dims.push_back({d, ""});
-    v.type.shape = dims;
+    v.type = ir::tensor_type(t.dtype(), t.shape());
     t.storage()->set_read_only();
     v.constant = std::move(t);
     g_.initializers.push_back(id);
