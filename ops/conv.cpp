@@ -226,47 +226,57 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
 // too many discarded positions: (kernel width - 1) per row).
 constexpr int64_t kMinWideWidth = 12;
 
+// The wide path's layout for one geometry, the same for every (image, group): the padded
+// planes' extents, the wide positions, and each patch-matrix row's offset in the padded
+// channels.
+struct WideLayout {
+  int64_t rows[3] = {}, len[3] = {};
+  int64_t plane = 0;   // floats of one padded channel
+  int64_t wide_n = 0;  // wide output positions, up to the last valid one
+  std::vector<int64_t> row_offsets;
+
+  WideLayout(const math::ConvGeometry& cg, int64_t channels) {
+    math::conv_padded_extent(cg, rows, len);
+    plane = math::conv_padded_floats(cg);
+    wide_n = ((cg.out[0] - 1) * rows[1] + cg.out[1] - 1) * len[2] + cg.out[2];
+    const int64_t kp = cg.k[0] * cg.k[1] * cg.k[2];
+    std::vector<int64_t> taps(static_cast<size_t>(kp));
+    math::conv_tap_offsets(cg, taps.data());
+    for (int64_t c = 0; c < channels; ++c) {
+      for (int64_t t : taps) row_offsets.push_back(c * plane + t);
+    }
+  }
+};
+
 // A stride-1 convolution of one (image, group) over "wide" output positions: with each input
 // channel padded once (pad_plane), every row of the patch matrix over output rows as wide as
 // the padded rows is a contiguous run of the padded input, so the GEMM's panels are plain
 // copies (shifted_panels) instead of im2col's index arithmetic. The product lands in `wide`
 // (mg x wide positions) and its valid columns are copied (or added, for Z) into y.
-void wide_convolve(OpContext& ctx, const float* xg, const math::PackedA& a, const float* bias,
-                   float* y, const Sizes& s, const math::ConvGeometry& cg, const ConvEpilogue& e,
-                   float* xp, float* wide) {
+void wide_convolve(const float* xg, const math::PackedA& a, const float* bias, float* y,
+                   const Sizes& s, const math::ConvGeometry& cg, const WideLayout& w,
+                   const ConvEpilogue& e, float* xp, float* wide) {
   const math::MathKernels& t = math::kernels();
-  int64_t rows[3], len[3];
-  math::conv_padded_extent(cg, rows, len);
-  const int64_t plane = math::conv_padded_floats(cg), wp = len[2];
-  const int64_t ip = cg.in[0] * cg.in[1] * cg.in[2], kp = cg.k[0] * cg.k[1] * cg.k[2];
-  const int64_t op = cg.out[0] * cg.out[1] * cg.out[2];
-  const int64_t wide_n = ((cg.out[0] - 1) * rows[1] + cg.out[1] - 1) * wp + cg.out[2];
-  (void)ctx;
-  parallel_for(s.cg, grain_for(plane), [&](int64_t lo, int64_t hi) {
-    for (int64_t c = lo; c < hi; ++c) t.conv.pad_plane(xg + c * ip, cg, 0.0f, xp + c * plane);
+  const int64_t ip = cg.in[0] * cg.in[1] * cg.in[2], op = cg.out[0] * cg.out[1] * cg.out[2];
+  const int64_t wp = w.len[2];
+  parallel_for(s.cg, grain_for(w.plane), [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) t.conv.pad_plane(xg + c * ip, cg, 0.0f, xp + c * w.plane);
   });
-  std::vector<int64_t> taps(static_cast<size_t>(kp)), row_offsets(static_cast<size_t>(s.cg * kp));
-  math::conv_tap_offsets(cg, taps.data());
-  for (int64_t c = 0; c < s.cg; ++c) {
-    for (int64_t k = 0; k < kp; ++k) {
-      row_offsets[static_cast<size_t>(c * kp + k)] = c * plane + taps[static_cast<size_t>(k)];
-    }
-  }
   math::GemmOptions o;
   o.row_bias = bias;
   if (!e.accumulate) o.activation = e.activation;
   math::sgemm(
-      a, wide_n,
+      a, w.wide_n,
       [&](int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
-        t.conv.shifted_panels(xp, row_offsets.data() + p0, kc, j0, nc, out);
+        t.conv.shifted_panels(xp, w.row_offsets.data() + p0, kc, j0, nc, out);
       },
-      wide, wide_n, o);
+      wide, w.wide_n, o);
   parallel_for(s.mg, grain_for(op), [&](int64_t lo, int64_t hi) {
     for (int64_t m = lo; m < hi; ++m) {
       float* ym = y + m * op;
       for (int64_t od = 0; od < cg.out[0]; ++od) {
         for (int64_t oh = 0; oh < cg.out[1]; ++oh) {
-          const float* src = wide + m * wide_n + (od * rows[1] + oh) * wp;
+          const float* src = wide + m * w.wide_n + (od * w.rows[1] + oh) * wp;
           float* dst = ym + (od * cg.out[1] + oh) * cg.out[2];
           if (e.accumulate) {
             for (int64_t i = 0; i < cg.out[2]; ++i) dst[i] += src[i];
@@ -304,16 +314,14 @@ void gemm_convolve(OpContext* ctx, const float* x, const float* packed, const fl
   const bool wide = ctx && !pointwise && !by_unit && g.stride == std::array<int64_t, 3>{1, 1, 1} &&
                     g.out[2] >= kMinWideWidth;
   if (wide) {
-    int64_t rows[3], len[3];
-    math::conv_padded_extent(cg, rows, len);
-    const int64_t wide_n = ((g.out[0] - 1) * rows[1] + g.out[1] - 1) * len[2] + g.out[2];
-    Tensor xp = ctx->allocate(DataType::Float, Shape{s.cg * math::conv_padded_floats(cg)});
-    Tensor wide_y = ctx->allocate(DataType::Float, Shape{s.mg * wide_n});
+    const WideLayout layout(cg, s.cg);
+    Tensor xp = ctx->allocate(DataType::Float, Shape{s.cg * layout.plane});
+    Tensor wide_y = ctx->allocate(DataType::Float, Shape{s.mg * layout.wide_n});
     for (int64_t u = 0; u < units; ++u) {
       const int64_t n = u / s.groups, grp = u % s.groups;
       const math::PackedA a(packed + grp * per, s.mg, kk, t.gemm.mr);
-      wide_convolve(*ctx, x + (n * s.c + grp * s.cg) * ip, a, bias ? bias + grp * s.mg : nullptr,
-                    y + (n * s.m + grp * s.mg) * op, s, cg, e, xp.data<float>(),
+      wide_convolve(x + (n * s.c + grp * s.cg) * ip, a, bias ? bias + grp * s.mg : nullptr,
+                    y + (n * s.m + grp * s.mg) * op, s, cg, layout, e, xp.data<float>(),
                     wide_y.data<float>());
     }
     return;
