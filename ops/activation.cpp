@@ -19,24 +19,7 @@ math::Activation parse_activation(const NodeInfo& info) {
 }
 
 void apply_activation(math::Activation a, float* y, int64_t n) {
-  const math::VecMathKernels& vec = math::kernels().vec;
-  switch (a) {
-    case math::Activation::None:
-      return;
-    case math::Activation::Relu:
-      for (int64_t i = 0; i < n; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
-      return;
-    case math::Activation::Gelu:
-      return vec.gelu(y, y, n);
-    case math::Activation::GeluTanh:
-      return vec.gelu_tanh(y, y, n);
-    case math::Activation::Silu:
-      return vec.silu(y, y, n);
-    case math::Activation::Sigmoid:
-      return vec.sigmoid(y, y, n);
-    case math::Activation::Tanh:
-      return vec.tanh(y, y, n);
-  }
+  math::activate(a, y, n, math::kernels());
 }
 
 }  // namespace kiln::ops

@@ -54,29 +54,8 @@ void apply_epilogue(const GemmOptions& o, float* c, int64_t ldc, int64_t rows, i
     t.gemm.epilogue(c, ldc, rows, cols, o.bias ? o.bias + j0 : nullptr,
                     o.row_bias ? o.row_bias + i0 : nullptr, relu);
   }
-  VecMathKernels::Elementwise act = nullptr;
-  switch (o.activation) {
-    case Activation::Gelu:
-      act = t.vec.gelu;
-      break;
-    case Activation::GeluTanh:
-      act = t.vec.gelu_tanh;
-      break;
-    case Activation::Silu:
-      act = t.vec.silu;
-      break;
-    case Activation::Sigmoid:
-      act = t.vec.sigmoid;
-      break;
-    case Activation::Tanh:
-      act = t.vec.tanh;
-      break;
-    case Activation::None:
-    case Activation::Relu:
-      break;
-  }
-  if (act) {
-    for (int64_t i = 0; i < rows; ++i) act(c + i * ldc, c + i * ldc, cols);
+  if (o.activation != Activation::None && !relu) {
+    for (int64_t i = 0; i < rows; ++i) activate(o.activation, c + i * ldc, cols, t);
   }
 }
 
@@ -265,6 +244,25 @@ void run_packed_a_block(const GemmKernels& g, const PackedA& a, const BPacker& p
 }
 
 }  // namespace
+
+void activate(Activation a, float* y, int64_t n, const MathKernels& t) {
+  switch (a) {
+    case Activation::None:
+      return;
+    case Activation::Relu:
+      return t.gemm.epilogue(y, n, 1, n, nullptr, nullptr, true);
+    case Activation::Gelu:
+      return t.vec.gelu(y, y, n);
+    case Activation::GeluTanh:
+      return t.vec.gelu_tanh(y, y, n);
+    case Activation::Silu:
+      return t.vec.silu(y, y, n);
+    case Activation::Sigmoid:
+      return t.vec.sigmoid(y, y, n);
+    case Activation::Tanh:
+      return t.vec.tanh(y, y, n);
+  }
+}
 
 int64_t PackedA::packed_floats(int64_t m, int64_t k, int mr) {
   return (m + mr - 1) / mr * mr * k;

@@ -39,6 +39,9 @@ struct MatrixView {
 // go through the vector kernels (VecMathKernels) of the table the product used.
 enum class Activation : uint8_t { None, Relu, Gelu, GeluTanh, Silu, Sigmoid, Tanh };
 
+// y[i] = activation(y[i]) for n floats, with `kernels`' vector kernels.
+void activate(Activation a, float* y, int64_t n, const MathKernels& kernels);
+
 struct GemmOptions {
   float alpha = 1.0f;
   bool accumulate = false;          // C += product (C must hold values) instead of C =
