@@ -4,6 +4,7 @@
 // value in when it is its last reader (so a branch can extend a KV cache in place), Loop
 // and Scan lend them to every iteration. Loop-carried values move from one iteration to
 // the next, and scan outputs are written once into their final buffer.
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -19,27 +20,59 @@ bool read_condition(const OpContext& ctx, const Tensor& t, const char* what) {
   return t.contiguous().data<const bool>()[0];
 }
 
+// The element type a nested graph declares for its output i (Undefined when it declares none).
+DataType declared_elem(const ir::Graph& g, size_t i) {
+  const ir::TypeInfo& t = g.value(g.outputs[i]).type;
+  return t.kind == Value::Kind::Tensor ? t.elem : DataType::Undefined;
+}
+
+// A nested graph's output i at run time against the element type the graph declares for it.
+void check_declared(const OpContext& ctx, const ir::Graph& g, size_t i, const Value& v,
+                    const char* what) {
+  const DataType want = declared_elem(g, i);
+  if (want == DataType::Undefined || !v.is_tensor() || v.tensor().dtype() == want) return;
+  ctx.fail(std::string(what) + " output " + std::to_string(i) + " ('" + g.value(g.outputs[i]).name +
+           "') is declared " + std::string(data_type_name(want)) + " but is " +
+           v.tensor().describe());
+}
+
 class If final : public Kernel {
  public:
   explicit If(const NodeInfo& info)
-      : then_(info.subgraph_index("then_branch")), else_(info.subgraph_index("else_branch")) {
+      : then_(info.subgraph_index("then_branch")),
+        else_(info.subgraph_index("else_branch")),
+        then_graph_(&info.subgraph(then_)),
+        else_graph_(&info.subgraph(else_)) {
     const size_t outs = info.num_outputs();
     if (info.subgraph(then_).outputs.size() != outs ||
         info.subgraph(else_).outputs.size() != outs) {
       info.fail("each branch must produce the node's " + std::to_string(outs) + " outputs");
+    }
+    for (size_t i = 0; i < outs; ++i) {
+      const DataType a = declared_elem(info.subgraph(then_), i);
+      const DataType b = declared_elem(info.subgraph(else_), i);
+      if (a != DataType::Undefined && b != DataType::Undefined && a != b) {
+        info.fail("output " + std::to_string(i) + " is " + std::string(data_type_name(a)) +
+                  " in then_branch but " + std::string(data_type_name(b)) + " in else_branch");
+      }
     }
   }
 
   void run(OpContext& ctx) override {
     const bool cond = read_condition(ctx, ctx.input(0), "the condition");
     // The branch's outputs become the node's outputs as they are: no copy.
-    std::vector<Value> outs =
-        ctx.run_subgraph(cond ? then_ : else_, {}, CaptureMode::MoveIfLastUse);
-    for (size_t i = 0; i < outs.size(); ++i) ctx.set_output(i, std::move(outs[i]));
+    const int branch = cond ? then_ : else_;
+    std::vector<Value> outs = ctx.run_subgraph(branch, {}, CaptureMode::MoveIfLastUse);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      check_declared(ctx, cond ? *then_graph_ : *else_graph_, i, outs[i],
+                     cond ? "then_branch" : "else_branch");
+      ctx.set_output(i, std::move(outs[i]));
+    }
   }
 
  private:
   int then_, else_;
+  const ir::Graph *then_graph_, *else_graph_;
 };
 
 // Stacks per-iteration tensors along a new axis into one buffer allocated when the first
@@ -155,12 +188,18 @@ class Loop final : public Kernel {
     if (ctx.has_input(0)) {
       const Tensor& m = ctx.input(0);
       if (m.numel() != 1) ctx.fail("M must be a single integer");
-      max_trips = to_int64s(m)[0];
+      // A negative trip count runs no iteration (as onnxruntime does), never "no limit".
+      max_trips = std::max<int64_t>(to_int64s(m)[0], 0);
     }
     bool cond = ctx.has_input(1) ? read_condition(ctx, ctx.input(1), "the condition") : true;
     std::vector<Value> carried;
     carried.reserve(carried_);
     for (size_t i = 0; i < carried_; ++i) carried.push_back(ctx.take_input_value(2 + i));
+    // Loop-carried tensors keep their element type from one iteration to the next.
+    std::vector<DataType> carried_types(carried_, DataType::Undefined);
+    for (size_t i = 0; i < carried_; ++i) {
+      if (carried[i].is_tensor()) carried_types[i] = carried[i].tensor().dtype();
+    }
 
     std::vector<StackedOutput> stacks;
     const int64_t expected = max_trips >= 0 && max_trips <= (int64_t{1} << 20) ? max_trips : -1;
@@ -175,7 +214,16 @@ class Loop final : public Kernel {
       std::vector<Value> outs =
           ctx.run_subgraph(body_, std::move(body_inputs), CaptureMode::Borrow);
       cond = read_condition(ctx, outs[0].tensor(), "the body's condition output");
-      for (size_t i = 0; i < carried_; ++i) carried[i] = std::move(outs[1 + i]);
+      for (size_t i = 0; i < carried_; ++i) {
+        check_declared(ctx, graph_, 1 + i, outs[1 + i], "the body's");
+        if (carried_types[i] != DataType::Undefined && outs[1 + i].is_tensor() &&
+            outs[1 + i].tensor().dtype() != carried_types[i]) {
+          ctx.fail("loop-carried value " + std::to_string(i) + " changes from " +
+                   std::string(data_type_name(carried_types[i])) + " to " +
+                   outs[1 + i].tensor().describe() + " in iteration " + std::to_string(iter));
+        }
+        carried[i] = std::move(outs[1 + i]);
+      }
       for (size_t k = 0; k < scans_; ++k) {
         const Value& item = outs[1 + carried_ + k];
         if (!item.is_tensor()) ctx.fail("scan outputs must be tensors");

@@ -350,6 +350,11 @@ class ConvTranspose final : public Kernel {
       g.stride[i] = strides_.empty() ? 1 : strides_[d];
       g.dil[i] = dilations_.empty() ? 1 : dilations_[d];
       const int64_t opad = output_padding_.empty() ? 0 : output_padding_[d];
+      if (opad != 0 && opad >= g.stride[i] && opad >= g.dil[i]) {
+        ctx.fail("output_padding " + std::to_string(opad) + " must be smaller than the stride (" +
+                 std::to_string(g.stride[i]) + ") or the dilation (" + std::to_string(g.dil[i]) +
+                 ")");
+      }
       const int64_t full = g.stride[i] * (g.in[i] - 1) + opad + (g.k[i] - 1) * g.dil[i] + 1;
       int64_t pb = 0, out = 0;
       if (!out_spatial.empty() || auto_pad_ == AutoPad::SameUpper ||

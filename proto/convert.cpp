@@ -11,6 +11,7 @@
 #include "engine/runtime/weights_cache.h"
 #include "kiln/error.h"
 #include "kiln/memory.h"
+#include "kiln/version.h"
 #include "proto/loader.h"
 #include "proto/mapped_file.h"
 #include "proto/tensor_convert.h"
@@ -197,6 +198,42 @@ void fill_typed(Tensor& t, const Field& field, int64_t per_element, const char* 
   for (int64_t i = 0; i < n * per_element; ++i) convert(i, field.Get(static_cast<int>(i)));
 }
 
+// The typed field that holds a tensor's values, and how many entries it has.
+struct TypedField {
+  const char* name;
+  int64_t count;
+  int64_t per_element = 1;  // 2 for complex values
+  bool packed = false;      // sub-byte types: one packed byte per entry
+};
+
+TypedField typed_field(const onnx::TensorProto& tp, DataType dtype) {
+  switch (dtype) {
+    case DataType::Float:
+      return {"float_data", tp.float_data_size()};
+    case DataType::Complex64:
+      return {"float_data", tp.float_data_size(), 2};
+    case DataType::Double:
+      return {"double_data", tp.double_data_size()};
+    case DataType::Complex128:
+      return {"double_data", tp.double_data_size(), 2};
+    case DataType::Int64:
+      return {"int64_data", tp.int64_data_size()};
+    case DataType::UInt32:
+    case DataType::UInt64:
+      return {"uint64_data", tp.uint64_data_size()};
+    case DataType::String:
+      return {"string_data", tp.string_data_size()};
+    case DataType::Int4:
+    case DataType::UInt4:
+    case DataType::Float4E2M1:
+    case DataType::Int2:
+    case DataType::UInt2:
+      return {"int32_data", tp.int32_data_size(), 1, true};
+    default:
+      return {"int32_data", tp.int32_data_size()};
+  }
+}
+
 }  // namespace
 
 Tensor convert_tensor(const onnx::TensorProto& tp, Source& src) {
@@ -281,7 +318,15 @@ Tensor convert_tensor(const onnx::TensorProto& tp, Source& src) {
     return t;
   }
 
-  // Typed fields: always one copy into the tensor.
+  // Typed fields: always one copy into the tensor, allocated once the field is known to hold
+  // exactly the shape's values (a short field never costs the shape's memory).
+  const TypedField field = typed_field(tp, dtype);
+  const int64_t wanted = field.packed ? static_cast<int64_t>(expected) : numel * field.per_element;
+  if (field.count != wanted) {
+    invalid("tensor '" + name + "': " + field.name + " holds " + std::to_string(field.count) +
+            (field.packed ? " packed bytes" : " values") + " for shape " + shape_to_string(shape) +
+            " (needs " + std::to_string(wanted) + ")");
+  }
   Tensor t = Tensor::zeros(dtype, shape);
   std::byte* out = t.raw_data();
   switch (dtype) {
@@ -361,7 +406,12 @@ Tensor convert_sparse(const onnx::SparseTensorProto& sp, Source& src) {
   Tensor indices = convert_tensor(sp.indices(), src);
   const std::string& name = sp.values().name();
   Shape shape(sp.dims().begin(), sp.dims().end());
-  Tensor dense = Tensor::zeros(values.dtype(), shape);
+  Tensor dense;
+  try {
+    dense = Tensor::zeros(values.dtype(), shape);
+  } catch (const Error& e) {
+    invalid("sparse tensor '" + name + "': " + e.message());
+  }
   if (indices.dtype() != DataType::Int64 || values.rank() != 1) {
     invalid("sparse tensor '" + name + "' needs int64 indices and 1-D values");
   }
@@ -709,6 +759,17 @@ ir::Model convert_model(Source& src, const std::string& path) {
     for (const auto& op : mp.opset_import()) {
       const std::string domain = op.domain() == "ai.onnx" ? "" : op.domain();
       model.opsets[domain] = op.version();
+    }
+    if (model.ir_version > kMaxIrVersion) {
+      throw Error(ErrorKind::Unsupported, "IR version " + std::to_string(model.ir_version) +
+                                              " is newer than kiln reads (up to " +
+                                              std::to_string(kMaxIrVersion) + ")");
+    }
+    if (auto it = model.opsets.find(""); it != model.opsets.end() && it->second > kMaxOnnxOpset) {
+      throw Error(ErrorKind::Unsupported,
+                  "opset " + std::to_string(it->second) +
+                      " of the ai.onnx domain is newer than kiln implements (up to " +
+                      std::to_string(kMaxOnnxOpset) + ")");
     }
     if (mp.opset_import_size() == 0) {
       // Only IR versions 1-2 predate opset imports; later files without them are invalid

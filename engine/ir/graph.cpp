@@ -1,5 +1,6 @@
 #include "engine/ir/graph.h"
 
+#include <algorithm>
 #include <queue>
 #include <string>
 
@@ -99,7 +100,18 @@ void validate_graph(const Graph& g) {
 
 void validate(const Model& model) {
   if (!model.graph) throw Error(ErrorKind::InvalidModel, "model has no graph");
-  validate_graph(*model.graph);
+  const Graph& g = *model.graph;
+  if (g.outputs.empty()) throw Error(ErrorKind::InvalidModel, "the graph has no outputs");
+  for (ValueId id : g.inputs) {
+    if (id < 0 || id >= static_cast<ValueId>(g.values.size())) continue;  // validate_graph says
+    const ValueInfo& v = g.value(id);
+    const bool initializer =
+        std::find(g.initializers.begin(), g.initializers.end(), id) != g.initializers.end();
+    if (!initializer && v.type.kind == Value::Kind::None) {
+      throw Error(ErrorKind::InvalidModel, "graph input '" + v.name + "' has no type");
+    }
+  }
+  validate_graph(g);
 }
 
 std::vector<int32_t> topological_order(const Graph& g) {

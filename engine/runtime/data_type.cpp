@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "kiln/error.h"
+
 namespace kiln {
 
 int bits_per_element(DataType t) {
@@ -48,6 +50,10 @@ int bits_per_element(DataType t) {
 
 size_t storage_bytes(DataType t, int64_t count) {
   if (count <= 0) return 0;
+  if (count > kMaxElementCount) {
+    throw Error(ErrorKind::Memory, std::to_string(count) + " elements of " +
+                                       std::string(data_type_name(t)) + " cannot be allocated");
+  }
   const uint64_t bits = static_cast<uint64_t>(bits_per_element(t)) * static_cast<uint64_t>(count);
   return static_cast<size_t>((bits + 7) / 8);
 }

@@ -1,6 +1,19 @@
 #include "kiln/error.h"
 
+#include <cstdio>
+
 namespace kiln {
+
+std::string byte_size_text(unsigned long long bytes) {
+  if (bytes < 1000) return std::to_string(bytes) + " B";
+  static const char* const units[] = {"kB", "MB", "GB", "TB", "PB", "EB"};
+  double v = static_cast<double>(bytes);
+  int u = -1;
+  while (v >= 1000 && u < 5) v /= 1000, ++u;
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f %s", v, units[u]);
+  return text;
+}
 
 Error::Error(ErrorKind kind, std::string message)
     : std::runtime_error(message), kind_(kind), message_(std::move(message)) {

@@ -1,6 +1,7 @@
 #include "engine/runtime/executor.h"
 
 #include <new>
+#include <stdexcept>
 #include <string>
 
 #include "engine/runtime/weight_release.h"
@@ -215,8 +216,12 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
     } catch (Error& e) {
       e.with_node(node.name, node.op_type);
       throw;
+    } catch (const std::length_error&) {
+      // A standard container refused a size computed from the inputs: no library text.
+      throw Error(ErrorKind::Memory, "a size computed from the inputs is too large to allocate")
+          .with_node(node.name, node.op_type);
     } catch (const std::bad_alloc&) {
-      throw Error(ErrorKind::Runtime, "out of memory").with_node(node.name, node.op_type);
+      throw Error(ErrorKind::Memory, "out of memory").with_node(node.name, node.op_type);
     } catch (const std::exception& e) {
       throw Error(ErrorKind::Runtime, e.what()).with_node(node.name, node.op_type);
     }

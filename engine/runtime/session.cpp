@@ -752,8 +752,19 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
 
   std::vector<NamedValue> out;
   out.reserve(results.size());
-  for (size_t i = 0; i < results.size(); ++i)
-    out.push_back({s.outputs[i].name, std::move(results[i])});
+  for (size_t i = 0; i < results.size(); ++i) {
+    // An output whose element type differs from the model's declaration is an error, never a
+    // value handed over under the wrong type.
+    const IoInfo& io = s.outputs[i];
+    if (io.kind == Value::Kind::Tensor && io.dtype != DataType::Undefined &&
+        results[i].is_tensor() && results[i].tensor().dtype() != io.dtype) {
+      throw Error(ErrorKind::Runtime, "graph output '" + io.name + "' is declared " +
+                                          std::string(data_type_name(io.dtype)) + " but is " +
+                                          results[i].tensor().describe())
+          .with_file(s.model.path);
+    }
+    out.push_back({io.name, std::move(results[i])});
+  }
   return out;
 }
 

@@ -35,10 +35,25 @@ std::shared_ptr<Storage> Storage::heap(size_t bytes) {
   return s;
 }
 
+namespace {
+
+// 64-byte aligned memory for `bytes` (at least one line), or kiln::Error naming the size.
+std::byte* allocate_lines(size_t bytes) {
+  if (bytes > kMaxAllocationBytes) {
+    throw Error(ErrorKind::Memory, "cannot allocate " + byte_size_text(bytes) + ": out of memory");
+  }
+  const size_t rounded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
+  if (!p) {
+    throw Error(ErrorKind::Memory, "cannot allocate " + byte_size_text(bytes) + ": out of memory");
+  }
+  return p;
+}
+
+}  // namespace
+
 std::shared_ptr<Storage> Storage::heap_uninitialized(size_t bytes) {
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
-  if (!p) throw std::bad_alloc();
+  std::byte* p = allocate_lines(bytes);
   std::shared_ptr<Storage> s(new Storage());
   s->data_ = p;
   s->capacity_ = bytes;
@@ -65,9 +80,11 @@ std::shared_ptr<Storage> Storage::file_mapping(const void* data, size_t bytes,
 }
 
 std::shared_ptr<Storage> Storage::strings(size_t count) {
-  const size_t bytes = (count * sizeof(std::string) + 63) / 64 * 64;
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, bytes == 0 ? 64 : bytes));
-  if (!p) throw std::bad_alloc();
+  if (count > kMaxAllocationBytes / sizeof(std::string)) {
+    throw Error(ErrorKind::Memory,
+                "cannot allocate " + std::to_string(count) + " strings: out of memory");
+  }
+  std::byte* p = allocate_lines(count * sizeof(std::string));
   auto* strings = reinterpret_cast<std::string*>(p);
   for (size_t i = 0; i < count; ++i) new (&strings[i]) std::string();
   std::shared_ptr<Storage> s(new Storage());
@@ -104,9 +121,7 @@ std::string shape_to_string(const Shape& shape) {
 }
 
 int64_t checked_numel(const Shape& shape) {
-  // Element counts above 2^56 cannot be real tensors; refusing them keeps every byte size
-  // computed from a shape free of overflow.
-  constexpr int64_t kMax = int64_t{1} << 56;
+  constexpr int64_t kMax = kMaxElementCount;
   int64_t n = 1;
   bool too_big = false;
   for (int64_t d : shape) {
@@ -142,15 +157,22 @@ Tensor::Tensor(DataType dtype, Shape shape, std::shared_ptr<Storage> storage, si
       offset_(byte_offset) {}
 
 Tensor Tensor::zeros(DataType dtype, Shape shape) {
-  for (int64_t d : shape) {
-    if (d < 0) {
-      throw Error(ErrorKind::InvalidArgument,
-                  "negative dimension in shape " + shape_to_string(shape));
+  const int64_t n = checked_numel(shape);
+  try {
+    if (dtype == DataType::String) {
+      return Tensor(dtype, shape, Storage::strings(static_cast<size_t>(n)));
     }
+    return Tensor(dtype, shape, Storage::heap(storage_bytes(dtype, n)));
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::Memory) throw;
+    // The same error, stating the tensor it was for.
+    throw Error(ErrorKind::Memory,
+                "a " + std::string(data_type_name(dtype)) + " tensor of shape " +
+                    shape_to_string(shape) + " needs " +
+                    byte_size_text(dtype == DataType::String ? static_cast<uint64_t>(n) * 32
+                                                             : storage_bytes(dtype, n)) +
+                    ": out of memory");
   }
-  const int64_t n = shape_numel(shape);
-  if (dtype == DataType::String) return Tensor(dtype, std::move(shape), Storage::strings(n));
-  return Tensor(dtype, std::move(shape), Storage::heap(storage_bytes(dtype, n)));
 }
 
 Tensor Tensor::with_capacity(DataType dtype, Shape shape, size_t axis, int64_t capacity) {

@@ -1,6 +1,7 @@
 #include "tools/common/npy.h"
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -47,6 +48,10 @@ std::string dict_value(const std::string& header, const std::string& key) {
 }  // namespace
 
 Tensor read_npy(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    throw Error(ErrorKind::Io, "not a regular file").with_file(path);
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(ErrorKind::Io, "cannot open").with_file(path);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -95,12 +100,21 @@ Tensor read_npy(const std::string& path) {
       bad(path, "bad shape " + shape_text);
     }
   }
-  Tensor t = Tensor::zeros(dtype, shape);
-  if (bytes.size() - pos != t.nbytes()) {
-    bad(path, "holds " + std::to_string(bytes.size() - pos) + " data bytes, shape " +
-                  shape_to_string(shape) + " needs " + std::to_string(t.nbytes()));
+  // The size the shape needs, checked against the file before anything is allocated.
+  int64_t count = 0;
+  size_t needed = 0;
+  try {
+    count = checked_numel(shape);
+    needed = storage_bytes(dtype, count);
+  } catch (const Error& e) {
+    bad(path, "shape " + shape_to_string(shape) + ": " + e.message());
   }
-  if (t.nbytes() > 0) std::memcpy(t.raw_data(), bytes.data() + pos, t.nbytes());
+  if (bytes.size() - pos != needed) {
+    bad(path, "holds " + std::to_string(bytes.size() - pos) + " data bytes, shape " +
+                  shape_to_string(shape) + " needs " + std::to_string(needed));
+  }
+  Tensor t = Tensor::zeros(dtype, shape);
+  if (needed > 0) std::memcpy(t.raw_data(), bytes.data() + pos, needed);
   return t;
 }
 

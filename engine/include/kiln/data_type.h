@@ -44,7 +44,12 @@ enum class DataType : int32_t {
 // Storage bits per element (4 for int4/uint4/float4e2m1, 2 for int2/uint2; 0 for
 // Undefined). Strings report sizeof(std::string): they are stored as std::string objects.
 int bits_per_element(DataType t);
-// Bytes needed for `count` elements, rounding sub-byte types up to whole bytes.
+// Element counts above 2^56 and allocations above 2^60 bytes cannot be real tensors: refusing
+// them keeps every byte size computed from a shape free of overflow.
+inline constexpr int64_t kMaxElementCount = int64_t{1} << 56;
+inline constexpr size_t kMaxAllocationBytes = size_t{1} << 60;
+// Bytes needed for `count` elements, rounding sub-byte types up to whole bytes. Throws
+// kiln::Error (Memory) for a count above kMaxElementCount.
 size_t storage_bytes(DataType t, int64_t count);
 // ONNX's lower-case name ("float", "int64", "float16", ...).
 std::string_view data_type_name(DataType t);

@@ -14,7 +14,11 @@ enum class ErrorKind {
   InvalidArgument,  // inputs given to run(): missing, unknown, wrong type or shape
   Runtime,          // a kernel found its inputs inconsistent while running
   Io,               // a file could not be opened or read
+  Memory,           // a tensor larger than the memory limit or than the machine can allocate
 };
+
+// "512 B", "3.4 GB", "4.0 TB": decimal units, as an error message states a size.
+std::string byte_size_text(unsigned long long bytes);
 
 class Error : public std::runtime_error {
  public:

@@ -1,0 +1,258 @@
+// Hostile sizes and invalid models: sizes checked before anything is allocated, byte counts
+// that cannot wrap, and models onnxruntime refuses refused here too, each with one clear error.
+#include <cstring>
+
+#include "kiln/version.h"
+#include "ops/kernel.h"
+#include "proto/testing/model_writer.h"
+#include "test/unit/op_test.h"
+#include "test/unit/temp_dir.h"
+#include "tools/common/npy.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+using namespace kiln::proto::testing;
+
+namespace {
+
+// A .npy file of float32 with header shape `shape_text` followed by `data_bytes` bytes.
+std::string npy_bytes(const std::string& shape_text, size_t data_bytes) {
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape_text + ", }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::string out = "\x93NUMPY";
+  out += '\x01';
+  out += '\x00';
+  out += static_cast<char>(header.size() & 0xff);
+  out += static_cast<char>(header.size() >> 8);
+  out += header;
+  out += std::string(data_bytes, '\0');
+  return out;
+}
+
+std::string npy_error(const std::string& path) {
+  try {
+    tooling::read_npy(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string load_error(const std::string& path) {
+  try {
+    Session s(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+ModelSpec add_model(TensorSpec w) {
+  ModelSpec m;
+  m.inputs = {{"x", {4}}};
+  m.initializers = {std::move(w)};
+  m.nodes = {{"Add", {"x", "w"}, {"y"}, "add", {}}};
+  m.outputs = {"y"};
+  return m;
+}
+
+std::string run_error(Session& s, std::vector<NamedValue> inputs) {
+  try {
+    s.run(std::move(inputs));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("byte sizes of huge element counts are refused, never wrapped", "[limits]") {
+  // 2^60 float32 elements are 2^65 bytes: a byte count that would wrap to 0.
+  CHECK_THROWS_AS(storage_bytes(DataType::Float, int64_t{1} << 60), Error);
+  CHECK(storage_bytes(DataType::Float, int64_t{1} << 40) == size_t{1} << 42);
+  CHECK_THROWS_AS(Tensor::zeros(DataType::Float, {int64_t{1} << 30, int64_t{1} << 30}), Error);
+  // More than any machine has: a kiln::Error of kind Memory stating the size, not bad_alloc.
+  try {
+    Tensor::zeros(DataType::Float, {int64_t{1} << 50});
+    FAIL("allocated 4.5 PB");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::Memory);
+    CHECK_THAT(std::string(e.what()),
+               Catch::Contains("float32 tensor of shape [1125899906842624]") &&
+                   Catch::Contains("needs 4.5 PB"));
+  }
+  CHECK(byte_size_text(512) == "512 B");
+  CHECK(byte_size_text(3'600'000'000ULL) == "3.6 GB");
+}
+
+TEST_CASE(".npy headers are checked against the file before anything is allocated", "[limits]") {
+  TempDir dir;
+  // 2^60 elements: the byte count must not wrap to 0 and pass the size check.
+  CHECK_THAT(npy_error(dir.file("wrap.npy", npy_bytes("(1073741824, 1073741824)", 0))),
+             Catch::Contains("wrap.npy") && Catch::Contains("too large"));
+  CHECK_THAT(npy_error(dir.file("wrap32.npy", npy_bytes("(4294967296, 4294967296)", 0))),
+             Catch::Contains("wrap32.npy") && Catch::Contains("too large"));
+  // 4.4 TB claimed by a short file: rejected by the size check (allocating first would fail).
+  CHECK_THAT(npy_error(dir.file("huge.npy", npy_bytes("(1099511627776,)", 16))),
+             Catch::Contains("holds 16 data bytes") && Catch::Contains("needs 4398046511104"));
+  CHECK_THAT(npy_error(dir.file("short.npy", npy_bytes("(20000, 20000)", 16))),
+             Catch::Contains("needs 1600000000"));
+  CHECK_THAT(npy_error(dir.path.string()), Catch::Contains("not a regular file"));
+  CHECK(tooling::read_npy(dir.file("ok.npy", npy_bytes("(2, 2)", 16))).shape() == Shape{2, 2});
+}
+
+TEST_CASE("typed tensor fields are counted before the tensor is allocated", "[limits]") {
+  TempDir dir;
+  // One float for a [2^40] tensor: allocating 4.4 TB first would fail with bad_alloc.
+  TensorSpec w;
+  w.name = "w";
+  w.dims = {int64_t{1} << 40};
+  w.values = {1.0f};
+  w.store = TensorSpec::Store::Typed;
+  CHECK_THAT(load_error(dir.file("typed.onnx", model_bytes(add_model(w)))),
+             Catch::Contains("typed.onnx") && Catch::Contains("float_data holds 1 values") &&
+                 Catch::Contains("needs 1099511627776"));
+}
+
+TEST_CASE("models newer than kiln reads are refused, naming the supported version", "[limits]") {
+  TempDir dir;
+  TensorSpec w;
+  w.name = "w";
+  w.dims = {4};
+  w.values = {1, 2, 3, 4};
+  ModelSpec opset = add_model(w);
+  opset.opset = 99;
+  CHECK_THAT(
+      load_error(dir.file("opset.onnx", model_bytes(opset))),
+      Catch::Contains("opset 99") && Catch::Contains("up to " + std::to_string(kMaxOnnxOpset)));
+  ModelSpec ir = add_model(w);
+  ir.ir_version = 99;
+  CHECK_THAT(load_error(dir.file("ir.onnx", model_bytes(ir))),
+             Catch::Contains("IR version 99") &&
+                 Catch::Contains("up to " + std::to_string(kMaxIrVersion)));
+  // The limit is the newest opset the op registry implements.
+  int newest = 0;
+  for (const ops::OpRegistration& r : ops::all_ops()) {
+    if (std::string(r.domain).empty()) newest = std::max(newest, r.since);
+  }
+  CHECK(newest == kMaxOnnxOpset);
+  ModelSpec none = add_model(w);
+  none.outputs.clear();
+  CHECK_THAT(load_error(dir.file("none.onnx", model_bytes(none))),
+             Catch::Contains("the graph has no outputs"));
+}
+
+TEST_CASE("a negative Loop trip count runs no iteration", "[limits][loop]") {
+  // body(i, cond, n) -> (cond, n + 1), stopping itself after 3 iterations.
+  GraphBuilder body("body");
+  body.input("i", DataType::Int64, {}, true);
+  body.input("cond", DataType::Bool, {}, true);
+  body.input("n", DataType::Float, {}, true);
+  body.initializer("one", Tensor::scalar<float>(1));
+  body.initializer("two", Tensor::scalar<int64_t>(2));
+  body.node("Less", {"i", "two"}, {"go"});
+  body.node("Add", {"n", "one"}, {"n_next"});
+  body.output("go").output("n_next");
+  GraphBuilder outer("main");
+  outer.input("trips", DataType::Int64, {}, true);
+  outer.input("go", DataType::Bool, {}, true);
+  outer.initializer("n0", Tensor::scalar<float>(0));
+  outer.node("Loop", {"trips", "go", "n0"}, {"n"}, {graph_attr("body", body.build())});
+  outer.output("n");
+  Session s = make_session(outer.build());
+  auto run = [&](int64_t trips, bool go) {
+    auto out = s.run({{"trips", Tensor::scalar<int64_t>(trips)}, {"go", Tensor::scalar<bool>(go)}});
+    return out[0].value.tensor().to_vector<float>()[0];
+  };
+  CHECK(run(-1, true) == 0);  // not "no limit": 0 iterations, as onnxruntime
+  CHECK(run(-5, true) == 0);
+  CHECK(run(10, true) == 3);  // the body stops itself
+  CHECK(run(2, true) == 2);
+}
+
+TEST_CASE("run-time values are checked against the types the model declares", "[limits]") {
+  SECTION("If branches that declare different element types are refused at load") {
+    GraphBuilder then_b("then");
+    then_b.node("Identity", {"x"}, {"a"});
+    then_b.output("a");
+    GraphBuilder else_b("else");
+    else_b.node("Cast", {"x"}, {"b"}, {int_attr("to", 7)});
+    else_b.output("b");
+    auto tg = then_b.build(), eg = else_b.build();
+    tg->value(tg->outputs[0]).type = ir::tensor_type(DataType::Float, {2});
+    eg->value(eg->outputs[0]).type = ir::tensor_type(DataType::Int64, {2});
+    GraphBuilder m;
+    m.input("x", DataType::Float, {2});
+    m.input("c", DataType::Bool, {});
+    m.node("If", {"c"}, {"y"}, {graph_attr("then_branch", tg), graph_attr("else_branch", eg)});
+    m.output("y");
+    CHECK_THROWS_WITH(make_session(m.build()),
+                      Catch::Contains("float32 in then_branch but int64 in else_branch"));
+  }
+  SECTION("an If branch whose output is not its declared type fails the run") {
+    GraphBuilder then_b("then");
+    then_b.node("Cast", {"x"}, {"a"}, {int_attr("to", 7)});
+    then_b.output("a");
+    auto tg = then_b.build();
+    tg->value(tg->outputs[0]).type = ir::tensor_type(DataType::Float, {2});
+    GraphBuilder else_b("else");
+    else_b.node("Identity", {"x"}, {"b"});
+    else_b.output("b");
+    GraphBuilder m;
+    m.input("x", DataType::Float, {2});
+    m.input("c", DataType::Bool, {});
+    m.node("If", {"c"}, {"y"},
+           {graph_attr("then_branch", tg), graph_attr("else_branch", else_b.build())});
+    m.output("y");
+    Session s = make_session(m.build());
+    const Tensor x = Tensor::from_vector<float>({2}, {1, 2});
+    CHECK_THAT(run_error(s, {{"x", x}, {"c", Tensor::scalar<bool>(true)}}),
+               Catch::Contains("(If)") && Catch::Contains("declared float32 but is int64"));
+    CHECK(run_error(s, {{"x", x}, {"c", Tensor::scalar<bool>(false)}}).empty());
+  }
+  SECTION("a graph output of another type than declared fails the run") {
+    GraphBuilder m;
+    m.input("x", DataType::Float, {2});
+    m.node("Cast", {"x"}, {"y"}, {int_attr("to", 1)});
+    m.output("y");
+    auto g = m.build();
+    g->value(g->outputs[0]).type = ir::tensor_type(DataType::Int64, {2});
+    Session s = make_session(g);
+    CHECK_THAT(run_error(s, {{"x", Tensor::from_vector<float>({2}, {1, 2})}}),
+               Catch::Contains("graph output 'y' is declared int64 but is float32"));
+  }
+  SECTION("a loop-carried value that changes type fails the run") {
+    GraphBuilder body("body");
+    body.input("i", DataType::Int64, {}, true);
+    body.input("cond", DataType::Bool, {}, true);
+    body.input("n", DataType::Float, {}, true);
+    body.node("Cast", {"n"}, {"n_next"}, {int_attr("to", 7)});
+    body.node("Identity", {"cond"}, {"cond_out"});
+    body.output("cond_out").output("n_next");
+    GraphBuilder outer("main");
+    outer.initializer("trips", Tensor::scalar<int64_t>(3));
+    outer.initializer("go", Tensor::scalar<bool>(true));
+    outer.input("n0", DataType::Float, {}, true);
+    outer.node("Loop", {"trips", "go", "n0"}, {"n"}, {graph_attr("body", body.build())});
+    outer.output("n");
+    Session s = make_session(outer.build());
+    CHECK_THAT(run_error(s, {{"n0", Tensor::scalar<float>(1)}}),
+               Catch::Contains("loop-carried value 0 changes from float32 to int64"));
+  }
+}
+
+TEST_CASE("ConvTranspose refuses output_padding not smaller than the stride or dilation",
+          "[limits]") {
+  auto run = [](int64_t opad) {
+    return OpTest("ConvTranspose", 11)
+        .input(Tensor::zeros(DataType::Float, {1, 1, 3, 3}))
+        .input(Tensor::zeros(DataType::Float, {1, 1, 2, 2}))
+        .attr("strides", std::vector<int64_t>{2, 2})
+        .attr("output_padding", std::vector<int64_t>{opad, opad})
+        .run1();
+  };
+  CHECK(run(1).shape() == Shape{1, 1, 7, 7});
+  CHECK_THROWS_WITH(run(2), Catch::Contains("output_padding 2 must be smaller than the stride"));
+}
