@@ -13,6 +13,7 @@ math::Activation parse_activation(const NodeInfo& info) {
   if (a == "Gelu") return math::Activation::Gelu;
   if (a == "GeluTanh") return math::Activation::GeluTanh;
   if (a == "Silu") return math::Activation::Silu;
+  if (a == "QuickGelu") return math::Activation::QuickGelu;
   if (a == "Sigmoid") return math::Activation::Sigmoid;
   if (a == "Tanh") return math::Activation::Tanh;
   info.fail("unknown activation '" + a + "'", ErrorKind::Unsupported);

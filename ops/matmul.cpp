@@ -308,19 +308,38 @@ class MatMul final : public Kernel {
   PackedWeight packed_;  // a constant B, packed once
 };
 
-// kiln.FusedMatMul (made by the graph optimizer, engine/passes/fusion.cpp): float MatMul with
-// its bias Add and activation done by the GEMM's epilogue on each tile while it is in cache:
-// y = activation(alpha * A B + bias), bias a vector along the last axis.
+// `t` with its last two axes swapped: a strided view, no bytes move (a 1-D tensor is left
+// as it is, as onnxruntime's FusedMatMul does).
+Tensor swap_last_axes(const Tensor& t) {
+  if (t.rank() < 2) return t;
+  Shape shape = t.shape(), strides = t.strides();
+  std::swap(shape[shape.size() - 1], shape[shape.size() - 2]);
+  std::swap(strides[strides.size() - 1], strides[strides.size() - 2]);
+  return t.view(std::move(shape), std::move(strides), t.byte_offset());
+}
+
+// com.microsoft.FusedMatMul and kiln.FusedMatMul (both made by the graph optimizer,
+// engine/passes/fusion.cpp; the first also by onnxruntime's): float MatMul of op(A) and
+// op(B), op a transpose of the last two axes when transA / transB is set (read through a
+// strided view; a constant B is packed transposed once), scaled by alpha. The kiln op adds
+// a bias and an activation, which the GEMM's epilogue applies to each tile while it is in
+// cache: y = activation(alpha * op(A) op(B) + bias), bias a vector along the last axis.
 class FusedMatMul final : public Kernel {
  public:
   explicit FusedMatMul(const NodeInfo& info)
-      : packed_(pack_constant_b(info, 1, false)),
+      : trans_a_(info.attr_int("transA", 0) != 0),
+        trans_b_(info.attr_int("transB", 0) != 0),
+        packed_(pack_constant_b(info, 1, trans_b_)),
         alpha_(info.attr_float("alpha", 1.0f)),
-        activation_(parse_activation(info)) {}
+        activation_(parse_activation(info)) {
+    if (info.attr_int("transBatchA", 0) != 0 || info.attr_int("transBatchB", 0) != 0) {
+      info.fail("transBatchA and transBatchB are not supported", ErrorKind::Unsupported);
+    }
+  }
 
   void run(OpContext& ctx) override {
-    const Tensor& a = ctx.input(0);
-    const Tensor& b = ctx.input(1);
+    const Tensor a = trans_a_ ? swap_last_axes(ctx.input(0)) : ctx.input(0);
+    const Tensor b = trans_b_ ? swap_last_axes(ctx.input(1)) : ctx.input(1);
     if (a.dtype() != DataType::Float || b.dtype() != DataType::Float) {
       ctx.fail("takes float inputs, got " + a.describe() + " and " + b.describe());
     }
@@ -338,6 +357,14 @@ class FusedMatMul final : public Kernel {
     }
     Tensor& y = ctx.output(0, DataType::Float, p.out_shape);
     if (y.numel() == 0) return;
+    if (p.k == 0) {  // an empty sum: the bias and activation of zero
+      std::fill(y.data<float>(), y.data<float>() + y.numel(), 0.0f);
+      for (int64_t r = 0; o.bias && r < y.numel() / p.n; ++r) {
+        std::copy(o.bias, o.bias + p.n, y.data<float>() + r * p.n);
+      }
+      apply_activation(activation_, y.data<float>(), y.numel());
+      return;
+    }
     fold_batches(p);
     const bool use_packed = packed_ && b.rank() == 2;
     run_float(p, a.data<const float>(), use_packed ? nullptr : b.data<const float>(),
@@ -345,6 +372,7 @@ class FusedMatMul final : public Kernel {
   }
 
  private:
+  bool trans_a_, trans_b_;
   PackedWeight packed_;
   float alpha_;
   math::Activation activation_;
@@ -367,6 +395,16 @@ KILN_REGISTER_OP({.domain = "kiln",
                   .since = 1,
                   .min_inputs = 2,
                   .max_inputs = 3,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .strided_inputs = true,
+                  .types = "float",
+                  .create = make<FusedMatMul>});
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "FusedMatMul",
+                  .since = 1,
+                  .min_inputs = 2,
+                  .max_inputs = 2,
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .strided_inputs = true,

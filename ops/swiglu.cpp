@@ -1,4 +1,5 @@
-// Swish (ai.onnx 24): y = x * sigmoid(alpha * x), and SwiGLU (ai.onnx 28): the gated form
+// Swish (ai.onnx 24): y = x * sigmoid(alpha * x) (SiLU at alpha 1, QuickGELU at 1.702; the
+// graph optimizer makes it from Mul and Sigmoid), and SwiGLU (ai.onnx 28): the gated form
 // y = Swish_alpha(a) * b over two inputs of identical shape (no broadcasting).
 #include <algorithm>
 #include <cmath>
@@ -25,16 +26,20 @@ class Swish final : public Kernel {
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
     Tensor& y = ctx.output_reusing(0, 0, x.dtype(), x.shape());
-    if (alpha_ == 1.0f && x.dtype() == DataType::Float && x.is_contiguous()) {
-      // x * sigmoid(x): the dispatched SiLU kernel, in tasks of kBlock elements.
+    if (x.dtype() == DataType::Float && x.is_contiguous()) {
+      // The dispatched SiLU (alpha 1) or Swish kernel, in tasks of kBlock elements.
       constexpr int64_t kBlock = 16384;
       const float* src = x.data<const float>();
       float* dst = y.data<float>();
       const int64_t n = x.numel();
-      const auto silu = math::kernels().vec.silu;
+      const math::VecMathKernels& vm = math::kernels().vec;
       parallel_for((n + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
         const int64_t i0 = b0 * kBlock, i1 = std::min(n, b1 * kBlock);
-        silu(src + i0, dst + i0, i1 - i0);
+        if (alpha_ == 1.0f) {
+          vm.silu(src + i0, dst + i0, i1 - i0);
+        } else {
+          vm.swish(src + i0, dst + i0, i1 - i0, alpha_);
+        }
       });
       return;
     }

@@ -104,10 +104,12 @@ class Rewriter {
       if (!axes || r < 0) return -1;
       return op == "Unsqueeze" ? r + axes->numel() : r - axes->numel();
     }
-    static const char* const kSameRank[] = {
-        "Add",      "Sub",  "Mul",    "Div",     "Where",     "Softmax",           "Relu",
-        "Identity", "Cast", "Concat", "Erf",     "Tanh",      "Sigmoid",           "Neg",
-        "Sqrt",     "Pow",  "Gelu",   "Dropout", "Attention", "LayerNormalization"};
+    static const char* const kSameRank[] = {"Add",     "Sub",     "Mul",       "Div",
+                                            "Where",   "Softmax", "Relu",      "Identity",
+                                            "Cast",    "Concat",  "Erf",       "Tanh",
+                                            "Sigmoid", "Neg",     "Sqrt",      "Pow",
+                                            "Gelu",    "Dropout", "Attention", "LayerNormalization",
+                                            "Swish"};
     const bool same = std::find_if(std::begin(kSameRank), std::end(kSameRank),
                                    [&](const char* s) { return op == s; }) != std::end(kSameRank);
     if (!same && op != "MatMul") return -1;
@@ -120,6 +122,68 @@ class Rewriter {
     }
     if (op == "MatMul" && r < 2) return -1;
     return r;
+  }
+
+  // The size of `v`'s last axis when the graph tells it (constants, declared shapes, products
+  // with a constant right operand, elementwise ops over such values), else -1.
+  int64_t last_dim(ir::ValueId v, int depth = 0) {
+    if (v == ir::kNoValue || depth > 32) return -1;
+    if (const Tensor* t = constant(v)) return t->rank() > 0 ? t->dim(t->rank() - 1) : -1;
+    const ir::TypeInfo& type = declared(v);
+    if (type.kind == Value::Kind::Tensor && type.shape && !type.shape->empty() &&
+        type.shape->back().value >= 0) {
+      return type.shape->back().value;
+    }
+    ir::Node* p = producer(v);
+    if (!p || p->inputs.empty()) return -1;
+    const std::string& op = p->op_type;
+    if ((op == "MatMul" && p->domain.empty()) || (op == "FusedMatMul" && p->domain == "kiln")) {
+      return rank(p->inputs[1]) >= 2 ? last_dim(p->inputs[1], depth + 1) : -1;
+    }
+    if (!p->domain.empty()) return -1;
+    if (op == "Reshape" && p->inputs.size() > 1) {
+      const Tensor* shape = constant(p->inputs[1]);
+      if (!shape || shape->rank() != 1 || shape->numel() == 0 ||
+          shape->dtype() != DataType::Int64) {
+        return -1;
+      }
+      const int64_t d = shape->contiguous().data<const int64_t>()[shape->numel() - 1];
+      return d > 0 ? d : -1;
+    }
+    // Broadcasting ops: an operand whose last axis is d > 1 makes the result's d (or fails).
+    if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
+      for (ir::ValueId in : p->inputs) {
+        const int64_t d = last_dim(in, depth + 1);
+        if (d > 1) return d;
+      }
+      return -1;
+    }
+    static const char* const kSameShape[] = {
+        "Relu",    "Gelu",    "Erf",  "Neg",      "Sqrt",
+        "Tanh",    "Sigmoid", "Cast", "Identity", "LayerNormalization",
+        "Softmax", "Dropout", "Swish"};
+    const bool same = std::find_if(std::begin(kSameShape), std::end(kSameShape),
+                                   [&](const char* s) { return op == s; }) != std::end(kSameShape);
+    return same ? last_dim(p->inputs[0], depth + 1) : -1;
+  }
+
+  // The live nodes reading `v` (each once, however many of its inputs do).
+  std::vector<ir::Node*> readers(ir::ValueId v) {
+    std::vector<ir::Node*> out;
+    for (size_t n = 0; n < g_.nodes.size(); ++n) {
+      if (removed_[n]) continue;
+      ir::Node& node = g_.nodes[n];
+      if (std::find(node.inputs.begin(), node.inputs.end(), v) != node.inputs.end()) {
+        out.push_back(&node);
+      }
+    }
+    return out;
+  }
+  // The one live node reading `v` when `v` has no other use, else null.
+  ir::Node* sole_reader(ir::ValueId v) {
+    if (!single_use(v)) return nullptr;
+    const std::vector<ir::Node*> r = readers(v);
+    return r.size() == 1 ? r[0] : nullptr;
   }
 
   // Every node input reading `from` reads `to` instead.
@@ -380,6 +444,180 @@ int fuse_gelu(Rewriter& r) {
   return count;
 }
 
+// ---- layer normalization ----
+
+// The one axis a ReduceMean with keepdims reduces (the `axes` attribute before opset 18, the
+// constant second input from 18 on), or nullopt.
+std::optional<int64_t> reduced_axis(Rewriter& r, const ir::Node& n) {
+  const ir::Attribute* keep = n.attr("keepdims");
+  if (keep && keep->i == 0) return std::nullopt;
+  if (n.opset >= 18) {
+    const Tensor* t = r.constant(n.inputs.size() > 1 ? n.inputs[1] : ir::kNoValue);
+    if (!t || t->dtype() != DataType::Int64 || t->numel() != 1) return std::nullopt;
+    return t->contiguous().data<const int64_t>()[0];
+  }
+  const ir::Attribute* axes = n.attr("axes");
+  if (!axes || axes->ints.size() != 1 || n.inputs.size() != 1) return std::nullopt;
+  return axes->ints[0];
+}
+
+// A float constant vector of n values (n > 1: exactly the normalised axis), or null.
+const Tensor* norm_param(Rewriter& r, ir::ValueId v, int64_t n) {
+  const Tensor* t = r.constant(v);
+  if (!t || t->dtype() != DataType::Float || t->rank() != 1 || t->numel() < 1) return nullptr;
+  return n < 0 || t->numel() == n ? t : nullptr;
+}
+
+// The one node reading `v`, when it is a two-input `op`; else null.
+ir::Node* binary_reader(Rewriter& r, ir::ValueId v, const char* op) {
+  ir::Node* n = r.sole_reader(v);
+  return n && is(*n, op) && n->inputs.size() == 2 ? n : nullptr;
+}
+
+// LayerNormalization written out in primitives over the last axis (PyTorch exports before
+// opset 17):
+//   d = x - ReduceMean(x);  var = ReduceMean(d^2) (Pow(d, 2) or d * d)
+//   y = d / Sqrt(var + eps) * gamma [+ beta]
+// with gamma and beta constant float vectors along the last axis: one LayerNormalization
+// (opset 17), whose row kernel reads x twice instead of running nine elementwise passes.
+int fuse_layer_norm(Rewriter& r) {
+  int count = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i) || !is(r.node(i), "ReduceMean") || r.node(i).inputs.empty()) continue;
+    ir::Node* mean = &r.node(i);
+    const ir::ValueId x = mean->inputs[0];
+    const int64_t rank = r.rank(x);
+    auto last_axis = [rank](std::optional<int64_t> a) {
+      return a && (*a == -1 || (rank >= 1 && *a == rank - 1));
+    };
+    if (!last_axis(reduced_axis(r, *mean))) continue;
+    ir::Node* sub = binary_reader(r, mean->outputs[0], "Sub");
+    if (!sub || sub->inputs[0] != x || sub->inputs[1] != mean->outputs[0]) continue;
+    const ir::ValueId d = sub->outputs[0];
+    // d is read by the square and by the Div, and nothing else.
+    const std::vector<ir::Node*> dr = r.readers(d);
+    if (dr.size() != 2 || r.pinned(d)) continue;
+    ir::Node* square = nullptr;
+    ir::Node* div = nullptr;
+    for (ir::Node* n : dr) {
+      if (n->inputs.size() != 2) continue;
+      if (is(*n, "Div") && n->inputs[0] == d && n->inputs[1] != d) div = n;
+      if (is(*n, "Mul") && n->inputs[0] == d && n->inputs[1] == d) square = n;
+      if (is(*n, "Pow") && n->inputs[0] == d) {
+        const auto e = r.scalar(n->inputs[1]);
+        if (e && *e == 2.0) square = n;
+      }
+    }
+    if (!square || !div) continue;
+    ir::Node* var = r.sole_reader(square->outputs[0]);
+    if (!var || !is(*var, "ReduceMean") || var->inputs[0] != square->outputs[0] ||
+        !last_axis(reduced_axis(r, *var))) {
+      continue;
+    }
+    ir::Node* add_eps = binary_reader(r, var->outputs[0], "Add");
+    if (!add_eps) continue;
+    const auto eps = r.scalar(other_input(*add_eps, var->outputs[0]));
+    const Tensor* eps_t = r.constant(other_input(*add_eps, var->outputs[0]));
+    if (!eps || !(*eps >= 0) || eps_t->dtype() != DataType::Float || eps_t->rank() > 1) continue;
+    ir::Node* sqrt = r.sole_reader(add_eps->outputs[0]);
+    if (!sqrt || !is(*sqrt, "Sqrt") || r.sole_reader(sqrt->outputs[0]) != div ||
+        div->inputs[1] != sqrt->outputs[0]) {
+      continue;
+    }
+    // The scale: a Mul reading the quotient alone, with a vector along the last axis.
+    const int64_t n = r.last_dim(x);
+    ir::Node* mul = binary_reader(r, div->outputs[0], "Mul");
+    if (!mul) continue;
+    const ir::ValueId gamma = other_input(*mul, div->outputs[0]);
+    const Tensor* g = norm_param(r, gamma, -1);
+    // A scale of more than one value must run along x's last axis (else it broadcasts x).
+    if (!g || (g->numel() > 1 && g->numel() != n)) continue;
+    std::vector<ir::Node*> chain{mean, sub, square, var, add_eps, sqrt, div, mul};
+    ir::ValueId beta = ir::kNoValue;
+    ir::ValueId y = mul->outputs[0];
+    if (ir::Node* add = binary_reader(r, y, "Add")) {
+      const ir::ValueId b = other_input(*add, y);
+      const Tensor* bt = norm_param(r, b, -1);
+      if (bt && (bt->numel() == 1 || bt->numel() == n)) {
+        beta = b;
+        chain.push_back(add);
+        y = add->outputs[0];
+      }
+    }
+    ir::Node ln;
+    ln.name = mean->name.empty() ? "layer_norm" : mean->name + "/layer_norm";
+    ln.op_type = "LayerNormalization";
+    ln.opset = 17;
+    ln.inputs = {x, gamma};
+    if (beta != ir::kNoValue) ln.inputs.push_back(beta);
+    ir::Attribute a;
+    a.name = "axis";
+    a.kind = ir::AttrKind::Int;
+    a.i = -1;
+    ir::Attribute e;
+    e.name = "epsilon";
+    e.kind = ir::AttrKind::Float;
+    e.f = static_cast<float>(*eps);
+    ln.attributes = {a, e};
+    ln.outputs = {y};
+    for (ir::Node* c : chain) r.remove(c);
+    r.add(std::move(ln));
+    ++count;
+  }
+  return count;
+}
+
+// Add(a, b) -> LayerNormalization over the last axis with constant float gamma (and beta):
+// one com.microsoft.SkipLayerNormalization, whose row kernel adds, normalises and scales each
+// row in one visit. When the sum has other readers (the residual stream of a pre-norm
+// transformer) it becomes the node's fourth output, input_skip_bias_sum.
+int fuse_skip_layer_norm(Rewriter& r) {
+  int count = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i) || !is(r.node(i), "LayerNormalization")) continue;
+    ir::Node* ln = &r.node(i);
+    if (ln->opset < 17 || ln->inputs.size() < 2) continue;
+    bool statistics_used = false;
+    for (size_t o = 1; o < ln->outputs.size(); ++o) {
+      statistics_used = statistics_used || !r.unused(ln->outputs[o]);
+    }
+    const ir::Attribute* stash = ln->attr("stash_type");
+    if (statistics_used || (stash && stash->i != 1)) continue;
+    const ir::ValueId sum = ln->inputs[0];
+    ir::Node* add = r.producer(sum, "Add");
+    if (!add || add->inputs.size() != 2) continue;
+    const int64_t rank = r.rank(sum);
+    const ir::Attribute* axis = ln->attr("axis");
+    if (axis && axis->i != -1 && (rank < 1 || axis->i != rank - 1)) continue;
+    const int64_t n = r.last_dim(sum);
+    const Tensor* gamma = norm_param(r, ln->inputs[1], -1);
+    if (!gamma || (gamma->numel() == 1 && n != 1) || (n >= 0 && gamma->numel() != n)) continue;
+    const bool has_beta = ln->inputs.size() > 2 && ln->inputs[2] != ir::kNoValue;
+    if (has_beta && !norm_param(r, ln->inputs[2], gamma->numel())) continue;
+    const ir::Attribute* eps = ln->attr("epsilon");
+    ir::Node fused;
+    fused.name = ln->name.empty() ? "skip_layer_norm" : ln->name + "/skip";
+    fused.domain = "com.microsoft";
+    fused.op_type = "SkipLayerNormalization";
+    fused.opset = 1;
+    fused.inputs = {add->inputs[0], add->inputs[1], ln->inputs[1]};
+    if (has_beta) fused.inputs.push_back(ln->inputs[2]);
+    ir::Attribute e;
+    e.name = "epsilon";
+    e.kind = ir::AttrKind::Float;
+    e.f = eps ? eps->f : 1e-5f;  // LayerNormalization's default, not SkipLayerNormalization's
+    fused.attributes = {e};
+    fused.outputs = {ln->outputs[0]};
+    // Other readers of the sum read the fused node's fourth output.
+    if (!r.single_use(sum)) fused.outputs = {ln->outputs[0], ir::kNoValue, ir::kNoValue, sum};
+    r.remove(add);
+    r.remove(ln);
+    r.add(std::move(fused));
+    ++count;
+  }
+  return count;
+}
+
 // ---- MatMul with bias and activation ----
 
 // The `activation` attribute of the fused ops.
@@ -398,6 +636,12 @@ const char* activation_of(const ir::Node& n) {
   if (is(n, "Gelu")) {
     const ir::Attribute* a = n.attr("approximate");
     return a && a->s == "tanh" ? "GeluTanh" : "Gelu";
+  }
+  if (is(n, "Swish")) {
+    const ir::Attribute* a = n.attr("alpha");
+    const float alpha = a ? a->f : 1.0f;
+    if (alpha == 1.0f) return "Silu";
+    if (alpha == 1.702f) return "QuickGelu";  // math::kQuickGeluAlpha
   }
   return nullptr;
 }
@@ -462,6 +706,197 @@ int fuse_matmul_epilogue(Rewriter& r) {
     r.remove(fm);
     r.remove(&act);
     r.add(std::move(fused));
+    ++count;
+  }
+  return count;
+}
+
+// ---- scalars and transposes folded into products ----
+
+bool is_fused_matmul(const ir::Node& n) {
+  return n.op_type == "FusedMatMul" && (n.domain == "kiln" || n.domain == "com.microsoft");
+}
+
+void set_attr(ir::Node& n, const char* name, ir::AttrKind kind, float f, int64_t i) {
+  auto it = std::find_if(n.attributes.begin(), n.attributes.end(),
+                         [&](const ir::Attribute& a) { return a.name == name; });
+  if (it == n.attributes.end()) {
+    n.attributes.emplace_back();
+    it = n.attributes.end() - 1;
+    it->name = name;
+  }
+  it->kind = kind;
+  it->f = f;
+  it->i = i;
+}
+
+float alpha_of(const ir::Node& n) {
+  const ir::Attribute* a = n.attr("alpha");
+  return a ? a->f : 1.0f;
+}
+
+// `n` as a fused product (a MatMul becomes com.microsoft.FusedMatMul), to take alpha or trans.
+ir::Node as_fused_matmul(const ir::Node& n) {
+  ir::Node f = n;
+  if (!is_fused_matmul(f)) {
+    f.domain = "com.microsoft";
+    f.op_type = "FusedMatMul";
+    f.opset = 1;
+  }
+  return f;
+}
+
+// A float scalar constant that cannot broadcast `other` to a larger rank: its value, else
+// nullopt.
+std::optional<double> scalar_factor(Rewriter& r, ir::ValueId c, ir::ValueId other) {
+  const Tensor* t = r.constant(c);
+  const auto v = r.scalar(c);
+  if (!t || !v || t->dtype() != DataType::Float || !std::isfinite(*v)) return std::nullopt;
+  if (t->rank() > 0 && r.rank(other) < static_cast<int64_t>(t->rank())) return std::nullopt;
+  return v;
+}
+
+// Scalar Muls and Divs folded into a float product's alpha: MatMul(A * s, B), MatMul(A, B * s)
+// and MatMul(A, B) * s (or / s), where the product is a MatMul or a fused one (for a product
+// scaled afterwards: without an activation, its bias scaled too). A Transpose swapping the
+// last two axes of an operand becomes transA / transB (the GEMM reads the view either way;
+// one node less). Plain MatMuls become com.microsoft.FusedMatMul, onnxruntime's op with this
+// meaning. Runs after the attention fusion, which matches plain MatMuls.
+int fold_into_matmul(Rewriter& r) {
+  int count = 0;
+  // The product scaled afterwards.
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i)) continue;
+    ir::Node* op = &r.node(i);
+    if ((!is(*op, "Mul") && !is(*op, "Div")) || op->inputs.size() != 2) continue;
+    for (int side = 0; side < 2; ++side) {
+      if (side == 1 && is(*op, "Div")) break;  // c / y is not a scaled y
+      const ir::ValueId y = op->inputs[static_cast<size_t>(side)];
+      const ir::ValueId c = op->inputs[static_cast<size_t>(1 - side)];
+      ir::Node* mm = r.producer(y);
+      if (!mm || !(is(*mm, "MatMul") || is_fused_matmul(*mm)) || mm->attr("activation") ||
+          !r.single_use(y)) {
+        continue;
+      }
+      auto s = scalar_factor(r, c, y);
+      if (!s || (is(*op, "Div") && *s == 0.0)) continue;
+      const double factor = is(*op, "Div") ? 1.0 / *s : *s;
+      ir::Node fused = as_fused_matmul(*mm);
+      if (fused.inputs.size() > 2 && fused.inputs[2] != ir::kNoValue) {
+        const Tensor* bias = r.constant(fused.inputs[2]);
+        if (!bias || bias->dtype() != DataType::Float) continue;
+        const Tensor bc = bias->contiguous();
+        Tensor scaled(DataType::Float, bias->shape(),
+                      Storage::heap_uninitialized(storage_bytes(DataType::Float, bias->numel())));
+        for (int64_t k = 0; k < bias->numel(); ++k) {
+          scaled.data<float>()[k] =
+              static_cast<float>(static_cast<double>(bc.data<const float>()[k]) * factor);
+        }
+        fused.inputs[2] =
+            r.new_constant(r.graph().value(op->outputs[0]).name + "/bias", std::move(scaled));
+      }
+      set_attr(fused, "alpha", ir::AttrKind::Float,
+               static_cast<float>(static_cast<double>(alpha_of(fused)) * factor), 0);
+      fused.outputs = {op->outputs[0]};
+      r.remove(mm);
+      r.remove(op);
+      r.add(std::move(fused));
+      ++count;
+      break;
+    }
+  }
+  // Scaled or transposed operands.
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i)) continue;
+    if (!is(r.node(i), "MatMul") && !is_fused_matmul(r.node(i))) continue;
+    if (r.node(i).inputs.size() < 2) continue;
+    // The fused products take floats: a MatMul's type is told by a float operand (a scalar
+    // Mul's constant says it too, below).
+    const bool float_product = is_fused_matmul(r.node(i)) ||
+                               r.dtype(r.node(i).inputs[0]) == DataType::Float ||
+                               r.dtype(r.node(i).inputs[1]) == DataType::Float;
+    ir::Node fused = as_fused_matmul(r.node(i));
+    std::vector<ir::Node*> drop;
+    for (size_t k = 0; k < 2; ++k) {
+      const ir::ValueId v = fused.inputs[k];
+      ir::Node* p = r.producer(v);
+      if (!p || !r.single_use(v)) continue;
+      if ((is(*p, "Mul") || is(*p, "Div")) && p->inputs.size() == 2) {
+        for (int side = 0; side < 2; ++side) {
+          if (side == 1 && is(*p, "Div")) break;
+          const ir::ValueId x = p->inputs[static_cast<size_t>(side)];
+          const auto s = scalar_factor(r, p->inputs[static_cast<size_t>(1 - side)], x);
+          if (!s || (is(*p, "Div") && *s == 0.0)) continue;
+          const double factor = is(*p, "Div") ? 1.0 / *s : *s;
+          set_attr(fused, "alpha", ir::AttrKind::Float,
+                   static_cast<float>(static_cast<double>(alpha_of(fused)) * factor), 0);
+          fused.inputs[k] = x;
+          drop.push_back(p);
+          break;
+        }
+      } else if (is(*p, "Transpose") && float_product) {
+        const char* name = k == 0 ? "transA" : "transB";
+        const ir::Attribute* perm = p->attr("perm");
+        const ir::Attribute* trans = fused.attr(name);
+        if (!perm || perm->ints.size() < 2 || (trans && trans->i != 0)) continue;
+        const size_t n = perm->ints.size();
+        bool swaps_last = perm->ints[n - 1] == static_cast<int64_t>(n - 2) &&
+                          perm->ints[n - 2] == static_cast<int64_t>(n - 1);
+        for (size_t d = 0; d + 2 < n; ++d) swaps_last = swaps_last && perm->ints[d] == int64_t(d);
+        if (!swaps_last) continue;
+        set_attr(fused, name, ir::AttrKind::Int, 0.0f, 1);
+        fused.inputs[k] = p->inputs[0];
+        drop.push_back(p);
+      }
+    }
+    if (drop.empty()) continue;
+    r.remove(&r.node(i));
+    for (ir::Node* d : drop) r.remove(d);
+    r.add(std::move(fused));
+    ++count;
+  }
+  return count;
+}
+
+// ---- SiLU and QuickGELU ----
+
+// x * Sigmoid(x) (SiLU) and x * Sigmoid(alpha * x) with a constant scalar alpha (QuickGELU:
+// 1.702), in either operand order: one Swish (opset 24), whose vector kernel reads x once;
+// a product or convolution before it takes it as its epilogue's activation.
+int fuse_swish(Rewriter& r) {
+  int count = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i) || !is(r.node(i), "Sigmoid") || r.node(i).inputs.size() != 1) continue;
+    ir::Node* sigmoid = &r.node(i);
+    const ir::ValueId z = sigmoid->inputs[0], s = sigmoid->outputs[0];
+    ir::Node* mul = binary_reader(r, s, "Mul");
+    if (!mul || mul->inputs[0] == mul->inputs[1]) continue;
+    const ir::ValueId x = other_input(*mul, s);
+    std::vector<ir::Node*> chain{sigmoid, mul};
+    double alpha = 1.0;
+    if (x != z) {
+      ir::Node* scale = r.producer(z, "Mul");
+      if (!scale || scale->inputs.size() != 2 || !r.single_use(z)) continue;
+      const int side = scale->inputs[0] == x ? 0 : scale->inputs[1] == x ? 1 : -1;
+      if (side < 0) continue;
+      const auto c = scalar_factor(r, scale->inputs[static_cast<size_t>(1 - side)], x);
+      if (!c) continue;
+      alpha = *c;
+      chain.push_back(scale);
+    }
+    ir::Node swish;
+    swish.name = mul->name.empty() ? "swish" : mul->name + "/swish";
+    swish.op_type = "Swish";
+    swish.opset = 24;
+    swish.inputs = {x};
+    swish.outputs = {mul->outputs[0]};
+    ir::Attribute a;
+    a.name = "alpha";
+    a.kind = ir::AttrKind::Float;
+    a.f = static_cast<float>(alpha);
+    swish.attributes = {a};
+    for (ir::Node* c : chain) r.remove(c);
+    r.add(std::move(swish));
     ++count;
   }
   return count;
@@ -680,8 +1115,12 @@ void optimize_graph(ir::Graph& g, GraphOptimization level, OptimizeStats& stats)
   stats.identities_removed += eliminate_identities(r);
   if (level == GraphOptimization::All) {
     stats.fused += fuse_gelu(r);
+    stats.fused += fuse_swish(r);
+    stats.fused += fuse_layer_norm(r);
+    stats.fused += fuse_skip_layer_norm(r);
     stats.fused += fuse_matmul_epilogue(r);
     stats.fused += fuse_attention(r);
+    stats.fused += fold_into_matmul(r);
     const int convs = fold_conv_batchnorm(r);
     stats.fused += convs + fuse_conv_epilogue(r);
     r.commit();

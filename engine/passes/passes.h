@@ -38,7 +38,9 @@ void drop_unused_initializers(ir::Graph& g);
 
 struct OptimizeStats {
   int identities_removed = 0;  // Identity, inference Dropout, x*1, x/1, x+0, x-0, same-type Cast
-  int fused = 0;  // fusions made (GELU, MatMul + bias [+ activation], attention, Conv + ...)
+  // fusions made (GELU, SiLU, LayerNorm, skip LayerNorm, MatMul + bias [+ activation],
+  // attention, scales and transposes into products, Conv + ...)
+  int fused = 0;
 };
 
 // The graph rewrites of engine/passes/fusion.cpp, on every nested graph too: at Basic the

@@ -297,9 +297,12 @@ void global_pool(Ctx& c) {
   c.set(0, c.in(0).dtype, out);
 }
 
+// MatMul, and the fused products whose transA / transB swap an operand's last two axes.
 void matmul(Ctx& c) {
   Shape a = c.shape(0), b = c.shape(1);
   if (a.empty() || b.empty()) unknown("scalar operand");
+  if (a.size() >= 2 && c.attr_i("transA", 0) != 0) std::swap(a[a.size() - 1], a[a.size() - 2]);
+  if (b.size() >= 2 && c.attr_i("transB", 0) != 0) std::swap(b[b.size() - 1], b[b.size() - 2]);
   const bool a1 = a.size() == 1, b1 = b.size() == 1;
   if (a1) a.insert(a.begin(), 1);
   if (b1) b.push_back(1);
@@ -674,6 +677,19 @@ void layer_norm(Ctx& c) {
   c.set(2, DataType::Float, stat);
 }
 
+// com.microsoft.SkipLayerNormalization: input + skip (broadcast), normalised over the last
+// axis; the statistics keep it as 1, the fourth output is the sum.
+void skip_layer_norm(Ctx& c) {
+  const Shape out = ops::broadcast_shapes(c.shape(0), c.shape(1));
+  if (out.empty()) unknown("a scalar input");
+  Shape stat = out;
+  stat.back() = 1;
+  c.set(0, c.in(0).dtype, out);
+  c.set(1, DataType::Float, stat);
+  c.set(2, DataType::Float, stat);
+  c.set(3, c.in(0).dtype, out);
+}
+
 void dropout(Ctx& c) {
   if (c.has(2)) {
     const std::vector<int64_t>& training = c.data(2);
@@ -792,7 +808,8 @@ const std::unordered_map<std::string, ShapeFn>& shape_functions() {
                   [](const std::vector<int64_t>& a) { return a[0] ? a[1] : a[2]; });
     };
     t["MatMul"] = matmul;
-    t["kiln.FusedMatMul"] = matmul;  // the optimizer's MatMul with bias and activation
+    t["kiln.FusedMatMul"] = matmul;           // the optimizer's MatMul with bias and activation
+    t["com.microsoft.FusedMatMul"] = matmul;  // alpha, transA, transB
     t["Attention"] = attention;
     t["Gemm"] = gemm;
     t["Conv"] = conv;
@@ -803,6 +820,7 @@ const std::unordered_map<std::string, ShapeFn>& shape_functions() {
       t[op] = global_pool;
     t["BatchNormalization"] = batch_norm;
     t["LayerNormalization"] = layer_norm;
+    t["com.microsoft.SkipLayerNormalization"] = skip_layer_norm;
     t["Dropout"] = dropout;
     t["Reshape"] = reshape;
     t["Flatten"] = flatten;

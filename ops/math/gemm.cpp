@@ -257,6 +257,8 @@ void activate(Activation a, float* y, int64_t n, const MathKernels& t) {
       return t.vec.gelu_tanh(y, y, n);
     case Activation::Silu:
       return t.vec.silu(y, y, n);
+    case Activation::QuickGelu:
+      return t.vec.swish(y, y, n, kQuickGeluAlpha);
     case Activation::Sigmoid:
       return t.vec.sigmoid(y, y, n);
     case Activation::Tanh:

@@ -37,7 +37,9 @@ struct MatrixView {
 
 // What is applied to each output element after the product (and the biases). All but Relu
 // go through the vector kernels (VecMathKernels) of the table the product used.
-enum class Activation : uint8_t { None, Relu, Gelu, GeluTanh, Silu, Sigmoid, Tanh };
+// QuickGelu is x * sigmoid(1.702 x).
+enum class Activation : uint8_t { None, Relu, Gelu, GeluTanh, Silu, QuickGelu, Sigmoid, Tanh };
+constexpr float kQuickGeluAlpha = 1.702f;
 
 // y[i] = activation(y[i]) for n floats, with `kernels`' vector kernels.
 void activate(Activation a, float* y, int64_t n, const MathKernels& kernels);

@@ -158,6 +158,8 @@ struct VecMathKernels {
   Elementwise gelu = nullptr;       // x (1 + erf(x / sqrt2)) / 2
   Elementwise gelu_tanh = nullptr;  // x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2
   Elementwise silu = nullptr;       // x * sigmoid(x)
+  // x * sigmoid(alpha x) (QuickGELU: alpha 1.702)
+  void (*swish)(const float* x, float* y, int64_t n, float alpha) = nullptr;
   // One row of n: y = exp(x - max) / sum; log_softmax y = x - max - log(sum). A row whose
   // max is +-inf or that holds a NaN gives NaN throughout (as the ops always did). y may be x.
   void (*softmax)(const float* x, float* y, int64_t n) = nullptr;
@@ -166,6 +168,11 @@ struct VecMathKernels {
   // scale, bias, mean and inv_std may be null (scale 1, bias 0, statistics not stored).
   void (*layer_norm)(const float* x, float* y, int64_t n, const float* scale, const float* bias,
                      float epsilon, float* mean, float* inv_std) = nullptr;
+  // One row of n: sum = a + b + bias, then y = layer_norm(sum) as above (bias, scale, beta,
+  // mean and inv_std may be null). sum may be a, b or y; y may be a.
+  void (*skip_layer_norm)(const float* a, const float* b, const float* bias, float* sum, float* y,
+                          int64_t n, const float* scale, const float* beta, float epsilon,
+                          float* mean, float* inv_std) = nullptr;
   // One row of n: y = x / sqrt(mean(x^2) + epsilon) * scale (scale may be null).
   void (*rms_norm)(const float* x, float* y, int64_t n, const float* scale,
                    float epsilon) = nullptr;

@@ -3,6 +3,7 @@
 // rounding.
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/passes/passes.h"
@@ -305,4 +306,352 @@ TEST_CASE("Conv fusions leave shared outputs and run-time filters alone", "[pass
              GraphOptimization::All, 1e-5, &stats);
   CHECK(stats.fusions == 0);
   CHECK(stats.nodes_planned == stats.nodes_loaded);
+}
+
+TEST_CASE("LayerNormalization written out in primitives becomes one LayerNormalization",
+          "[passes][fusion]") {
+  // Opset 17 (ReduceMean's axes an attribute) with Pow(d, 2), opset 18 (axes an input) with
+  // d * d; with and without the bias Add; axis -1 or 2.
+  for (const int64_t opset : {int64_t{17}, int64_t{18}}) {
+    for (const bool beta : {true, false}) {
+      for (const int64_t axis : {int64_t{-1}, int64_t{2}}) {
+        auto make = [&] {
+          GraphBuilder b;
+          b.input("x", DataType::Float, {2, 5, 24}, true);
+          b.initializer("two", Tensor::scalar<float>(2.0f));
+          b.initializer("eps", Tensor::scalar<float>(1e-5f));
+          b.initializer("gamma", random_floats({24}, 21, 0.5f, 1.5f));
+          b.initializer("beta", random_floats({24}, 22));
+          b.initializer("axes", Tensor::from_vector<int64_t>({1}, {axis}));
+          auto reduce = [&](const std::string& in, const std::string& out) {
+            if (opset >= 18) {
+              b.node("ReduceMean", {in, "axes"}, {out});
+            } else {
+              b.node("ReduceMean", {in}, {out}, {ints_attr("axes", {axis})});
+            }
+          };
+          reduce("x", "mean");
+          b.node("Sub", {"x", "mean"}, {"d"});
+          if (opset >= 18) {
+            b.node("Mul", {"d", "d"}, {"sq"});
+          } else {
+            b.node("Pow", {"d", "two"}, {"sq"});
+          }
+          reduce("sq", "var");
+          b.node("Add", {"var", "eps"}, {"ve"});
+          b.node("Sqrt", {"ve"}, {"std"});
+          b.node("Div", {"d", "std"}, {"n"});
+          b.node("Mul", {"n", "gamma"}, {"s"});
+          if (beta) b.node("Add", {"beta", "s"}, {"y"});
+          b.node("Neg", {beta ? "y" : "s"}, {"out"});
+          b.output("out");
+          return b.build();
+        };
+        INFO("opset " << opset << ", beta " << beta << ", axis " << axis);
+        SessionOptions so;
+        so.environment = std::make_shared<Environment>(1);
+        so.optimization = GraphOptimization::All;
+        Session opt = session_from_model(make_model(make(), opset), so);
+        so.optimization = GraphOptimization::None;
+        Session plain = session_from_model(make_model(make(), opset), so);
+        CHECK(opt.load_stats().fusions == 1);
+        CHECK(opt.load_stats().nodes_planned == 2);  // LayerNormalization, Neg
+        Tensor x = random_floats({2, 5, 24}, 23, -3.0f, 3.0f);
+        for (int64_t i = 0; i < 24; ++i) x.data<float>()[i] += 100.0f;  // a row far from 0
+        const auto a = plain.run({{"x", x}}), o = opt.run({{"x", x}});
+        require_close(o[0].value.tensor(), a[0].value.tensor(), 1e-5, 1e-5);
+      }
+    }
+  }
+  // Near misses: the mean over another axis, a gamma that is an input, the centred value
+  // read elsewhere, a cube instead of a square, the quotient read twice.
+  for (int miss = 0; miss < 5; ++miss) {
+    GraphBuilder b;
+    b.input("x", DataType::Float, {2, 5, 24}, true);
+    b.input("gamma_in", DataType::Float, {24}, true);
+    b.initializer("exp", Tensor::scalar<float>(miss == 3 ? 3.0f : 2.0f));
+    b.initializer("eps", Tensor::scalar<float>(1e-5f));
+    b.initializer("gamma", random_floats({24}, 21));
+    const std::vector<int64_t> axes{miss == 0 ? 1 : -1};
+    b.node("ReduceMean", {"x"}, {"mean"}, {ints_attr("axes", axes)});
+    b.node("Sub", {"x", "mean"}, {"d"});
+    b.node("Pow", {"d", "exp"}, {"sq"});
+    b.node("ReduceMean", {"sq"}, {"var"}, {ints_attr("axes", axes)});
+    b.node("Add", {"var", "eps"}, {"ve"});
+    b.node("Sqrt", {"ve"}, {"std"});
+    b.node("Div", {"d", "std"}, {"n"});
+    b.node("Mul", {"n", miss == 1 ? "gamma_in" : "gamma"}, {"y"});
+    b.output("y");
+    if (miss == 2) b.output("d");
+    if (miss == 4) b.output("n");
+    INFO("near miss " << miss);
+    SessionOptions so;
+    so.environment = std::make_shared<Environment>(1);
+    Session s = session_from_model(make_model(b.build(), 17), so);
+    CHECK(s.load_stats().fusions == 0);
+  }
+}
+
+TEST_CASE("a residual Add and LayerNormalization become one SkipLayerNormalization",
+          "[passes][fusion]") {
+  // The sum read only by the normalisation or also by the next residual Add (the fourth
+  // output); a skip of the same shape or broadcasting from [5, 24]; with and without beta.
+  for (const bool shared_sum : {false, true}) {
+    for (const bool broadcast : {false, true}) {
+      for (const bool beta : {true, false}) {
+        const Shape skip_shape = broadcast ? Shape{5, 24} : Shape{2, 5, 24};
+        auto make = [&] {
+          GraphBuilder b;
+          b.input("x", DataType::Float, {2, 5, 24}, true);
+          b.input("skip", DataType::Float, skip_shape, true);
+          b.initializer("gamma", random_floats({24}, 31, 0.5f, 1.5f));
+          b.initializer("beta", random_floats({24}, 32));
+          b.node("Neg", {"x"}, {"nx"});  // made by a node: may be overwritten in place
+          b.node("Add", {"skip", "nx"}, {"sum"});
+          b.node("LayerNormalization", {"sum", "gamma", beta ? "beta" : ""}, {"y"},
+                 {float_attr("epsilon", 1e-6f)});
+          if (shared_sum) {
+            b.node("Add", {"sum", "y"}, {"out"});
+          } else {
+            b.node("Neg", {"y"}, {"out"});
+          }
+          b.output("out");
+          return b.build();
+        };
+        INFO("shared sum " << shared_sum << ", broadcast " << broadcast << ", beta " << beta);
+        LoadStats stats;
+        check_same(make,
+                   {{"x", random_floats({2, 5, 24}, 33, -2.0f, 2.0f)},
+                    {"skip", random_floats(skip_shape, 34, -2.0f, 2.0f)}},
+                   GraphOptimization::All, 1e-5, &stats);
+        CHECK(stats.fusions == 1);
+        CHECK(stats.nodes_planned == 3);  // Neg, SkipLayerNormalization, Add or Neg
+      }
+    }
+  }
+  // Near misses: normalising over two axes, the mean output read, a gamma that is an input.
+  for (int miss = 0; miss < 3; ++miss) {
+    GraphBuilder b;
+    b.input("x", DataType::Float, {2, 5, 24}, true);
+    b.input("skip", DataType::Float, {2, 5, 24}, true);
+    b.input("gamma_in", DataType::Float, {24}, true);
+    b.initializer("gamma", random_floats(miss == 0 ? Shape{5, 24} : Shape{24}, 31));
+    b.node("Add", {"x", "skip"}, {"sum"});
+    std::vector<std::string> outs{"y"};
+    if (miss == 1) outs = {"y", "mean"};
+    b.node("LayerNormalization", {"sum", miss == 2 ? "gamma_in" : "gamma"}, outs,
+           {int_attr("axis", miss == 0 ? 1 : -1)});
+    b.output("y");
+    if (miss == 1) b.output("mean");
+    INFO("near miss " << miss);
+    Session s = session(b.build(), GraphOptimization::All);
+    CHECK(s.load_stats().fusions == 0);
+  }
+}
+
+TEST_CASE("scalar Muls and Divs and last-axes Transposes fold into the product",
+          "[passes][fusion]") {
+  // 0: MatMul(x * s, W); 1: MatMul(x, W) / s; 2: (MatMul(x, W) + bias) * s (bias scaled);
+  // 3: MatMul(Transpose(a), c) (a graph of its own) and 4: MatMul(x, Transpose(b)) on
+  // run-time operands; 5: MatMul(s * Transpose(a), Transpose(b)) / s2.
+  for (int variant = 0; variant < 6; ++variant) {
+    auto make = [variant] {
+      GraphBuilder b;
+      b.input("x", DataType::Float, {2, 5, 24}, true);
+      b.input("a", DataType::Float, {2, 24, 5}, true);
+      b.input("bt", DataType::Float, {2, 16, 24}, true);
+      b.initializer("w", random_floats({24, 16}, 41));
+      b.initializer("bias", random_floats({16}, 42));
+      b.initializer("s", Tensor::scalar<float>(0.125f));
+      b.initializer("s2", Tensor::from_vector<float>({1, 1, 1}, {3.0f}));
+      if (variant == 5) b.node("Transpose", {"a"}, {"at"}, {ints_attr("perm", {0, 2, 1})});
+      if (variant >= 4) b.node("Transpose", {"bt"}, {"btt"}, {ints_attr("perm", {0, 2, 1})});
+      switch (variant) {
+        case 0:
+          b.node("Mul", {"x", "s"}, {"xs"});
+          b.node("MatMul", {"xs", "w"}, {"y"});
+          break;
+        case 1:
+          b.node("MatMul", {"x", "w"}, {"m"});
+          b.node("Div", {"m", "s2"}, {"y"});
+          break;
+        case 2:
+          b.node("MatMul", {"x", "w"}, {"m"});
+          b.node("Add", {"m", "bias"}, {"mb"});
+          b.node("Mul", {"s", "mb"}, {"y"});
+          break;
+        case 4:
+          b.node("MatMul", {"x", "btt"}, {"y"});
+          break;
+        default:
+          b.node("Mul", {"s", "at"}, {"as"});
+          b.node("MatMul", {"as", "btt"}, {"m"});
+          b.node("Div", {"m", "s2"}, {"y"});
+          break;
+      }
+      b.node("Neg", {"y"}, {"out"});
+      b.output("out");
+      return b.build();
+    };
+    INFO("variant " << variant);
+    LoadStats stats;
+    const std::vector<NamedValue> feeds{{"x", random_floats({2, 5, 24}, 43)},
+                                        {"a", random_floats({2, 24, 5}, 44)},
+                                        {"bt", random_floats({2, 16, 24}, 45)}};
+    if (variant == 3) {
+      auto make3 = [] {
+        GraphBuilder b;
+        b.input("a", DataType::Float, {2, 24, 5}, true);
+        b.input("c", DataType::Float, {2, 24, 7}, true);
+        b.node("Transpose", {"a"}, {"at"}, {ints_attr("perm", {0, 2, 1})});
+        b.node("MatMul", {"at", "c"}, {"y"});
+        b.node("Neg", {"y"}, {"out"});
+        b.output("out");
+        return b.build();
+      };
+      check_same(make3,
+                 {{"a", random_floats({2, 24, 5}, 44)}, {"c", random_floats({2, 24, 7}, 46)}},
+                 GraphOptimization::All, 1e-5, &stats);
+      CHECK(stats.fusions == 1);
+      CHECK(stats.nodes_planned == 2);
+      continue;
+    }
+    check_same(make, feeds, GraphOptimization::All, 1e-5, &stats);
+    CHECK(stats.fusions >= 1);
+    CHECK(stats.nodes_planned == 2);  // the fused product, Neg
+  }
+  // Near misses: a scale that is an input, a non-scalar constant, an integer product, a
+  // Transpose of other axes, a scaled value with another reader.
+  for (int miss = 0; miss < 5; ++miss) {
+    GraphBuilder b;
+    b.input("x", DataType::Float, {2, 5, 24}, true);
+    b.input("s_in", DataType::Float, {}, true);
+    b.input("i", DataType::Int64, {2, 3, 4}, true);
+    b.input("j", DataType::Int64, {2, 3, 4}, true);
+    b.input("q", DataType::Float, {24, 2, 5}, true);
+    b.initializer("w", random_floats({24, 16}, 41));
+    b.initializer("v", random_floats({16}, 47));
+    b.initializer("s", Tensor::scalar<float>(0.5f));
+    switch (miss) {
+      case 0:
+        b.node("MatMul", {"x", "w"}, {"m"});
+        b.node("Mul", {"m", "s_in"}, {"y"});
+        break;
+      case 1:
+        b.node("MatMul", {"x", "w"}, {"m"});
+        b.node("Mul", {"m", "v"}, {"y"});
+        break;
+      case 2:
+        b.node("Transpose", {"j"}, {"jt"}, {ints_attr("perm", {0, 2, 1})});
+        b.node("MatMul", {"i", "jt"}, {"y"});
+        break;
+      case 3:
+        b.node("Transpose", {"q"}, {"qt"}, {ints_attr("perm", {1, 2, 0})});
+        b.node("MatMul", {"qt", "w"}, {"y"});
+        break;
+      default:
+        b.node("Mul", {"x", "s"}, {"xs"});
+        b.node("MatMul", {"xs", "w"}, {"y"});
+        b.output("xs");
+        break;
+    }
+    b.output("y");
+    INFO("near miss " << miss);
+    Session s = session(b.build(), GraphOptimization::All);
+    CHECK(s.load_stats().fusions == 0);
+  }
+}
+
+TEST_CASE("com.microsoft.FusedMatMul reads transposed operands and scales by alpha",
+          "[ops][matmul]") {
+  std::mt19937 rng(3);
+  for (const bool constant_b : {false, true}) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        const Tensor a = random_tensor(DataType::Float, ta ? Shape{3, 9, 4} : Shape{3, 4, 9}, rng);
+        const Tensor b = random_tensor(DataType::Float, tb ? Shape{11, 9} : Shape{9, 11}, rng);
+        OpTest t("FusedMatMul", 1, "com.microsoft");
+        t.input(a);
+        if (constant_b) {
+          t.constant_input(b);
+        } else {
+          t.input(b);
+        }
+        const Tensor y = t.attr("alpha", 0.25f).attr("transA", ta).attr("transB", tb).run1();
+        REQUIRE(y.shape() == Shape{3, 4, 11});
+        for (int64_t n = 0; n < 3; ++n) {
+          for (int64_t i = 0; i < 4; ++i) {
+            for (int64_t j = 0; j < 11; ++j) {
+              double s = 0;
+              for (int64_t p = 0; p < 9; ++p) {
+                s += element(a, ta ? n * 36 + p * 4 + i : n * 36 + i * 9 + p) *
+                     element(b, tb ? j * 9 + p : p * 11 + j);
+              }
+              REQUIRE(std::fabs(element(y, (n * 4 + i) * 11 + j) - 0.25 * s) <= 1e-5);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("SiLU and QuickGELU become one Swish, and join a product's epilogue",
+          "[passes][fusion]") {
+  // 0: x * Sigmoid(x); 1: Sigmoid(1.702 x) * x; 2: QuickGELU of a MatMul + bias (one
+  // FusedMatMul with its activation); 3: x * Sigmoid(x * 0.5) (Swish with alpha 0.5).
+  for (int variant = 0; variant < 4; ++variant) {
+    auto make = [variant] {
+      GraphBuilder b;
+      b.input("in", DataType::Float, {3, 40}, true);
+      b.initializer("w", random_floats({40, 40}, 51));
+      b.initializer("bias", random_floats({40}, 52));
+      b.initializer("k", Tensor::scalar<float>(variant == 3 ? 0.5f : 1.702f));
+      std::string x = "in";
+      if (variant == 2) {
+        b.node("MatMul", {"in", "w"}, {"m"});
+        b.node("Add", {"m", "bias"}, {"x"});
+        x = "x";
+      }
+      if (variant == 0) {
+        b.node("Sigmoid", {x}, {"sg"});
+        b.node("Mul", {x, "sg"}, {"y"});
+      } else {
+        if (variant == 3) {
+          b.node("Mul", {x, "k"}, {"z"});
+        } else {
+          b.node("Mul", {"k", x}, {"z"});
+        }
+        b.node("Sigmoid", {"z"}, {"sg"});
+        b.node("Mul", {"sg", x}, {"y"});
+      }
+      b.node("Neg", {"y"}, {"out"});
+      b.output("out");
+      return b.build();
+    };
+    INFO("variant " << variant);
+    LoadStats stats;
+    check_same(make, {{"in", random_floats({3, 40}, 53, -8.0f, 8.0f)}}, GraphOptimization::All,
+               1e-5, &stats);
+    CHECK(stats.nodes_planned == 2);  // Swish or the FusedMatMul, Neg
+  }
+  // Near misses: Sigmoid of another value, the Sigmoid read twice, a scale that is an input.
+  for (int miss = 0; miss < 3; ++miss) {
+    GraphBuilder b;
+    b.input("x", DataType::Float, {3, 4}, true);
+    b.input("u", DataType::Float, {3, 4}, true);
+    b.input("k_in", DataType::Float, {}, true);
+    if (miss == 2) {
+      b.node("Mul", {"x", "k_in"}, {"z"});
+      b.node("Sigmoid", {"z"}, {"sg"});
+    } else {
+      b.node("Sigmoid", {miss == 0 ? "u" : "x"}, {"sg"});
+    }
+    b.node("Mul", {"x", "sg"}, {"y"});
+    b.output("y");
+    if (miss == 1) b.output("sg");
+    INFO("near miss " << miss);
+    Session s = session(b.build(), GraphOptimization::All);
+    CHECK(s.load_stats().fusions == 0);
+  }
 }

@@ -1,5 +1,5 @@
 // The GEMM epilogue's vector activations (ops/math/gemm.h Activation: Gelu, GeluTanh, Silu,
-// Sigmoid, Tanh), at every instruction-set level: sgemm with bias and each activation
+// QuickGelu, Sigmoid, Tanh), at every instruction-set level: sgemm with bias and each activation
 // against the naive double product followed by the double-precision activation.
 #include <algorithm>
 #include <cmath>
@@ -25,6 +25,10 @@ double activate(Activation act, double v) {
       return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
     case Activation::Silu:
       return v * sig;
+    case Activation::QuickGelu: {
+      const double z = static_cast<double>(math::kQuickGeluAlpha) * v;
+      return v * (z >= 0 ? 1 / (1 + std::exp(-z)) : std::exp(z) / (1 + std::exp(z)));
+    }
     case Activation::Sigmoid:
       return sig;
     case Activation::Tanh:
@@ -45,6 +49,8 @@ const char* name_of(Activation act) {
       return "GeluTanh";
     case Activation::Silu:
       return "Silu";
+    case Activation::QuickGelu:
+      return "QuickGelu";
     case Activation::Sigmoid:
       return "Sigmoid";
     case Activation::Tanh:
@@ -69,7 +75,7 @@ KILN_ISA_TEST_CASE("sgemm epilogue applies the vector activations after the bias
   const Shape shapes[] = {
       {1, 37, 19, false}, {7, 45, 64, false}, {61, 83, 300, false}, {29, 70, 33, true}};
   for (Activation act : {Activation::Gelu, Activation::GeluTanh, Activation::Silu,
-                         Activation::Sigmoid, Activation::Tanh}) {
+                         Activation::QuickGelu, Activation::Sigmoid, Activation::Tanh}) {
     for (const Shape& sh : shapes) {
       INFO(name_of(act) << " m=" << sh.m << " n=" << sh.n << " k=" << sh.k);
       std::vector<float> a(static_cast<size_t>(sh.m * sh.k)), b(static_cast<size_t>(sh.k * sh.n));

@@ -302,3 +302,35 @@ KILN_ISA_TEST_CASE("vector math special values", "[math][vecmath]") {
     CHECK(std::isnan(one(f, -NAN)));
   }
 }
+
+KILN_ISA_TEST_CASE("vector Swish matches a double reference for any alpha", "[math][vecmath]") {
+  KILN_REQUIRE_ISA();
+  const math::VecMathKernels& v = isa_kernels.vec;
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> d(-40.0f, 40.0f);
+  std::vector<float> x(1001);
+  for (float& e : x) e = d(rng);
+  x[0] = 0.0f;
+  x[1] = -kInfF;
+  x[2] = kInfF;
+  for (const float alpha : {1.702f, 0.5f, 1.0f, -2.0f}) {
+    std::vector<float> y(x.size());
+    v.swish(x.data(), y.data(), static_cast<int64_t>(x.size()), alpha);
+    for (size_t i = 3; i < x.size(); ++i) {
+      const double z = double(alpha * x[i]);  // the kernel's float product
+      const double want = x[i] * sigmoid_ref(z);
+      INFO("alpha " << alpha << ", x " << x[i]);
+      REQUIRE(std::fabs(y[i] - want) <= 4 * ulp_of(want) + 1e-44);
+    }
+    CHECK(y[0] == 0.0f);
+    if (alpha > 0) {
+      CHECK(y[1] == 0.0f);
+      CHECK(y[2] == kInfF);
+    }
+    if (alpha == 1.0f) {
+      std::vector<float> s(x.size());
+      v.silu(x.data(), s.data(), static_cast<int64_t>(x.size()));
+      CHECK(std::equal(s.begin(), s.end(), y.begin()));
+    }
+  }
+}

@@ -153,6 +153,60 @@ KILN_ISA_TEST_CASE("vector layer and RMS normalisation match a double reference"
   CHECK(worst_stat <= 1.5e-7);
 }
 
+KILN_ISA_TEST_CASE("vector skip layer normalisation matches a double reference",
+                   "[math][vecmath]") {
+  KILN_REQUIRE_ISA();
+  const math::VecMathKernels& v = isa_kernels.vec;
+  std::mt19937 rng(11);
+  double worst = 0;
+  for (int64_t n : kLengths) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const std::vector<float> a = random_row(n, rng, -3.0f, 3.0f);
+      const std::vector<float> b = random_row(n, rng, -3.0f, 3.0f);
+      const std::vector<float> bias = random_row(n, rng, -1.0f, 1.0f);
+      const std::vector<float> scale = random_row(n, rng, -2.0f, 2.0f);
+      const std::vector<float> beta = random_row(n, rng, -1.0f, 1.0f);
+      const bool has_bias = variant != 1, has_beta = variant != 2;
+      const float eps = 1e-6f;
+      std::vector<double> s(a.size());
+      double mu = 0, var = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        s[i] = double(a[i]) + b[i] + (has_bias ? bias[i] : 0.0f);
+        mu += s[i];
+      }
+      mu /= double(n);
+      for (double e : s) var += (e - mu) * (e - mu);
+      var /= double(n);
+      const double inv = 1 / std::sqrt(var + eps);
+      std::vector<float> sum(a.size() + 1, 99.0f), y(a.size() + 1, 99.0f);
+      float mean_out = 0, inv_out = 0;
+      v.skip_layer_norm(a.data(), b.data(), has_bias ? bias.data() : nullptr, sum.data(), y.data(),
+                        n, scale.data(), has_beta ? beta.data() : nullptr, eps, &mean_out,
+                        &inv_out);
+      REQUIRE(sum.back() == 99.0f);
+      REQUIRE(y.back() == 99.0f);
+      CHECK(std::fabs(mean_out - mu) <= 1e-6 * (1 + std::fabs(mu)));
+      CHECK(std::fabs(inv_out - inv) <= 1e-6 * inv);
+      for (size_t i = 0; i < a.size(); ++i) {
+        // The sum is float addition in the order a + b + bias.
+        const float want_sum = has_bias ? (a[i] + b[i]) + bias[i] : a[i] + b[i];
+        REQUIRE(sum[i] == want_sum);
+        const double want = (s[i] - mu) * inv * scale[i] + (has_beta ? beta[i] : 0.0);
+        worst = std::max(worst, std::fabs(y[i] - want) / (std::fabs(scale[i]) * 4 + 1));
+      }
+      // Sum and output in place over a, and over b: the same bits.
+      std::vector<float> ai = a, bi = b;
+      v.skip_layer_norm(ai.data(), bi.data(), has_bias ? bias.data() : nullptr, bi.data(),
+                        ai.data(), n, scale.data(), has_beta ? beta.data() : nullptr, eps, nullptr,
+                        nullptr);
+      REQUIRE(std::equal(ai.begin(), ai.end(), y.begin()));
+      REQUIRE(std::equal(bi.begin(), bi.end(), sum.begin()));
+    }
+  }
+  INFO("worst error " << worst);
+  CHECK(worst <= 1e-6);
+}
+
 KILN_ISA_TEST_CASE("vector sum and max", "[math][vecmath]") {
   KILN_REQUIRE_ISA();
   const math::VecMathKernels& v = isa_kernels.vec;

@@ -223,3 +223,16 @@ void vec_gelu_tanh(const float* x, float* y, int64_t n) {
 void vec_silu(const float* x, float* y, int64_t n) {
   vm_map<vm_silu>(x, y, n);
 }
+void vec_swish(const float* x, float* y, int64_t n, float alpha) {
+  const VF a = vset1(alpha);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const VF v = vload(x + i);
+    vstore(y + i, vm_times_sigmoid(v, vmul(a, v)));
+  }
+  if (i < n) {
+    const int left = static_cast<int>(n - i);
+    const VF v = vload_partial(x + i, left);
+    vstore_partial(y + i, vm_times_sigmoid(v, vmul(a, v)), left);
+  }
+}

@@ -199,14 +199,13 @@ inline float vm_inv_sqrt(float v) {
   return vfirst(vdiv(vset1(1.0f), vsqrt(vset1(v))));
 }
 
-// One row of LayerNormalization: mean and variance in two passes, then
-// (x - mean) / sqrt(var + epsilon) * scale + bias. The second pass also sums x - mean, which
-// corrects the first pass's rounding of the mean (and the variance with it), so rows far
-// from zero keep their precision. mean / inv_std receive the statistics.
-void vec_layer_norm(const float* x, float* y, int64_t n, const float* scale, const float* bias,
-                    float epsilon, float* mean, float* inv_std) {
+// Normalises a row whose first-pass mean is mu0: the second pass sums x - mu0 (which
+// corrects the first pass's rounding of the mean, and the variance with it, so rows far from
+// zero keep their precision) and its square, then y = (x - mean) / sqrt(var + epsilon) *
+// scale + bias. mean / inv_std receive the statistics.
+inline void vm_normalize_row(const float* x, float* y, int64_t n, float mu0, const float* scale,
+                             const float* bias, float epsilon, float* mean, float* inv_std) {
   const float nf = static_cast<float>(n);
-  const float mu0 = vm_row_sum<VmSum::Plain>(x, n) / nf;
   float sum_d, sum_d2;
   vm_row_centered(x, n, mu0, &sum_d, &sum_d2);
   const float shift = sum_d / nf;
@@ -217,6 +216,37 @@ void vec_layer_norm(const float* x, float* y, int64_t n, const float* scale, con
   if (mean) *mean = mu;
   if (inv_std) *inv_std = inv;
   vm_affine_any(x, y, n, mu, inv, scale, bias);
+}
+
+// One row of LayerNormalization: mean and variance in two passes, then the affine pass.
+void vec_layer_norm(const float* x, float* y, int64_t n, const float* scale, const float* bias,
+                    float epsilon, float* mean, float* inv_std) {
+  const float mu0 = vm_row_sum<VmSum::Plain>(x, n) / static_cast<float>(n);
+  vm_normalize_row(x, y, n, mu0, scale, bias, epsilon, mean, inv_std);
+}
+
+// One row of SkipLayerNormalization: s = a + b (+ bias) stored to `sum` while its first-pass
+// mean is summed, then the row normalised from `sum` (in cache) into y.
+void vec_skip_layer_norm(const float* a, const float* b, const float* bias, float* sum, float* y,
+                         int64_t n, const float* scale, const float* beta, float epsilon,
+                         float* mean, float* inv_std) {
+  VF s0 = vzero(), s1 = vzero();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    VF v = vadd(vload(a + i), vload(b + i));
+    if (bias) v = vadd(v, vload(bias + i));
+    vstore(sum + i, v);
+    s0 = vadd(s0, v);
+  }
+  if (i < n) {
+    const int left = static_cast<int>(n - i);
+    VF v = vadd(vload_partial(a + i, left), vload_partial(b + i, left));
+    if (bias) v = vadd(v, vload_partial(bias + i, left));
+    vstore_partial(sum + i, v, left);
+    s1 = vadd(s1, vselect(vlanes_below(left), v, vzero()));
+  }
+  const float mu0 = vreduce_add(vadd(s0, s1)) / static_cast<float>(n);
+  vm_normalize_row(sum, y, n, mu0, scale, beta, epsilon, mean, inv_std);
 }
 
 // One row of RMSNormalization: x / sqrt(mean(x^2) + epsilon) * scale.
@@ -233,9 +263,11 @@ constexpr VecMathKernels kVecMathKernels{.exp = vec_exp,
                                          .gelu = vec_gelu,
                                          .gelu_tanh = vec_gelu_tanh,
                                          .silu = vec_silu,
+                                         .swish = vec_swish,
                                          .softmax = vec_softmax,
                                          .log_softmax = vec_log_softmax,
                                          .layer_norm = vec_layer_norm,
+                                         .skip_layer_norm = vec_skip_layer_norm,
                                          .rms_norm = vec_rms_norm,
                                          .sum = vec_sum,
                                          .max = vec_max};
