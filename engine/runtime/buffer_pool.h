@@ -79,6 +79,7 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   std::atomic<uint64_t> bytes_in_use{0};
   std::atomic<uint64_t> peak_bytes_in_use{0};
   std::atomic<uint64_t> bytes_cached{0};
+  uint64_t memory_limit = 0;  // SessionOptions::memory_limit (0: none)
 
  private:
   std::shared_ptr<Storage> make_storage(std::byte* data, size_t capacity);

@@ -11,6 +11,18 @@ namespace kiln {
 
 Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape) {
   const int64_t n = checked_numel(shape);
+  const uint64_t limit = pool.core().memory_limit;
+  if (limit > 0) {
+    const uint64_t bytes =
+        dtype == DataType::String ? static_cast<uint64_t>(n) * 32 : storage_bytes(dtype, n);
+    const uint64_t in_use = pool.core().bytes_in_use;
+    if (bytes > limit || in_use > limit - bytes) {
+      throw Error(ErrorKind::Memory,
+                  "output " + std::string(data_type_name(dtype)) + shape_to_string(shape) +
+                      " needs " + byte_size_text(bytes) + ", over the memory limit of " +
+                      byte_size_text(limit) + " (" + byte_size_text(in_use) + " in use)");
+    }
+  }
   if (dtype == DataType::String) return Tensor::zeros(dtype, shape);
   return Tensor(dtype, shape, pool.acquire(storage_bytes(dtype, n)));
 }

@@ -316,6 +316,7 @@ struct Session::Impl {
     }
     preparer->release_unread_originals(*plan);
     profile = options.profile;
+    pool.core().memory_limit = options.memory_limit;
     memory_arena = options.memory_arena;
     shape_planning = memory_arena && options.arena_from_shapes;
     for (const plan::Step& step : plan->steps) {

@@ -2,6 +2,7 @@
 // that cannot wrap, and models onnxruntime refuses refused here too, each with one clear error.
 #include <cstring>
 
+#include "engine/runtime/session_internal.h"
 #include "kiln/version.h"
 #include "ops/kernel.h"
 #include "proto/testing/model_writer.h"
@@ -255,4 +256,29 @@ TEST_CASE("ConvTranspose refuses output_padding not smaller than the stride or d
   };
   CHECK(run(1).shape() == Shape{1, 1, 7, 7});
   CHECK_THROWS_WITH(run(2), Catch::Contains("output_padding 2 must be smaller than the stride"));
+}
+
+TEST_CASE("SessionOptions::memory_limit fails the node whose output would go over it", "[limits]") {
+  GraphBuilder b;
+  b.input("x", DataType::Float, {1, 1, 1}, true);
+  b.initializer("shape", Tensor::from_vector<int64_t>({3}, {1000, 1000, 1000}));
+  b.node("Tile", {"x", "shape"}, {"y"});
+  b.output("y");
+  SessionOptions so;
+  so.environment = std::make_shared<Environment>(1);
+  so.memory_limit = 1'000'000;
+  Session s = session_from_model(make_model(b.build()), so);
+  const std::string err = run_error(s, {{"x", Tensor::from_vector<float>({1, 1, 1}, {1})}});
+  CHECK_THAT(err, Catch::Contains("(Tile)") && Catch::Contains("float32[1000,1000,1000]") &&
+                      Catch::Contains("needs 4.0 GB, over the memory limit of 1.0 MB"));
+  // Within the limit the same session runs.
+  SessionOptions roomy = so;
+  roomy.memory_limit = 64'000'000;
+  GraphBuilder small;
+  small.input("x", DataType::Float, {1}, true);
+  small.initializer("shape", Tensor::from_vector<int64_t>({2}, {100, 100}));
+  small.node("Expand", {"x", "shape"}, {"y"});
+  small.output("y");
+  Session ok = session_from_model(make_model(small.build()), roomy);
+  CHECK(run_error(ok, {{"x", Tensor::from_vector<float>({1}, {1})}}).empty());
 }

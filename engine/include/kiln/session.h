@@ -172,6 +172,10 @@ struct SessionOptions {
   // (Float32) by default.
   WeightPrecision gemm_weights = WeightPrecision::Float32;
   GraphOptimization optimization = GraphOptimization::All;
+  // The most bytes a run's tensors may hold at once (0: no limit). An output that would go
+  // over it fails the run with a kiln::Error (Memory) naming the node, the output's shape and
+  // the bytes, before anything is allocated.
+  uint64_t memory_limit = 0;
 };
 
 class Session {
