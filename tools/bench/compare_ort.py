@@ -17,10 +17,10 @@ true) at past lengths 16, 128 and 400; MiniLM at sequence length 128, batch 1; a
 Whisper decode loop (--decode-steps), reported per step; the ONNX backend data's light/ CNN
 models (--light, case "light") on a random input of their declared shape; a ResNet-50 with
 random weights exported from torch (--resnet, case "resnet", tools/export/make_resnet.py);
-two models of tiny ops where the time is the engines' fixed cost per node (case "small",
+three models of tiny ops where the time is the engines' fixed cost per node (case "small",
 tools/export/make_small_models.py, built into the temporary folder): a chain of 1,000 Adds on
-float32[1,16] and a voice-activity-like model with nested Ifs and LSTMs, with the time per
-executed node; one decode step of a GPT-2 with the real gpt2 dimensions and random weights
+float32[1,16], a chain of 200 Ifs with one-node branches, and a voice-activity-like model with
+nested Ifs and LSTMs, with the time per executed node; one decode step of a GPT-2 with the real gpt2 dimensions and random weights
 (--gpt2, case "gpt2", tools/export/make_gpt2.py --size gpt2) at past lengths --gpt2-past-lens,
 with the bytes read per step (weights + KV cache) over the time.
 
@@ -259,12 +259,13 @@ def small_section(runner, args, tmp):
     paths = make_small_models.write(os.path.join(tmp, "small"))
     rng = np.random.default_rng(16)
     idir = write_inputs(os.path.join(tmp, "small-inputs"),
-                        {"x": rng.standard_normal((1, make_small_models.WIDTH)).astype(np.float32)})
+                        {"x": rng.standard_normal((1, make_small_models.WIDTH)).astype(np.float32),
+                         "flag": np.array(True)})
     rows = []
     for case, path in paths.items():
         for t in args.threads:
-            res, diff = runner.measure(case, "run", path, idir, t, compare_output="y" if case == "add-chain"
-                                       else "probs")
+            res, diff = runner.measure(case, "run", path, idir, t,
+                                       compare_output="probs" if case == "small-if" else "y")
             k, o = summarize(res["kiln"]), summarize(res["onnxruntime"])
             executed = res["kiln"][0]["last_run_stats"]["nodes_run"]
             for s in (k, o):
@@ -276,7 +277,8 @@ def small_section(runner, args, tmp):
                   f"{k['nodes'][0]} → {k['nodes'][1]}", flush=True)
             rows.append((case, t, k, o, diff))
     desc = ("`tools/export/make_small_models.py`: `add-chain` is x float32[1,16] through 1,000 Adds, each "
-            "with its own [1,16] constant; `small-if` repeats a voice-activity-like block 4 times (MatMul, "
+            "with its own [1,16] constant; `if-chain` is x through 200 Ifs on a flag input, each branch one "
+            "Add or Sub of a [1,16] constant (the cost of dispatching an If); `small-if` repeats a voice-activity-like block 4 times (MatMul, "
             "Add, Relu, an If on the block's sum whose then-branch holds a second If on its mean, branches "
             "of 2-4 small ops, a one-step LSTM with hidden size 16). Both run in microseconds, so the time "
             "is mostly each engine's fixed cost per node (and per `run` call: onnxruntime is driven from "

@@ -4,9 +4,11 @@ small-if).
 
     /path/to/venv/bin/python tools/export/make_small_models.py OUT_DIR
 
-writes OUT_DIR/add_chain.onnx and OUT_DIR/small_if.onnx:
+writes OUT_DIR/add_chain.onnx, OUT_DIR/if_chain.onnx and OUT_DIR/small_if.onnx:
 
 - add_chain: x float32[1,16] through 1,000 Adds, each with its own random [1,16] constant.
+- if_chain: x float32[1,16] through 200 Ifs on a flag input, each branch one Add or Sub of a
+  [1,16] constant: the cost of dispatching an If and running a one-node branch.
 - small_if: a voice-activity-like block repeated 4 times on x float32[1,16] and an LSTM state:
   MatMul + Add + Relu, then an If on the sign of the block's sum whose then-branch holds a
   second If on its mean (branches of 2-3 small ops each), then a one-step LSTM (hidden 16)
@@ -40,6 +42,29 @@ def add_chain(length=1000, width=WIDTH):
         prev = out
     graph = helper.make_graph(
         nodes, "add_chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                             producer_name="kiln make_small_models.py")
+
+
+def if_chain(length=200, width=WIDTH):
+    rng = np.random.default_rng(200)
+    nodes, inits = [], []
+    prev = "x"
+    for i in range(length):
+        c = f"c{i}"
+        inits.append(_const(rng, c, (1, width), 0.01))
+        out = "y" if i + 1 == length else f"t{i}"
+        then_b = _branch(f"then{i}", [helper.make_node("Add", [prev, c], [f"a{i}"], name=f"add{i}")],
+                         f"a{i}")
+        else_b = _branch(f"else{i}", [helper.make_node("Sub", [prev, c], [f"s{i}"], name=f"sub{i}")],
+                         f"s{i}")
+        nodes.append(helper.make_node("If", ["flag"], [out], then_branch=then_b, else_branch=else_b,
+                                      name=f"if{i}"))
+        prev = out
+    graph = helper.make_graph(
+        nodes, "if_chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width]),
+                            helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                              producer_name="kiln make_small_models.py")
@@ -117,7 +142,7 @@ def write(out_dir):
     """Writes both models into out_dir; returns {case: path}."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {}
-    for case, make in (("add-chain", add_chain), ("small-if", small_if)):
+    for case, make in (("add-chain", add_chain), ("if-chain", if_chain), ("small-if", small_if)):
         model = make()
         onnx.checker.check_model(model, full_check=True)
         path = os.path.join(out_dir, case.replace("-", "_") + ".onnx")
