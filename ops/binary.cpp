@@ -16,6 +16,31 @@ namespace {
   throw Error(ErrorKind::Runtime, "integer division by zero");
 }
 
+// Whether `big` is the broadcast of itself with `small` (small's dims, right-aligned, are 1
+// or equal to big's).
+bool broadcasts_into(const Shape& small, const Shape& big) {
+  if (small.size() > big.size()) return false;
+  const size_t skip = big.size() - small.size();
+  for (size_t i = 0; i < small.size(); ++i) {
+    if (small[i] != 1 && small[i] != big[skip + i]) return false;
+  }
+  return true;
+}
+
+// The broadcast shape of two inputs. When it is one input's shape (equal shapes, a bias or a
+// scalar) no new vector is made. Used only within the full expression that passes it on, so
+// the temporary outlives every use.
+struct BroadcastShape {
+  Shape computed;
+  const Shape* same = nullptr;
+  operator const Shape&() const { return same ? *same : computed; }  // NOLINT: implicit
+};
+BroadcastShape broadcast_shape(const Tensor& a, const Tensor& b) {
+  if (broadcasts_into(b.shape(), a.shape())) return {{}, &a.shape()};
+  if (broadcasts_into(a.shape(), b.shape())) return {{}, &b.shape()};
+  return {broadcast_shapes(a.shape(), b.shape()), nullptr};
+}
+
 // Writes the result over whichever input has the output's shape and type when allowed.
 Tensor& binary_output(OpContext& ctx, DataType dtype, const Shape& shape) {
   const Tensor& a = ctx.input(0);
@@ -47,6 +72,13 @@ void arithmetic(const Fn& fn, const Tensor& a, const Tensor& b, Tensor& out) {
       const float* pa = a.data<const float>();
       const float* pb = b.data<const float>();
       float* po = out.data<float>();
+      if (out.is_contiguous()) {
+        const int64_t sa = flat_stride(a, out.shape()), sb = flat_stride(b, out.shape());
+        if (sa >= 0 && sb >= 0) {
+          row(pa, sa, pb, sb, po, out.numel());
+          return;
+        }
+      }
       std::array<Shape, 3> strides{broadcast_strides(a, out.shape()),
                                    broadcast_strides(b, out.shape()), out.strides()};
       for_each_row<3>(out.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* s) {
@@ -77,8 +109,7 @@ class Arithmetic final : public Kernel {
     check_same_type(ctx);
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
-    const Shape shape = broadcast_shapes(a.shape(), b.shape());
-    Tensor& out = binary_output(ctx, a.dtype(), shape);
+    Tensor& out = binary_output(ctx, a.dtype(), broadcast_shape(a, b));
     arithmetic(fn_, a, b, out);
   }
 
@@ -280,8 +311,7 @@ class Pow final : public Kernel {
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
-    const Shape shape = broadcast_shapes(a.shape(), b.shape());
-    Tensor& out = binary_output(ctx, a.dtype(), shape);
+    Tensor& out = binary_output(ctx, a.dtype(), broadcast_shape(a, b));
     using Bases = TypeList<float, double, float16, bfloat16, int32_t, int64_t>;
     dispatch(Bases{}, a.dtype(), [&]<typename T>() {
       dispatch(
@@ -321,8 +351,7 @@ class Compare final : public Kernel {
     check_same_type(ctx);
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
-    const Shape shape = broadcast_shapes(a.shape(), b.shape());
-    Tensor& out = binary_output(ctx, DataType::Bool, shape);
+    Tensor& out = binary_output(ctx, DataType::Bool, broadcast_shape(a, b));
     dispatch(typename Fn::Types{}, a.dtype(), [&]<typename T>() {
       binary_loop<T, T, bool>(a, b, out, [](const T& x, const T& y) -> bool {
         return Fn::apply(as_compute(x), as_compute(y));

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace kiln::ops {
 namespace {
@@ -24,51 +25,74 @@ void for_each_row_impl(const Shape& shape, size_t operands, const Shape* strides
   }
   constexpr size_t kMax = 8;
   if (operands > kMax) throw Error(ErrorKind::Runtime, "too many operands");
+  // The collapsed dims and strides live on the stack up to kInlineRank dims (only higher
+  // ranks allocate), so a small op pays no heap allocation here.
+  constexpr size_t kInlineRank = 8;
+  const size_t rank = shape.size();
+  int64_t inline_buf[kInlineRank * (kMax + 1)];
+  std::vector<int64_t> heap_buf;
+  int64_t* dims = inline_buf;
+  if (rank > kInlineRank) {
+    heap_buf.resize(rank * (kMax + 1));
+    dims = heap_buf.data();
+  }
+  // st[k * rank + j]: operand k's stride along collapsed dim j.
+  int64_t* st = dims + rank;
   // Collapse: drop size-1 dims and merge dims that are contiguous in every operand.
   // dims[0] ends up innermost.
-  std::vector<int64_t> dims;
-  std::vector<int64_t> st[kMax];
-  for (size_t d = shape.size(); d-- > 0;) {
+  size_t n_dims = 0;
+  for (size_t d = rank; d-- > 0;) {
     if (shape[d] == 1) continue;
-    if (!dims.empty()) {
+    if (n_dims > 0) {
       bool mergeable = true;
       for (size_t k = 0; k < operands; ++k) {
-        if (strides[k][d] != st[k].back() * dims.back()) mergeable = false;
+        if (strides[k][d] != st[k * rank + n_dims - 1] * dims[n_dims - 1]) mergeable = false;
       }
       if (mergeable) {
-        dims.back() *= shape[d];
+        dims[n_dims - 1] *= shape[d];
         continue;
       }
     }
-    dims.push_back(shape[d]);
-    for (size_t k = 0; k < operands; ++k) st[k].push_back(strides[k][d]);
+    dims[n_dims] = shape[d];
+    for (size_t k = 0; k < operands; ++k) st[k * rank + n_dims] = strides[k][d];
+    ++n_dims;
   }
   int64_t inner_strides[kMax] = {};
   int64_t zero[kMax] = {};
-  if (dims.empty()) {
+  if (n_dims == 0) {
     fn(state, zero, 1, inner_strides);
     return;
   }
   const int64_t inner = dims[0];
-  for (size_t k = 0; k < operands; ++k) inner_strides[k] = st[k][0];
+  for (size_t k = 0; k < operands; ++k) inner_strides[k] = st[k * rank];
   int64_t rows = 1;
-  for (size_t d = 1; d < dims.size(); ++d) rows *= dims[d];
+  for (size_t d = 1; d < n_dims; ++d) rows *= dims[d];
+  if (rows == 1) {
+    fn(state, zero, inner, inner_strides);
+    return;
+  }
   parallel_for(rows, grain_for(inner), [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> idx(dims.size(), 0);
+    int64_t idx_inline[kInlineRank] = {};
+    std::vector<int64_t> idx_heap;
+    int64_t* idx = idx_inline;
+    if (n_dims > kInlineRank) {
+      idx_heap.assign(n_dims, 0);
+      idx = idx_heap.data();
+    }
     int64_t off[kMax] = {};
     int64_t r = begin;
-    for (size_t d = 1; d < dims.size(); ++d) {
+    for (size_t d = 1; d < n_dims; ++d) {
       idx[d] = r % dims[d];
       r /= dims[d];
-      for (size_t k = 0; k < operands; ++k) off[k] += idx[d] * st[k][d];
+      for (size_t k = 0; k < operands; ++k) off[k] += idx[d] * st[k * rank + d];
     }
     for (int64_t row = begin; row < end; ++row) {
       fn(state, off, inner, inner_strides);
-      for (size_t d = 1; d < dims.size(); ++d) {
+      for (size_t d = 1; d < n_dims; ++d) {
         ++idx[d];
-        for (size_t k = 0; k < operands; ++k) off[k] += st[k][d];
+        for (size_t k = 0; k < operands; ++k) off[k] += st[k * rank + d];
         if (idx[d] < dims[d]) break;
-        for (size_t k = 0; k < operands; ++k) off[k] -= idx[d] * st[k][d];
+        for (size_t k = 0; k < operands; ++k) off[k] -= idx[d] * st[k * rank + d];
         idx[d] = 0;
       }
     }

@@ -36,11 +36,24 @@ void for_each_row(const Shape& shape, const std::array<Shape, K>& strides, F&& f
 // elements; sub-byte types contiguous only). Rows run in parallel.
 void copy_strided(const Tensor& src, const Tensor& dst);
 
+// The element stride of an operand read in one flat pass over a contiguous output of
+// `shape`: 1 when it is contiguous with that shape, 0 when it holds one element (broadcast),
+// -1 when it needs the strided loop. Small tensors then cost no shape or stride vectors.
+inline int64_t flat_stride(const Tensor& t, const Shape& shape) {
+  if (t.shape() == shape && t.is_contiguous()) return 1;
+  return t.numel() == 1 ? 0 : -1;
+}
+
 // out[i] = op(in[i]) over any input layout; `out` is contiguous and may alias `in`.
 template <typename TI, typename TO, typename Op>
 void unary_loop(const Tensor& in, const Tensor& out, Op op) {
   const TI* src = in.data<const TI>();
   TO* dst = out.data<TO>();
+  if (out.is_contiguous() && flat_stride(in, out.shape()) == 1) {
+    const int64_t n = out.numel();
+    for (int64_t i = 0; i < n; ++i) dst[i] = op(src[i]);
+    return;
+  }
   std::array<Shape, 2> strides{in.strides(), out.strides()};
   for_each_row<2>(out.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* s) {
     const TI* a = src + off[0];
@@ -59,6 +72,14 @@ void binary_loop(const Tensor& a, const Tensor& b, const Tensor& out, Op op) {
   const TA* pa = a.data<const TA>();
   const TB* pb = b.data<const TB>();
   TO* po = out.data<TO>();
+  if (out.is_contiguous()) {
+    const int64_t sa = flat_stride(a, out.shape()), sb = flat_stride(b, out.shape());
+    if (sa >= 0 && sb >= 0) {
+      const int64_t n = out.numel();
+      for (int64_t i = 0; i < n; ++i) po[i] = op(pa[i * sa], pb[i * sb]);
+      return;
+    }
+  }
   std::array<Shape, 3> strides{broadcast_strides(a, out.shape()), broadcast_strides(b, out.shape()),
                                out.strides()};
   for_each_row<3>(out.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* s) {

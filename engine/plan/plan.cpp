@@ -90,9 +90,13 @@ std::vector<int32_t> execution_order(const ir::Graph& g) {
   return order;
 }
 
-std::unique_ptr<GraphPlan> build_plan(const ir::Graph& g, ops::WeightPreparer* preparer) {
+namespace {
+
+std::unique_ptr<GraphPlan> build_plan_tree(const ir::Graph& g, ops::WeightPreparer* preparer,
+                                           int32_t& next_index) {
   auto plan = std::make_unique<GraphPlan>();
   plan->graph = &g;
+  plan->index = next_index++;
   plan->use_counts.assign(g.values.size(), 0);
   for (const ir::Node& node : g.nodes) {
     for (ir::ValueId id : node.inputs) {
@@ -113,7 +117,7 @@ std::unique_ptr<GraphPlan> build_plan(const ir::Graph& g, ops::WeightPreparer* p
     step.op = reg;
     for (const ir::Attribute* a : node.graph_attributes()) {
       const ir::Graph& sub = *a->g;
-      step.subgraphs.push_back(build_plan(sub, preparer));
+      step.subgraphs.push_back(build_plan_tree(sub, preparer, next_index));
       std::vector<int32_t> slots;
       for (ir::ValueId c : sub.captures) {
         const std::string& name = sub.value(c).name;
@@ -141,6 +145,13 @@ std::unique_ptr<GraphPlan> build_plan(const ir::Graph& g, ops::WeightPreparer* p
     plan->steps.push_back(std::move(step));
   }
   return plan;
+}
+
+}  // namespace
+
+std::unique_ptr<GraphPlan> build_plan(const ir::Graph& g, ops::WeightPreparer* preparer) {
+  int32_t next_index = 0;
+  return build_plan_tree(g, preparer, next_index);
 }
 
 }  // namespace kiln::plan

@@ -30,6 +30,9 @@ struct GraphPlan {
   // Per value: reads by nodes (explicit and implicit inputs) plus appearances among the
   // graph's outputs. A value is freed when its count reaches zero.
   std::vector<int32_t> use_counts;
+  // This plan's position among the plans of one tree (the root is 0, nested plans follow):
+  // the executor keeps each graph's frame buffers under it between runs.
+  int32_t index = 0;
 };
 
 // Orders the graph and creates its kernels (recursively for nested graphs). Throws

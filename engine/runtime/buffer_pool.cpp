@@ -1,5 +1,6 @@
 #include "engine/runtime/buffer_pool.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <new>
@@ -44,9 +45,12 @@ std::byte* PoolCore::place_in_arena(const ArenaLayout& l, size_t index, size_t b
   const uint64_t begin = l.offsets[index], end = begin + l.bytes[index];
   if (end > arena_capacity_) return nullptr;
   // The live buffer starting last before `end` is the only one that can overlap.
-  auto it = arena_live_.lower_bound(end);
+  auto it = std::lower_bound(
+      arena_live_.begin(), arena_live_.end(), end,
+      [](const std::pair<uint64_t, uint64_t>& e, uint64_t v) { return e.first < v; });
   if (it != arena_live_.begin() && std::prev(it)->second > begin) return nullptr;
-  arena_live_.emplace(begin, end);
+  // Live buffers never overlap, so `begin` sorts right before `it`.
+  arena_live_.insert(it, {begin, end});
   capacity = l.bytes[index];
   return arena_ + begin;
 }
@@ -112,7 +116,11 @@ std::shared_ptr<Storage> PoolCore::acquire(size_t bytes) {
       }
     }
     // Best fit among cached buffers no more than twice the size class.
-    auto it = data ? free_.end() : free_.lower_bound(cls);
+    auto it = data ? free_.end()
+                   : std::lower_bound(free_.begin(), free_.end(), cls,
+                                      [](const std::pair<size_t, std::byte*>& e, size_t v) {
+                                        return e.first < v;
+                                      });
     if (it != free_.end() && it->first <= 2 * cls) {
       capacity = it->first;
       data = it->second;
@@ -147,10 +155,17 @@ void PoolCore::release(std::byte* data, size_t capacity) {
     }
   }
   if (arena_ && data >= arena_ && data < arena_ + arena_capacity_) {
-    arena_live_.erase(static_cast<uint64_t>(data - arena_));
+    const auto offset = static_cast<uint64_t>(data - arena_);
+    auto it = std::lower_bound(
+        arena_live_.begin(), arena_live_.end(), offset,
+        [](const std::pair<uint64_t, uint64_t>& e, uint64_t v) { return e.first < v; });
+    if (it != arena_live_.end() && it->first == offset) arena_live_.erase(it);
     return;
   }
-  free_.emplace(capacity, data);
+  auto at = std::upper_bound(
+      free_.begin(), free_.end(), capacity,
+      [](size_t v, const std::pair<size_t, std::byte*>& e) { return v < e.first; });
+  free_.insert(at, {capacity, data});
   bytes_cached += capacity;
 }
 

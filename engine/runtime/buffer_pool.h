@@ -88,7 +88,9 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   bool reserve_arena(uint64_t bytes);
 
   std::mutex mutex_;
-  std::multimap<size_t, std::byte*> free_;  // capacity -> buffer
+  // Sorted vectors rather than node-based maps: after warm-up, taking and returning a buffer
+  // allocates nothing. Cached buffers of one capacity keep the order they were returned in.
+  std::vector<std::pair<size_t, std::byte*>> free_;  // (capacity, buffer), by capacity
   std::atomic<int32_t> step_{0};
   std::atomic<bool> recording_{false};
   std::vector<RecordedBuffer> recorded_;
@@ -98,7 +100,8 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   size_t arena_next_ = 0;
   std::byte* arena_ = nullptr;
   size_t arena_capacity_ = 0;
-  std::map<uint64_t, uint64_t> arena_live_;  // offset -> end of live arena buffers
+  // (offset, end) of the live arena buffers, by offset.
+  std::vector<std::pair<uint64_t, uint64_t>> arena_live_;
 };
 
 }  // namespace detail

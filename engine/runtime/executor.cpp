@@ -1,5 +1,6 @@
 #include "engine/runtime/executor.h"
 
+#include <memory>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -29,11 +30,43 @@ Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape) {
 
 namespace {
 
+// Empties a slot in place: cheaper than assigning a temporary Value, which is large.
+void clear_value(Value& v) {
+  std::destroy_at(&v);
+  std::construct_at(&v);
+}
+
 struct Frame {
   const plan::GraphPlan& plan;
-  std::vector<Value> slots;
-  std::vector<int32_t> uses;
+  std::vector<Value>& slots;
+  std::vector<int32_t>& uses;
+  // Initializers stay bound in their slots after their last read and between runs, unless
+  // weights give their pages back after their last use (which counts the slots viewing them).
+  bool keep_initializers = true;
   WeightRelease* weights = nullptr;  // main graph with release_weights_after_use only
+};
+
+bool is_initializer(const ir::Graph& g, size_t id) {
+  return g.values[id].origin == ir::ValueOrigin::Initializer;
+}
+
+// Empties a run's buffers when it ends, normally or by an exception, so that no value
+// outlives its run in the kept buffers (initializers excepted, see Frame).
+struct ClearOnExit {
+  FrameBuffers& b;
+  const ir::Graph& g;
+  bool keep_initializers;
+  ~ClearOnExit() {
+    for (size_t i = 0; i < b.slots.size(); ++i) {
+      if (b.slots[i].defined() && !(keep_initializers && is_initializer(g, i))) {
+        clear_value(b.slots[i]);
+      }
+    }
+    b.temps.clear();
+    for (Value& v : b.outs) {
+      if (v.defined()) clear_value(v);
+    }
+  }
 };
 
 bool uniquely_owned(const Value& v) {
@@ -46,8 +79,9 @@ void release_use(Frame& f, ir::ValueId id) {
   if (id == ir::kNoValue) return;
   if (--f.uses[static_cast<size_t>(id)] == 0) {
     Value& slot = f.slots[static_cast<size_t>(id)];
+    if (f.keep_initializers && is_initializer(*f.plan.graph, static_cast<size_t>(id))) return;
     if (f.weights) f.weights->drop(slot);
-    slot = Value();
+    clear_value(slot);
   }
 }
 
@@ -151,7 +185,12 @@ class StepHooks final : public ops::ExecutionHooks {
 std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value> inputs,
                                  std::vector<Value> captures, int depth) {
   const ir::Graph& g = *plan.graph;
-  Frame f{plan, std::vector<Value>(g.values.size()), plan.use_counts};
+  FrameBuffers& buffers = scratch_.at(plan.index);
+  const bool keep_initializers = !(depth == 0 && weight_release_);
+  ClearOnExit clear{buffers, g, keep_initializers};
+  buffers.slots.resize(g.values.size());
+  buffers.uses.assign(plan.use_counts.begin(), plan.use_counts.end());
+  Frame f{plan, buffers.slots, buffers.uses, keep_initializers};
   if (inputs.size() > g.inputs.size()) {
     throw Error(ErrorKind::Runtime, "graph '" + g.name + "' takes " +
                                         std::to_string(g.inputs.size()) + " inputs, given " +
@@ -173,8 +212,17 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
   }
   for (ir::ValueId id : g.initializers) {
     // A hollow constant (data not given yet) stays empty: its readers report it by name.
-    if (g.value(id).constant.defined())
-      f.slots[static_cast<size_t>(id)] = Value(g.value(id).constant);
+    const Tensor& constant = g.value(id).constant;
+    Value& slot = f.slots[static_cast<size_t>(id)];
+    if (!constant.defined()) {
+      if (slot.defined()) clear_value(slot);
+      continue;
+    }
+    // Still bound from an earlier run, unless the constant was set anew or moved out as a
+    // graph output.
+    const bool bound = slot.is_tensor() && slot.tensor().storage() == constant.storage() &&
+                       slot.tensor().byte_offset() == constant.byte_offset();
+    if (!bound) slot = Value(constant);
   }
   if (captures.size() != g.captures.size()) {
     throw Error(ErrorKind::Runtime, "nested graph '" + g.name + "' expects " +
@@ -188,10 +236,10 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
     for (const Value& v : f.slots) f.weights->hold(v);
   }
 
-  std::vector<const Value*> in_ptrs;
-  std::vector<Value> temps;
-  std::vector<bool> temporary;
-  std::vector<Value> outs;
+  std::vector<const Value*>& in_ptrs = buffers.in_ptrs;
+  std::vector<Value>& temps = buffers.temps;
+  std::vector<bool>& temporary = buffers.temporary;
+  std::vector<Value>& outs = buffers.outs;
   for (const plan::Step& step : plan.steps) {
     const ir::Node& node = *step.node;
     pool_.core().set_step(++steps_);
@@ -218,10 +266,15 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
         stats_.bytes_copied_contiguous += bytes;
       }
     }
-    outs.assign(node.outputs.size(), Value());
+    outs.resize(node.outputs.size());
+    for (Value& v : outs) {
+      if (v.defined()) clear_value(v);  // moved from by the previous step
+    }
     StepHooks hooks(*this, f, step, in_ptrs, temporary, depth);
     ops::OpContext ctx(node, in_ptrs, outs, hooks);
-    const auto t0 = std::chrono::steady_clock::now();
+    // The clock is read only for profiles: two reads cost as much as a tiny kernel.
+    const auto t0 =
+        profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const uint64_t copied_before = stats_.bytes_copied;
     try {
       step.kernel->run(ctx);

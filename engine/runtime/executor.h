@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <vector>
 
 #include "engine/plan/plan.h"
@@ -18,10 +19,45 @@ namespace kiln {
 
 class WeightRelease;
 
+// The vectors one graph run works in: a slot per value, the remaining use counts, and a
+// step's input pointers, contiguous temporaries and outputs. Between runs they keep their
+// capacity, so a warm run allocates none of them, and the slots keep the graph's
+// initializers bound (handles to read-only weights), so a warm run copies none of those
+// handles either.
+struct FrameBuffers {
+  std::vector<Value> slots;
+  std::vector<int32_t> uses;
+  std::vector<const Value*> in_ptrs;
+  std::vector<Value> temps;
+  std::vector<bool> temporary;
+  std::vector<Value> outs;
+};
+
+// FrameBuffers kept across runs (a session holds one), one set per graph of the plan tree
+// (GraphPlan::index): a graph never runs inside itself, and its runs (Loop iterations) follow
+// one another.
+class ExecutorScratch {
+ public:
+  FrameBuffers& at(int32_t plan_index) {
+    const auto d = static_cast<size_t>(plan_index);
+    while (frames_.size() <= d) frames_.push_back(std::make_unique<FrameBuffers>());
+    return *frames_[d];
+  }
+
+ private:
+  std::vector<std::unique_ptr<FrameBuffers>> frames_;
+};
+
 class Executor {
  public:
-  Executor(BufferPool& pool, RunStats& stats, std::vector<NodeEvent>* profile)
-      : pool_(pool), stats_(stats), profile_(profile), start_(std::chrono::steady_clock::now()) {}
+  // `scratch` (may be null: the executor keeps its own) must not serve two runs at once.
+  Executor(BufferPool& pool, RunStats& stats, std::vector<NodeEvent>* profile,
+           ExecutorScratch* scratch = nullptr)
+      : pool_(pool),
+        stats_(stats),
+        profile_(profile),
+        start_(std::chrono::steady_clock::now()),
+        scratch_(scratch ? *scratch : own_scratch_) {}
 
   // Runs `plan` with `inputs` bound to graph.inputs (in order; an undefined Value takes the
   // input's default) and `captures` bound to graph.captures. Returns graph.outputs.
@@ -39,6 +75,8 @@ class Executor {
   RunStats& stats_;
   std::vector<NodeEvent>* profile_;
   std::chrono::steady_clock::time_point start_;
+  ExecutorScratch own_scratch_;
+  ExecutorScratch& scratch_;
   int32_t steps_ = 0;  // steps started in this run, nested graphs included
   bool adopt_inputs_ = false;
   WeightRelease* weight_release_ = nullptr;

@@ -154,6 +154,7 @@ struct Session::Impl {
   std::vector<IoInfo> inputs, outputs;
   LoadStats load_stats;
   RunStats run_stats;
+  ExecutorScratch scratch;  // the executor's frame buffers, kept warm between runs
   bool profile = false;
   std::vector<NodeEvent> events;
   bool memory_arena = true, reuse_inputs = false, inputs_in_arena = false;
@@ -719,7 +720,7 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
   }
   const std::shared_ptr<const detail::ArenaLayout> used = in_arena ? s.arena : nullptr;
   std::vector<Value> results;
-  Executor ex(s.pool, s.run_stats, s.profile ? &s.events : nullptr);
+  Executor ex(s.pool, s.run_stats, s.profile ? &s.events : nullptr, &s.scratch);
   ex.set_adopt_inputs(s.reuse_inputs);
   if (s.weight_release) {
     s.weight_release->start_run(s.run_stats);

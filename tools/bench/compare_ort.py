@@ -16,7 +16,15 @@ Cases: whisper encoder on [1,80,3000] features; one merged-decoder step (use_cac
 true) at past lengths 16, 128 and 400; MiniLM at sequence length 128, batch 1; a 200-step
 Whisper decode loop (--decode-steps), reported per step; the ONNX backend data's light/ CNN
 models (--light, case "light") on a random input of their declared shape; a ResNet-50 with
-random weights exported from torch (--resnet, case "resnet", tools/export/make_resnet.py).
+random weights exported from torch (--resnet, case "resnet", tools/export/make_resnet.py);
+three models of tiny ops where the time is the engines' fixed cost per node (case "small",
+tools/export/make_small_models.py, built into the temporary folder): a chain of 1,000 Adds on
+float32[1,16], a chain of 200 Ifs with one-node branches, and a voice-activity-like model with
+nested Ifs and LSTMs, with the time per executed node; one decode step of a GPT-2 with the real gpt2 dimensions and random weights
+(--gpt2, case "gpt2", tools/export/make_gpt2.py --size gpt2) at past lengths --gpt2-past-lens,
+with the bytes read per step (weights + KV cache) over the time.
+
+Every table gives kiln's node count as loaded and as planned after its graph optimisation.
 """
 import argparse
 import datetime
@@ -195,7 +203,9 @@ class Runner:
 
 def summarize(runs):
     times = [t for r in runs for t in r["iterations_ms"]]
-    return {"median": pct(times, 50), "p90": pct(times, 90), "n": len(times),
+    ls = runs[0].get("load_stats", {})
+    nodes = (ls["nodes_loaded"], ls["nodes_planned"]) if "nodes_planned" in ls else None
+    return {"median": pct(times, 50), "p90": pct(times, 90), "n": len(times), "nodes": nodes,
             "load": statistics.median(r["load_ms"] for r in runs),
             "rss": max(r["peak_rss_bytes"] for r in runs),
             "rss_over": max(r["peak_rss_bytes"] - r["rss_before_load_bytes"] for r in runs)}
@@ -239,6 +249,89 @@ def bf16_section(runner, args, dirs, past_lens):
             "The difference column is the largest absolute difference of the first output from kiln's "
             "own float-weight output on the same inputs.")
     return ("kiln with bfloat16 / float16 GEMM weights", desc, out)
+
+
+def small_section(runner, args, tmp):
+    """The add chain and the small If/LSTM model, with the time per node kiln executed."""
+    sys.path.insert(0, os.path.join(ROOT, "tools", "export"))
+    import make_small_models
+
+    paths = make_small_models.write(os.path.join(tmp, "small"))
+    rng = np.random.default_rng(16)
+    idir = write_inputs(os.path.join(tmp, "small-inputs"),
+                        {"x": rng.standard_normal((1, make_small_models.WIDTH)).astype(np.float32),
+                         "flag": np.array(True)})
+    rows = []
+    for case, path in paths.items():
+        for t in args.threads:
+            res, diff = runner.measure(case, "run", path, idir, t,
+                                       compare_output="probs" if case == "small-if" else "y")
+            k, o = summarize(res["kiln"]), summarize(res["onnxruntime"])
+            executed = res["kiln"][0]["last_run_stats"]["nodes_run"]
+            for s in (k, o):
+                s["rate_label"] = "µs per executed node"
+                s["rate"] = f"{1000 * s['median'] / executed:.2f}"
+            print(f"  {case} threads={t}: kiln {k['median'] * 1000:.0f} µs, onnxruntime "
+                  f"{o['median'] * 1000:.0f} µs, kiln/ORT {k['median'] / o['median']:.2f}, {executed} nodes run: "
+                  f"kiln {k['rate']} µs/node, onnxruntime {o['rate']} µs/node; kiln nodes "
+                  f"{k['nodes'][0]} → {k['nodes'][1]}", flush=True)
+            rows.append((case, t, k, o, diff))
+    desc = ("`tools/export/make_small_models.py`: `add-chain` is x float32[1,16] through 1,000 Adds, each "
+            "with its own [1,16] constant; `if-chain` is x through 200 Ifs on a flag input, each branch one "
+            "Add or Sub of a [1,16] constant (the cost of dispatching an If); `small-if` repeats a voice-activity-like block 4 times (MatMul, "
+            "Add, Relu, an If on the block's sum whose then-branch holds a second If on its mean, branches "
+            "of 2-4 small ops, a one-step LSTM with hidden size 16). Both run in microseconds, so the time "
+            "is mostly each engine's fixed cost per node (and per `run` call: onnxruntime is driven from "
+            "Python, kiln from C++). µs per executed node divides each engine's median by the nodes kiln "
+            "ran, nested graphs included (`RunStats::nodes_run`).")
+    return ("Per-node cost: tiny ops", desc, rows, "model")
+
+
+def gpt2_section(runner, args, tmp, past_lens):
+    """One decode step of the real-size GPT-2 at each past length, with the bytes read per step
+    (weights + KV cache) over the median time."""
+    import onnx
+
+    path = os.path.join(args.gpt2, "model.onnx")
+    with open(os.path.join(args.gpt2, "config.json")) as f:
+        cfg = json.load(f)
+    layers, heads, d = cfg["n_layer"], cfg["n_head"], cfg["n_embd"]
+    declared = [i.name for i in onnx.load(path, load_external_data=False).graph.input]
+    rng = np.random.default_rng(2)
+    rows = []
+    for plen in past_lens:
+        arrays = {"input_ids": np.array([[int(rng.integers(0, cfg["vocab_size"]))]], np.int64),
+                  "attention_mask": np.ones((1, plen + 1), np.int64),
+                  "position_ids": np.array([[plen]], np.int64)}
+        for layer in range(layers):
+            for kind in ("key", "value"):
+                arrays[f"past_key_values.{layer}.{kind}"] = rng.standard_normal(
+                    (1, heads, plen, d // heads), np.float32)
+        arrays = {k: v for k, v in arrays.items() if k in declared}
+        missing = set(declared) - set(arrays)
+        if missing:
+            sys.exit(f"compare_ort: the GPT-2 model has inputs this script does not make: {sorted(missing)}")
+        idir = write_inputs(os.path.join(tmp, f"gpt2-{plen}"), arrays)
+        kv_bytes = sum(v.nbytes for k, v in arrays.items() if k.startswith("past_key_values."))
+        for t in args.threads:
+            res, diff = runner.measure(f"gpt2-past-{plen}", "run", path, idir, t,
+                                       ["--kv-capacity", str(cfg["n_positions"])], compare_output="logits")
+            k, o = summarize(res["kiln"]), summarize(res["onnxruntime"])
+            read = res["kiln"][0]["load_stats"]["weights_bytes"] + kv_bytes
+            for s in (k, o):
+                s["rate_label"] = "GB/s read (weights + KV)"
+                s["rate"] = f"{read / (s['median'] / 1000) / 1e9:.1f}"
+            print(f"  gpt2 past {plen} threads={t}: kiln {k['median']:.2f} ms ({k['rate']} GB/s), onnxruntime "
+                  f"{o['median']:.2f} ms ({o['rate']} GB/s), kiln/ORT {k['median'] / o['median']:.2f}; kiln "
+                  f"nodes {k['nodes'][0]} → {k['nodes'][1]}", flush=True)
+            rows.append((plen, t, k, o, diff))
+    desc = (f"`tools/export/make_gpt2.py --size gpt2`: GPT-2's real dimensions ({layers} layers, n_embd {d}, "
+            f"{heads} heads, vocabulary {cfg['vocab_size']}, {cfg['n_positions']} positions) with random "
+            "weights, exported by Optimum (text-generation-with-past, opset 18) as one `model.onnx`. One "
+            "decode step: one new token, random caches of `past` tokens (attention_mask of past + 1 ones). "
+            "kiln gets its caches as tensors with room for n_positions, passed by move; onnxruntime plain "
+            "arrays. GB/s read: the model's weight bytes plus the KV cache bytes, over the median step time.")
+    return ("GPT-2 (real dimensions), one decode step", desc, rows, "past")
 
 
 GEMM_SHAPES = [(1500, 384, 384), (1500, 1536, 384), (1500, 384, 1536), (128, 384, 384),
@@ -323,21 +416,26 @@ def loadavg():
 
 
 def fmt_ms(x):
+    if x < 0.1:  # the per-node cases run in microseconds
+        return f"{x:.4f}"
     return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
 
 
 def session_table(rows, extra_col=None):
     """rows: (extra value, threads, kiln summary, ort summary, output diff)."""
+    rate = next((k["rate_label"] for _, _, k, _, _ in rows if "rate_label" in k), None)
     head = ([extra_col] if extra_col else []) + [
-        "threads", "engine", "median ms", "p90 ms", "kiln/ORT (median)", "load ms", "peak RSS MiB",
-        "RSS growth MiB"]
+        "threads", "engine", "median ms", "p90 ms", "kiln/ORT (median)"] + ([rate] if rate else []) + [
+        "load ms", "peak RSS MiB", "RSS growth MiB", "kiln nodes (loaded → planned)"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for extra, threads, k, o, _ in rows:
         ratio = k["median"] / o["median"]
         for engine, s, r in (("kiln", k, f"**{ratio:.2f}**"), ("onnxruntime", o, "")):
+            nodes = f"{s['nodes'][0]} → {s['nodes'][1]}" if s.get("nodes") else ""
             cells = ([str(extra)] if extra_col else []) + [
-                str(threads), engine, fmt_ms(s["median"]), fmt_ms(s["p90"]), r, fmt_ms(s["load"]),
-                f"{s['rss'] / MIB:.0f}", f"{s['rss_over'] / MIB:.0f}"]
+                str(threads), engine, fmt_ms(s["median"]), fmt_ms(s["p90"]), r] + (
+                [s.get("rate", "")] if rate else []) + [
+                fmt_ms(s["load"]), f"{s['rss'] / MIB:.0f}", f"{s['rss_over'] / MIB:.0f}", nodes]
             out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -585,18 +683,22 @@ def main():
         "light"), help="folder of the ONNX backend data's light/ CNN models")
     p.add_argument("--resnet", default=os.path.join(ROOT, "models/cache/resnet50-random"),
                    help="folder of tools/export/make_resnet.py's model (case resnet)")
-    p.add_argument("--cases", default="encoder,decoder-step,minilm,decode,light,resnet,gemm,bf16")
+    p.add_argument("--gpt2", default=os.path.join(ROOT, "models/cache/gpt2-random"),
+                   help="folder of tools/export/make_gpt2.py --size gpt2's model (case gpt2)")
+    p.add_argument("--gpt2-past-lens", default="128,512")
+    p.add_argument("--cases", default="encoder,decoder-step,minilm,decode,light,resnet,small,gpt2,gemm,bf16")
     p.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
     p.add_argument("--raw", help="also write every child's JSON result to this file")
     args = p.parse_args()
     try:
         args.threads = [int(t) for t in args.threads.split(",")]
         past_lens = [int(x) for x in args.past_lens.split(",")]
+        gpt2_past_lens = [int(x) for x in args.gpt2_past_lens.split(",")]
     except ValueError:
         p.error("--threads and --past-lens take comma-separated integers")
     cases = args.cases.split(",")
-    unknown = set(cases) - {"encoder", "decoder-step", "minilm", "decode", "light", "resnet", "gemm",
-                            "bf16"}
+    unknown = set(cases) - {"encoder", "decoder-step", "minilm", "decode", "light", "resnet", "small",
+                            "gpt2", "gemm", "bf16"}
     if unknown:
         p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     if min(args.threads) < 1 or args.rounds < 1 or args.iterations < 1 or args.decode_rounds < 1:
@@ -605,7 +707,7 @@ def main():
         p.error(f"{args.kiln_bench}: not found (build kiln first: cmake --build build)")
     whisper_cases = {"encoder", "decoder-step", "decode", "bf16"} & set(cases)
     for folder, needed in ((args.whisper, whisper_cases), (args.minilm, {"minilm"} & set(cases)),
-                           (args.resnet, {"resnet"} & set(cases))):
+                           (args.resnet, {"resnet"} & set(cases)), (args.gpt2, {"gpt2"} & set(cases))):
         if needed and not os.path.isdir(folder):
             p.error(f"{folder}: no such model folder (see models/README.md to make it)")
     if "light" in cases and not os.path.isdir(args.light):
@@ -696,6 +798,10 @@ def main():
                              "exporter (opset 17, normalizations folded into the convolutions by the exporter), "
                              "on one random float32[1,3,224,224] image. " +
                              runner.profile("run", path, idir), rows, "model"))
+        if "small" in cases:
+            sections.append(small_section(runner, args, tmp))
+        if "gpt2" in cases:
+            sections.append(gpt2_section(runner, args, tmp, gpt2_past_lens))
         if "bf16" in cases:
             extra.append(bf16_section(runner, args, dirs, past_lens))
         if "gemm" in cases:

@@ -559,6 +559,7 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
   j.key("load_stats").begin_object();
   j.field("weights_bytes", ls.weights_bytes).field("weights_mapped_bytes", ls.weights_mapped_bytes);
   j.field("weights_copied_bytes", ls.weights_copied_bytes);
+  j.field("nodes_loaded", ls.nodes_loaded).field("nodes_planned", ls.nodes_planned);
   j.end_object();
   j.field("rss_before_load_bytes", rss_before).field("peak_rss_bytes", peak_rss_bytes());
   j.end_object();

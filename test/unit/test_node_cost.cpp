@@ -1,0 +1,125 @@
+// The executor's fixed cost per node, as exact heap allocation counts: a warm run of a long
+// chain of tiny ops must allocate no more per node than the tensor handles it produces.
+// Counted with a replacement operator new that counts the calling thread's allocations only
+// (sessions here run on one thread), so other threads cannot disturb the counts.
+#include <cstdlib>
+#include <new>
+
+// The replacement operator delete frees what the replacement operator new took from malloc;
+// GCC cannot see that pairing where it inlines them.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+#include "test/unit/op_test.h"
+
+namespace {
+thread_local uint64_t g_heap_allocations = 0;
+}  // namespace
+
+void* operator new(std::size_t size) {
+  ++g_heap_allocations;
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t size) {
+  return ::operator new(size);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+
+using namespace kiln;
+using namespace kiln::testing;
+
+namespace {
+
+// Heap allocations of one warm run (after two runs with the same inputs).
+uint64_t warm_run_allocations(Session& s, const std::vector<NamedValue>& feed) {
+  s.run(feed);
+  s.run(feed);
+  const uint64_t before = g_heap_allocations;
+  { auto out = s.run(feed); }
+  return g_heap_allocations - before;
+}
+
+// x float[1,16] through `length` Adds with constants: each Add writes over its input.
+Session add_chain(int length) {
+  GraphBuilder b;
+  b.input("x", DataType::Float, {1, 16}, true);
+  std::string prev = "x";
+  for (int i = 0; i < length; ++i) {
+    const std::string c = "c" + std::to_string(i), out = "t" + std::to_string(i);
+    b.initializer(c, Tensor::from_vector<float>({1, 16}, std::vector<float>(16, 0.5f)));
+    b.node("Add", {prev, c}, {out});
+    prev = out;
+  }
+  b.output(prev);
+  return make_session(b.build());
+}
+
+// `length` If nodes in a chain, each choosing between two one-node branches on a flag.
+Session if_chain(int length) {
+  GraphBuilder b;
+  b.input("x", DataType::Float, {1, 16}, true);
+  b.input("cond", DataType::Bool, {1}, true);
+  b.initializer("one", Tensor::from_vector<float>({1}, {1.0f}));
+  std::string prev = "x";
+  for (int i = 0; i < length; ++i) {
+    const std::string out = "y" + std::to_string(i);
+    GraphBuilder then_b("then" + std::to_string(i));
+    then_b.node("Add", {prev, "one"}, {"a" + std::to_string(i)});
+    then_b.output("a" + std::to_string(i));
+    GraphBuilder else_b("else" + std::to_string(i));
+    else_b.node("Sub", {prev, "one"}, {"s" + std::to_string(i)});
+    else_b.output("s" + std::to_string(i));
+    b.node("If", {"cond"}, {out},
+           {graph_attr("then_branch", then_b.build()), graph_attr("else_branch", else_b.build())});
+    prev = out;
+  }
+  b.output(prev);
+  return make_session(b.build());
+}
+
+}  // namespace
+
+TEST_CASE("a warm run allocates at most the output tensor's handles per tiny node",
+          "[executor][node_cost]") {
+  const std::vector<NamedValue> feed = {{"x", Tensor::zeros(DataType::Float, {1, 16})}};
+  Session short_chain = add_chain(100);
+  Session long_chain = add_chain(200);
+  const uint64_t a100 = warm_run_allocations(short_chain, feed);
+  const uint64_t a200 = warm_run_allocations(long_chain, feed);
+  CHECK(short_chain.last_run_stats().allocations == 0);  // the pool's buffers are reused
+  CHECK(short_chain.last_run_stats().in_place_ops == 99);
+  CHECK(long_chain.last_run_stats().nodes_run == 200);
+  // An in-place Add makes one tensor handle (its shape and strides vectors); the executor's
+  // frame, the initializers' bindings, the broadcast check and the element loop allocate
+  // nothing.
+  CHECK(a200 - a100 == 2 * 100);
+}
+
+TEST_CASE("a warm run allocates a bounded amount per If with small branches",
+          "[executor][node_cost][if]") {
+  const std::vector<NamedValue> feed = {{"x", Tensor::zeros(DataType::Float, {1, 16})},
+                                        {"cond", Tensor::from_vector<bool>({1}, {true})}};
+  Session short_chain = if_chain(20);
+  Session long_chain = if_chain(40);
+  const uint64_t a20 = warm_run_allocations(short_chain, feed);
+  const uint64_t a40 = warm_run_allocations(long_chain, feed);
+  CHECK(long_chain.last_run_stats().nodes_run == 80);
+  // Per If (8 today): the captures and results vectors, a handle to the captured constant,
+  // the in-place output's handle in the branch; the frame, the initializer bindings and the
+  // broadcast shape allocate nothing. A bound, not an exact count, so that it does not
+  // depend on how the standard library sizes its vectors.
+  const uint64_t per_if = (a40 - a20) / 20;
+  INFO("heap allocations per If: " << per_if);
+  CHECK(per_if <= 8);
+}
