@@ -65,7 +65,7 @@ bool child_type(WireMessage parent, uint32_t field, WireMessage& child) {
 
 class Builder {
  public:
-  Builder(const uint8_t* base, size_t size) : base_(base), size_(size) {}
+  explicit Builder(const uint8_t* base) : base_(base) {}
 
   void message(const uint8_t* p, const uint8_t* end, WireMessage type, int depth,
                std::string& out) {
@@ -144,14 +144,13 @@ class Builder {
     out.push_back(static_cast<char>(v));
   }
   const uint8_t* base_;
-  size_t size_;
 };
 
 }  // namespace
 
 Skeleton make_skeleton(const std::byte* data, size_t size, WireMessage root) {
   const auto* p = reinterpret_cast<const uint8_t*>(data);
-  Builder b(p, size);
+  Builder b(p);
   b.message(p, p + size, root, 0, b.result_.bytes);
   return std::move(b.result_);
 }

@@ -22,8 +22,12 @@ namespace kiln::math::avx512 {
 // with that step; only this region may use the extension, and its table is chosen only
 // where the processor has it.
 namespace vnni {
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512vnni"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512vnni")
+#endif
 
 struct QDot {
   static constexpr int kb = 4;
@@ -35,7 +39,11 @@ struct QDot {
 
 #include "ops/math/impl/qgemm.h"
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 }  // namespace vnni
 
 constexpr MathKernels kTable = level_table(Isa::Avx512, kInt8GemmKernels);
