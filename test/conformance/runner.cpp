@@ -78,16 +78,27 @@ std::vector<Case> discover(const fs::path& root) {
       if (!fs::is_directory(p)) continue;
       c.id = std::string(folder) + "/" + p.filename().string();
       if (std::string(folder) == "real") {
-        // data.json names a model; the ones in this data set point at light/ copies.
-        const kiln::json::Json data = kiln::json::read_file((p / "data.json").string());
-        const std::string url = data.value("url", "");
+        // data.json names a model; the ones in this data set point at light/ copies. A file
+        // that cannot be read is reported and its case left out.
+        const std::string data_file = (p / "data.json").string();
+        std::string url;
+        try {
+          const kiln::json::Json data = kiln::json::read_file(data_file);
+          url = data.value("url", "");
+          c.rtol = data.value("rtol", c.rtol);
+          c.atol = data.value("atol", c.atol);
+        } catch (const kiln::Error& e) {  // names the file
+          std::cerr << "kiln-conformance: " << e.what() << " (skipped)\n";
+          continue;
+        } catch (const std::exception& e) {  // a value of the wrong type
+          std::cerr << "kiln-conformance: " << data_file << ": " << e.what() << " (skipped)\n";
+          continue;
+        }
         const size_t at = url.find("light/");
         if (at == std::string::npos) continue;
         const fs::path model = root / url.substr(at);
         c.model = model.string();
         c.light_output = (model.parent_path() / (model.stem().string() + "_output_0.pb")).string();
-        c.rtol = data.value("rtol", c.rtol);
-        c.atol = data.value("atol", c.atol);
         cases.push_back(c);
         continue;
       }
