@@ -1,7 +1,6 @@
 // DFT and STFT. Signals are [batch, n..., 1] (real) or [batch, n..., 2] (complex); the
-// transform runs over one signal axis in double precision: an iterative radix-2 FFT for
-// power-of-two lengths and Bluestein's chirp-z algorithm (a power-of-two convolution) for
-// the others, so every length costs O(n log n).
+// transform runs over one signal axis in double precision with math::Fft (O(n log n) for
+// every length).
 #include <bit>
 #include <cmath>
 #include <complex>
@@ -10,109 +9,16 @@
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/math/fft.h"
 
 namespace kiln::ops {
 namespace {
 
 using cd = std::complex<double>;
+using math::Fft;
 
 // Transforms longer than this are refused: their scratch buffers would not be realistic.
 constexpr int64_t kMaxFftLength = int64_t{1} << 24;
-
-// Twiddles e^{-2 pi i k / p} for k < p / 2.
-std::vector<cd> twiddles(int64_t p) {
-  std::vector<cd> tw(static_cast<size_t>(p / 2));
-  for (int64_t k = 0; k < p / 2; ++k) {
-    const double a = -2.0 * std::numbers::pi * static_cast<double>(k) / static_cast<double>(p);
-    tw[static_cast<size_t>(k)] = cd(std::cos(a), std::sin(a));
-  }
-  return tw;
-}
-
-// In-place forward FFT of a power-of-two length p with twiddles of the same length.
-void radix2(cd* a, int64_t p, const cd* tw) {
-  for (int64_t i = 1, j = 0; i < p; ++i) {
-    int64_t bit = p >> 1;
-    for (; j & bit; bit >>= 1) j ^= bit;
-    j ^= bit;
-    if (i < j) std::swap(a[i], a[j]);
-  }
-  for (int64_t len = 2; len <= p; len <<= 1) {
-    const int64_t half = len / 2, step = p / len;
-    for (int64_t i = 0; i < p; i += len) {
-      for (int64_t k = 0; k < half; ++k) {
-        const cd v = a[i + k + half] * tw[k * step];
-        const cd u = a[i + k];
-        a[i + k] = u + v;
-        a[i + k + half] = u - v;
-      }
-    }
-  }
-}
-
-bool is_pow2(int64_t n) {
-  return n > 0 && (n & (n - 1)) == 0;
-}
-
-// A plan for transforms of one length n; const after construction, so lines can share it.
-class Fft {
- public:
-  explicit Fft(int64_t n) : n_(n) {
-    if (is_pow2(n)) {
-      tw_ = twiddles(n);
-      return;
-    }
-    m_ = 1;
-    while (m_ < 2 * n - 1) m_ <<= 1;
-    tw_ = twiddles(m_);
-    chirp_.resize(static_cast<size_t>(n));
-    const uint64_t two_n = 2 * static_cast<uint64_t>(n);
-    for (int64_t j = 0; j < n; ++j) {
-      // j^2 mod 2n keeps the angle small, so the chirp stays accurate for long signals.
-      const uint64_t q = static_cast<uint64_t>(j) * static_cast<uint64_t>(j) % two_n;
-      const double a = -std::numbers::pi * static_cast<double>(q) / static_cast<double>(n);
-      chirp_[static_cast<size_t>(j)] = cd(std::cos(a), std::sin(a));
-    }
-    kernel_.assign(static_cast<size_t>(m_), cd(0, 0));
-    kernel_[0] = std::conj(chirp_[0]);
-    for (int64_t j = 1; j < n; ++j) {
-      kernel_[static_cast<size_t>(j)] = kernel_[static_cast<size_t>(m_ - j)] =
-          std::conj(chirp_[static_cast<size_t>(j)]);
-    }
-    radix2(kernel_.data(), m_, tw_.data());
-  }
-
-  int64_t scratch_size() const { return m_; }
-
-  // data[k] = sum_j data[j] e^{-+2 pi i jk / n} (unnormalised; `inverse` flips the sign).
-  void run(cd* data, cd* scratch, bool inverse) const {
-    if (inverse) {
-      for (int64_t i = 0; i < n_; ++i) data[i] = std::conj(data[i]);
-    }
-    if (m_ == 0) {
-      radix2(data, n_, tw_.data());
-    } else {
-      for (int64_t j = 0; j < n_; ++j) scratch[j] = data[j] * chirp_[static_cast<size_t>(j)];
-      for (int64_t j = n_; j < m_; ++j) scratch[j] = cd(0, 0);
-      radix2(scratch, m_, tw_.data());
-      for (int64_t k = 0; k < m_; ++k) {
-        scratch[k] = std::conj(scratch[k] * kernel_[static_cast<size_t>(k)]);
-      }
-      radix2(scratch, m_, tw_.data());  // conj(fft(conj(.))) is the inverse, times m
-      const double scale = 1.0 / static_cast<double>(m_);
-      for (int64_t k = 0; k < n_; ++k) {
-        data[k] = std::conj(scratch[k]) * chirp_[static_cast<size_t>(k)] * scale;
-      }
-    }
-    if (inverse) {
-      for (int64_t i = 0; i < n_; ++i) data[i] = std::conj(data[i]);
-    }
-  }
-
- private:
-  int64_t n_, m_ = 0;
-  std::vector<cd> tw_, chirp_, kernel_;
-};
 
 // Reads and writes complex samples of one element type; the transforms themselves are not
 // templates. Sample k of a line is at element offset + k * stride, with `comps` (1 or 2)

@@ -1,10 +1,13 @@
 // Whisper's audio front end: 16 kHz mono WAV -> log-mel features, computed as transformers'
 // WhisperFeatureExtractor does (periodic Hann window, centred frames with reflect padding,
 // |STFT|^2 over n_fft 400 / hop 160, Slaney mel filters up to 8 kHz, log10 clamped at 1e-10,
-// floor at max - 8, then (x + 4) / 4), on audio padded or cut to 30 s.
+// floor at max - 8, then (x + 4) / 4), on audio padded or cut to 30 s. The STFT runs on
+// math::Fft, the FFT the DFT and STFT ops use.
 #include <Eigen/Dense>
 
+#include <array>
 #include <cmath>
+#include <complex>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -12,6 +15,7 @@
 
 #include "kiln/error.h"
 #include "kiln/generate.h"
+#include "ops/math/fft.h"
 
 namespace kiln {
 namespace {
@@ -125,25 +129,26 @@ Tensor whisper_log_mel(const std::vector<float>& samples, int64_t n_mels) {
     x[static_cast<size_t>(half + kChunkSamples + i)] =
         x[static_cast<size_t>(half + kChunkSamples - 2 - i)];
   }
-  // Windowed frames [kFrames x kFft] times the real DFT as two matrices [kFft x kBins].
-  Eigen::MatrixXd frames(kFrames, kFft);
-  for (int f = 0; f < kFrames; ++f) {
-    for (int t = 0; t < kFft; ++t) {
-      const double w = 0.5 - 0.5 * std::cos(2.0 * std::numbers::pi * t / kFft);  // periodic Hann
-      frames(f, t) = x[static_cast<size_t>(f * kHop + t)] * w;
-    }
-  }
-  Eigen::MatrixXd cos_m(kFft, kBins), sin_m(kFft, kBins);
-  for (int t = 0; t < kFft; ++t) {
+  // |STFT|^2 with math::Fft, two real frames per complex transform: with z = a + ib for
+  // real frames a and b, A[k] = (Z[k] + conj(Z[n-k])) / 2 and B[k] = (Z[k] - conj(Z[n-k])) / 2i.
+  std::array<double, kFft> window;  // periodic Hann
+  for (int t = 0; t < kFft; ++t)
+    window[t] = 0.5 - 0.5 * std::cos(2.0 * std::numbers::pi * t / kFft);
+  const math::Fft fft(kFft);
+  std::vector<std::complex<double>> z(kFft), scratch(static_cast<size_t>(fft.scratch_size()));
+  Eigen::MatrixXd power(kFrames, kBins);
+  static_assert(kFrames % 2 == 0);
+  for (int f = 0; f < kFrames; f += 2) {
+    const double* a = x.data() + static_cast<ptrdiff_t>(f) * kHop;
+    const double* b = a + kHop;
+    for (int t = 0; t < kFft; ++t) z[t] = {a[t] * window[t], b[t] * window[t]};
+    fft.run(z.data(), scratch.data(), false);
     for (int k = 0; k < kBins; ++k) {
-      const double a =
-          2.0 * std::numbers::pi * static_cast<double>((static_cast<int64_t>(t) * k) % kFft) / kFft;
-      cos_m(t, k) = std::cos(a);
-      sin_m(t, k) = std::sin(a);
+      const std::complex<double> zk = z[k], zr = std::conj(z[(kFft - k) % kFft]);
+      power(f, k) = 0.25 * std::norm(zk + zr);
+      power(f + 1, k) = 0.25 * std::norm(zk - zr);
     }
   }
-  const Eigen::MatrixXd re = frames * cos_m, im = frames * sin_m;
-  const Eigen::MatrixXd power = re.array().square() + im.array().square();
   Eigen::MatrixXd mel = power * mel_filters(static_cast<int>(n_mels));  // [kFrames x n_mels]
   mel = mel.array().max(1e-10).log10();
   const double floor = mel.maxCoeff() - 8.0;

@@ -11,7 +11,7 @@
 #include <random>
 #include <string>
 
-#include "engine/generate/json.h"
+#include "engine/generate/json_file.h"
 #include "kiln/error.h"
 #include "kiln/generate.h"
 #include "kiln/session.h"
@@ -26,17 +26,32 @@ namespace {
   throw Error(ErrorKind::InvalidModel, why).with_file(file);
 }
 
-std::vector<int64_t> ints_of(const json::Value* v) {
+// A JSON file of the model folder: its document and its path, for error messages.
+struct JsonFile {
+  json::Json doc;  // null when the file is absent
+  std::string path;
+
+  // The member `key`, or null when absent (or the document is not an object).
+  const json::Json* find(const char* key) const {
+    if (!doc.is_object()) return nullptr;
+    const auto it = doc.find(key);
+    return it == doc.end() ? nullptr : &*it;
+  }
+};
+
+// `key` as a list of integers: one integer or an array of them; empty when absent or null.
+std::vector<int64_t> ints_of(const JsonFile& f, const char* key) {
   std::vector<int64_t> out;
+  const json::Json* v = f.find(key);
   if (!v || v->is_null()) return out;
-  if (v->is_number()) return {v->as_int()};
-  for (const auto& x : v->as_array()) out.push_back(x.as_int());
+  if (!v->is_array()) return {json::to_int(*v, f.path, key)};
+  for (const auto& x : *v) out.push_back(json::to_int(x, f.path, key));
   return out;
 }
 
-int64_t int_or(const json::Value& obj, const char* key, int64_t fallback) {
-  const json::Value* v = obj.find(key);
-  return v && v->is_number() ? v->as_int() : fallback;
+int64_t int_or(const JsonFile& f, const char* key, int64_t fallback) {
+  const json::Json* v = f.find(key);
+  return v && v->is_number() ? json::to_int(*v, f.path, key) : fallback;
 }
 
 // What the generation configs say about decoding.
@@ -46,24 +61,22 @@ struct DecodeConfig {
   int64_t max_length = 0;  // total tokens including the prompt; 0: unknown
 };
 
-DecodeConfig read_decode_config(const json::Value& config, const json::Value* gen) {
+DecodeConfig read_decode_config(const JsonFile& config, const JsonFile& gen) {
   DecodeConfig d;
-  d.eos = ints_of(config.find("eos_token_id"));
-  if (gen) {
-    if (auto g = ints_of(gen->find("eos_token_id")); !g.empty()) d.eos = g;
-    d.suppress = ints_of(gen->find("suppress_tokens"));
-    d.begin_suppress = ints_of(gen->find("begin_suppress_tokens"));
-    d.max_length = int_or(*gen, "max_length", 0);
-  }
+  d.eos = ints_of(config, "eos_token_id");
+  if (auto g = ints_of(gen, "eos_token_id"); !g.empty()) d.eos = g;
+  d.suppress = ints_of(gen, "suppress_tokens");
+  d.begin_suppress = ints_of(gen, "begin_suppress_tokens");
+  d.max_length = int_or(gen, "max_length", 0);
   return d;
 }
 
-json::Value read_json(const fs::path& p, bool required) {
+JsonFile read_json(const fs::path& p, bool required) {
   if (!fs::exists(p)) {
     if (required) throw Error(ErrorKind::Io, "missing from the model folder").with_file(p.string());
-    return json::Value();
+    return {nullptr, p.string()};
   }
-  return json::parse_file(p.string());
+  return {json::read_file(p.string()), p.string()};
 }
 
 // Token selection: suppression, then greedy or temperature / top-k / top-p sampling.
@@ -339,29 +352,28 @@ Seq2SeqGenerator::Seq2SeqGenerator(const std::string& model_dir, GeneratorOption
   Impl& m = *impl_;
   m.dir = model_dir;
   if (!fs::is_directory(m.dir)) throw Error(ErrorKind::Io, "not a folder").with_file(model_dir);
-  const json::Value config = read_json(m.dir / "config.json", true);
-  const json::Value gen = read_json(m.dir / "generation_config.json", false);
-  const json::Value* genp = gen.is_object() ? &gen : nullptr;
-  m.decode = read_decode_config(config, genp);
+  const JsonFile config = read_json(m.dir / "config.json", true);
+  const JsonFile gen = read_json(m.dir / "generation_config.json", false);
+  m.decode = read_decode_config(config, gen);
   m.max_target_positions = int_or(config, "max_target_positions", 448);
   if (m.decode.max_length <= 0) m.decode.max_length = m.max_target_positions;
   // Decoder prompt: start token, then forced tokens by position (language, task, ...).
   int64_t start = int_or(config, "decoder_start_token_id", -1);
-  if (genp) start = int_or(*genp, "decoder_start_token_id", start);
+  start = int_or(gen, "decoder_start_token_id", start);
   if (start < 0)
     throw Error(ErrorKind::InvalidModel, "no decoder_start_token_id")
         .with_file((m.dir / "config.json").string());
   m.prompt = {start};
-  if (const json::Value* forced = genp ? genp->find("forced_decoder_ids") : nullptr;
-      forced && forced->is_array()) {
-    for (const auto& pair : forced->as_array()) {
-      const auto& p = pair.as_array();
-      if (p.size() != 2 || p[0].as_int() != static_cast<int64_t>(m.prompt.size())) {
+  if (const json::Json* forced = gen.find("forced_decoder_ids"); forced && forced->is_array()) {
+    for (const auto& p : *forced) {
+      if (!p.is_array() || p.size() != 2 ||
+          json::to_int(p[0], gen.path, "forced_decoder_ids") !=
+              static_cast<int64_t>(m.prompt.size())) {
         throw Error(ErrorKind::Unsupported,
                     "forced_decoder_ids must force consecutive positions from 1")
-            .with_file((m.dir / "generation_config.json").string());
+            .with_file(gen.path);
       }
-      m.prompt.push_back(p[1].as_int());
+      m.prompt.push_back(json::to_int(p[1], gen.path, "forced_decoder_ids"));
     }
   }
   SessionOptions so = session_options(options, m.env);
@@ -472,9 +484,9 @@ CausalLmGenerator::CausalLmGenerator(const std::string& model_dir, GeneratorOpti
   Impl& m = *impl_;
   const fs::path dir = model_dir;
   if (!fs::is_directory(dir)) throw Error(ErrorKind::Io, "not a folder").with_file(model_dir);
-  const json::Value config = read_json(dir / "config.json", true);
-  const json::Value gen = read_json(dir / "generation_config.json", false);
-  m.decode = read_decode_config(config, gen.is_object() ? &gen : nullptr);
+  const JsonFile config = read_json(dir / "config.json", true);
+  const JsonFile gen = read_json(dir / "generation_config.json", false);
+  m.decode = read_decode_config(config, gen);
   m.max_positions = int_or(config, "n_positions", int_or(config, "max_position_embeddings", 0));
   m.file = (dir / "model.onnx").string();
   if (!fs::exists(m.file))

@@ -1,6 +1,8 @@
-// Liveness-based placement of buffers in one arena ("greedy by size", as XNNPACK's and
-// TFLite's memory planners do): the largest buffers are placed first, each at the lowest
-// offset where it overlaps no already-placed buffer that is alive at the same time.
+// Liveness-based placement of buffers in one arena, greedy by size and first fit: the
+// largest buffers are placed first, each at the lowest offset where it overlaps no
+// already-placed buffer that is alive at the same time. (XNNPACK's planner,
+// src/memory-planner.c, also places the largest first but is best fit: it takes the
+// smallest gap that holds the buffer, else the end of the live blocks.)
 #pragma once
 
 #include <cstdint>

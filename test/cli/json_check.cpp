@@ -9,12 +9,12 @@
 #include <sstream>
 #include <string>
 
-#include "engine/generate/json.h"
+#include "engine/generate/json_file.h"
 #include "kiln/error.h"
 
 namespace {
 
-using kiln::json::Value;
+using Value = kiln::json::Json;
 
 const Value* lookup(const Value& root, const std::string& path) {
   const Value* v = &root;
@@ -29,37 +29,33 @@ const Value* lookup(const Value& root, const std::string& path) {
       } catch (const std::exception&) {
         return nullptr;
       }
-      if (used != part.size() || i >= v->as_array().size()) return nullptr;
-      v = &v->as_array()[i];
+      if (used != part.size() || i >= v->size()) return nullptr;
+      v = &(*v)[i];
+    } else if (v->is_object()) {
+      const auto it = v->find(part);
+      if (it == v->end()) return nullptr;
+      v = &*it;
     } else {
-      v = v->find(part);
-      if (!v) return nullptr;
+      return nullptr;
     }
   }
   return v;
 }
 
 std::string render(const Value& v) {
-  switch (v.kind()) {
-    case Value::Kind::Null:
-      return "null";
-    case Value::Kind::Bool:
-      return v.as_bool() ? "true" : "false";
-    case Value::Kind::Number: {
-      const double d = v.as_number();
-      if (d == std::floor(d) && std::fabs(d) < 1e15) return std::to_string(static_cast<int64_t>(d));
-      std::ostringstream os;
-      os << d;
-      return os.str();
-    }
-    case Value::Kind::String:
-      return v.as_string();
-    case Value::Kind::Array:
-      return "[array of " + std::to_string(v.as_array().size()) + "]";
-    case Value::Kind::Object:
-      return "{object}";
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
+  if (v.is_number_integer()) return v.dump();
+  if (v.is_number()) {
+    const double d = v.get<double>();
+    if (d == std::floor(d) && std::fabs(d) < 1e15) return std::to_string(static_cast<int64_t>(d));
+    std::ostringstream os;
+    os << d;
+    return os.str();
   }
-  return "";
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_array()) return "[array of " + std::to_string(v.size()) + "]";
+  return "{object}";
 }
 
 }  // namespace
@@ -71,7 +67,7 @@ int main(int argc, char** argv) {
   }
   Value root;
   try {
-    root = kiln::json::parse_file(argv[1]);
+    root = kiln::json::read_file(argv[1]);
   } catch (const std::exception& e) {
     std::cerr << "kiln-json-check: " << e.what() << "\n";
     return 2;
@@ -99,7 +95,7 @@ int main(int argc, char** argv) {
     bool ok = v != nullptr;
     if (ok && compare) {
       if (length) {
-        got = v->is_array() ? std::to_string(v->as_array().size()) : "(not an array)";
+        got = v->is_array() ? std::to_string(v->size()) : "(not an array)";
       } else {
         got = render(*v);
       }

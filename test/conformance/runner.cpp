@@ -27,8 +27,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/generate/json_file.h"
 #include "kiln/kiln.h"
 #include "proto/loader.h"
+#include "tools/common/cli.h"
 #include "tools/common/compare.h"
 #include "tools/common/test_data.h"
 
@@ -54,38 +56,6 @@ struct Result {
   std::string reason;
 };
 
-// Reads "key": value pairs from real/*/data.json (a flat object of strings and numbers).
-std::map<std::string, std::string> read_flat_json(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string s = ss.str();
-  std::map<std::string, std::string> out;
-  size_t p = 0;
-  while ((p = s.find('"', p)) != std::string::npos) {
-    const size_t ke = s.find('"', p + 1);
-    if (ke == std::string::npos) break;
-    const std::string key = s.substr(p + 1, ke - p - 1);
-    size_t c = s.find(':', ke);
-    if (c == std::string::npos) break;
-    ++c;
-    while (c < s.size() && s[c] == ' ') ++c;
-    std::string value;
-    if (c < s.size() && s[c] == '"') {
-      const size_t ve = s.find('"', c + 1);
-      value = s.substr(c + 1, ve - c - 1);
-      p = ve + 1;
-    } else {
-      size_t ve = c;
-      while (ve < s.size() && s[ve] != ',' && s[ve] != '}') ++ve;
-      value = s.substr(c, ve - c);
-      p = ve;
-    }
-    out[key] = value;
-  }
-  return out;
-}
-
 std::vector<Case> discover(const fs::path& root) {
   std::vector<Case> cases;
   for (const char* folder : kFolders) {
@@ -108,16 +78,27 @@ std::vector<Case> discover(const fs::path& root) {
       if (!fs::is_directory(p)) continue;
       c.id = std::string(folder) + "/" + p.filename().string();
       if (std::string(folder) == "real") {
-        // data.json names a model; the ones in this data set point at light/ copies.
-        auto kv = read_flat_json((p / "data.json").string());
-        const std::string url = kv["url"];
+        // data.json names a model; the ones in this data set point at light/ copies. A file
+        // that cannot be read is reported and its case left out.
+        const std::string data_file = (p / "data.json").string();
+        std::string url;
+        try {
+          const kiln::json::Json data = kiln::json::read_file(data_file);
+          url = data.value("url", "");
+          c.rtol = data.value("rtol", c.rtol);
+          c.atol = data.value("atol", c.atol);
+        } catch (const kiln::Error& e) {  // names the file
+          std::cerr << "kiln-conformance: " << e.what() << " (skipped)\n";
+          continue;
+        } catch (const std::exception& e) {  // a value of the wrong type
+          std::cerr << "kiln-conformance: " << data_file << ": " << e.what() << " (skipped)\n";
+          continue;
+        }
         const size_t at = url.find("light/");
         if (at == std::string::npos) continue;
         const fs::path model = root / url.substr(at);
         c.model = model.string();
         c.light_output = (model.parent_path() / (model.stem().string() + "_output_0.pb")).string();
-        if (!kv["rtol"].empty()) c.rtol = std::stod(kv["rtol"]);
-        if (!kv["atol"].empty()) c.atol = std::stod(kv["atol"]);
         cases.push_back(c);
         continue;
       }
@@ -384,39 +365,30 @@ int main(int argc, char** argv) {
   int jobs = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
   int timeout_s = 120;
   bool verbose = false;
+  CLI::App app("Runs the official ONNX backend test cases and compares with their outputs.",
+               "kiln-conformance");
+  kiln::tooling::configure(app);
+  app.add_option("--data", data_flag,
+                 "the test data (default: $ONNX_BACKEND_TEST_DATA, or ../shared/onnx-backend-tests "
+                 "beside the checkout)")
+      ->type_name("DIR");
+  app.add_option("--filter", filter, "only the cases whose id contains this text")
+      ->type_name("TEXT");
+  app.add_option("--report", report, "write a Markdown report to this file")->type_name("FILE");
+  app.add_option("--write-allowlist", write_allow, "add the passing cases to this allow-list")
+      ->type_name("FILE");
+  app.add_option("--check-allowlist", check_allow,
+                 "run only the listed cases; status 1 if one does not pass")
+      ->type_name("FILE");
+  kiln::tooling::add_int(app, "--jobs", jobs, 1, "cases run at once (default: one per core)");
+  kiln::tooling::add_int(app, "--timeout", timeout_s, 1, "seconds per case (default 120)");
+  app.add_flag("-v", verbose, "print every case");
+  if (const auto status = kiln::tooling::parse_command_line(app, argc, argv)) return *status;
+  // The command that made the report, for its header.
   std::string command = "kiln-conformance";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::cerr << "kiln-conformance: " << a << " needs a value\n";
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--data")
-      data_flag = value();
-    else if (a == "--filter")
-      filter = value();
-    else if (a == "--report")
-      report = value();
-    else if (a == "--write-allowlist")
-      write_allow = value();
-    else if (a == "--check-allowlist")
-      check_allow = value();
-    else if (a == "--jobs")
-      jobs = std::max(1, std::atoi(value().c_str()));
-    else if (a == "--timeout")
-      timeout_s = std::max(1, std::atoi(value().c_str()));
-    else if (a == "-v")
-      verbose = true;
-    else {
-      std::cerr << "kiln-conformance: unknown option " << a << "\n";
-      return 2;
-    }
-    if (a == "--report" || a == "--write-allowlist")
-      command += " " + a + " " + fs::path(argv[i]).filename().string();
-  }
+  if (!report.empty()) command += " --report " + fs::path(report).filename().string();
+  if (!write_allow.empty())
+    command += " --write-allowlist " + fs::path(write_allow).filename().string();
   const fs::path root = find_data(data_flag);
   if (root.empty() || !fs::is_directory(root / "node")) {
     std::cout << "kiln-conformance: SKIPPED: no ONNX backend test data (set ONNX_BACKEND_TEST_DATA "

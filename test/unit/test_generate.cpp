@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/generate/json.h"
+#include "engine/generate/json_file.h"
 #include "kiln/generate.h"
 #include "test/unit/op_test.h"
 #include "tools/common/npy.h"
@@ -18,9 +18,9 @@ const std::string kWhisper = std::string(KILN_SOURCE_DIR) + "/models/whisper-tin
 const std::string kGpt2 = std::string(KILN_SOURCE_DIR) + "/models/gpt2-tiny-random";
 
 std::vector<int64_t> json_ints(const std::string& file, const std::string& key) {
-  const json::Value doc = json::parse_file(file);
+  const json::Json doc = json::read_file(file);
   std::vector<int64_t> out;
-  for (const auto& v : doc.find(key)->as_array()) out.push_back(v.as_int());
+  for (const auto& v : doc.at(key)) out.push_back(json::to_int(v, file, key));
   return out;
 }
 
@@ -241,4 +241,45 @@ TEST_CASE("model folders that are incomplete or not Optimum exports give one cle
   CHECK_THAT(error_of([&] { Seq2SeqGenerator g(dir.string()); }),
              Catch::Contains("has no input 'input_ids'"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("bad JSON in a model folder is one error naming the file", "[generate][json]") {
+  const fs::path dir = fs::temp_directory_path() / "kiln-generate-json-test";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto error_of = [&](const std::string& config) -> std::string {
+    std::ofstream(dir / "config.json") << config;
+    try {
+      CausalLmGenerator g(dir.string());
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string file = (dir / "config.json").string();
+  CHECK_THAT(error_of("{\"eos_token_id\": [1, 2,}"),
+             Catch::Contains(file + ": invalid JSON: parse error at line 1, column 24"));
+  CHECK_THAT(error_of(""), Catch::Contains(file + ": invalid JSON"));
+  CHECK_THAT(error_of("{\"eos_token_id\": \"two\"}"),
+             Catch::Contains(file + ": eos_token_id: expected an integer, got a string"));
+  CHECK_THAT(error_of("{\"eos_token_id\": [1.5]}"),
+             Catch::Contains(file + ": eos_token_id: expected an integer, got 1.5"));
+  CHECK_THAT(error_of("{\"n_positions\": 18446744073709551615}"),
+             Catch::Contains(file + ": n_positions: integer out of range"));
+  // Well-formed: the next complaint is the missing model.
+  CHECK_THAT(error_of("{\"eos_token_id\": 2.0, \"n_positions\": 64}"),
+             Catch::Contains("model.onnx: missing from the model folder"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("json::to_int takes integral numbers only", "[generate][json]") {
+  CHECK(json::to_int(json::Json::parse("42"), "f", "k") == 42);
+  CHECK(json::to_int(json::Json::parse("-7"), "f", "k") == -7);
+  CHECK(json::to_int(json::Json::parse("3.0"), "f", "k") == 3);
+  CHECK_THROWS_WITH(json::to_int(json::Json::parse("null"), "f", "k"),
+                    Catch::Contains("f: k: expected an integer, got null"));
+  CHECK_THROWS_WITH(json::to_int(json::Json::parse("true"), "f", "k"),
+                    Catch::Contains("expected an integer, got a boolean"));
+  CHECK_THROWS_WITH(json::to_int(json::Json::parse("1e300"), "f", "k"),
+                    Catch::Contains("expected an integer"));
 }

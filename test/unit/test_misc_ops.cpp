@@ -104,6 +104,33 @@ TEST_CASE("DFT matches a naive DFT for power-of-two and other lengths", "[misc]"
   }
 }
 
+TEST_CASE("DFT of doubles keeps double precision for prime and power-of-two lengths", "[misc]") {
+  std::mt19937 rng(13);
+  for (int64_t n : {8, 97, 128, 250}) {
+    for (bool inverse : {false, true}) {
+      Tensor x = random_tensor(DataType::Double, {1, n, 2}, rng);
+      const Tensor y = OpTest("DFT", 20)
+                           .input(x)
+                           .no_input()
+                           .input(i64(1))
+                           .attr("inverse", int64_t{inverse})
+                           .run1();
+      REQUIRE(y.dtype() == DataType::Double);
+      std::vector<cd> line(static_cast<size_t>(n));
+      for (int64_t k = 0; k < n; ++k)
+        line[k] = cd(x.data<double>()[2 * k], x.data<double>()[2 * k + 1]);
+      const std::vector<cd> want = naive_dft(line, inverse);
+      double err = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        err = std::max(
+            err, std::abs(cd(y.data<double>()[2 * k], y.data<double>()[2 * k + 1]) - want[k]));
+      }
+      INFO("n=" << n << " inverse=" << inverse);
+      CHECK(err < 1e-12);
+    }
+  }
+}
+
 TEST_CASE("DFT axis, dft_length and onesided", "[misc]") {
   std::mt19937 rng(5);
   Tensor x = random_tensor(DataType::Float, {2, 6, 9, 1}, rng);

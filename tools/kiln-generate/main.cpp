@@ -11,29 +11,22 @@
 #include <string>
 #include <vector>
 
-#include "engine/generate/json.h"
+#include "engine/generate/json_file.h"
 #include "kiln/error.h"
 #include "kiln/generate.h"
-#include "tools/common/json.h"
+#include "tools/common/cli.h"
+#include "tools/common/json_output.h"
 #include "tools/common/npy.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using kiln::tooling::JsonWriter;
-
-constexpr const char* kUsage =
-    "usage: kiln-generate MODEL_DIR [--audio FILE.wav | --features FILE.npy | --prompt-ids 1,2,3]\n"
-    "                     [--max-new-tokens N] [--min-new-tokens N] [--threads N]\n"
-    "                     [--sampling greedy|sample] [--temperature T] [--top-k K] [--top-p P]\n"
-    "                     [--seed S] [--decoder-pair] [--json]\n";
-
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using kiln::tooling::Json;
+using kiln::tooling::UsageError;
 
 struct Options {
   std::string dir, audio, features, prompt_ids;
+  std::vector<int64_t> prompt;  // --prompt-ids, parsed
   int64_t max_new = -1, min_new = 0;
   int threads = 0;
   bool sample = false, decoder_pair = false, json = false;
@@ -42,81 +35,46 @@ struct Options {
   uint64_t seed = 0;
 };
 
-template <typename T>
-T number(const std::string& flag, const std::string& v) {
-  try {
-    size_t used = 0;
-    T x;
-    if constexpr (std::is_floating_point_v<T>) {
-      x = static_cast<T>(std::stod(v, &used));
-    } else {
-      x = static_cast<T>(std::stoll(v, &used));
-    }
-    if (used != v.size()) throw UsageError("");
-    return x;
-  } catch (const std::exception&) {
-    throw UsageError(flag + " needs a number, got '" + v + "'");
-  }
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw UsageError(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--audio")
-      o.audio = value();
-    else if (a == "--features")
-      o.features = value();
-    else if (a == "--prompt-ids")
-      o.prompt_ids = value();
-    else if (a == "--max-new-tokens")
-      o.max_new = number<int64_t>(a, value());
-    else if (a == "--min-new-tokens")
-      o.min_new = number<int64_t>(a, value());
-    else if (a == "--threads")
-      o.threads = number<int>(a, value());
-    else if (a == "--sampling") {
-      const std::string s = value();
-      if (s != "greedy" && s != "sample") throw UsageError("--sampling is greedy or sample");
-      o.sample = s == "sample";
-    } else if (a == "--temperature")
-      o.temperature = number<float>(a, value());
-    else if (a == "--top-k")
-      o.top_k = number<int64_t>(a, value());
-    else if (a == "--top-p")
-      o.top_p = number<float>(a, value());
-    else if (a == "--seed")
-      o.seed = number<uint64_t>(a, value());
-    else if (a == "--decoder-pair")
-      o.decoder_pair = true;
-    else if (a == "--json")
-      o.json = true;
-    else if (a == "-h" || a == "--help") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else if (!a.empty() && a[0] == '-')
-      throw UsageError("unknown option '" + a + "'");
-    else if (o.dir.empty())
-      o.dir = a;
-    else
-      throw UsageError("unexpected argument '" + a + "'");
-  }
-  if (o.dir.empty()) throw UsageError("no model folder given");
-  if (!o.audio.empty() + !o.features.empty() + !o.prompt_ids.empty() > 1) {
-    throw UsageError("give at most one of --audio, --features, --prompt-ids");
-  }
-  return o;
+// The command line into `o`.
+void define_options(CLI::App& app, Options& o) {
+  using namespace kiln::tooling;
+  configure(app);
+  app.add_option("MODEL_DIR", o.dir, "an Optimum export folder (seq2seq or decoder-only)")
+      ->type_name("");
+  app.add_option("--audio", o.audio, "a 16 kHz mono 16-bit WAV file (seq2seq)")->type_name("FILE");
+  app.add_option("--features", o.features, "log-mel features from a .npy file (seq2seq)")
+      ->type_name("FILE");
+  app.add_option("--prompt-ids", o.prompt_ids, "prompt token ids, comma-separated (decoder-only)")
+      ->type_name("1,2,3");
+  add_int<int64_t>(app, "--max-new-tokens", o.max_new, 0,
+                   "tokens to generate at most (default: as many as the reference, or the "
+                   "model's limit)");
+  add_int<int64_t>(app, "--min-new-tokens", o.min_new, 0, "end-of-text suppressed before this");
+  add_int(app, "--threads", o.threads, 1, "thread pool size (default: one per core)");
+  add_choice(
+      app, "--sampling", o.sample,
+      [](const std::string& v) -> std::optional<bool> {
+        if (v == "greedy") return false;
+        if (v == "sample") return true;
+        return std::nullopt;
+      },
+      "greedy or sample", "greedy (default) or sample");
+  add_number(app, "--temperature", o.temperature, 0, "sampling temperature (default 1)");
+  add_int<int64_t>(app, "--top-k", o.top_k, 0, "sample from the k likeliest tokens (0: all)");
+  add_number(app, "--top-p", o.top_p, 0, "nucleus sampling mass in (0, 1] (default 1)");
+  add_int<uint64_t>(app, "--seed", o.seed, 0, "random seed of the sampler (default 0)");
+  app.add_flag("--decoder-pair", o.decoder_pair,
+               "use decoder_model.onnx + decoder_with_past_model.onnx, not the merged decoder");
+  app.add_flag("--json", o.json, "print one JSON object instead of streaming tokens");
 }
 
 std::vector<int64_t> parse_ids(const std::string& s) {
   std::vector<int64_t> ids;
   std::stringstream ss(s);
   std::string item;
-  while (std::getline(ss, item, ',')) ids.push_back(number<int64_t>("--prompt-ids", item));
+  while (std::getline(ss, item, ',')) {
+    ids.push_back(kiln::tooling::parse_int<int64_t>("--prompt-ids", item, 0));
+  }
   if (ids.empty()) throw UsageError("--prompt-ids is empty");
   return ids;
 }
@@ -126,16 +84,30 @@ int run(const Options& o) {
   if (!fs::is_directory(dir))
     throw kiln::Error(kiln::ErrorKind::Io, "not a folder").with_file(o.dir);
   const fs::path expected_file = dir / "expected_tokens.json";
-  kiln::json::Value expected;
-  if (fs::exists(expected_file)) expected = kiln::json::parse_file(expected_file.string());
+  const std::string expected_path = expected_file.string();
+  kiln::json::Json expected = kiln::json::Json::object();
+  if (fs::exists(expected_file)) expected = kiln::json::read_file(expected_path);
+  if (!expected.is_object()) {
+    throw kiln::Error(kiln::ErrorKind::InvalidArgument, "expected a JSON object")
+        .with_file(expected_path);
+  }
+  auto ints = [&](const char* key) {
+    std::vector<int64_t> out;
+    const kiln::json::Json& v = expected.at(key);
+    if (!v.is_array()) return std::vector<int64_t>{kiln::json::to_int(v, expected_path, key)};
+    for (const auto& x : v) out.push_back(kiln::json::to_int(x, expected_path, key));
+    return out;
+  };
 
   kiln::GeneratorOptions go;
   go.environment = std::make_shared<kiln::Environment>(o.threads);
   go.use_decoder_pair = o.decoder_pair;
   kiln::GenerationOptions gen;
   gen.max_new_tokens = o.max_new;
-  if (gen.max_new_tokens < 0 && expected.find("max_new_tokens")) {
-    gen.max_new_tokens = expected.find("max_new_tokens")->as_int();  // the length of the reference
+  if (gen.max_new_tokens < 0 && expected.contains("max_new_tokens")) {
+    // the length of the reference
+    gen.max_new_tokens =
+        kiln::json::to_int(expected["max_new_tokens"], expected_path, "max_new_tokens");
   }
   gen.min_new_tokens = o.min_new;
   gen.do_sample = o.sample;
@@ -173,9 +145,9 @@ int run(const Options& o) {
       throw UsageError("--audio/--features are for encoder-decoder models");
     std::vector<int64_t> prompt;
     if (!o.prompt_ids.empty()) {
-      prompt = parse_ids(o.prompt_ids);
-    } else if (const auto* p = expected.find("prompt")) {
-      for (const auto& v : p->as_array()) prompt.push_back(v.as_int());
+      prompt = o.prompt;
+    } else if (expected.contains("prompt")) {
+      prompt = ints("prompt");
     } else {
       throw UsageError("no --prompt-ids and no prompt in expected_tokens.json");
     }
@@ -191,43 +163,30 @@ int run(const Options& o) {
 
   // Compare with the reference when it was made with the same settings (greedy, same input).
   bool compared = false, matches = false;
-  if (const auto* want = expected.find("tokens"); want && !o.sample && o.audio.empty() &&
-                                                  o.features.empty() && o.prompt_ids.empty() &&
-                                                  o.max_new < 0) {
-    std::vector<int64_t> w;
-    for (const auto& v : want->as_array()) w.push_back(v.as_int());
+  if (expected.contains("tokens") && !o.sample && o.audio.empty() && o.features.empty() &&
+      o.prompt_ids.empty() && o.max_new < 0) {
     compared = true;
-    matches = w == result.tokens;
+    matches = ints("tokens") == result.tokens;
   }
 
   double decode_ms = 0;
   for (const auto& s : result.steps) decode_ms += s.ms;
   if (o.json) {
-    JsonWriter j(std::cout);
-    j.begin_object();
-    j.key("tokens").begin_array();
-    for (int64_t t : result.tokens) j.value(t);
-    j.end_array();
-    j.key("prompt").begin_array();
-    for (int64_t t : result.prompt) j.value(t);
-    j.end_array();
-    j.field("encoder_ms", result.encoder_ms);
-    j.field("total_ms", total_ms);
-    if (compared) {
-      j.field("matches_expected", matches);
-    } else {
-      j.key("matches_expected").null();
+    Json steps = Json::array();
+    for (const auto& st : result.steps) {
+      steps.push_back({{"past_len", st.past_len},
+                       {"ms", st.ms},
+                       {"bytes_copied", st.bytes_copied},
+                       {"allocations", st.allocations}});
     }
-    j.key("steps").begin_array();
-    for (const auto& s : result.steps) {
-      j.begin_object();
-      j.field("past_len", s.past_len).field("ms", s.ms).field("bytes_copied", s.bytes_copied);
-      j.field("allocations", s.allocations);
-      j.end_object();
-    }
-    j.end_array();
-    j.end_object();
-    std::cout << "\n";
+    Json j;
+    j["tokens"] = result.tokens;
+    j["prompt"] = result.prompt;
+    j["encoder_ms"] = result.encoder_ms;
+    j["total_ms"] = total_ms;
+    j["matches_expected"] = compared ? Json(matches) : Json(nullptr);
+    j["steps"] = std::move(steps);
+    kiln::tooling::write_json(std::cout, j);
   } else {
     const double per_token =
         result.tokens.empty() ? 0 : decode_ms / static_cast<double>(result.tokens.size());
@@ -247,14 +206,20 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Options o;
+  CLI::App app("Runs a decode loop on an Optimum export folder, streaming tokens.",
+               "kiln-generate");
+  define_options(app, o);
+  if (const auto status = kiln::tooling::parse_command_line(app, argc, argv)) return *status;
+  if (o.dir.empty()) return kiln::tooling::usage_error(app, "no model folder given");
+  if (!o.audio.empty() + !o.features.empty() + !o.prompt_ids.empty() > 1) {
+    return kiln::tooling::usage_error(app, "give at most one of --audio, --features, --prompt-ids");
+  }
   try {
-    return run(parse(argc, argv));
+    if (!o.prompt_ids.empty()) o.prompt = parse_ids(o.prompt_ids);
+    return run(o);
   } catch (const UsageError& e) {
-    std::cerr << "kiln-generate: " << e.what() << "\n" << kUsage;
-    return 2;
-  } catch (const kiln::Error& e) {
-    std::cerr << "\nkiln-generate: " << e.what() << "\n";
-    return 2;
+    return kiln::tooling::usage_error(app, e.what());
   } catch (const std::exception& e) {
     std::cerr << "\nkiln-generate: " << e.what() << "\n";
     return 2;

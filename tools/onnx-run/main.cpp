@@ -21,24 +21,17 @@
 
 #include "kiln/kiln.h"
 #include "proto/loader.h"
+#include "tools/common/cli.h"
 #include "tools/common/compare.h"
-#include "tools/common/json.h"
+#include "tools/common/json_output.h"
 #include "tools/common/npy.h"
 #include "tools/common/options.h"
 #include "tools/common/test_data.h"
 
 namespace {
 
-using kiln::tooling::JsonWriter;
+using kiln::tooling::Json;
 namespace fs = std::filesystem;
-
-constexpr const char* kUsage =
-    "usage: onnx-run MODEL [--input NAME=FILE.npy|.pb ...] [--test-data DIR] [--threads N]\n"
-    "                [--warmup N] [--repeat N] [--profile trace.json] [--json]\n"
-    "                [--output-dir DIR] [--rtol X] [--atol X] [--no-arena] [--reuse-inputs]\n"
-    "                [--inputs-in-arena] [--arena-from-recording] [--gemm-weights f32|bf16|f16]\n"
-    "                [--optimize none|basic|all] [--dump-graph]\n"
-    "       onnx-run --version\n";
 
 struct Options {
   std::string model;
@@ -58,99 +51,40 @@ struct Options {
   double rtol = 1e-3, atol = 1e-5;
 };
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-int to_int(const std::string& flag, const std::string& v, int min) {
-  try {
-    size_t used = 0;
-    const int n = std::stoi(v, &used);
-    if (used != v.size() || n < min) throw UsageError("");
-    return n;
-  } catch (const std::exception&) {
-    throw UsageError(flag + " needs an integer >= " + std::to_string(min) + ", got '" + v + "'");
-  }
-}
-
-double to_double(const std::string& flag, const std::string& v) {
-  try {
-    size_t used = 0;
-    const double d = std::stod(v, &used);
-    if (used != v.size() || d < 0) throw UsageError("");
-    return d;
-  } catch (const std::exception&) {
-    throw UsageError(flag + " needs a non-negative number, got '" + v + "'");
-  }
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw UsageError(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--input") {
-      const std::string v = value();
-      const size_t eq = v.find('=');
-      if (eq == std::string::npos || eq == 0)
-        throw UsageError("--input needs NAME=FILE, got '" + v + "'");
-      o.inputs.emplace_back(v.substr(0, eq), v.substr(eq + 1));
-    } else if (a == "--test-data") {
-      o.test_data = value();
-    } else if (a == "--threads") {
-      o.threads = to_int(a, value(), 1);
-    } else if (a == "--warmup") {
-      o.warmup = to_int(a, value(), 0);
-    } else if (a == "--repeat") {
-      o.repeat = to_int(a, value(), 1);
-    } else if (a == "--profile") {
-      o.profile = value();
-    } else if (a == "--json") {
-      o.json = true;
-    } else if (a == "--no-arena") {
-      o.arena = false;
-    } else if (a == "--reuse-inputs") {
-      o.reuse_inputs = true;
-    } else if (a == "--inputs-in-arena") {
-      o.inputs_in_arena = true;
-    } else if (a == "--arena-from-recording") {
-      o.arena_from_shapes = false;
-    } else if (a == "--output-dir") {
-      o.output_dir = value();
-    } else if (a == "--dump-graph") {
-      o.dump_graph = true;
-    } else if (a == "--optimize") {
-      const std::string v = value();
-      const auto level = kiln::tooling::parse_optimization(v);
-      if (!level) throw UsageError("--optimize takes none, basic or all, got '" + v + "'");
-      o.optimization = *level;
-    } else if (a == "--gemm-weights") {
-      const std::string v = value();
-      const auto precision = kiln::tooling::parse_gemm_weights(v);
-      if (!precision) throw UsageError("--gemm-weights takes f32, bf16 or f16, got '" + v + "'");
-      o.gemm_weights = *precision;
-    } else if (a == "--rtol") {
-      o.rtol = to_double(a, value());
-    } else if (a == "--atol") {
-      o.atol = to_double(a, value());
-    } else if (a == "-h" || a == "--help") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else if (a == "--version") {
-      o.version = true;
-    } else if (!a.empty() && a[0] == '-') {
-      throw UsageError("unknown option '" + a + "'");
-    } else if (o.model.empty()) {
-      o.model = a;
-    } else {
-      throw UsageError("unexpected argument '" + a + "'");
-    }
-  }
-  if (o.model.empty() && !o.version) throw UsageError("no model given");
-  return o;
+// The command line into `o`.
+void define_options(CLI::App& app, Options& o) {
+  using namespace kiln::tooling;
+  configure(app);
+  app.add_option("MODEL", o.model, "the .onnx file to run")->type_name("");
+  add_named_files(app, "--input", o.inputs, "NAME=FILE",
+                  "an input from a .npy or .pb file (repeatable); overrides --test-data");
+  app.add_option("--test-data", o.test_data,
+                 "an ONNX test_data_set folder: inputs, and outputs to compare with")
+      ->type_name("DIR");
+  add_int(app, "--threads", o.threads, 1, "thread pool size (default: one per core)");
+  add_int(app, "--warmup", o.warmup, 0, "untimed runs first (default 0)");
+  add_int(app, "--repeat", o.repeat, 1, "timed runs (default 1)");
+  app.add_option("--profile", o.profile, "write a Chrome trace of the last run to this file")
+      ->type_name("FILE");
+  app.add_flag("--json", o.json, "print one JSON object instead of text");
+  app.add_option("--output-dir", o.output_dir, "write the outputs as DIR/NAME.npy")
+      ->type_name("DIR");
+  add_number(app, "--rtol", o.rtol, 0, "relative tolerance of the comparison (default 1e-3)");
+  add_number(app, "--atol", o.atol, 0, "absolute tolerance of the comparison (default 1e-5)");
+  app.add_flag_callback(
+      "--no-arena", [&o] { o.arena = false; }, "no memory arena: every buffer from the pool");
+  app.add_flag("--reuse-inputs", o.reuse_inputs, "let ops write into the given input buffers");
+  app.add_flag("--inputs-in-arena", o.inputs_in_arena,
+               "give the inputs buffers from the arena (Session::allocate_input)");
+  app.add_flag_callback(
+      "--arena-from-recording", [&o] { o.arena_from_shapes = false; },
+      "plan the arena from a recorded run instead of inferred shapes");
+  add_choice(app, "--gemm-weights", o.gemm_weights, parse_gemm_weights, "f32, bf16 or f16",
+             "precision of packed MatMul/Gemm weights: f32 (default), bf16 or f16");
+  add_choice(app, "--optimize", o.optimization, parse_optimization, "none, basic or all",
+             "graph optimisation: none, basic or all (default)");
+  app.add_flag("--dump-graph", o.dump_graph, "print the optimised graph on stderr");
+  app.add_flag("--version", o.version, "print the version and the kernels in use");
 }
 
 kiln::Value read_input_file(const std::string& path, const kiln::IoInfo& io) {
@@ -218,37 +152,37 @@ void write_profile(const std::string& path, const std::vector<kiln::NodeEvent>& 
                    double load_us, double run_start_us, double run_us) {
   std::ofstream out(path);
   if (!out) throw kiln::Error(kiln::ErrorKind::Io, "cannot write profile").with_file(path);
-  JsonWriter j(out);
   const int pid = static_cast<int>(getpid());
-  j.begin_array();
+  Json trace = Json::array();
   auto session_event = [&](const char* name, double ts, double dur) {
-    j.begin_object();
-    j.field("cat", "Session").field("pid", pid).field("tid", 0).field("ph", "X");
-    j.field("name", name).field("ts", ts).field("dur", dur);
-    j.key("args").begin_object().end_object();
-    j.end_object();
+    trace.push_back({{"cat", "Session"},
+                     {"pid", pid},
+                     {"tid", 0},
+                     {"ph", "X"},
+                     {"name", name},
+                     {"ts", ts},
+                     {"dur", dur},
+                     {"args", Json::object()}});
   };
   session_event("session_initialization", 0, load_us);
   session_event("model_run", run_start_us, run_us);
   for (const auto& ev : events) {
-    j.begin_object();
-    j.field("cat", "Node").field("pid", pid).field("tid", 0).field("ph", "X");
-    j.field("name", ev.name + "_kernel_time");
-    j.field("ts", run_start_us + ev.start_us).field("dur", ev.duration_us);
-    j.key("args").begin_object();
-    j.field("op_name", ev.op_type).field("provider", "kiln").field("depth", ev.depth);
-    j.field("bytes_copied", ev.bytes_copied);
-    j.key("input_type_shape").begin_array();
-    for (const auto& s : ev.input_shapes) j.value(s);
-    j.end_array();
-    j.key("output_type_shape").begin_array();
-    for (const auto& s : ev.output_shapes) j.value(s);
-    j.end_array();
-    j.end_object();
-    j.end_object();
+    trace.push_back({{"cat", "Node"},
+                     {"pid", pid},
+                     {"tid", 0},
+                     {"ph", "X"},
+                     {"name", ev.name + "_kernel_time"},
+                     {"ts", run_start_us + ev.start_us},
+                     {"dur", ev.duration_us},
+                     {"args",
+                      {{"op_name", ev.op_type},
+                       {"provider", "kiln"},
+                       {"depth", ev.depth},
+                       {"bytes_copied", ev.bytes_copied},
+                       {"input_type_shape", ev.input_shapes},
+                       {"output_type_shape", ev.output_shapes}}}});
   }
-  j.end_array();
-  out << "\n";
+  kiln::tooling::write_json(out, trace);
 }
 
 // "onnx-run (kiln) 0.1.0, kernels: avx512 (...)": the version and the instruction-set
@@ -256,11 +190,7 @@ void write_profile(const std::string& path, const std::vector<kiln::NodeEvent>& 
 int print_version(const Options& o) {
   const char* isa = kiln::isa_level();  // throws on a bad KILN_ISA before anything is printed
   if (o.json) {
-    JsonWriter j(std::cout);
-    j.begin_object();
-    j.field("kiln_version", kiln::version()).field("isa", isa);
-    j.end_object();
-    std::cout << "\n";
+    kiln::tooling::write_json(std::cout, {{"kiln_version", kiln::version()}, {"isa", isa}});
   } else {
     std::cout << "onnx-run (kiln) " << kiln::version() << "\nkernels: " << isa;
     const char* cap = std::getenv("KILN_ISA");
@@ -370,73 +300,69 @@ int run(const Options& o) {
 
   const double median = percentile(times, 0.5), p90 = percentile(times, 0.9);
   if (o.json) {
-    JsonWriter j(std::cout);
-    j.begin_object();
-    j.field("model", o.model);
-    j.field("kiln_version", kiln::version()).field("isa", kiln::isa_level());
-    j.field("gemm_weights", kiln::tooling::gemm_weights_name(o.gemm_weights));
-    if (expected.empty()) {
-      j.key("passed").null();
-    } else {
-      j.field("passed", passed);
-    }
-    j.field("threads", so.environment->threads());
-    j.field("load_ms", load_ms);
-    j.key("latency_ms").begin_object();
-    j.field("median", median).field("p90", p90);
-    j.field("min", *std::min_element(times.begin(), times.end()));
-    j.field("max", *std::max_element(times.begin(), times.end()));
-    j.field("runs", static_cast<int64_t>(times.size()));
-    j.end_object();
-    j.field("peak_rss_bytes", peak_rss_bytes());
-    j.field("bytes_copied", stats.bytes_copied);
-    j.key("run_stats").begin_object();
-    j.field("allocations", stats.allocations).field("bytes_allocated", stats.bytes_allocated);
-    j.field("pool_reuses", stats.pool_reuses).field("peak_bytes_in_use", stats.peak_bytes_in_use);
-    j.field("bytes_copied_contiguous", stats.bytes_copied_contiguous);
-    j.field("bytes_copied_concat", stats.bytes_copied_concat);
-    j.field("bytes_copied_capture", stats.bytes_copied_capture);
-    j.field("bytes_copied_kernels", stats.bytes_copied_kernels);
-    j.field("in_place_ops", stats.in_place_ops).field("nodes_run", stats.nodes_run);
-    j.field("arena_bytes", stats.arena_bytes).field("arena_lower_bound", stats.arena_lower_bound);
-    j.field("arena_served", stats.arena_served).field("arena_missed", stats.arena_missed);
-    j.field("arena_input_bytes", stats.arena_input_bytes);
-    j.field("arena_from_shapes", stats.arena_from_shapes);
-    j.end_object();
+    Json j;
+    j["model"] = o.model;
+    j["kiln_version"] = kiln::version();
+    j["isa"] = kiln::isa_level();
+    j["gemm_weights"] = kiln::tooling::gemm_weights_name(o.gemm_weights);
+    j["passed"] = expected.empty() ? Json(nullptr) : Json(passed);
+    j["threads"] = so.environment->threads();
+    j["load_ms"] = load_ms;
+    j["latency_ms"] = {{"median", median},
+                       {"p90", p90},
+                       {"min", *std::min_element(times.begin(), times.end())},
+                       {"max", *std::max_element(times.begin(), times.end())},
+                       {"runs", times.size()}};
+    j["peak_rss_bytes"] = peak_rss_bytes();
+    j["bytes_copied"] = stats.bytes_copied;
+    j["run_stats"] = {{"allocations", stats.allocations},
+                      {"bytes_allocated", stats.bytes_allocated},
+                      {"pool_reuses", stats.pool_reuses},
+                      {"peak_bytes_in_use", stats.peak_bytes_in_use},
+                      {"bytes_copied_contiguous", stats.bytes_copied_contiguous},
+                      {"bytes_copied_concat", stats.bytes_copied_concat},
+                      {"bytes_copied_capture", stats.bytes_copied_capture},
+                      {"bytes_copied_kernels", stats.bytes_copied_kernels},
+                      {"in_place_ops", stats.in_place_ops},
+                      {"nodes_run", stats.nodes_run},
+                      {"arena_bytes", stats.arena_bytes},
+                      {"arena_lower_bound", stats.arena_lower_bound},
+                      {"arena_served", stats.arena_served},
+                      {"arena_missed", stats.arena_missed},
+                      {"arena_input_bytes", stats.arena_input_bytes},
+                      {"arena_from_shapes", stats.arena_from_shapes}};
     const kiln::LoadStats& ls = session.load_stats();
-    j.key("load_stats").begin_object();
-    j.field("weights_bytes", ls.weights_bytes)
-        .field("weights_mapped_bytes", ls.weights_mapped_bytes);
-    j.field("weights_copied_bytes", ls.weights_copied_bytes);
-    j.field("folded_nodes", ls.folded_nodes).field("folded_bytes", ls.folded_bytes);
-    j.field("nodes_loaded", ls.nodes_loaded).field("nodes_planned", ls.nodes_planned);
-    j.field("identities_removed", ls.identities_removed).field("fusions", ls.fusions);
-    j.end_object();
-    j.key("outputs").begin_array();
+    j["load_stats"] = {{"weights_bytes", ls.weights_bytes},
+                       {"weights_mapped_bytes", ls.weights_mapped_bytes},
+                       {"weights_copied_bytes", ls.weights_copied_bytes},
+                       {"folded_nodes", ls.folded_nodes},
+                       {"folded_bytes", ls.folded_bytes},
+                       {"nodes_loaded", ls.nodes_loaded},
+                       {"nodes_planned", ls.nodes_planned},
+                       {"identities_removed", ls.identities_removed},
+                       {"fusions", ls.fusions}};
+    Json outs = Json::array();
     for (size_t k = 0; k < outputs.size(); ++k) {
-      j.begin_object();
-      j.field("name", outputs[k].name);
+      Json out;
+      out["name"] = outputs[k].name;
       const kiln::Value& v = outputs[k].value;
       if (v.is_tensor()) {
-        j.field("dtype", std::string(kiln::data_type_name(v.tensor().dtype())));
-        j.key("shape").begin_array();
-        for (int64_t d : v.tensor().shape()) j.value(d);
-        j.end_array();
+        out["dtype"] = std::string(kiln::data_type_name(v.tensor().dtype()));
+        out["shape"] = v.tensor().shape();
       } else {
-        j.field("value", v.describe());
+        out["value"] = v.describe();
       }
       if (k < comparisons.size()) {
-        j.field("max_abs_err", comparisons[k].max_abs_err);
-        j.field("passed", comparisons[k].ok);
-        if (!comparisons[k].ok) j.field("error", comparisons[k].message);
+        out["max_abs_err"] = comparisons[k].max_abs_err;
+        out["passed"] = comparisons[k].ok;
+        if (!comparisons[k].ok) out["error"] = comparisons[k].message;
       } else {
-        j.key("max_abs_err").null();
+        out["max_abs_err"] = nullptr;
       }
-      j.end_object();
+      outs.push_back(std::move(out));
     }
-    j.end_array();
-    j.end_object();
-    std::cout << "\n";
+    j["outputs"] = std::move(outs);
+    kiln::tooling::write_json(std::cout, j);
   } else {
     std::cout << "model: " << o.model << " (loaded in " << load_ms << " ms)\n";
     for (size_t k = 0; k < outputs.size(); ++k) {
@@ -472,11 +398,14 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Options o;
+  CLI::App app("Runs an ONNX model with kiln, checks it against test data, times and profiles it.",
+               "onnx-run");
+  define_options(app, o);
+  if (const auto status = kiln::tooling::parse_command_line(app, argc, argv)) return *status;
+  if (o.model.empty() && !o.version) return kiln::tooling::usage_error(app, "no model given");
   try {
-    return run(parse(argc, argv));
-  } catch (const UsageError& e) {
-    std::cerr << "onnx-run: " << e.what() << "\n" << kUsage;
-    return 2;
+    return run(o);
   } catch (const kiln::Error& e) {
     std::cerr << "onnx-run: " << e.what() << "\n";
     return 2;

@@ -17,7 +17,7 @@
 
 #include "kiln/version.h"
 #include "ops/math/gemm.h"
-#include "tools/common/json.h"
+#include "tools/common/json_output.h"
 
 namespace kiln::bench {
 namespace {
@@ -112,27 +112,29 @@ int run_gemm_case(int64_t m, int64_t n, int64_t k, int threads, int warmup, int 
     bandwidth = read_bandwidth_gbps(table, threads);
   });
 
-  tooling::JsonWriter j(std::cout);
-  j.begin_object();
-  j.field("engine", "kiln").field("case", "gemm");
-  j.field("kiln_version", kiln::version()).field("isa", kiln::isa_level());
-  j.field("m", m).field("n", n).field("k", k).field("threads", threads);
-  j.field("fma_peak_gflops", peak).field("read_bandwidth_gbps", bandwidth);
-  auto result = [&](const char* name, double t, bool eigen) {
-    j.begin_object();
-    j.field("impl", name).field("median_ms", t * 1e3).field("gflops", flops / t / 1e9);
-    j.field("share_of_peak", flops / t / 1e9 / (eigen ? peak / threads : peak));
-    // What streaming B once from memory would allow (the bound for M = 1).
-    j.field("b_gbps", static_cast<double>(k * n) * 4 / t / 1e9);
-    j.end_object();
+  auto result = [&](const char* name, double t, bool eigen) -> tooling::Json {
+    return {{"impl", name},
+            {"median_ms", t * 1e3},
+            {"gflops", flops / t / 1e9},
+            {"share_of_peak", flops / t / 1e9 / (eigen ? peak / threads : peak)},
+            // What streaming B once from memory would allow (the bound for M = 1).
+            {"b_gbps", static_cast<double>(k * n) * 4 / t / 1e9}};
   };
-  j.key("results").begin_array();
-  result("kiln packed B", t_packed, false);
-  result("kiln unpacked B", t_unpacked, false);
-  result("eigen (one thread, baseline build)", t_eigen, true);
-  j.end_array();
-  j.end_object();
-  std::cout << "\n";
+  tooling::Json j;
+  j["engine"] = "kiln";
+  j["case"] = "gemm";
+  j["kiln_version"] = kiln::version();
+  j["isa"] = kiln::isa_level();
+  j["m"] = m;
+  j["n"] = n;
+  j["k"] = k;
+  j["threads"] = threads;
+  j["fma_peak_gflops"] = peak;
+  j["read_bandwidth_gbps"] = bandwidth;
+  j["results"] = {result("kiln packed B", t_packed, false),
+                  result("kiln unpacked B", t_unpacked, false),
+                  result("eigen (one thread, baseline build)", t_eigen, true)};
+  tooling::write_json(std::cout, j);
   return 0;
 }
 

@@ -26,12 +26,13 @@
 #include <string>
 #include <vector>
 
-#include "engine/generate/json.h"
+#include "engine/generate/json_file.h"
 #include "kiln/error.h"
 #include "kiln/generate.h"
 #include "kiln/kiln.h"
 #include "tools/bench/kiln-bench/gemm_case.h"
-#include "tools/common/json.h"
+#include "tools/common/cli.h"
+#include "tools/common/json_output.h"
 #include "tools/common/npy.h"
 #include "tools/common/options.h"
 #include "tools/common/rss.h"
@@ -43,12 +44,13 @@ using kiln::DataType;
 using kiln::NamedValue;
 using kiln::Tensor;
 using kiln::tooling::current_rss_bytes;
-using kiln::tooling::JsonWriter;
+using kiln::tooling::Json;
 using kiln::tooling::peak_rss_bytes;
+using kiln::tooling::UsageError;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kUsage =
-    "usage: kiln-bench CASE MODEL [options]\n"
+// The cases, for --help.
+constexpr const char* kCases =
     "cases:\n"
     "  encoder MODEL_DIR       Whisper encoder_model.onnx on input_features [1,80,3000]\n"
     "                          (MODEL_DIR/sample_features.npy when present, else random)\n"
@@ -59,26 +61,7 @@ constexpr const char* kUsage =
     "  decode MODEL_DIR        a Whisper decode loop of --steps decoder runs (EOS suppressed)\n"
     "  run MODEL.onnx          any model, every input from --input or --input-dir\n"
     "  gemm M N K              the GEMM layer alone: packed and unpacked B, Eigen, FMA peak\n"
-    "                          and read bandwidth (one thread unless --threads)\n"
-    "options:\n"
-    "  --threads N             thread pool size (default: one per core)\n"
-    "  --warmup N              untimed runs first (default 3; decode: whole generations, 1)\n"
-    "  --iterations N          timed runs (default 10)\n"
-    "  --input NAME=FILE.npy   an input from a file (repeatable); others are generated\n"
-    "  --input-dir DIR         inputs from DIR/NAME.npy for every NAME found there\n"
-    "  --past-len P            decoder-step: tokens already in the caches (default 16)\n"
-    "  --kv-capacity N         room along the sequence axis of past_key_values.* inputs\n"
-    "                          (decoder-step default: max_target_positions from config.json)\n"
-    "  --seq-len N, --batch N  minilm: input shape (default 128, 1)\n"
-    "  --steps N               decode: decoder runs (default 200)\n"
-    "  --output-dir DIR        write the last run's outputs as DIR/NAME.npy\n"
-    "  --profile               add the last timed run's time per op type (profile_ms_by_op)\n"
-    "  --gemm-weights P        f32 (default), bf16 or f16: MatMul/Gemm weights packed in P\n"
-    "  --optimize L            graph optimisation: none, basic or all (default)\n";
-
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+    "                          and read bandwidth (one thread unless --threads)\n";
 
 struct Options {
   std::string kase, model;
@@ -91,77 +74,46 @@ struct Options {
   bool profile = false;
   kiln::WeightPrecision gemm_weights = kiln::WeightPrecision::Float32;
   kiln::GraphOptimization optimization = kiln::GraphOptimization::All;
-  std::set<std::string> given;  // flags present on the command line
+  std::vector<std::string> positional;  // CASE MODEL, or gemm M N K
 };
 
-int64_t to_int(const std::string& flag, const std::string& v, int64_t min) {
-  try {
-    size_t used = 0;
-    const long long n = std::stoll(v, &used);
-    if (used != v.size() || n < min) throw UsageError("");
-    return n;
-  } catch (const std::exception&) {
-    throw UsageError(flag + " needs an integer >= " + std::to_string(min) + ", got '" + v + "'");
-  }
+// The command line into `o`.
+void define_options(CLI::App& app, Options& o) {
+  using namespace kiln::tooling;
+  configure(app);
+  app.footer(kCases);
+  app.add_option("CASE", o.positional, "the case and its arguments (see below)")->type_name("");
+  add_int(app, "--threads", o.threads, 1, "thread pool size (default: one per core)");
+  add_int(app, "--warmup", o.warmup, 0,
+          "untimed runs first (default 3; decode: whole generations, 1)");
+  add_int(app, "--iterations", o.iterations, 1, "timed runs (default 10)");
+  add_named_files(app, "--input", o.inputs, "NAME=FILE.npy",
+                  "an input from a file (repeatable); others are generated");
+  app.add_option("--input-dir", o.input_dir, "inputs from DIR/NAME.npy for every NAME found there")
+      ->type_name("DIR");
+  add_int<int64_t>(app, "--past-len", o.past_len, 0,
+                   "decoder-step: tokens already in the caches (default 16)");
+  add_int<int64_t>(app, "--kv-capacity", o.kv_capacity, 1,
+                   "room along the sequence axis of past_key_values.* inputs (decoder-step "
+                   "default: max_target_positions from config.json)");
+  add_int<int64_t>(app, "--seq-len", o.seq_len, 1, "minilm: input length (default 128)");
+  add_int<int64_t>(app, "--batch", o.batch, 1, "minilm: batch size (default 1)");
+  add_int<int64_t>(app, "--steps", o.steps, 1, "decode: decoder runs (default 200)");
+  app.add_option("--output-dir", o.output_dir, "write the last run's outputs as DIR/NAME.npy")
+      ->type_name("DIR");
+  app.add_flag("--profile", o.profile,
+               "add the last timed run's time per op type (profile_ms_by_op)");
+  add_choice(app, "--gemm-weights", o.gemm_weights, parse_gemm_weights, "f32, bf16 or f16",
+             "f32 (default), bf16 or f16: MatMul/Gemm weights packed in this precision");
+  add_choice(app, "--optimize", o.optimization, parse_optimization, "none, basic or all",
+             "graph optimisation: none, basic or all (default)");
 }
 
-Options parse(int argc, char** argv) {
-  Options o;
-  std::vector<std::string> positional;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw UsageError(a + " needs a value");
-      return argv[++i];
-    };
-    if (!a.empty() && a[0] == '-' && a != "-h" && a != "--help") o.given.insert(a);
-    if (a == "--threads") {
-      o.threads = static_cast<int>(to_int(a, value(), 1));
-    } else if (a == "--warmup") {
-      o.warmup = static_cast<int>(to_int(a, value(), 0));
-    } else if (a == "--iterations") {
-      o.iterations = static_cast<int>(to_int(a, value(), 1));
-    } else if (a == "--input") {
-      const std::string v = value();
-      const size_t eq = v.find('=');
-      if (eq == std::string::npos || eq == 0 || eq + 1 == v.size())
-        throw UsageError("--input needs NAME=FILE.npy, got '" + v + "'");
-      o.inputs.emplace_back(v.substr(0, eq), v.substr(eq + 1));
-    } else if (a == "--input-dir") {
-      o.input_dir = value();
-    } else if (a == "--output-dir") {
-      o.output_dir = value();
-    } else if (a == "--past-len") {
-      o.past_len = to_int(a, value(), 0);
-    } else if (a == "--kv-capacity") {
-      o.kv_capacity = to_int(a, value(), 1);
-    } else if (a == "--seq-len") {
-      o.seq_len = to_int(a, value(), 1);
-    } else if (a == "--batch") {
-      o.batch = to_int(a, value(), 1);
-    } else if (a == "--steps") {
-      o.steps = to_int(a, value(), 1);
-    } else if (a == "--profile") {
-      o.profile = true;
-    } else if (a == "--optimize") {
-      const std::string v = value();
-      const auto level = kiln::tooling::parse_optimization(v);
-      if (!level) throw UsageError("--optimize takes none, basic or all, got '" + v + "'");
-      o.optimization = *level;
-    } else if (a == "--gemm-weights") {
-      const std::string v = value();
-      const auto precision = kiln::tooling::parse_gemm_weights(v);
-      if (!precision) throw UsageError("--gemm-weights takes f32, bf16 or f16, got '" + v + "'");
-      o.gemm_weights = *precision;
-    } else if (a == "-h" || a == "--help") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else if (!a.empty() && a[0] == '-') {
-      throw UsageError("unknown option '" + a + "'");
-    } else {
-      positional.push_back(a);
-    }
-  }
+// The checks CLI11 cannot express: the case, its arguments, the options that apply to it.
+void check_case(const CLI::App& app, Options& o) {
+  using kiln::tooling::parse_int;
+  const std::vector<std::string>& positional = o.positional;
+  auto given = [&](const char* flag) { return app.count(flag) > 0; };
   if (positional.empty()) throw UsageError("no case given");
   o.kase = positional[0];
   static const std::map<std::string, std::set<std::string>> kCaseFlags = {
@@ -179,30 +131,25 @@ Options parse(int argc, char** argv) {
   }
   if (o.kase == "gemm") {
     if (positional.size() != 4) throw UsageError("gemm needs M N K");
-    o.gemm_m = to_int("M", positional[1], 1);
-    o.gemm_n = to_int("N", positional[2], 1);
-    o.gemm_k = to_int("K", positional[3], 1);
-    if (o.given.count("--input") || o.given.count("--input-dir") || o.given.count("--output-dir") ||
-        o.given.count("--profile"))
+    o.gemm_m = parse_int<int64_t>("M", positional[1], 1);
+    o.gemm_n = parse_int<int64_t>("N", positional[2], 1);
+    o.gemm_k = parse_int<int64_t>("K", positional[3], 1);
+    if (given("--input") || given("--input-dir") || given("--output-dir") || given("--profile"))
       throw UsageError("gemm takes only --threads, --warmup and --iterations");
     if (o.warmup < 0) o.warmup = 3;
-    return o;
+    return;
   }
   if (positional.size() < 2) throw UsageError("no model given for case '" + o.kase + "'");
   if (positional.size() > 2) throw UsageError("unexpected argument '" + positional[2] + "'");
   o.model = positional[1];
-  static const std::set<std::string> kCaseSpecific = {"--past-len", "--kv-capacity", "--seq-len",
-                                                      "--batch", "--steps"};
-  for (const auto& f : o.given) {
-    if (kCaseSpecific.count(f) && !flags->second.count(f))
-      throw UsageError(f + " does not apply to case '" + o.kase + "'");
+  for (const char* f : {"--past-len", "--kv-capacity", "--seq-len", "--batch", "--steps"}) {
+    if (given(f) && !flags->second.count(f))
+      throw UsageError(std::string(f) + " does not apply to case '" + o.kase + "'");
   }
-  if (o.kase == "decode" && (o.given.count("--iterations") || o.given.count("--output-dir") ||
-                             o.given.count("--profile")))
+  if (o.kase == "decode" && (given("--iterations") || given("--output-dir") || given("--profile")))
     throw UsageError(
         "decode times one generation: --iterations, --output-dir and --profile do not apply");
   if (o.warmup < 0) o.warmup = o.kase == "decode" ? 1 : 3;
-  return o;
 }
 
 double ms_since(Clock::time_point t0) {
@@ -234,9 +181,9 @@ void require_file(const std::string& path) {
 int64_t config_int(const std::string& model_dir, const char* key, int64_t fallback) {
   const fs::path cfg = fs::path(model_dir) / "config.json";
   if (!fs::is_regular_file(cfg)) return fallback;
-  const kiln::json::Value v = kiln::json::parse_file(cfg.string());
-  const kiln::json::Value* x = v.find(key);
-  return x && x->is_number() ? x->as_int() : fallback;
+  const kiln::json::Json v = kiln::json::read_file(cfg.string());
+  if (!v.is_object() || !v.contains(key) || !v[key].is_number()) return fallback;
+  return kiln::json::to_int(v[key], cfg.string(), key);
 }
 
 // ---------------------------------------------------------------- inputs
@@ -426,24 +373,18 @@ RunResult time_runs(kiln::Session& s, Feed& f, const Options& o) {
   return r;
 }
 
-void write_run_stats(JsonWriter& j, const kiln::RunStats& s) {
-  j.begin_object();
-  j.field("allocations", s.allocations).field("bytes_allocated", s.bytes_allocated);
-  j.field("pool_reuses", s.pool_reuses).field("peak_bytes_in_use", s.peak_bytes_in_use);
-  j.field("bytes_copied", s.bytes_copied);
-  j.field("bytes_copied_contiguous", s.bytes_copied_contiguous);
-  j.field("bytes_copied_concat", s.bytes_copied_concat);
-  j.field("bytes_copied_capture", s.bytes_copied_capture);
-  j.field("bytes_copied_kernels", s.bytes_copied_kernels);
-  j.field("in_place_ops", s.in_place_ops).field("nodes_run", s.nodes_run);
-  j.end_object();
-}
-
-template <typename T>
-void write_array(JsonWriter& j, const std::string& key, const std::vector<T>& v) {
-  j.key(key).begin_array();
-  for (const T& x : v) j.value(x);
-  j.end_array();
+Json run_stats_json(const kiln::RunStats& s) {
+  return {{"allocations", s.allocations},
+          {"bytes_allocated", s.bytes_allocated},
+          {"pool_reuses", s.pool_reuses},
+          {"peak_bytes_in_use", s.peak_bytes_in_use},
+          {"bytes_copied", s.bytes_copied},
+          {"bytes_copied_contiguous", s.bytes_copied_contiguous},
+          {"bytes_copied_concat", s.bytes_copied_concat},
+          {"bytes_copied_capture", s.bytes_copied_capture},
+          {"bytes_copied_kernels", s.bytes_copied_kernels},
+          {"in_place_ops", s.in_place_ops},
+          {"nodes_run", s.nodes_run}};
 }
 
 // ---------------------------------------------------------------- cases
@@ -530,40 +471,39 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
 
   const RunResult r = time_runs(s, feed, o);
 
-  JsonWriter j(std::cout);
-  j.begin_object();
-  j.field("engine", "kiln").field("case", o.kase).field("model", file);
-  j.field("kiln_version", kiln::version()).field("isa", kiln::isa_level());
-  j.field("gemm_weights", kiln::tooling::gemm_weights_name(o.gemm_weights));
-  j.field("threads", env->threads()).field("warmup", o.warmup).field("iterations", o.iterations);
-  if (o.kase == "decoder-step") j.field("past_len", o.past_len);
-  if (!feed.kv.empty()) j.field("kv_capacity", kv_capacity);
-  j.key("inputs").begin_object();
-  for (const auto& [name, d] : feed.described) j.field(name, d);
-  j.end_object();
-  j.field("load_ms", load_ms);
-  write_array(j, "iterations_ms", r.ms);
-  j.field("median_ms", percentile(r.ms, 0.5)).field("p90_ms", percentile(r.ms, 0.9));
-  j.field("min_ms", *std::min_element(r.ms.begin(), r.ms.end()));
-  write_array(j, "bytes_copied", r.bytes_copied);
-  write_array(j, "allocations", r.allocations);
-  j.key("last_run_stats");
-  write_run_stats(j, r.last);
-  if (!feed.kv.empty()) j.field("kv_rebuilt_outside_timer", r.kv_refreshed);
-  if (o.profile) {
-    j.key("profile_ms_by_op").begin_object();
-    for (const auto& [op, ms] : r.ms_by_op) j.field(op, ms);
-    j.end_object();
-  }
+  Json j;
+  j["engine"] = "kiln";
+  j["case"] = o.kase;
+  j["model"] = file;
+  j["kiln_version"] = kiln::version();
+  j["isa"] = kiln::isa_level();
+  j["gemm_weights"] = kiln::tooling::gemm_weights_name(o.gemm_weights);
+  j["threads"] = env->threads();
+  j["warmup"] = o.warmup;
+  j["iterations"] = o.iterations;
+  if (o.kase == "decoder-step") j["past_len"] = o.past_len;
+  if (!feed.kv.empty()) j["kv_capacity"] = kv_capacity;
+  j["inputs"] = Json::object();
+  for (const auto& [name, d] : feed.described) j["inputs"][name] = d;
+  j["load_ms"] = load_ms;
+  j["iterations_ms"] = r.ms;
+  j["median_ms"] = percentile(r.ms, 0.5);
+  j["p90_ms"] = percentile(r.ms, 0.9);
+  j["min_ms"] = *std::min_element(r.ms.begin(), r.ms.end());
+  j["bytes_copied"] = r.bytes_copied;
+  j["allocations"] = r.allocations;
+  j["last_run_stats"] = run_stats_json(r.last);
+  if (!feed.kv.empty()) j["kv_rebuilt_outside_timer"] = r.kv_refreshed;
+  if (o.profile) j["profile_ms_by_op"] = r.ms_by_op;
   const kiln::LoadStats& ls = s.load_stats();
-  j.key("load_stats").begin_object();
-  j.field("weights_bytes", ls.weights_bytes).field("weights_mapped_bytes", ls.weights_mapped_bytes);
-  j.field("weights_copied_bytes", ls.weights_copied_bytes);
-  j.field("nodes_loaded", ls.nodes_loaded).field("nodes_planned", ls.nodes_planned);
-  j.end_object();
-  j.field("rss_before_load_bytes", rss_before).field("peak_rss_bytes", peak_rss_bytes());
-  j.end_object();
-  std::cout << "\n";
+  j["load_stats"] = {{"weights_bytes", ls.weights_bytes},
+                     {"weights_mapped_bytes", ls.weights_mapped_bytes},
+                     {"weights_copied_bytes", ls.weights_copied_bytes},
+                     {"nodes_loaded", ls.nodes_loaded},
+                     {"nodes_planned", ls.nodes_planned}};
+  j["rss_before_load_bytes"] = rss_before;
+  j["peak_rss_bytes"] = peak_rss_bytes();
+  kiln::tooling::write_json(std::cout, j);
   return 0;
 }
 
@@ -601,35 +541,39 @@ int run_decode_case(const Options& o, const std::shared_ptr<kiln::Environment>& 
   for (int i = 0; i < o.warmup; ++i) g.generate(*features, gen);
   const kiln::GenerationResult r = g.generate(*features, gen);
 
-  JsonWriter j(std::cout);
-  j.begin_object();
-  j.field("engine", "kiln").field("case", "decode").field("model", o.model);
-  j.field("kiln_version", kiln::version()).field("isa", kiln::isa_level());
-  j.field("gemm_weights", kiln::tooling::gemm_weights_name(o.gemm_weights));
-  j.field("threads", env->threads()).field("warmup", o.warmup);
-  j.field("steps_requested", o.steps);
-  j.field("load_ms", load_ms).field("encoder_ms", r.encoder_ms);
   double decode_ms = 0;
   uint64_t bytes = 0;
-  for (const auto& st : r.steps) {
-    decode_ms += st.ms;
-    bytes += st.bytes_copied;
-  }
-  j.field("decode_ms", decode_ms).field("bytes_copied_total", bytes);
-  write_array(j, "prompt", r.prompt);
-  write_array(j, "tokens", r.tokens);
-  j.key("steps").begin_array();
+  Json steps = Json::array();
   for (size_t i = 0; i < r.steps.size(); ++i) {
     const kiln::StepStats& st = r.steps[i];
-    j.begin_object();
-    j.field("step", static_cast<int64_t>(i)).field("past_len", st.past_len).field("ms", st.ms);
-    j.field("bytes_copied", st.bytes_copied).field("allocations", st.allocations);
-    j.end_object();
+    decode_ms += st.ms;
+    bytes += st.bytes_copied;
+    steps.push_back({{"step", i},
+                     {"past_len", st.past_len},
+                     {"ms", st.ms},
+                     {"bytes_copied", st.bytes_copied},
+                     {"allocations", st.allocations}});
   }
-  j.end_array();
-  j.field("rss_before_load_bytes", rss_before).field("peak_rss_bytes", peak_rss_bytes());
-  j.end_object();
-  std::cout << "\n";
+  Json j;
+  j["engine"] = "kiln";
+  j["case"] = "decode";
+  j["model"] = o.model;
+  j["kiln_version"] = kiln::version();
+  j["isa"] = kiln::isa_level();
+  j["gemm_weights"] = kiln::tooling::gemm_weights_name(o.gemm_weights);
+  j["threads"] = env->threads();
+  j["warmup"] = o.warmup;
+  j["steps_requested"] = o.steps;
+  j["load_ms"] = load_ms;
+  j["encoder_ms"] = r.encoder_ms;
+  j["decode_ms"] = decode_ms;
+  j["bytes_copied_total"] = bytes;
+  j["prompt"] = r.prompt;
+  j["tokens"] = r.tokens;
+  j["steps"] = std::move(steps);
+  j["rss_before_load_bytes"] = rss_before;
+  j["peak_rss_bytes"] = peak_rss_bytes();
+  kiln::tooling::write_json(std::cout, j);
   return 0;
 }
 
@@ -646,11 +590,16 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Options o;
+  CLI::App app("Times one model case the way an application runs it; prints one JSON object.",
+               "kiln-bench");
+  define_options(app, o);
+  if (const auto status = kiln::tooling::parse_command_line(app, argc, argv)) return *status;
   try {
-    return run(parse(argc, argv));
+    check_case(app, o);
+    return run(o);
   } catch (const UsageError& e) {
-    std::cerr << "kiln-bench: " << e.what() << "\n" << kUsage;
-    return 2;
+    return kiln::tooling::usage_error(app, e.what());
   } catch (const std::exception& e) {
     std::cerr << "kiln-bench: " << e.what() << "\n";
     return 2;

@@ -21,7 +21,8 @@
 #include <vector>
 
 #include "kiln/kiln.h"
-#include "tools/common/json.h"
+#include "tools/common/cli.h"
+#include "tools/common/json_output.h"
 #include "tools/common/npy.h"
 #include "tools/common/rss.h"
 
@@ -34,60 +35,38 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-int usage() {
-  std::cerr << "usage: kiln-rss MODEL [--input NAME=FILE.npy ...] [--runs N] [--threads N]\n"
-               "                [--release-weights] [--save-output FILE.npy]\n"
-               "                [--also MODEL2 ...] [--no-share-weights]\n"
-               "                [--constants-from MANIFEST]\n";
-  return 2;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return usage();
-  const std::string model = argv[1];
+  std::string model;
   std::vector<std::pair<std::string, std::string>> input_files;
   int runs = 1, threads = 0;
   bool release = false, share = true;
   std::string save_output;
   std::vector<std::string> also;
   std::string manifest;
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw kiln::Error(kiln::ErrorKind::InvalidArgument, a + " needs a value");
-      return argv[++i];
-    };
-    try {
-      if (a == "--input") {
-        const std::string spec = next();
-        const size_t eq = spec.find('=');
-        if (eq == std::string::npos) return usage();
-        input_files.emplace_back(spec.substr(0, eq), spec.substr(eq + 1));
-      } else if (a == "--runs") {
-        runs = std::stoi(next());
-      } else if (a == "--threads") {
-        threads = std::stoi(next());
-      } else if (a == "--release-weights") {
-        release = true;
-      } else if (a == "--also") {
-        also.push_back(next());
-      } else if (a == "--constants-from") {
-        manifest = next();
-      } else if (a == "--no-share-weights") {
-        share = false;
-      } else if (a == "--save-output") {
-        save_output = next();
-      } else {
-        return usage();
-      }
-    } catch (const std::exception& e) {
-      std::cerr << "kiln-rss: " << e.what() << "\n";
-      return 2;
-    }
-  }
-
+  CLI::App app("Loads a model, runs it, and reports resident memory at each stage as JSON.",
+               "kiln-rss");
+  kiln::tooling::configure(app);
+  app.add_option("MODEL", model, "the .onnx file")->required()->type_name("");
+  kiln::tooling::add_named_files(app, "--input", input_files, "NAME=FILE.npy",
+                                 "an input (repeatable)");
+  kiln::tooling::add_int(app, "--runs", runs, 1, "runs (default 1)");
+  kiln::tooling::add_int(app, "--threads", threads, 1, "thread pool size (default: one per core)");
+  app.add_flag("--release-weights", release,
+               "SessionOptions::release_weights_after_use: drop weight pages after each use");
+  app.add_option("--save-output", save_output, "write the first run's first output (.npy)")
+      ->type_name("FILE");
+  kiln::tooling::add_repeated(app, "--also", also,
+                              "load this model too, in the same Environment (repeatable)")
+      ->type_name("MODEL");
+  app.add_flag_callback(
+      "--no-share-weights", [&share] { share = false; }, "do not share weights between sessions");
+  app.add_option("--constants-from", manifest,
+                 "load MODEL without its weights, then set them one at a time from the files "
+                 "this manifest names")
+      ->type_name("MANIFEST");
+  if (const auto status = kiln::tooling::parse_command_line(app, argc, argv)) return *status;
   try {
     const uint64_t rss_start = current_rss_bytes();
     std::vector<std::pair<std::string, kiln::Tensor>> inputs;
@@ -155,62 +134,55 @@ int main(int argc, char** argv) {
       }
     }
 
-    kiln::tooling::JsonWriter j(std::cout);
-    j.begin_object();
-    j.field("model", model);
-    j.field("release_weights_after_use", release);
-    j.field("threads", so.environment->threads());
-    j.field("rss_start_bytes", rss_start);
-    j.field("rss_inputs_bytes", rss_inputs);
-    j.field("load_ms", load_ms);
-    j.field("rss_after_load_bytes", rss_loaded);
-    j.field("peak_rss_after_load_bytes", peak_loaded);
-    j.field("weights_bytes", session.load_stats().weights_bytes);
-    j.field("weights_mapped_bytes", session.load_stats().weights_mapped_bytes);
-    j.field("weights_copied_bytes", session.load_stats().weights_copied_bytes);
-    j.field("weights_prepared_count", session.load_stats().weights_prepared_count);
-    j.field("rss_hollow_bytes", rss_hollow);
-    j.field("constants_set", constants_set);
-    j.field("largest_constant_bytes", largest_constant);
-    j.field("share_weights", share);
-    j.key("also").begin_array();
+    using kiln::tooling::Json;
+    Json j;
+    j["model"] = model;
+    j["release_weights_after_use"] = release;
+    j["threads"] = so.environment->threads();
+    j["rss_start_bytes"] = rss_start;
+    j["rss_inputs_bytes"] = rss_inputs;
+    j["load_ms"] = load_ms;
+    j["rss_after_load_bytes"] = rss_loaded;
+    j["peak_rss_after_load_bytes"] = peak_loaded;
+    j["weights_bytes"] = session.load_stats().weights_bytes;
+    j["weights_mapped_bytes"] = session.load_stats().weights_mapped_bytes;
+    j["weights_copied_bytes"] = session.load_stats().weights_copied_bytes;
+    j["weights_prepared_count"] = session.load_stats().weights_prepared_count;
+    j["rss_hollow_bytes"] = rss_hollow;
+    j["constants_set"] = constants_set;
+    j["largest_constant_bytes"] = largest_constant;
+    j["share_weights"] = share;
+    j["also"] = Json::array();
     for (const kiln::Session& o : others) {
       const kiln::LoadStats& l = o.load_stats();
-      j.begin_object();
-      j.field("model", o.path());
-      j.field("weights_bytes", l.weights_bytes);
-      j.field("weights_shared_bytes", l.weights_shared_bytes);
-      j.field("weights_mapped_bytes", l.weights_mapped_bytes);
-      j.field("weights_copied_bytes", l.weights_copied_bytes);
-      j.field("weights_source_bytes_released", l.weights_source_bytes_released);
-      j.field("weights_prepared_count", l.weights_prepared_count);
-      j.field("weights_prepared_shared", l.weights_prepared_shared);
-      j.end_object();
+      j["also"].push_back({{"model", o.path()},
+                           {"weights_bytes", l.weights_bytes},
+                           {"weights_shared_bytes", l.weights_shared_bytes},
+                           {"weights_mapped_bytes", l.weights_mapped_bytes},
+                           {"weights_copied_bytes", l.weights_copied_bytes},
+                           {"weights_source_bytes_released", l.weights_source_bytes_released},
+                           {"weights_prepared_count", l.weights_prepared_count},
+                           {"weights_prepared_shared", l.weights_prepared_shared}});
     }
-    j.end_array();
-    j.field("rss_after_all_loaded_bytes", rss_all_loaded);
-    j.field("peak_rss_after_all_loaded_bytes", peak_all_loaded);
+    j["rss_after_all_loaded_bytes"] = rss_all_loaded;
+    j["peak_rss_after_all_loaded_bytes"] = peak_all_loaded;
     const kiln::WeightsCacheStats cs = so.environment->weights_cache_stats();
-    j.field("cache_entries", cs.entries);
-    j.field("cache_bytes", cs.bytes);
-    j.field("cache_references", cs.references);
-    j.key("runs").begin_array();
+    j["cache_entries"] = cs.entries;
+    j["cache_bytes"] = cs.bytes;
+    j["cache_references"] = cs.references;
+    j["runs"] = Json::array();
     for (const RunRecord& r : records) {
-      j.begin_object();
-      j.field("ms", r.ms);
-      j.field("rss_after_bytes", r.rss_after);
-      j.field("peak_rss_bytes", r.peak);
-      j.field("pool_peak_bytes", r.pool_peak);
-      j.field("weight_release_calls", r.release_calls);
-      j.field("weight_bytes_released", r.released);
-      j.field("weight_release_failures", r.failures);
-      j.end_object();
+      j["runs"].push_back({{"ms", r.ms},
+                           {"rss_after_bytes", r.rss_after},
+                           {"peak_rss_bytes", r.peak},
+                           {"pool_peak_bytes", r.pool_peak},
+                           {"weight_release_calls", r.release_calls},
+                           {"weight_bytes_released", r.released},
+                           {"weight_release_failures", r.failures}});
     }
-    j.end_array();
-    j.field("peak_rss_end_bytes", peak_rss_bytes());
-    j.end_object();
-    std::cout << "\n";
-  } catch (const kiln::Error& e) {
+    j["peak_rss_end_bytes"] = peak_rss_bytes();
+    kiln::tooling::write_json(std::cout, j);
+  } catch (const std::exception& e) {
     std::cerr << "kiln-rss: " << e.what() << "\n";
     return 2;
   }
