@@ -41,6 +41,10 @@ expect 0 '"passed":true.*"arena_input_bytes":0[,}]' -- "$model" --test-data "$da
 expect 0 '"passed":true.*"arena_input_bytes":[1-9]' -- "$model" --test-data "$data" --json --repeat 3 --inputs-in-arena
 expect 0 "bytes of inputs in it" -- "$model" --test-data "$data" --repeat 3 --inputs-in-arena
 
+# A memory limit the run stays under changes nothing; a malformed one is a usage error.
+expect 0 '"passed":true' -- "$model" --test-data "$data" --json --memory-limit 64
+expect 2 'memory-limit needs an integer' -- "$model" --memory-limit 1.5
+
 # Tight tolerances make the comparison fail: status 1.
 expect 1 "MISMATCH" -- "$model" --test-data "$data" --rtol 0 --atol 0
 

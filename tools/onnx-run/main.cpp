@@ -49,7 +49,14 @@ struct Options {
   bool arena = true, reuse_inputs = false, inputs_in_arena = false, arena_from_shapes = true;
   std::string output_dir;
   double rtol = 1e-3, atol = 1e-5;
+  int64_t memory_limit_mb = -1;  // -1: the machine's physical memory; 0: none
 };
+
+// The bytes of physical memory (0 when unknown).
+uint64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
 
 // The command line into `o`.
 void define_options(CLI::App& app, Options& o) {
@@ -84,6 +91,8 @@ void define_options(CLI::App& app, Options& o) {
   add_choice(app, "--optimize", o.optimization, parse_optimization, "none, basic or all",
              "graph optimisation: none, basic or all (default)");
   app.add_flag("--dump-graph", o.dump_graph, "print the optimised graph on stderr");
+  add_int(app, "--memory-limit", o.memory_limit_mb, int64_t{0},
+          "most MiB a run's tensors may hold (default: the machine's memory; 0: no limit)");
   app.add_flag("--version", o.version, "print the version and the kernels in use");
 }
 
@@ -213,6 +222,8 @@ int run(const Options& o) {
   so.arena_from_shapes = o.arena_from_shapes;
   so.gemm_weights = o.gemm_weights;
   so.optimization = o.optimization;
+  so.memory_limit = o.memory_limit_mb < 0 ? physical_memory_bytes()
+                                          : static_cast<uint64_t>(o.memory_limit_mb) << 20;
   kiln::Session session(o.model, so);
   if (o.dump_graph) {
     // The graph after optimisation, on stderr so that --json output stays one object.
