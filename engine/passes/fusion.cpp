@@ -930,7 +930,7 @@ int fuse_attention(Rewriter& r) {
       const ir::ValueId scores = first ? n->inputs[0] : n->inputs[1];
       mask = first ? n->inputs[1] : n->inputs[0];
       const int64_t mr = r.rank(mask);
-      if (mr < 0 || mr > 4 || !r.single_use(scores)) continue;
+      if (mr < 1 || mr > 4 || !r.single_use(scores)) continue;  // Attention's mask ranks
       chain.push_back(n);
       s = scores;
       n = r.producer(s);
@@ -975,6 +975,9 @@ int fuse_attention(Rewriter& r) {
       *operand = x;
     }
     if (bad_operand_scale) continue;
+    // Attention reads a mask shorter than the keys as masking the keys past it: a mask that
+    // broadcasts along the keys (last axis 1) means something else.
+    if (mask != ir::kNoValue && r.last_dim(mask) == 1 && r.last_dim(kt) != 1) continue;
     if (r.rank(q) != 4 || r.rank(kt) != 4 || r.rank(v) != 4) continue;
     // K = K^T with its last two axes swapped back.
     const ir::ValueId k = r.new_value(r.graph().value(kt).name + "/untransposed");

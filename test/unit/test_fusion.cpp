@@ -223,6 +223,35 @@ TEST_CASE("scaled dot-product attention becomes one Attention", "[passes][fusion
                GraphOptimization::All, 1e-5, &stats);
     CHECK(stats.fusions == 1);
   }
+  // Near misses: a mask that broadcasts along the keys (last axis 1), which Attention would
+  // read as a mask shorter than the keys, and a scalar one (Attention takes ranks 1 to 4).
+  for (const bool scalar : {false, true}) {
+    auto make = [scalar] {
+      GraphBuilder b;
+      b.input("q", DataType::Float, {1, 2, 4, 8}, true);
+      b.input("kt", DataType::Float, {1, 2, 8, 5}, true);
+      b.input("v", DataType::Float, {1, 2, 5, 8}, true);
+      if (scalar) {
+        b.initializer("mask", Tensor::scalar<float>(-0.5f));
+      } else {
+        b.input("mask", DataType::Float, {1, 1, 4, 1}, true);
+      }
+      b.node("MatMul", {"q", "kt"}, {"s"});
+      b.node("Add", {"s", "mask"}, {"sm"});
+      b.node("Softmax", {"sm"}, {"p"}, {int_attr("axis", -1)});
+      b.node("MatMul", {"p", "v"}, {"y"});
+      b.output("y");
+      return b.build();
+    };
+    std::vector<NamedValue> feeds = {{"q", random_floats({1, 2, 4, 8}, 30)},
+                                     {"kt", random_floats({1, 2, 8, 5}, 31)},
+                                     {"v", random_floats({1, 2, 5, 8}, 32)}};
+    if (!scalar) feeds.push_back({"mask", random_floats({1, 1, 4, 1}, 33, -2.0f, 0.0f)});
+    LoadStats stats;
+    INFO("scalar " << scalar);
+    check_same(make, feeds, GraphOptimization::All, 1e-5, &stats);
+    CHECK(stats.fusions == 0);
+  }
   // A near miss: Softmax over another axis.
   GraphBuilder b;
   b.input("q", DataType::Float, {1, 2, 4, 8}, true);
