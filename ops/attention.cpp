@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,12 +25,16 @@
 #include "ops/math/gemm.h"
 #include "ops/math/kernels.h"
 
+#include <tbb/task_arena.h>
+
 namespace kiln::ops {
 namespace {
 
 // Query rows per task: a multiple of every level's GEMM tile height (12, 6), so no block ends
 // in a short tile.
 constexpr int64_t kBlockRows = 60;
+// Scores a task may hold for a whole head (256 KiB of float: within a core's L2).
+constexpr int64_t kWholeHeadScores = int64_t{64} * 1024;
 // Bounds for user-controlled positions (nonpad_kv_seqlen, window sizes) so that sums of a
 // few of them with real sizes cannot overflow; anything beyond acts the same.
 constexpr int64_t kPosLimit = int64_t{1} << 52;
@@ -250,17 +255,35 @@ void attend_block(const Problem<C>& p, const Block& blk, C* s) {
   }
   save(1);
 
+  // Float without the scores output: each row keeps softmax's numerators, and the division
+  // by their sum is done on the row of the product with V (Dv values instead of w).
+  constexpr bool kFloat = std::is_same_v<C, float>;
+  const bool deferred = kFloat && !qk;
   std::vector<char> live(static_cast<size_t>(rows));
+  std::vector<C> sums(deferred ? static_cast<size_t>(rows) : 0);
   for (int64_t r = 0; r < rows; ++r) {
     C* row = s + r * w;
     const int64_t l = lo[r] - c0, e = hi[r] - c0;  // local attendable range
     for (int64_t j = 0; j < std::min(l, w); ++j) row[j] = kNegInf;
     for (int64_t j = std::max<int64_t>(e, 0); j < w; ++j) row[j] = kNegInf;
     bool any = l < e;
-    if (p.mask != MaskKind::None && l < e) {
+    const int64_t m = b * p.ms[0] + (blk.h0 + r * blk.head_step) * p.ms[1] +
+                      (blk.i0 + r * blk.pos_step) * p.ms[2];
+    const C* bias = nullptr;  // added by the numerators' kernel
+    if (p.mask == MaskKind::Additive && p.ms[3] == 1 && l < e) {
+      // Biases along contiguous keys: one vector add (in the numerators' kernel when they
+      // cover the whole row). A row all of whose biases are -inf is -inf throughout and
+      // found by its maximum below.
+      const int64_t e_in = std::clamp<int64_t>(p.mask_len - c0, l, e);
+      if (deferred && l == 0 && e_in == w) {
+        bias = p.mask_add + m + c0;
+      } else {
+        Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>>(row + l, e_in - l) +=
+            Eigen::Map<const Eigen::Array<C, Eigen::Dynamic, 1>>(p.mask_add + m + c0 + l, e_in - l);
+        std::fill(row + e_in, row + e, kNegInf);
+      }
+    } else if (p.mask != MaskKind::None && l < e) {
       any = false;
-      const int64_t m = b * p.ms[0] + (blk.h0 + r * blk.head_step) * p.ms[1] +
-                        (blk.i0 + r * blk.pos_step) * p.ms[2];
       for (int64_t j = l; j < e; ++j) {
         const int64_t key = j + c0;
         if (key >= p.mask_len) {
@@ -279,6 +302,44 @@ void attend_block(const Problem<C>& p, const Block& blk, C* s) {
       }
     }
     live[r] = any;
+    if constexpr (kFloat) {
+      if (deferred) {
+        // Keys outside [l, e) are -inf: their numerators are 0.
+        if (any) {
+          sums[r] = math::kernels().vec.softmax_numerators(row, bias, w);
+        } else {
+          std::fill(row, row + w, C(0));
+          sums[r] = 0;
+        }
+      }
+    }
+  }
+  // Output row r divided by its sum; a fully masked row (sum 0) attends nothing: zeros.
+  auto divide_rows = [&] {
+    for (int64_t r = 0; r < rows; ++r) {
+      C* out = y + r * yrow;
+      const C inv = sums[r] != 0 ? C(1) / sums[r] : C(0);
+      if (inv == 0) {
+        std::fill(out, out + p.Dv, C(0));
+      } else {
+        Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>>(out, p.Dv) *= inv;
+      }
+    }
+  };
+  if (deferred) {
+    if constexpr (kFloat) {
+      if (single) {
+        gk.gemv_rows(s, v, p.lv.row, w, p.Dv, y);
+      } else if (packed) {
+        const int64_t kv = b * p.Hkv + kvh;
+        const math::PackedB vp(p.vpack + kv * p.vpack_size, p.T, p.Dv, nr);
+        math::sgemm({s, rows, w, w, 1}, vp.block(c0, w, 0, p.Dv), y, yrow, one_thread);
+      } else {
+        math::gemm<C>(s, rows, w, w, 1, v, p.Dv, p.lv.row, 1, y, yrow, one_thread);
+      }
+      divide_rows();
+    }
+    return;
   }
   save(2);
 
@@ -323,11 +384,30 @@ void attend_block(const Problem<C>& p, const Block& blk, C* s) {
   math::gemm<C>(s, rows, w, w, 1, v, p.Dv, p.lv.row, 1, y, yrow, one_thread);
 }
 
+// Query rows per task for a problem (decode steps with grouped heads aside). Short
+// sequences take all of a head's rows in one task when its scores fit in a scratch that
+// stays in the core's L2 and there are enough (batch, head) pairs for the threads: two
+// products per head instead of a few per block, and K and V read once.
+template <typename C>
+int64_t rows_per_task(const Problem<C>& p) {
+  const int64_t T = std::max<int64_t>(p.T, 1);
+  if (p.Sq <= kBlockRows) return std::max<int64_t>(p.Sq, 1);
+  if (p.Sq * T <= kWholeHeadScores &&
+      p.B * p.Hq >= static_cast<int64_t>(tbb::this_task_arena::max_concurrency())) {
+    return p.Sq;
+  }
+  return kBlockRows;
+}
+
 // Packs K^T and V of every (batch, KV head) into `scratch` for the blocks to share, when the
 // query blocks are long enough that each block's products would pack them anyway.
 void pack_kv(OpContext& ctx, Problem<float>& p, Tensor& scratch) {
   const math::GemmKernels& g = math::kernels().gemm;
-  if (std::min(p.Sq, kBlockRows) <= 4 * g.mr || p.T == 0 || p.D == 0 || p.Dv == 0) return;
+  // One task per head (no grouped heads) reads them once in its own products anyway.
+  const int64_t rows = rows_per_task(p);
+  if (rows <= 4 * g.mr || (rows >= p.Sq && p.Hq == p.Hkv) || p.T == 0 || p.D == 0 || p.Dv == 0) {
+    return;
+  }
   p.kpack_size = math::PackedB::packed_floats(p.D, p.T, g.nr);
   p.vpack_size = math::PackedB::packed_floats(p.T, p.Dv, g.nr);
   const int64_t pairs = p.B * p.Hkv;
@@ -350,13 +430,15 @@ template <typename C>
 void run_problem(const Problem<C>& p) {
   const int64_t group = p.Hq / p.Hkv;
   const bool by_group = p.Sq == 1 && group > 1;
-  const int64_t rows = by_group ? group : std::min(p.Sq, kBlockRows);
-  const int64_t blocks = by_group ? 1 : (p.Sq + kBlockRows - 1) / kBlockRows;
+  const int64_t per_task = rows_per_task(p);
+  const int64_t rows = by_group ? group : per_task;
+  const int64_t blocks = by_group ? 1 : (p.Sq + per_task - 1) / per_task;
   const int64_t heads = by_group ? p.Hkv : p.Hq;
   const int64_t n = p.B * heads * blocks;
   const int64_t cost = rows * std::max<int64_t>(p.T, 1) * (p.D + p.Dv + 8);
   parallel_for(n, grain_for(cost), [&](int64_t begin, int64_t end) {
-    std::vector<C> scratch(static_cast<size_t>(rows * p.T));
+    // Uninitialised: every score is written before it is read.
+    std::unique_ptr<C[]> scratch(new C[static_cast<size_t>(rows * std::max<int64_t>(p.T, 1))]);
     for (int64_t it = begin; it < end; ++it) {
       Block blk;
       blk.b = it / (heads * blocks);
@@ -364,10 +446,10 @@ void run_problem(const Problem<C>& p) {
       if (by_group) {
         blk.h0 = h * group, blk.rows = group, blk.head_step = 1, blk.pos_step = 0;
       } else {
-        blk.h0 = h, blk.i0 = (it % blocks) * kBlockRows;
-        blk.rows = std::min(kBlockRows, p.Sq - blk.i0);
+        blk.h0 = h, blk.i0 = (it % blocks) * per_task;
+        blk.rows = std::min(per_task, p.Sq - blk.i0);
       }
-      attend_block(p, blk, scratch.data());
+      attend_block(p, blk, scratch.get());
     }
   });
 }

@@ -197,6 +197,13 @@ void drop_unused_initializers(ir::Graph& g) {
 FoldStats fold_constants(ir::Graph& graph, const std::function<Tensor(Tensor)>& keep) {
   FoldStats stats;
   fold_graph(graph, keep, stats);
+  // Values computed from fixed dimensions of symbolic shapes, then what reads them.
+  const FoldStats shapes = fold_static_shapes(graph, keep);
+  if (shapes.nodes > 0) {
+    stats.nodes += shapes.nodes;
+    stats.bytes += shapes.bytes;
+    fold_graph(graph, keep, stats);
+  }
   return stats;
 }
 

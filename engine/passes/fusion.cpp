@@ -904,7 +904,7 @@ int fuse_swish(Rewriter& r) {
 
 // ---- attention ----
 
-// MatMul(Q, K^T) [* or / scale] [+ mask] -> Softmax(last axis) -> MatMul(., V) on 4-D
+// MatMul(Q [* s], K^T [* s]) [* or / scale] [+ mask] -> Softmax(last axis) -> MatMul(., V) on 4-D
 // [batch, heads, positions, head size] operands: one Attention (opset 23), which computes
 // the scores a block of query rows at a time and never holds the [heads, L, L] matrix. K is
 // K^T transposed back: a view (Transpose of a view).
@@ -930,7 +930,7 @@ int fuse_attention(Rewriter& r) {
       const ir::ValueId scores = first ? n->inputs[0] : n->inputs[1];
       mask = first ? n->inputs[1] : n->inputs[0];
       const int64_t mr = r.rank(mask);
-      if (mr < 0 || mr > 4 || !r.single_use(scores)) continue;
+      if (mr < 1 || mr > 4 || !r.single_use(scores)) continue;  // Attention's mask ranks
       chain.push_back(n);
       s = scores;
       n = r.producer(s);
@@ -952,7 +952,32 @@ int fuse_attention(Rewriter& r) {
     if (!n || !is(*n, "MatMul") || !r.single_use(s)) continue;
     ir::Node* qk = n;
     chain.push_back(qk);
-    const ir::ValueId q = qk->inputs[0], kt = qk->inputs[1], v = pv->inputs[1];
+    ir::ValueId q = qk->inputs[0], kt = qk->inputs[1];
+    const ir::ValueId v = pv->inputs[1];
+    // Scales on the operands instead (Q * s and K^T * s, as BERT exports write the
+    // 1/sqrt(head size) split between them): into the one scale.
+    bool bad_operand_scale = false;
+    for (ir::ValueId* operand : {&q, &kt}) {
+      ir::Node* m = r.producer(*operand);
+      if (!m || !is(*m, "Mul") || m->inputs.size() != 2 || !r.single_use(*operand)) continue;
+      const std::optional<double> c1 = scalar_factor(r, m->inputs[1], m->inputs[0]);
+      const std::optional<double> c0 =
+          c1 ? std::nullopt : scalar_factor(r, m->inputs[0], m->inputs[1]);
+      if (!c1 && !c0) continue;
+      const ir::ValueId x = c1 ? m->inputs[0] : m->inputs[1];
+      const double c = c1 ? *c1 : *c0;
+      if (c == 0.0 || r.rank(x) != 4) {
+        bad_operand_scale = true;
+        break;
+      }
+      scale *= c;
+      chain.push_back(m);
+      *operand = x;
+    }
+    if (bad_operand_scale) continue;
+    // Attention reads a mask shorter than the keys as masking the keys past it: a mask that
+    // broadcasts along the keys (last axis 1) means something else.
+    if (mask != ir::kNoValue && r.last_dim(mask) == 1 && r.last_dim(kt) != 1) continue;
     if (r.rank(q) != 4 || r.rank(kt) != 4 || r.rank(v) != 4) continue;
     // K = K^T with its last two axes swapped back.
     const ir::ValueId k = r.new_value(r.graph().value(kt).name + "/untransposed");

@@ -32,6 +32,14 @@ struct FoldStats {
 // shares equal ones between sessions through the weights cache).
 FoldStats fold_constants(ir::Graph& graph, const std::function<Tensor(Tensor)>& keep = {});
 
+// Shape-aware folding of the main graph (fold_constants runs it): shapes are tracked with
+// the dimensions the graph fixes (declared input dimensions, constants, op rules) and the
+// others unknown, with the elements of small integer tensors computed from them (Shape,
+// Gather, Slice, Concat, Unsqueeze, Cast, integer Add/Sub/Mul, ...). An integer output
+// whose every element is known becomes an initializer; nodes left without readers are
+// removed. A dimension that is symbolic or unknown is never assumed.
+FoldStats fold_static_shapes(ir::Graph& graph, const std::function<Tensor(Tensor)>& keep = {});
+
 // Forgets the initializers of `g` that no node, nested graph or graph output reads (their
 // storage goes when nothing else holds it).
 void drop_unused_initializers(ir::Graph& g);

@@ -164,6 +164,11 @@ struct VecMathKernels {
   // max is +-inf or that holds a NaN gives NaN throughout (as the ops always did). y may be x.
   void (*softmax)(const float* x, float* y, int64_t n) = nullptr;
   void (*log_softmax)(const float* x, float* y, int64_t n) = nullptr;
+  // Softmax's numerators, in place, for attention (which divides after its product with V):
+  // x = exp(x + bias - max) over one row of n (bias may be null); returns the sum. A row
+  // that is -inf throughout (every key masked) becomes zeros and gives 0; a NaN, or a max
+  // of +inf, gives NaN.
+  float (*softmax_numerators)(float* x, const float* bias, int64_t n) = nullptr;
   // One row of n: y = (x - mean) * inv_std * scale + bias, inv_std = 1 / sqrt(var + epsilon);
   // scale, bias, mean and inv_std may be null (scale 1, bias 0, statistics not stored).
   void (*layer_norm)(const float* x, float* y, int64_t n, const float* scale, const float* bias,

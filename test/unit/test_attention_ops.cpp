@@ -1,7 +1,9 @@
 // Attention-style ops (Attention, RotaryEmbedding, Swish/SwiGLU, LinearAttention,
 // CausalConvWithState, FlexAttention) against plain-loop references on random shapes.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "engine/runtime/session_internal.h"
 #include "test/unit/op_test.h"
@@ -209,6 +211,93 @@ TEST_CASE("Attention matches a naive reference on random shapes", "[attention]")
     require_close(outs[1].tensor(), kall);
     require_close(outs[2].tensor(), vall);
     if (with_qk) require_close(outs[3].tensor(), qk);
+  }
+}
+
+TEST_CASE("Attention on encoder-sized heads matches the unfused ops and the reference",
+          "[attention]") {
+  // Short sequences (a whole head per task, softmax divided after the product with V) and
+  // longer ones (blocks of query rows), head sizes 32 and 64, additive masks as BERT exports
+  // make them ((1 - mask) * lowest float, broadcast over heads and queries or full), -inf
+  // biases, fully masked rows, boolean masks and masks shorter than the keys.
+  std::mt19937 rng(77);
+  for (int iter = 0; iter < 24; ++iter) {
+    const int64_t B = pick(rng, 1, 2), H = pick(rng, 1, 4);
+    const int64_t D = rng() % 2 ? 32 : 64;
+    const int64_t L = iter % 6 == 5 ? pick(rng, 260, 300) : pick(rng, 1, 200);
+    const int mask_kind = iter % 4;  // none, BERT-style, random additive with -inf, bool
+    Tensor q = random_tensor(DataType::Float, {B, H, L, D}, rng);
+    Tensor k = random_tensor(DataType::Float, {B, H, L, D}, rng);
+    Tensor v = random_tensor(DataType::Float, {B, H, L, D}, rng);
+    Tensor mask;
+    if (mask_kind == 1) {
+      mask = Tensor::zeros(DataType::Float, {B, 1, 1, L});
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t valid = pick(rng, 1, L);
+        for (int64_t j = valid; j < L; ++j) {
+          mask.data<float>()[b * L + j] = std::numeric_limits<float>::lowest();
+        }
+      }
+    } else if (mask_kind == 2) {
+      const int64_t len = rng() % 3 == 0 ? pick(rng, 1, L) : L;  // shorter: padded as masked
+      mask = random_tensor(DataType::Float, {B, H, L, len}, rng, -2, 1);
+      for (int64_t i = 0; i < mask.numel(); i += 5) {
+        mask.data<float>()[i] = -std::numeric_limits<float>::infinity();
+      }
+      // One fully masked query row: it attends nothing (zeros).
+      std::fill(mask.data<float>(), mask.data<float>() + len,
+                -std::numeric_limits<float>::infinity());
+    } else if (mask_kind == 3) {
+      mask = Tensor::zeros(DataType::Bool, {1, 1, L, L});
+      for (int64_t i = 0; i < mask.numel(); ++i) mask.data<bool>()[i] = rng() % 5 != 0;
+    }
+    const double scale = 1 / std::sqrt(double(D));
+    INFO("iter " << iter << " B" << B << " H" << H << " L" << L << " D" << D << " mask "
+                 << mask_kind);
+    OpTest t("Attention", 23);
+    t.input(q).input(k).input(v);
+    if (mask_kind) t.input(mask);
+    t.attr("scale", scale);
+    const Tensor fused = t.run1();
+    AttnSpec spec;
+    spec.scale = scale;
+    auto [want, qk] = naive_attention(q, k, v, mask_kind ? &mask : nullptr, spec);
+    require_close(fused, want);
+    if (mask_kind == 2) continue;  // the unfused ops give NaN for a fully masked row
+    // The unfused ops: MatMul(Q, K^T) * scale (+ mask) -> Softmax -> MatMul(., V).
+    GraphBuilder g;
+    g.input("q", DataType::Float, {B, H, L, D}, true);
+    g.input("k", DataType::Float, {B, H, L, D}, true);
+    g.input("v", DataType::Float, {B, H, L, D}, true);
+    g.initializer("scale", Tensor::scalar<float>(static_cast<float>(scale)));
+    g.node("Transpose", {"k"}, {"kt"}, {ints_attr("perm", {0, 1, 3, 2})});
+    g.node("MatMul", {"q", "kt"}, {"s"});
+    g.node("Mul", {"s", "scale"}, {"scores"});
+    std::string scores = "scores";
+    if (mask_kind == 1) {
+      g.initializer("mask", mask);
+      g.node("Add", {"scores", "mask"}, {"biased"});
+      scores = "biased";
+    } else if (mask_kind == 3) {
+      g.initializer("mask", mask);
+      g.initializer("zero", Tensor::scalar<float>(0.0f));
+      g.initializer("minf", Tensor::scalar<float>(-std::numeric_limits<float>::infinity()));
+      g.node("Where", {"mask", "zero", "minf"}, {"bias"});
+      g.node("Add", {"scores", "bias"}, {"biased"});
+      scores = "biased";
+    }
+    g.node("Softmax", {scores}, {"p"}, {int_attr("axis", -1)});
+    g.node("MatMul", {"p", "v"}, {"y"});
+    g.output("y");
+    SessionOptions so;
+    so.optimization = GraphOptimization::None;
+    Session unfused = session_from_model(make_model(g.build(), 18), so);
+    const auto out = unfused.run({{"q", q}, {"k", k}, {"v", v}});
+    const Tensor y = out.at(0).value.tensor();
+    // A row whose keys are all masked by booleans is NaN unfused and zeros fused.
+    bool any_nan = false;
+    for (float e : y.contiguous().to_vector<float>()) any_nan = any_nan || std::isnan(e);
+    if (!any_nan) require_close(fused, y);
   }
 }
 

@@ -2,6 +2,10 @@
 // where it must not, results equal to the unoptimised run, nested graphs, the weights it
 // makes preparable, and sharing of folded values between sessions.
 #include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "engine/passes/passes.h"
@@ -161,5 +165,99 @@ TEST_CASE("before IR version 4 an initializer listed as an input is a constant",
       CHECK(s.inputs().size() == 2);  // an input with a default value
       CHECK(s.load_stats().folded_nodes == 0);
     }
+  }
+}
+
+namespace {
+
+// x [batch?, seq?, 64] -> Reshape [0, -1, 2, 32] -> Transpose -> [batch?, 2, seq?, 32]; the
+// scale 1 / sqrt(head size) computed from Shape -> Slice(-1:) (static: 32) or from
+// Shape -> Gather(axis) (a symbolic dimension when `dim` is 0 or 2).
+std::shared_ptr<ir::Graph> dynamic_scale_graph(bool slice_last, int64_t dim) {
+  GraphBuilder b;
+  b.input("x", DataType::Float, {-1, -1, 64}, true);
+  b.initializer("target", Tensor::from_vector<int64_t>({4}, {0, -1, 2, 32}));
+  b.initializer("minus1", Tensor::from_vector<int64_t>({1}, {-1}));
+  b.initializer("big", Tensor::from_vector<int64_t>({1}, {std::numeric_limits<int64_t>::max()}));
+  b.initializer("index", Tensor::scalar<int64_t>(dim));
+  b.initializer("one", Tensor::scalar<float>(1.0f));
+  b.node("Reshape", {"x", "target"}, {"heads"});
+  b.node("Transpose", {"heads"}, {"t"}, {ints_attr("perm", {0, 2, 1, 3})});
+  b.node("Shape", {"t"}, {"shape"});
+  if (slice_last) {
+    b.node("Slice", {"shape", "minus1", "big"}, {"d"});
+  } else {
+    b.node("Gather", {"shape", "index"}, {"d"}, {int_attr("axis", 0)});
+  }
+  b.node("Cast", {"d"}, {"df"}, {int_attr("to", 1)});
+  b.node("Sqrt", {"df"}, {"root"});
+  b.node("Div", {"one", "root"}, {"s"});
+  b.node("Mul", {"t", "s"}, {"y"});
+  b.output("y");
+  return b.build();
+}
+
+}  // namespace
+
+TEST_CASE("values computed from fixed dimensions of symbolic shapes are folded",
+          "[passes][folding]") {
+  std::mt19937 rng(3);
+  for (const int64_t batch : {int64_t{1}, int64_t{3}}) {
+    for (const int64_t seq : {int64_t{2}, int64_t{5}}) {
+      const Tensor x = random_tensor(DataType::Float, {batch, seq, 64}, rng);
+      // The head size (32) is fixed by the graph: the whole scale chain folds.
+      for (const auto& [slice_last, dim] :
+           {std::pair{true, int64_t{0}}, {false, int64_t{3}}, {false, int64_t{1}}}) {
+        INFO("slice " << slice_last << " dim " << dim);
+        Session none = session(dynamic_scale_graph(slice_last, dim), GraphOptimization::None);
+        Session basic = session(dynamic_scale_graph(slice_last, dim), GraphOptimization::Basic);
+        // Slice/Gather, Cast, Sqrt and Div fold; Shape is left without readers.
+        CHECK(basic.load_stats().folded_nodes == 4);
+        CHECK(basic.load_stats().nodes_planned == 3);  // Reshape, Transpose, Mul
+        CHECK(run_x(none, x) == run_x(basic, x));
+      }
+      // Near misses: the batch and sequence dimensions are symbolic and stay computed.
+      for (const int64_t dim : {int64_t{0}, int64_t{2}}) {
+        INFO("dim " << dim);
+        Session none = session(dynamic_scale_graph(false, dim), GraphOptimization::None);
+        Session basic = session(dynamic_scale_graph(false, dim), GraphOptimization::Basic);
+        CHECK(basic.load_stats().folded_nodes == 0);
+        CHECK(basic.load_stats().nodes_planned == 8);
+        CHECK(run_x(none, x) == run_x(basic, x));
+      }
+    }
+  }
+}
+
+TEST_CASE("shape folding follows Concat, Unsqueeze and integer arithmetic on shapes",
+          "[passes][folding]") {
+  // Reshape(x [n?, 6], Concat(Unsqueeze(Gather(Shape(x), 1) * 2), [-1])): 12 is known, so the
+  // target [12, -1] folds; Gather(Shape(x), 0) * 2 (n? * 2) does not.
+  for (const int64_t axis : {int64_t{1}, int64_t{0}}) {
+    auto make = [axis] {
+      GraphBuilder b;
+      b.input("x", DataType::Float, {-1, 6}, true);
+      b.initializer("axis", Tensor::scalar<int64_t>(axis));
+      b.initializer("two", Tensor::scalar<int64_t>(2));
+      b.initializer("axes", Tensor::from_vector<int64_t>({1}, {0}));
+      b.initializer("minus1", Tensor::from_vector<int64_t>({1}, {-1}));
+      b.node("Shape", {"x"}, {"shape"});
+      b.node("Gather", {"shape", "axis"}, {"d"}, {int_attr("axis", 0)});
+      b.node("Mul", {"d", "two"}, {"d2"});
+      b.node("Unsqueeze", {"d2", "axes"}, {"d2v"});
+      b.node("Concat", {"d2v", "minus1"}, {"target"}, {int_attr("axis", 0)});
+      b.node("Reshape", {"x", "target"}, {"y"});
+      b.output("y");
+      return b.build();
+    };
+    INFO("axis " << axis);
+    Session none = session(make(), GraphOptimization::None);
+    Session basic = session(make(), GraphOptimization::Basic);
+    CHECK(basic.load_stats().folded_nodes == (axis == 1 ? 4 : 0));
+    CHECK(basic.load_stats().nodes_planned == (axis == 1 ? 1u : 6u));
+    const Tensor x = Tensor::from_vector<float>({4, 6}, std::vector<float>(24, 1.5f));
+    const auto a = none.run({{"x", x}}), b = basic.run({{"x", x}});
+    CHECK(a[0].value.tensor().shape() == b[0].value.tensor().shape());
+    CHECK(b[0].value.tensor().shape() == (axis == 1 ? Shape{12, 2} : Shape{8, 3}));
   }
 }

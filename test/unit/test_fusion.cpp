@@ -2,6 +2,7 @@
 // near misses where it must not, and results equal to the unoptimised graph within float
 // rounding.
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -222,6 +223,35 @@ TEST_CASE("scaled dot-product attention becomes one Attention", "[passes][fusion
                GraphOptimization::All, 1e-5, &stats);
     CHECK(stats.fusions == 1);
   }
+  // Near misses: a mask that broadcasts along the keys (last axis 1), which Attention would
+  // read as a mask shorter than the keys, and a scalar one (Attention takes ranks 1 to 4).
+  for (const bool scalar : {false, true}) {
+    auto make = [scalar] {
+      GraphBuilder b;
+      b.input("q", DataType::Float, {1, 2, 4, 8}, true);
+      b.input("kt", DataType::Float, {1, 2, 8, 5}, true);
+      b.input("v", DataType::Float, {1, 2, 5, 8}, true);
+      if (scalar) {
+        b.initializer("mask", Tensor::scalar<float>(-0.5f));
+      } else {
+        b.input("mask", DataType::Float, {1, 1, 4, 1}, true);
+      }
+      b.node("MatMul", {"q", "kt"}, {"s"});
+      b.node("Add", {"s", "mask"}, {"sm"});
+      b.node("Softmax", {"sm"}, {"p"}, {int_attr("axis", -1)});
+      b.node("MatMul", {"p", "v"}, {"y"});
+      b.output("y");
+      return b.build();
+    };
+    std::vector<NamedValue> feeds = {{"q", random_floats({1, 2, 4, 8}, 30)},
+                                     {"kt", random_floats({1, 2, 8, 5}, 31)},
+                                     {"v", random_floats({1, 2, 5, 8}, 32)}};
+    if (!scalar) feeds.push_back({"mask", random_floats({1, 1, 4, 1}, 33, -2.0f, 0.0f)});
+    LoadStats stats;
+    INFO("scalar " << scalar);
+    check_same(make, feeds, GraphOptimization::All, 1e-5, &stats);
+    CHECK(stats.fusions == 0);
+  }
   // A near miss: Softmax over another axis.
   GraphBuilder b;
   b.input("q", DataType::Float, {1, 2, 4, 8}, true);
@@ -233,6 +263,63 @@ TEST_CASE("scaled dot-product attention becomes one Attention", "[passes][fusion
   b.output("y");
   Session s = session(b.build(), GraphOptimization::All);
   CHECK(s.load_stats().fusions == 0);
+}
+
+TEST_CASE("BERT-style attention with a scale computed from the head size becomes one Attention",
+          "[passes][fusion]") {
+  // As Optimum exports BERT: Q * s and K^T * s with s = sqrt(1 / sqrt(head size)), the head
+  // size read by Shape -> Slice at run time, and the additive mask (1 - attention_mask) *
+  // lowest float. Batch and sequence are symbolic; the head size is fixed.
+  const int64_t H = 3, D = 16;
+  auto make = [&] {
+    GraphBuilder b;
+    b.input("q", DataType::Float, {-1, H, -1, D}, true);
+    b.input("k", DataType::Float, {-1, H, -1, D}, true);
+    b.input("v", DataType::Float, {-1, H, -1, D}, true);
+    b.input("attention_mask", DataType::Int64, {-1, -1}, true);
+    b.initializer("minus1", Tensor::from_vector<int64_t>({1}, {-1}));
+    b.initializer("big", Tensor::from_vector<int64_t>({1}, {std::numeric_limits<int64_t>::max()}));
+    b.initializer("one", Tensor::scalar<float>(1.0f));
+    b.initializer("axes", Tensor::from_vector<int64_t>({2}, {1, 2}));
+    b.initializer("lowest", Tensor::scalar<float>(std::numeric_limits<float>::lowest()));
+    b.node("Shape", {"q"}, {"shape"});
+    b.node("Slice", {"shape", "minus1", "big"}, {"d"});
+    b.node("Cast", {"d"}, {"df"}, {int_attr("to", 1)});
+    b.node("Sqrt", {"df"}, {"root"});
+    b.node("Div", {"one", "root"}, {"inv"});
+    b.node("Sqrt", {"inv"}, {"s"});
+    b.node("Transpose", {"k"}, {"kt"}, {ints_attr("perm", {0, 1, 3, 2})});
+    b.node("Mul", {"q", "s"}, {"qs"});
+    b.node("Mul", {"kt", "s"}, {"kts"});
+    b.node("MatMul", {"qs", "kts"}, {"scores"});
+    b.node("Unsqueeze", {"attention_mask", "axes"}, {"m4"});
+    b.node("Cast", {"m4"}, {"mf"}, {int_attr("to", 1)});
+    b.node("Sub", {"one", "mf"}, {"inverted"});
+    b.node("Mul", {"inverted", "lowest"}, {"bias"});
+    b.node("Add", {"scores", "bias"}, {"biased"});
+    b.node("Softmax", {"biased"}, {"p"}, {int_attr("axis", -1)});
+    b.node("MatMul", {"p", "v"}, {"y"});
+    b.output("y");
+    return b.build();
+  };
+  for (const auto& [B, L] : {std::pair<int64_t, int64_t>{1, 7}, {2, 70}, {3, 130}}) {
+    Tensor mask = Tensor::zeros(DataType::Int64, {B, L});
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t j = 0; j < L - 3 * b; ++j) mask.data<int64_t>()[b * L + j] = 1;  // padding
+    }
+    LoadStats stats;
+    INFO("B " << B << " L " << L);
+    check_same(make,
+               {{"q", random_floats({B, H, L, D}, 20)},
+                {"k", random_floats({B, H, L, D}, 21)},
+                {"v", random_floats({B, H, L, D}, 22)},
+                {"attention_mask", mask}},
+               GraphOptimization::All, 1e-5, &stats);
+    CHECK(stats.fusions == 1);
+    CHECK(stats.folded_nodes == 5);  // Slice, Cast, Sqrt, Div, Sqrt
+    // Transpose (K^T back to K, a view), Unsqueeze, Cast, Sub, Mul and Attention.
+    CHECK(stats.nodes_planned == 7);
+  }
 }
 
 TEST_CASE("Conv, BatchNormalization, a residual Add and an activation become one FusedConv",

@@ -99,6 +99,54 @@ KILN_ISA_TEST_CASE("vector softmax and log-softmax match a double reference", "[
   }
 }
 
+KILN_ISA_TEST_CASE("vector softmax numerators match a double reference", "[math][vecmath]") {
+  KILN_REQUIRE_ISA();
+  const math::VecMathKernels& v = isa_kernels.vec;
+  std::mt19937 rng(6);
+  for (int64_t n : kLengths) {
+    for (int variant = 0; variant < 4; ++variant) {
+      std::vector<float> x = random_row(n, rng, -8.0f, 8.0f);
+      std::vector<float> bias = random_row(n, rng, -2.0f, 0.0f);
+      if (variant == 1) {  // masked keys, as BERT exports write them, and -inf
+        for (size_t i = 1; i < x.size(); i += 3) bias[i] = std::numeric_limits<float>::lowest();
+        for (size_t i = 2; i < x.size(); i += 5) bias[i] = -kInfF;
+      }
+      const bool with_bias = variant != 2;
+      double m = -std::numeric_limits<double>::infinity();
+      std::vector<float> b(x.size());  // x + bias, rounded as the kernel adds
+      for (size_t i = 0; i < x.size(); ++i) {
+        b[i] = with_bias ? x[i] + bias[i] : x[i];
+        m = std::max(m, double(b[i]));
+      }
+      if (variant == 3) {  // every key masked: zeros, sum 0
+        std::fill(bias.begin(), bias.end(), -kInfF);
+        m = -std::numeric_limits<double>::infinity();
+      }
+      std::vector<float> y = x;
+      y.push_back(99.0f);
+      const float sum = v.softmax_numerators(y.data(), with_bias ? bias.data() : nullptr, n);
+      REQUIRE(y.back() == 99.0f);
+      if (variant == 3) {
+        CHECK(sum == 0.0f);
+        for (int64_t i = 0; i < n; ++i) REQUIRE(y[static_cast<size_t>(i)] == 0.0f);
+        continue;
+      }
+      double want_sum = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double want = std::exp(double(b[i]) - m);
+        want_sum += want;
+        REQUIRE(std::fabs(y[i] - want) <= 4 * ulp_of(want) * (1 + std::fabs(double(b[i]) - m)));
+      }
+      REQUIRE(std::fabs(sum - want_sum) <= 1e-5 * want_sum);
+    }
+  }
+  // NaN and a max of +inf give NaN sums.
+  for (float bad : {kInfF, NAN}) {
+    std::vector<float> x = {1.0f, 2.0f, bad, 0.5f, -3.0f};
+    CHECK(std::isnan(v.softmax_numerators(x.data(), nullptr, 5)));
+  }
+}
+
 KILN_ISA_TEST_CASE("vector layer and RMS normalisation match a double reference",
                    "[math][vecmath]") {
   KILN_REQUIRE_ISA();

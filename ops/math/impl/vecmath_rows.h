@@ -133,6 +133,65 @@ void vec_softmax(const float* x, float* y, int64_t n) {
   }
 }
 
+// x = exp(x + bias - max) in place (bias may be null); the sum, 0 for a row of -inf.
+float vec_softmax_numerators(float* x, const float* bias, int64_t n) {
+  if (n <= 0) return 0.0f;
+  float mx = 0;
+  if (bias) {
+    VF m0 = vset1(-kVmInf), m1 = m0;
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      const VF v = vadd(vload(x + i), vload(bias + i));
+      vstore(x + i, v);
+      m0 = vmax(m0, v);
+    }
+    if (i < n) {
+      const int left = static_cast<int>(n - i);
+      const VF v = vadd(vload_partial(x + i, left), vload_partial(bias + i, left));
+      vstore_partial(x + i, v, left);
+      m1 = vmax(m1, vselect(vlanes_below(left), v, vset1(-kVmInf)));
+    }
+    mx = vreduce_max(vmax(m0, m1));
+  } else {
+    mx = vm_row_max(x, n);
+  }
+  if (mx == -kVmInf) {
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) vstore(x + i, vzero());
+    if (i < n) vstore_partial(x + i, vzero(), static_cast<int>(n - i));
+    return 0.0f;
+  }
+  const VF m = vset1(mx);
+  VF s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
+  int64_t i = 0;
+  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
+    const VF e0 = vm_exp(vsub(vload(x + i), m));
+    const VF e1 = vm_exp(vsub(vload(x + i + kLanes), m));
+    const VF e2 = vm_exp(vsub(vload(x + i + 2 * kLanes), m));
+    const VF e3 = vm_exp(vsub(vload(x + i + 3 * kLanes), m));
+    vstore(x + i, e0);
+    vstore(x + i + kLanes, e1);
+    vstore(x + i + 2 * kLanes, e2);
+    vstore(x + i + 3 * kLanes, e3);
+    s0 = vadd(s0, e0);
+    s1 = vadd(s1, e1);
+    s2 = vadd(s2, e2);
+    s3 = vadd(s3, e3);
+  }
+  for (; i + kLanes <= n; i += kLanes) {
+    const VF e = vm_exp(vsub(vload(x + i), m));
+    vstore(x + i, e);
+    s0 = vadd(s0, e);
+  }
+  if (i < n) {
+    const int left = static_cast<int>(n - i);
+    const VF e = vselect(vlanes_below(left), vm_exp(vsub(vload_partial(x + i, left), m)), vzero());
+    vstore_partial(x + i, e, left);
+    s1 = vadd(s1, e);
+  }
+  return vreduce_add(vadd(vadd(s0, s1), vadd(s2, s3)));
+}
+
 // y = x - max - log(sum exp(x - max)), with softmax's NaN rows.
 void vec_log_softmax(const float* x, float* y, int64_t n) {
   if (n <= 0) return;
@@ -266,6 +325,7 @@ constexpr VecMathKernels kVecMathKernels{.exp = vec_exp,
                                          .swish = vec_swish,
                                          .softmax = vec_softmax,
                                          .log_softmax = vec_log_softmax,
+                                         .softmax_numerators = vec_softmax_numerators,
                                          .layer_norm = vec_layer_norm,
                                          .skip_layer_norm = vec_skip_layer_norm,
                                          .rms_norm = vec_rms_norm,
