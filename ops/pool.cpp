@@ -215,7 +215,9 @@ void pool_rows(const T* x, T* y, int64_t planes, const Geometry& g, const Op& op
   using C = compute_t<T>;
   const int64_t ip = g.in_size(), ow_n = g.out[2], kw_n = g.k[2], s = g.stride[2];
   const int64_t dil = g.dil[2], pad = -g.taps[2].start[0];
-  const auto& [td, th, tw] = g.taps;
+  // References, not a structured binding: lambdas below use them (C++20 allows capturing
+  // bindings, clang before 16 does not).
+  const Taps &td = g.taps[0], &th = g.taps[1], &tw = g.taps[2];
   const TapRanges wr = tap_ranges(g, 2);
   int64_t j0 = 0, j1 = ow_n;
   for (int64_t k = 0; k < kw_n; ++k) {
@@ -397,7 +399,9 @@ void max_pool_with_indices(const T* x, T* y, int64_t* indices, bool col_major, i
                            const Geometry& g) {
   using C = compute_t<T>;
   const int64_t ip = g.in_size(), op = g.out_size();
-  const auto& [td, th, tw] = g.taps;
+  // References, not a structured binding: lambdas below use them (C++20 allows capturing
+  // bindings, clang before 16 does not).
+  const Taps &td = g.taps[0], &th = g.taps[1], &tw = g.taps[2];
   parallel_for(planes, grain_for(op * g.k[0] * g.k[1] * g.k[2]), [&](int64_t lo, int64_t hi) {
     for (int64_t p = lo; p < hi; ++p) {
       const T* plane = x + p * ip;
