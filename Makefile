@@ -7,8 +7,10 @@ ASAN_BUILD ?= build-asan
 DEMO_MODEL ?= models/tiny-cnn
 
 V4_BUILD ?= build-v4
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
 
-.PHONY: all setup build demo test unit conformance sanitize check-v4 format format-check conformance-report ops-doc clean
+.PHONY: all setup build demo test unit conformance sanitize fuzz check-v4 format format-check conformance-report ops-doc clean
 
 all: build
 
@@ -32,6 +34,7 @@ test: build format-check
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(MAKE) check-v4
 	$(MAKE) sanitize
+	$(MAKE) fuzz
 
 # The library compiled with everything at -march=x86-64-v4 (AVX-512), warnings as errors:
 # whatever processor builds it, code that only warns when AVX-512 is enabled fails here
@@ -45,6 +48,14 @@ unit: build
 
 conformance: build
 	./$(BUILD)/test/kiln-conformance --check-allowlist test/conformance/allowlist.txt
+
+# The libFuzzer harnesses (test/fuzz: model loader, tensor readers, random small graphs),
+# built with clang, ASan and UBSan, each run for FUZZ_SECONDS after replaying the committed
+# regression inputs. A finding fails the target.
+fuzz: setup
+	CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DKILN_FUZZ=ON -DKILN_BUILD_TESTS=OFF
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target kiln-fuzz_model kiln-fuzz_tensor kiln-fuzz_graph
+	./test/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 sanitize: setup
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1"

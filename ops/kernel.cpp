@@ -226,6 +226,10 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
 }
 
 Shape broadcast_strides(const Tensor& t, const Shape& out) {
+  if (t.rank() > out.size()) {
+    throw Error(ErrorKind::Runtime,
+                t.describe() + " cannot broadcast to the lower rank of " + shape_to_string(out));
+  }
   Shape s(out.size(), 0);
   const size_t off = out.size() - t.rank();
   for (size_t i = 0; i < t.rank(); ++i) {

@@ -60,7 +60,14 @@ Param<C> prepare_param(OpContext& ctx, const Tensor& p, const Shape& xshape, siz
   }
   // Expand to the normalised shape (or the whole of X) in the compute type.
   Shape target = per_row ? xshape : Shape(xshape.begin() + static_cast<long>(axis), xshape.end());
-  Tensor view = p.view(target, broadcast_strides(p, target), p.byte_offset());
+  // Dims of p in front of the normalised axes are all 1 here (else per_row): drop them.
+  Tensor src = p;
+  if (p.rank() > target.size()) {
+    const auto drop = static_cast<long>(p.rank() - target.size());
+    src = p.view(Shape(p.shape().begin() + drop, p.shape().end()),
+                 Shape(p.strides().begin() + drop, p.strides().end()), p.byte_offset());
+  }
+  Tensor view = src.view(target, broadcast_strides(src, target), src.byte_offset());
   out.owned = ctx.allocate(data_type_of<C>(), target);
   dispatch(
       FloatTypes{}, p.dtype(),

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <string>
 
@@ -100,14 +101,24 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
-    s *= shape[i];
+    // Only a tensor with no elements can have dimensions whose product overflows (the
+    // element count of any other is at most kMaxElementCount); its strides are never used.
+    if (__builtin_mul_overflow(s, shape[i], &s)) s = 0;
   }
   return strides;
 }
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) {
+      // Saturates, unless a later dimension is 0 (an empty tensor of huge dimensions).
+      for (int64_t e : shape) {
+        if (e == 0) return 0;
+      }
+      return std::numeric_limits<int64_t>::max();
+    }
+  }
   return n;
 }
 

@@ -1,6 +1,9 @@
 #include "ops/math/isa.h"
 
 #include <cctype>
+#if defined(__clang__)
+#include <cpuid.h>
+#endif
 #include <cstdlib>
 #include <variant>
 
@@ -32,6 +35,33 @@ std::optional<Isa> parse_isa(std::string_view name) {
 
 // __builtin_cpu_supports checks the OS too (XCR0 must enable the YMM / ZMM state), and its
 // level names are exactly the -march levels the units are compiled with.
+#if defined(__clang__)
+// Clang before 16 knows neither the level names nor "f16c": the levels from their features
+// (F16C from CPUID leaf 1, ECX bit 29; AVX-512 state is checked by the avx512 names).
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+}
+bool cpu_supports(Isa isa) {
+  __builtin_cpu_init();
+  const bool v2 = __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("popcnt") &&
+                  __builtin_cpu_supports("ssse3");
+  const bool v3 = v2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                  __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") && has_f16c();
+  const bool v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                  __builtin_cpu_supports("avx512cd");
+  switch (isa) {
+    case Isa::Generic:
+      return v2;
+    case Isa::Avx2:
+      return v3;
+    case Isa::Avx512:
+      return v4;
+  }
+  return false;
+}
+#else
 bool cpu_supports(Isa isa) {
   __builtin_cpu_init();
   switch (isa) {
@@ -44,6 +74,7 @@ bool cpu_supports(Isa isa) {
   }
   return false;
 }
+#endif
 
 Isa detected_isa() {
   Isa best = Isa::Generic;
@@ -126,7 +157,11 @@ std::string cpu_feature_list() {
   add("avx", __builtin_cpu_supports("avx"));
   add("avx2", __builtin_cpu_supports("avx2"));
   add("fma", __builtin_cpu_supports("fma"));
+#if defined(__clang__)
+  add("f16c", has_f16c());
+#else
   add("f16c", __builtin_cpu_supports("f16c"));
+#endif
   add("avx512f", __builtin_cpu_supports("avx512f"));
   add("avx512bw", __builtin_cpu_supports("avx512bw"));
   add("avx512dq", __builtin_cpu_supports("avx512dq"));

@@ -1,6 +1,7 @@
 // Hostile sizes and invalid models: sizes checked before anything is allocated, byte counts
 // that cannot wrap, and models onnxruntime refuses refused here too, each with one clear error.
 #include <cstring>
+#include <limits>
 
 #include "engine/runtime/session_internal.h"
 #include "kiln/version.h"
@@ -84,6 +85,12 @@ TEST_CASE("byte sizes of huge element counts are refused, never wrapped", "[limi
                Catch::Contains("float32 tensor of shape [1125899906842624]") &&
                    Catch::Contains("needs 4.5 PB"));
   }
+  // An empty tensor may have dimensions whose product overflows: no arithmetic wraps.
+  const int64_t big = int64_t{1} << 48;
+  CHECK(Tensor::zeros(DataType::Float, {big, big, 0}).numel() == 0);
+  CHECK(Tensor::zeros(DataType::Float, {0, big, big}).numel() == 0);
+  CHECK(shape_numel({big, big, 0}) == 0);
+  CHECK(shape_numel({big, big}) == std::numeric_limits<int64_t>::max());
   CHECK(byte_size_text(512) == "512 B");
   CHECK(byte_size_text(3'600'000'000ULL) == "3.6 GB");
 }
@@ -281,4 +288,15 @@ TEST_CASE("SessionOptions::memory_limit fails the node whose output would go ove
   small.output("y");
   Session ok = session_from_model(make_model(small.build()), roomy);
   CHECK(run_error(ok, {{"x", Tensor::from_vector<float>({1}, {1})}}).empty());
+}
+
+TEST_CASE("LayerNormalization takes a scale with leading dims of 1 beyond the axis", "[limits]") {
+  // Found by the graph fuzzer: a scale of higher rank than the normalised axes.
+  Tensor x = Tensor::from_vector<float>({2, 1, 4}, {1, 2, 3, 4, 4, 3, 2, 1});
+  Tensor scale = Tensor::from_vector<float>({1, 1, 4}, {1, 2, 3, 4});
+  Tensor flat = Tensor::from_vector<float>({4}, {1, 2, 3, 4});
+  const Tensor a = OpTest("LayerNormalization", 17).input(x).input(scale).attr("axis", 2).run1();
+  const Tensor b = OpTest("LayerNormalization", 17).input(x).input(flat).attr("axis", 2).run1();
+  CHECK(a.shape() == Shape{2, 1, 4});
+  CHECK(a.to_vector<float>() == b.to_vector<float>());
 }

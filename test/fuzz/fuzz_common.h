@@ -1,0 +1,49 @@
+// Shared by the fuzz harnesses: session options that keep a run small, and a run with
+// zero-filled inputs for models whose inputs have small shapes.
+#pragma once
+
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <memory>
+
+#include "kiln/kiln.h"
+
+namespace kiln::fuzz {
+
+inline SessionOptions session_options() {
+  static const std::shared_ptr<Environment> env = std::make_shared<Environment>(1);
+  SessionOptions options;
+  options.environment = env;
+  options.share_weights = false;
+  options.memory_limit = uint64_t{256} << 20;  // a fuzzed model gets an error, not 40 GB
+  return options;
+}
+
+// Runs `session` once with zero inputs when every input is a tensor of at most 4096 elements
+// (symbolic dimensions taken as 1).
+inline void run_with_zeros(Session& session) {
+  std::vector<NamedValue> inputs;
+  for (const IoInfo& io : session.inputs()) {
+    if (io.has_default) continue;
+    if (io.kind != Value::Kind::Tensor || io.dtype == DataType::Undefined) return;
+    Shape shape;
+    int64_t n = 1;
+    for (int64_t d : io.shape) {
+      shape.push_back(d < 0 ? 1 : d);
+      n *= shape.back();
+      if (n > 4096) return;
+    }
+    inputs.push_back({io.name, Tensor::zeros(io.dtype, shape)});
+  }
+  if (!session.missing_constants().empty()) return;
+  session.run(std::move(inputs));
+}
+
+// An exception other than kiln::Error escaped: library text would reach a user.
+[[noreturn]] inline void finding(const std::exception& e) {
+  std::cerr << "non-kiln exception escaped: " << e.what() << "\n";
+  std::abort();
+}
+
+}  // namespace kiln::fuzz

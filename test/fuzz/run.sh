@@ -1,0 +1,65 @@
+#!/bin/sh
+# Runs each libFuzzer harness for a bounded time: first over the committed regression inputs
+# (every finding becomes one), then fuzzing from seed corpora made of the committed models and
+# test data (plus, when present, the ONNX backend node models). A finding fails the run; its
+# input is kept in BUILD/fuzz-findings/HARNESS/ to be added to test/fuzz/regressions/HARNESS/.
+#   test/fuzz/run.sh BUILD_DIR [SECONDS_PER_HARNESS]
+set -eu
+build=$1
+seconds=${2:-60}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work="$build/fuzz-work"
+findings="$build/fuzz-findings"
+rm -rf "$work"
+mkdir -p "$work" "$findings"
+
+backend=${ONNX_BACKEND_TEST_DATA:-$root/../shared/onnx-backend-tests}
+
+# Seeds. fuzz_model: model files. fuzz_tensor: .pb and .npy files behind the byte that picks
+# the reader (even: .pb, odd: .npy).
+mkdir -p "$work/seed_model" "$work/seed_tensor" "$work/seed_graph"
+for f in "$root"/models/tiny-cnn/model.onnx "$root"/models/whisper-tiny-random/opset14/encoder_model.onnx; do
+  [ -f "$f" ] && cp "$f" "$work/seed_model/$(echo "$f" | md5sum | cut -c1-12)"
+done
+if [ -d "$backend/node" ]; then
+  # A sample of the backend's node models (small files, many ops).
+  find "$backend/node" -name model.onnx -size -8k | sort | awk 'NR % 8 == 0' | head -300 |
+    while read -r f; do cp "$f" "$work/seed_model/$(echo "$f" | md5sum | cut -c1-12)"; done
+else
+  echo "fuzz: no ONNX backend data at $backend; seeding from the committed models only"
+fi
+i=0
+for f in "$root"/models/*/test_data_set_*/*.pb; do
+  [ -f "$f" ] || continue
+  i=$((i + 1))
+  { printf '\000'; cat "$f"; } > "$work/seed_tensor/pb$i"
+done
+for f in "$root"/models/*/*.npy; do
+  [ -f "$f" ] || continue
+  i=$((i + 1))
+  { printf '\001'; head -c 4096 "$f"; } > "$work/seed_tensor/npy$i"
+done
+
+status=0
+for h in model tensor graph; do
+  bin="$build/test/fuzz/kiln-fuzz_$h"
+  reg="$root/test/fuzz/regressions/$h"
+  mkdir -p "$work/corpus_$h" "$findings/$h"
+  # Every committed regression input must run clean.
+  if [ -d "$reg" ] && [ -n "$(ls -A "$reg" 2>/dev/null)" ]; then
+    echo "fuzz: $h: $(ls "$reg" | wc -l) regression inputs"
+    "$bin" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=30 "$reg"/* || status=1
+  fi
+  echo "fuzz: $h: ${seconds}s"
+  if ! "$bin" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 \
+      -max_len=65536 -print_final_stats=1 -artifact_prefix="$findings/$h/" \
+      "$work/corpus_$h" "$work/seed_$h" > "$work/$h.log" 2>&1; then
+    echo "fuzz: $h: FINDING (log: $work/$h.log, input in $findings/$h/)"
+    tail -40 "$work/$h.log"
+    status=1
+  else
+    grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$work/$h.log" | tr '\n' ' '
+    echo
+  fi
+done
+exit $status
