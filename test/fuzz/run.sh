@@ -3,7 +3,8 @@
 # (every finding becomes one), then fuzzing from seed corpora made of the committed models and
 # test data (plus, when present, the ONNX backend node models). A finding fails the run; its
 # input is kept in BUILD/fuzz-findings/HARNESS/ to be added to test/fuzz/regressions/HARNESS/.
-#   test/fuzz/run.sh BUILD_DIR [SECONDS_PER_HARNESS]
+#   test/fuzz/run.sh BUILD_DIR [SECONDS_PER_HARNESS]   (FUZZ_SEED: libFuzzer seed, default 1,
+#   so that CI repeats the same search; any other value searches elsewhere)
 set -eu
 build=$1
 seconds=${2:-60}
@@ -51,7 +52,7 @@ for h in model tensor graph; do
     "$bin" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=30 "$reg"/* || status=1
   fi
   echo "fuzz: $h: ${seconds}s"
-  if ! "$bin" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 \
+  if ! "$bin" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 \
       -max_len=65536 -print_final_stats=1 -artifact_prefix="$findings/$h/" \
       "$work/corpus_$h" "$work/seed_$h" > "$work/$h.log" 2>&1; then
     echo "fuzz: $h: FINDING (log: $work/$h.log, input in $findings/$h/)"
