@@ -15,6 +15,7 @@
 #include "kiln/error.h"
 #include "kiln/tensor.h"
 #include "ops/kernel.h"
+#include "ops/math/tsan.h"
 
 namespace kiln::ops {
 
@@ -96,8 +97,15 @@ void parallel_for(int64_t n, int64_t grain, F&& body) {
     body(int64_t{0}, n);
     return;
   }
+  const int sync = 0;  // ThreadSanitizer: the tasks see the caller's writes, and it theirs
+  tsan::release(&sync);
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain),
-                    [&](const tbb::blocked_range<int64_t>& r) { body(r.begin(), r.end()); });
+                    [&](const tbb::blocked_range<int64_t>& r) {
+                      tsan::acquire(&sync);
+                      body(r.begin(), r.end());
+                      tsan::release(&sync);
+                    });
+  tsan::acquire(&sync);
 }
 
 // A grain that gives each task roughly `work_per_task` units when each item costs `cost`.

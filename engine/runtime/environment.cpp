@@ -5,6 +5,7 @@
 
 #include "engine/runtime/weights_cache.h"
 #include "kiln/version.h"
+#include "ops/math/tsan.h"
 
 namespace kiln {
 
@@ -33,7 +34,21 @@ int Environment::threads() const {
 }
 
 void Environment::execute(const std::function<void()>& fn) const {
-  impl_->arena.execute(fn);
+  // The arena may run `fn` on another thread when all its slots are taken: the hand-off is
+  // stated both ways for ThreadSanitizer, exceptions included.
+  struct OnExit {
+    const void* sync;
+    bool release;
+    ~OnExit() { release ? tsan::release(sync) : tsan::acquire(sync); }
+  };
+  const int sync = 0;
+  tsan::release(&sync);
+  const OnExit back{&sync, false};
+  impl_->arena.execute([&] {
+    tsan::acquire(&sync);
+    const OnExit done{&sync, true};
+    fn();
+  });
 }
 
 WeightsCacheStats Environment::weights_cache_stats() const {
