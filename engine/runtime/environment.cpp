@@ -33,22 +33,33 @@ int Environment::threads() const {
   return impl_->threads;
 }
 
+namespace {
+
+// Runs the function given to Environment::execute. The arena may run it on another thread
+// when all its slots are taken: the hand-off is stated both ways for ThreadSanitizer, keyed
+// on this object's address, which the running thread knows before reading anything.
+struct ArenaCall {
+  const std::function<void()>* fn;
+  void operator()() const {
+    tsan::acquire(this);
+    struct Done {
+      const void* sync;
+      ~Done() { tsan::release(sync); }
+    } done{this};
+    (*fn)();
+  }
+};
+
+}  // namespace
+
 void Environment::execute(const std::function<void()>& fn) const {
-  // The arena may run `fn` on another thread when all its slots are taken: the hand-off is
-  // stated both ways for ThreadSanitizer, exceptions included.
-  struct OnExit {
+  const ArenaCall call{&fn};
+  tsan::release(&call);
+  struct Back {
     const void* sync;
-    bool release;
-    ~OnExit() { release ? tsan::release(sync) : tsan::acquire(sync); }
-  };
-  const int sync = 0;
-  tsan::release(&sync);
-  const OnExit back{&sync, false};
-  impl_->arena.execute([&] {
-    tsan::acquire(&sync);
-    const OnExit done{&sync, true};
-    fn();
-  });
+    ~Back() { tsan::acquire(sync); }  // exceptions included
+  } back{&call};
+  impl_->arena.execute(call);
 }
 
 WeightsCacheStats Environment::weights_cache_stats() const {
