@@ -72,9 +72,10 @@ bool same_bytes(const Value& a, const Value& b) {
          std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()) == 0;
 }
 
-// kThreads threads each run `s` kRunsPerThread times on the feeds in turn; every output must
+// `n_threads` threads each run `s` `runs` times on the feeds in turn; every output must
 // equal, byte for byte, the one a single thread got for the same feed. Returns the mismatches.
-int run_concurrently(Session& s, const std::vector<std::vector<NamedValue>>& feeds) {
+int run_concurrently(Session& s, const std::vector<std::vector<NamedValue>>& feeds,
+                     int n_threads = kThreads, int runs = kRunsPerThread) {
   std::vector<std::vector<NamedValue>> expected;
   std::vector<uint64_t> expected_nodes;
   for (const auto& feed : feeds) {
@@ -84,11 +85,11 @@ int run_concurrently(Session& s, const std::vector<std::vector<NamedValue>>& fee
   }
   std::atomic<int> mismatches{0}, errors{0};
   std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
+  for (int t = 0; t < n_threads; ++t) {
     threads.emplace_back([&, t] {
       const RunOptions options;
       try {
-        for (int i = 0; i < kRunsPerThread; ++i) {
+        for (int i = 0; i < runs; ++i) {
           const size_t k = static_cast<size_t>(t + i) % feeds.size();
           RunStats stats;
           const auto out = s.run(feeds[k], options, &stats);
@@ -134,6 +135,29 @@ TEST_CASE("decode steps of GPT-2 on one Session from 8 threads equal single-thre
   std::vector<std::vector<NamedValue>> feeds;
   for (int v = 0; v < 4; ++v) feeds.push_back(decode_feed(s, v, v % 2 == 0 ? 6 : 9));
   CHECK(run_concurrently(s, feeds) == 0);
+}
+
+TEST_CASE("runs whose kernels split across the arena's threads, from 4 threads at once",
+          "[concurrency]") {
+  // A product big enough for the GEMM layer to split (run_tasks) and a broadcast Add over
+  // 512 rows (ops::parallel_for), on an environment of two threads.
+  GraphBuilder b;
+  b.input("x", DataType::Float, {192, 192}, true);
+  b.input("col", DataType::Float, {512, 1}, true);
+  b.input("row", DataType::Float, {1, 512}, true);
+  b.initializer("w", filled(DataType::Float, {192, 192}, 5));
+  b.node("MatMul", {"x", "w"}, {"y"});
+  b.node("Add", {"col", "row"}, {"grid"});
+  b.output("y");
+  b.output("grid");
+  Session s = make_session(b.build(), 18, 2);
+  std::vector<std::vector<NamedValue>> feeds;
+  for (int v = 0; v < 2; ++v) {
+    feeds.push_back({{"x", filled(DataType::Float, {192, 192}, v)},
+                     {"col", filled(DataType::Float, {512, 1}, v)},
+                     {"row", filled(DataType::Float, {1, 512}, v + 1)}});
+  }
+  CHECK(run_concurrently(s, feeds, 4, 20) == 0);
 }
 
 TEST_CASE("sessions are made, run and destroyed on several threads in one Environment",
