@@ -4,13 +4,14 @@
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 DEMO_MODEL ?= models/tiny-cnn
 
 V4_BUILD ?= build-v4
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 
-.PHONY: all setup build demo test unit conformance sanitize fuzz check-v4 format format-check conformance-report ops-doc clean
+.PHONY: all setup build demo test unit conformance sanitize fuzz check-v4 format format-check tsan conformance-report ops-doc clean
 
 all: build
 
@@ -29,11 +30,13 @@ demo: build
 
 # Every test: unit tests and the conformance allow-list (release build, at each instruction-set
 # level the processor runs), the library compiled for x86-64-v4, the unit tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer, and the formatting check.
+# AddressSanitizer + UndefinedBehaviorSanitizer, the concurrency tests under ThreadSanitizer,
+# the fuzz harnesses for FUZZ_SECONDS each, and the formatting check.
 test: build format-check
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(MAKE) check-v4
 	$(MAKE) sanitize
+	$(MAKE) tsan
 	$(MAKE) fuzz
 
 # The library compiled with everything at -march=x86-64-v4 (AVX-512), warnings as errors:
@@ -62,6 +65,15 @@ sanitize: setup
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target kiln-unit-tests
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ./$(ASAN_BUILD)/test/kiln-unit-tests
 
+# The concurrency tests ([concurrency]: many threads running one Session, sessions made and
+# destroyed concurrently) under ThreadSanitizer: the library and that one test binary only.
+# test/tsan.supp names the oneTBB internals whose reports are false positives (see there).
+tsan: setup
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKILN_TSAN=ON -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1"
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target kiln-concurrency-tests
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/test/tsan.supp" \
+	  ./$(TSAN_BUILD)/test/kiln-concurrency-tests "[concurrency]"
+
 # Regenerates docs/conformance.md and adds newly passing cases to the allow-list.
 conformance-report: build
 	./$(BUILD)/test/kiln-conformance --report docs/conformance.md --write-allowlist test/conformance/allowlist.txt
@@ -79,4 +91,4 @@ format-check: setup
 	@clang-format --dry-run --Werror $(FORMAT_FILES) && echo "format-check: ok"
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(V4_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(V4_BUILD)

@@ -15,6 +15,7 @@
 #include "kiln/error.h"
 #include "kiln/tensor.h"
 #include "ops/kernel.h"
+#include "ops/math/tsan.h"
 
 namespace kiln::ops {
 
@@ -86,6 +87,25 @@ Shape broadcast_shapes(const Shape& a, const Shape& b);
 // Strides (in elements) of `t` seen with the shape `out` (right-aligned, 0 where broadcast).
 Shape broadcast_strides(const Tensor& t, const Shape& out);
 
+// What the tasks of parallel_for call. oneTBB copies it into each task, on the thread that
+// makes the task: each copy states the hand-off to ThreadSanitizer (tsan.h) keyed on its own
+// address, which the task knows before reading anything; the tasks hand their writes back
+// to the caller keyed on the body's address.
+template <typename F>
+struct RangeCall {
+  F* body;
+  explicit RangeCall(F* b) : body(b) { tsan::release(this); }
+  RangeCall(const RangeCall& other) : body((tsan::acquire(&other), other.body)) {
+    tsan::release(this);
+  }
+  RangeCall& operator=(const RangeCall&) = delete;
+  void operator()(const tbb::blocked_range<int64_t>& r) const {
+    tsan::acquire(this);
+    (*body)(r.begin(), r.end());
+    tsan::release(body);
+  }
+};
+
 // Runs body(begin, end) over [0, n) on the current arena; ranges of fewer than `grain`
 // iterations stay on one thread so that small tensors are not split.
 template <typename F>
@@ -97,7 +117,8 @@ void parallel_for(int64_t n, int64_t grain, F&& body) {
     return;
   }
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain),
-                    [&](const tbb::blocked_range<int64_t>& r) { body(r.begin(), r.end()); });
+                    RangeCall<std::remove_reference_t<F>>(&body));
+  tsan::acquire(&body);
 }
 
 // A grain that gives each task roughly `work_per_task` units when each item costs `cost`.

@@ -24,11 +24,20 @@ PoolCore::~PoolCore() {
   std::free(arena_);
 }
 
-std::shared_ptr<Storage> PoolCore::make_storage(std::byte* data, size_t capacity) {
-  const uint64_t now = bytes_in_use += capacity;
-  uint64_t peak = peak_bytes_in_use.load();
-  while (now > peak && !peak_bytes_in_use.compare_exchange_weak(peak, now)) {
+namespace {
+
+void raise_to(std::atomic<uint64_t>& peak, uint64_t now) {
+  uint64_t seen = peak.load(std::memory_order_relaxed);
+  while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
   }
+}
+
+}  // namespace
+
+std::shared_ptr<Storage> PoolCore::make_storage(std::byte* data, size_t capacity, PoolRun* run) {
+  const uint64_t now = bytes_in_use += capacity;
+  raise_to(peak_bytes_in_use, now);
+  if (run) raise_to(run->peak_bytes_in_use, now);
   std::shared_ptr<Storage> s(new Storage());
   s->data_ = data;
   s->capacity_ = capacity;
@@ -60,7 +69,7 @@ std::byte* PoolCore::place_in_arena(const ArenaLayout& l, size_t index, size_t b
 std::byte* PoolCore::acquire_from_arena(size_t bytes, size_t& capacity, bool& missed) {
   const ArenaLayout& l = *layout_;
   if (!l.steps.empty()) {
-    const int32_t step = step_.load(std::memory_order_relaxed);
+    const int32_t step = arena_run_->step.load(std::memory_order_relaxed);
     while (arena_next_ < l.steps.size() && l.steps[arena_next_] < step) ++arena_next_;
     if (arena_next_ >= l.steps.size() || l.steps[arena_next_] != step) {
       missed = true;  // not foreseen by the plan
@@ -75,7 +84,7 @@ std::byte* PoolCore::acquire_from_arena(size_t bytes, size_t& capacity, bool& mi
 }
 
 // Called with mutex_ held. The arena moves only while nothing lives in it.
-bool PoolCore::reserve_arena(uint64_t bytes) {
+bool PoolCore::reserve_arena(uint64_t bytes, PoolRun* run) {
   if (bytes <= arena_capacity_) return true;
   if (!arena_live_.empty()) return false;
   const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
@@ -86,32 +95,40 @@ bool PoolCore::reserve_arena(uint64_t bytes) {
   arena_capacity_ = rounded;
   ++allocations;
   bytes_allocated += rounded;
+  if (run) {
+    ++run->allocations;
+    run->bytes_allocated += rounded;
+  }
   return true;
 }
 
 std::shared_ptr<Storage> PoolCore::acquire_arena_input(
-    const std::shared_ptr<const ArenaLayout>& layout, size_t index, size_t bytes) {
+    const std::shared_ptr<const ArenaLayout>& layout, size_t index, size_t bytes, PoolRun* counts) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (arena_active_ || !reserve_arena(layout->arena_bytes)) return nullptr;
+  if (arena_run_ || !reserve_arena(layout->arena_bytes, counts)) return nullptr;
   size_t capacity = 0;
   std::byte* data = place_in_arena(*layout, index, bytes, capacity);
   if (!data) return nullptr;
-  return make_storage(data, capacity);
+  return make_storage(data, capacity, counts);
 }
 
-std::shared_ptr<Storage> PoolCore::acquire(size_t bytes) {
+std::shared_ptr<Storage> PoolCore::acquire(size_t bytes, PoolRun* run) {
   const size_t cls = pool_size_class(bytes);
   std::byte* data = nullptr;
   size_t capacity = cls;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (arena_active_) {
+    if (run && arena_run_ == run) {
       bool missed = false;
       data = acquire_from_arena(bytes, capacity, missed);
       if (data) {
         ++arena_served;
+        ++run->arena_served;
       } else {
-        if (missed) ++arena_missed;
+        if (missed) {
+          ++arena_missed;
+          ++run->arena_missed;
+        }
         capacity = cls;
       }
     }
@@ -127,6 +144,7 @@ std::shared_ptr<Storage> PoolCore::acquire(size_t bytes) {
       free_.erase(it);
       bytes_cached -= capacity;
       ++reuses;
+      if (run) ++run->reuses;
     }
   }
   if (!data) {
@@ -134,23 +152,28 @@ std::shared_ptr<Storage> PoolCore::acquire(size_t bytes) {
     if (!data) throw std::bad_alloc();
     ++allocations;
     bytes_allocated += capacity;
+    if (run) {
+      ++run->allocations;
+      run->bytes_allocated += capacity;
+    }
   }
   // Recorded wherever served: a run in an arena planned from shapes records the exact one.
-  if (recording_) {
+  if (run && run->recording) {
     std::lock_guard<std::mutex> lock(mutex_);
     recorded_live_[data] = recorded_.size();
-    recorded_.push_back({bytes, step_, -1});
+    recorded_.push_back({bytes, run->step.load(std::memory_order_relaxed), -1});
   }
-  return make_storage(data, capacity);
+  return make_storage(data, capacity, run);
 }
 
 void PoolCore::release(std::byte* data, size_t capacity) {
   bytes_in_use -= capacity;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (recording_) {
+  if (recorder_) {
+    // Only the recording run's buffers are in recorded_live_: the step is that run's.
     auto it = recorded_live_.find(data);
     if (it != recorded_live_.end()) {
-      recorded_[it->second].last = step_;
+      recorded_[it->second].last = recorder_->step.load(std::memory_order_relaxed);
       recorded_live_.erase(it);
     }
   }
@@ -177,38 +200,47 @@ bool PoolCore::adopt(Storage& s) {
   return true;
 }
 
-void PoolCore::begin_recording(const std::vector<std::pair<const std::byte*, uint64_t>>& held) {
+bool PoolCore::begin_recording(PoolRun& run,
+                               const std::vector<std::pair<const std::byte*, uint64_t>>& held) {
   std::lock_guard<std::mutex> lock(mutex_);
-  recording_ = true;
+  if (recorder_) return false;
+  recorder_ = &run;
+  run.recording = true;
   recorded_.clear();
   recorded_live_.clear();
   for (const auto& [data, bytes] : held) {
     recorded_live_[data] = recorded_.size();
-    recorded_.push_back({bytes, step_, -1});
+    recorded_.push_back({bytes, run.step.load(std::memory_order_relaxed), -1});
   }
+  return true;
 }
 
-std::vector<RecordedBuffer> PoolCore::end_recording() {
+std::vector<RecordedBuffer> PoolCore::end_recording(PoolRun& run) {
   std::lock_guard<std::mutex> lock(mutex_);
-  recording_ = false;
+  if (recorder_ != &run) return {};
+  recorder_ = nullptr;
+  run.recording = false;
   recorded_live_.clear();
   return std::move(recorded_);
 }
 
-bool PoolCore::begin_arena(std::shared_ptr<const ArenaLayout> layout, size_t first) {
+bool PoolCore::begin_arena(PoolRun& run, std::shared_ptr<const ArenaLayout> layout, size_t first) {
   std::lock_guard<std::mutex> lock(mutex_);
-  // Buffers still live in the arena (the run's inputs, or an earlier run's buffer the caller
-  // kept) are safe: every request is checked against them.
-  if (!reserve_arena(layout->arena_bytes)) return false;
+  // Buffers still live in the arena (the run's inputs, another run's buffers, or an earlier
+  // run's buffer the caller kept) are safe: every request is checked against them.
+  if (arena_run_ || !reserve_arena(layout->arena_bytes, &run)) return false;
   layout_ = std::move(layout);
   arena_next_ = first;
-  arena_active_ = true;
+  arena_run_ = &run;
+  run.in_arena = true;
   return true;
 }
 
-void PoolCore::end_arena() {
+void PoolCore::end_arena(PoolRun& run) {
   std::lock_guard<std::mutex> lock(mutex_);
-  arena_active_ = false;
+  if (arena_run_ != &run) return;
+  arena_run_ = nullptr;
+  run.in_arena = false;
 }
 
 void PoolCore::trim() {

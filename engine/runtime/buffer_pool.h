@@ -37,12 +37,25 @@ struct RecordedBuffer {
   int32_t first = 0, last = -1;
 };
 
+// One run's share of the pool: its counters, its executor step, and whether it holds the
+// pool's recording or arena (one run at a time may; the others are served by the pool). The
+// counters are atomic because a run's kernels may allocate from several threads.
+struct PoolRun {
+  std::atomic<int32_t> step{0};  // the executor step, for recorded lifetimes and the arena
+  std::atomic<uint64_t> allocations{0}, bytes_allocated{0}, reuses{0};
+  std::atomic<uint64_t> arena_served{0}, arena_missed{0};
+  std::atomic<uint64_t> peak_bytes_in_use{0};  // most pool bytes in use while it ran
+  bool recording = false, in_arena = false;    // set by the run's own thread only
+};
+
 // The shared state behind a BufferPool. Pool storages hold a reference to it and hand
-// their bytes back on destruction, so buffers may outlive the pool object itself.
+// their bytes back on destruction, so buffers may outlive the pool object itself. Every
+// member function may be called from any thread; `run` (when given) is the run a request
+// belongs to, counted there and served from the arena or recorded only if that run holds it.
 class PoolCore : public std::enable_shared_from_this<PoolCore> {
  public:
   ~PoolCore();
-  std::shared_ptr<Storage> acquire(size_t bytes);
+  std::shared_ptr<Storage> acquire(size_t bytes, PoolRun* run = nullptr);
   void release(std::byte* data, size_t capacity);
   // Frees every cached buffer not in use.
   void trim();
@@ -50,25 +63,29 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   // requests instead of being freed. False (and nothing changes) for other kinds.
   bool adopt(Storage& s);
 
-  // The executor's step counter, for recorded lifetimes.
-  void set_step(int32_t step) { step_.store(step, std::memory_order_relaxed); }
-  // Records the lifetime of every buffer acquired until end_recording(), and of `held`
+  // Records the lifetime of every buffer `run` acquires until end_recording(), and of `held`
   // (pool buffers acquired earlier, the run's graph inputs: data and requested bytes),
-  // which come first in the recording, alive from the current step.
-  void begin_recording(const std::vector<std::pair<const std::byte*, uint64_t>>& held = {});
-  std::vector<RecordedBuffer> end_recording();
+  // which come first in the recording, alive from the run's current step. False (nothing
+  // recorded) while another run records.
+  bool begin_recording(PoolRun& run,
+                       const std::vector<std::pair<const std::byte*, uint64_t>>& held = {});
+  std::vector<RecordedBuffer> end_recording(PoolRun& run);
   // Serves the run's requests, in order, from one arena laid out by `layout`. A request
   // larger than its planned size, or whose planned range overlaps a live arena buffer (the
   // run diverged from the recorded one), is served by the pool instead. Requests are matched
   // with the layout from index `first` on (the ones before are graph inputs, placed by
-  // acquire_arena_input). False when the arena cannot be used now (it must grow while
-  // buffers still live in it).
-  bool begin_arena(std::shared_ptr<const ArenaLayout> layout, size_t first = 0);
-  void end_arena();
+  // acquire_arena_input). Only `run`'s requests are served from it. False when the arena
+  // cannot be used now: another run is in it, or it must grow while buffers still live in it.
+  bool begin_arena(PoolRun& run, std::shared_ptr<const ArenaLayout> layout, size_t first = 0);
+  void end_arena(PoolRun& run);
   // A buffer at the place of entry `index` of `layout`, before the run starts (a graph
   // input). Null when the entry does not take `bytes` there or its range is in use.
+  // Null too while a run is in the arena. `counts` (when given) counts a growth of the arena.
   std::shared_ptr<Storage> acquire_arena_input(const std::shared_ptr<const ArenaLayout>& layout,
-                                               size_t index, size_t bytes);
+                                               size_t index, size_t bytes,
+                                               PoolRun* counts = nullptr);
+
+  // Pool totals over all runs.
 
   std::atomic<uint64_t> arena_served{0};
   std::atomic<uint64_t> arena_missed{0};
@@ -82,21 +99,20 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   uint64_t memory_limit = 0;  // SessionOptions::memory_limit (0: none)
 
  private:
-  std::shared_ptr<Storage> make_storage(std::byte* data, size_t capacity);
+  std::shared_ptr<Storage> make_storage(std::byte* data, size_t capacity, PoolRun* run);
   std::byte* acquire_from_arena(size_t bytes, size_t& capacity, bool& missed);
   std::byte* place_in_arena(const ArenaLayout& l, size_t index, size_t bytes, size_t& capacity);
-  bool reserve_arena(uint64_t bytes);
+  bool reserve_arena(uint64_t bytes, PoolRun* run);
 
   std::mutex mutex_;
   // Sorted vectors rather than node-based maps: after warm-up, taking and returning a buffer
   // allocates nothing. Cached buffers of one capacity keep the order they were returned in.
   std::vector<std::pair<size_t, std::byte*>> free_;  // (capacity, buffer), by capacity
-  std::atomic<int32_t> step_{0};
-  std::atomic<bool> recording_{false};
+  PoolRun* recorder_ = nullptr;                      // the run recording, if any
   std::vector<RecordedBuffer> recorded_;
   std::map<const std::byte*, size_t> recorded_live_;  // buffer -> index in recorded_
   std::shared_ptr<const ArenaLayout> layout_;
-  bool arena_active_ = false;
+  PoolRun* arena_run_ = nullptr;  // the run in the arena, if any
   size_t arena_next_ = 0;
   std::byte* arena_ = nullptr;
   size_t arena_capacity_ = 0;
@@ -113,7 +129,9 @@ size_t pool_size_class(size_t bytes);
 class BufferPool {
  public:
   BufferPool();
-  std::shared_ptr<Storage> acquire(size_t bytes) { return core_->acquire(bytes); }
+  std::shared_ptr<Storage> acquire(size_t bytes, detail::PoolRun* run = nullptr) {
+    return core_->acquire(bytes, run);
+  }
   detail::PoolCore& core() { return *core_; }
   void trim() { core_->trim(); }
 

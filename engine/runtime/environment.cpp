@@ -5,6 +5,7 @@
 
 #include "engine/runtime/weights_cache.h"
 #include "kiln/version.h"
+#include "ops/math/tsan.h"
 
 namespace kiln {
 
@@ -32,8 +33,33 @@ int Environment::threads() const {
   return impl_->threads;
 }
 
+namespace {
+
+// Runs the function given to Environment::execute. The arena may run it on another thread
+// when all its slots are taken: the hand-off is stated both ways for ThreadSanitizer, keyed
+// on this object's address, which the running thread knows before reading anything.
+struct ArenaCall {
+  const std::function<void()>* fn;
+  void operator()() const {
+    tsan::acquire(this);
+    struct Done {
+      const void* sync;
+      ~Done() { tsan::release(sync); }
+    } done{this};
+    (*fn)();
+  }
+};
+
+}  // namespace
+
 void Environment::execute(const std::function<void()>& fn) const {
-  impl_->arena.execute(fn);
+  const ArenaCall call{&fn};
+  tsan::release(&call);
+  struct Back {
+    const void* sync;
+    ~Back() { tsan::acquire(sync); }  // exceptions included
+  } back{&call};
+  impl_->arena.execute(call);
 }
 
 WeightsCacheStats Environment::weights_cache_stats() const {

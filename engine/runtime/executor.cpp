@@ -10,7 +10,7 @@
 
 namespace kiln {
 
-Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape) {
+Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape, detail::PoolRun* run) {
   const int64_t n = checked_numel(shape);
   const uint64_t limit = pool.core().memory_limit;
   if (limit > 0) {
@@ -25,7 +25,7 @@ Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape) {
     }
   }
   if (dtype == DataType::String) return Tensor::zeros(dtype, shape);
-  return Tensor(dtype, shape, pool.acquire(storage_bytes(dtype, n)));
+  return Tensor(dtype, shape, pool.acquire(storage_bytes(dtype, n), run));
 }
 
 namespace {
@@ -105,7 +105,7 @@ class StepHooks final : public ops::ExecutionHooks {
         depth_(depth) {}
 
   Tensor allocate(DataType dtype, const Shape& shape) override {
-    return allocate_tensor(ex_.pool_, dtype, shape);
+    return allocate_tensor(ex_.pool_, dtype, shape, ex_.run_);
   }
 
   bool can_overwrite(size_t i) override {
@@ -182,8 +182,17 @@ class StepHooks final : public ops::ExecutionHooks {
   int depth_;
 };
 
+void Executor::check_stop() const {
+  if (options_->cancelled()) throw RunCancelled("run cancelled");
+  if (options_->deadline != std::chrono::steady_clock::time_point::max() &&
+      std::chrono::steady_clock::now() >= options_->deadline) {
+    throw RunCancelled("run stopped at its deadline");
+  }
+}
+
 std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value> inputs,
                                  std::vector<Value> captures, int depth) {
+  if (options_) check_stop();
   const ir::Graph& g = *plan.graph;
   FrameBuffers& buffers = scratch_.at(plan.index);
   const bool keep_initializers = !(depth == 0 && weight_release_);
@@ -242,7 +251,16 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
   std::vector<Value>& outs = buffers.outs;
   for (const plan::Step& step : plan.steps) {
     const ir::Node& node = *step.node;
-    pool_.core().set_step(++steps_);
+    if (options_) {
+      try {
+        check_stop();
+      } catch (Error& e) {
+        e.with_node(node.name, node.op_type);
+        throw;
+      }
+    }
+    ++steps_;
+    if (run_) run_->step.store(steps_, std::memory_order_relaxed);
     const size_t n_in = node.inputs.size();
     in_ptrs.assign(n_in, nullptr);
     temporary.assign(n_in, false);

@@ -33,9 +33,9 @@ struct FrameBuffers {
   std::vector<Value> outs;
 };
 
-// FrameBuffers kept across runs (a session holds one), one set per graph of the plan tree
-// (GraphPlan::index): a graph never runs inside itself, and its runs (Loop iterations) follow
-// one another.
+// FrameBuffers kept across runs (a session keeps a few, one per run in progress), one set per graph
+// of the plan tree (GraphPlan::index): a graph never runs inside itself, and its runs (Loop
+// iterations) follow one another.
 class ExecutorScratch {
  public:
   FrameBuffers& at(int32_t plan_index) {
@@ -51,13 +51,15 @@ class ExecutorScratch {
 class Executor {
  public:
   // `scratch` (may be null: the executor keeps its own) must not serve two runs at once.
+  // `run` (may be null) is this run's share of the pool: its counters, step and arena.
   Executor(BufferPool& pool, RunStats& stats, std::vector<NodeEvent>* profile,
-           ExecutorScratch* scratch = nullptr)
+           ExecutorScratch* scratch = nullptr, detail::PoolRun* run = nullptr)
       : pool_(pool),
         stats_(stats),
         profile_(profile),
         start_(std::chrono::steady_clock::now()),
-        scratch_(scratch ? *scratch : own_scratch_) {}
+        scratch_(scratch ? *scratch : own_scratch_),
+        run_(run) {}
 
   // Runs `plan` with `inputs` bound to graph.inputs (in order; an undefined Value takes the
   // input's default) and `captures` bound to graph.captures. Returns graph.outputs.
@@ -68,6 +70,9 @@ class Executor {
   RunStats& stats() { return stats_; }
   // Lets the main graph's mapped weights give their pages back after their last use.
   void set_weight_release(WeightRelease* release) { weight_release_ = release; }
+  // Cancellation and deadline, checked before every node and every graph run (each Loop or
+  // Scan iteration runs its body graph).
+  void set_run_options(const RunOptions* options) { options_ = options; }
 
  private:
   friend class StepHooks;
@@ -77,9 +82,12 @@ class Executor {
   std::chrono::steady_clock::time_point start_;
   ExecutorScratch own_scratch_;
   ExecutorScratch& scratch_;
+  detail::PoolRun* run_;
+  const RunOptions* options_ = nullptr;
   int32_t steps_ = 0;  // steps started in this run, nested graphs included
   bool adopt_inputs_ = false;
   WeightRelease* weight_release_ = nullptr;
+  void check_stop() const;
 
  public:
   // Owned graph inputs (passed by move) join the pool once read for the last time, so
@@ -87,7 +95,8 @@ class Executor {
   void set_adopt_inputs(bool on) { adopt_inputs_ = on; }
 };
 
-// Allocates a tensor from `pool` (strings are not pooled).
-Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape);
+// Allocates a tensor from `pool` for `run` (strings are not pooled).
+Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape,
+                       detail::PoolRun* run = nullptr);
 
 }  // namespace kiln

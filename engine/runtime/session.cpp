@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <string>
 
@@ -153,10 +154,17 @@ struct Session::Impl {
   BufferPool pool;
   std::vector<IoInfo> inputs, outputs;
   LoadStats load_stats;
-  RunStats run_stats;
-  ExecutorScratch scratch;  // the executor's frame buffers, kept warm between runs
   bool profile = false;
-  std::vector<NodeEvent> events;
+  // Guards what runs share below: the allocate_input cycle, the arena planning state, the
+  // free scratch and the last run's counters and profile. Never held while a run executes.
+  std::mutex mutex;
+  RunStats run_stats;             // of the last run to finish
+  std::vector<NodeEvent> events;  // its profile
+  // The executor's frame buffers, kept warm between runs: one per run in progress, taken at
+  // its start and given back at its end, so one thread running the session reuses one.
+  std::vector<std::unique_ptr<ExecutorScratch>> free_scratch;
+  // release_weights_after_use counts the readers of weights per run: such runs take turns.
+  std::mutex weight_release_mutex;
   bool memory_arena = true, reuse_inputs = false, inputs_in_arena = false;
   // A run's signature is the shapes of its inputs, then (inputs_in_arena) the keys of the
   // inputs it was given by move from allocate_input, in allocation order.
@@ -182,18 +190,18 @@ struct Session::Impl {
   std::vector<AllocatedInput> allocated;
   bool cycle_open = false;
   bool allocated_match = true;  // every allocation of the cycle matched arena_inputs so far
-  // Pool counters when the cycle opened: the run's counters include its inputs' allocations.
-  uint64_t mark_allocations = 0, mark_bytes = 0, mark_reuses = 0;
+  // The pool counters of the cycle's allocations: the run's counters include them.
+  detail::PoolRun cycle_counts;
 
+  // Called with `mutex` held.
   void open_cycle() {
     if (cycle_open) return;
     cycle_open = true;
     allocated.clear();
     allocated_match = true;
-    detail::PoolCore& core = pool.core();
-    mark_allocations = core.allocations;
-    mark_bytes = core.bytes_allocated;
-    mark_reuses = core.reuses;
+    cycle_counts.allocations = 0;
+    cycle_counts.bytes_allocated = 0;
+    cycle_counts.reuses = 0;
   }
 
   // Plans the arena from the buffers of a run (recorded, or predicted from shapes); the
@@ -590,6 +598,7 @@ Tensor Session::allocate_input(const std::string& name, DataType dtype, const Sh
   if (dtype == DataType::String) return Tensor::zeros(dtype, shape);  // strings are not pooled
   const uint64_t bytes = storage_bytes(dtype, count);
 
+  std::lock_guard<std::mutex> lock(s.mutex);
   s.open_cycle();
   const size_t position = s.allocated.size();
   const std::string key = input_key(name, dtype, shape);
@@ -599,10 +608,12 @@ Tensor Session::allocate_input(const std::string& name, DataType dtype, const Sh
     // the cycle so far repeated the planned run's.
     s.allocated_match =
         s.allocated_match && position < s.arena_inputs.size() && s.arena_inputs[position] == key;
-    if (s.allocated_match) storage = s.pool.core().acquire_arena_input(s.arena, position, bytes);
+    if (s.allocated_match) {
+      storage = s.pool.core().acquire_arena_input(s.arena, position, bytes, &s.cycle_counts);
+    }
   }
   const uint64_t arena_bytes = storage ? storage->capacity() : 0;
-  if (!storage) storage = s.pool.acquire(bytes);
+  if (!storage) storage = s.pool.acquire(bytes, &s.cycle_counts);
   s.allocated.push_back({name, key, storage, bytes, arena_bytes});
   return Tensor(dtype, shape, std::move(storage));
 }
@@ -615,14 +626,51 @@ std::vector<NamedValue> Session::run(std::initializer_list<NamedValue> inputs) {
 }
 
 std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
+  static const RunOptions defaults;
+  return run(std::move(named), defaults);
+}
+
+namespace {
+
+// Ends what a run holds when it ends, normally or by an exception: its use of the pool's
+// recording and arena, and its scratch, given back to the session.
+struct RunHold {
+  detail::PoolCore& pool;
+  detail::PoolRun& run;
+  std::mutex& mutex;
+  std::vector<std::unique_ptr<ExecutorScratch>>& free_scratch;
+  std::unique_ptr<ExecutorScratch> scratch;
+  ~RunHold() {
+    if (run.recording) pool.end_recording(run);
+    if (run.in_arena) pool.end_arena(run);
+    if (scratch) {
+      std::lock_guard<std::mutex> lock(mutex);
+      free_scratch.push_back(std::move(scratch));
+    }
+  }
+};
+
+}  // namespace
+
+std::vector<NamedValue> Session::run(std::vector<NamedValue> named, const RunOptions& options,
+                                     RunStats* stats_out, std::vector<NodeEvent>* profile_out) {
   Impl& s = *impl_;
   detail::PoolCore& pool = s.pool.core();
-  // The inputs allocated since the last run belong to this run, whatever becomes of it.
-  s.open_cycle();
-  s.cycle_open = false;
-  const std::vector<Impl::AllocatedInput> allocated = std::move(s.allocated);
-  s.allocated.clear();
-  const uint64_t alloc0 = s.mark_allocations, bytes0 = s.mark_bytes, reuse0 = s.mark_reuses;
+  // This run's counters, from the allocations of its inputs (allocate_input) on.
+  detail::PoolRun counts;
+  RunStats run_stats;
+  std::vector<Impl::AllocatedInput> allocated;
+  {
+    // The inputs allocated since the last run belong to this run, whatever becomes of it.
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.open_cycle();
+    s.cycle_open = false;
+    allocated = std::move(s.allocated);
+    s.allocated.clear();
+    counts.allocations = s.cycle_counts.allocations.load();
+    counts.bytes_allocated = s.cycle_counts.bytes_allocated.load();
+    counts.reuses = s.cycle_counts.reuses.load();
+  }
 
   s.check_constants_given();
   const ir::Graph& g = *s.model.graph;
@@ -653,10 +701,8 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
     }
   }
 
-  const uint64_t served0 = pool.arena_served, missed0 = pool.arena_missed;
-  pool.peak_bytes_in_use = pool.bytes_in_use.load();
-  s.run_stats = RunStats{};
-  s.events.clear();
+  counts.peak_bytes_in_use = pool.bytes_in_use.load();
+  std::vector<NodeEvent> events;
 
   // inputs_in_arena: the allocated inputs this run owns (given by move under their own
   // name), in allocation order. Only they may join the recorded lifetimes.
@@ -683,74 +729,85 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
   // with those shapes; that run is recorded too, and the exact recorded layout serves the
   // later ones. Otherwise the arena is planned from the second run with the same signature
   // and used from the third, so a decode loop whose shapes change every step never pays
-  // for recording.
+  // for recording. One run at a time records or uses the arena: a run that finds either
+  // taken by a run on another thread is served by the pool.
+  RunHold hold{pool, counts, s.mutex, s.free_scratch, nullptr};
   std::string shapes, signature;
-  bool recording = false, in_arena = false, from_shapes = false;
+  bool from_shapes = false;
+  std::shared_ptr<const detail::ArenaLayout> used;
+  size_t arena_inputs = 0;
   if (s.memory_arena) {
     for (const Value& v : ordered) shapes += v.defined() ? v.describe() + ";" : "-;";
     signature = shapes + "|";
     for (const std::string& k : held_keys) signature += k;
-    pool.set_step(0);  // inputs are alive from before the first step
-    if (s.arena && signature == s.arena_signature) {
-      in_arena = pool.begin_arena(s.arena, s.arena_inputs.size());
-    } else if (held_keys.empty() && s.plan_arena_from_shapes(ordered, shapes)) {
-      in_arena = from_shapes = pool.begin_arena(s.arena, 0);
-      pool.begin_recording();
-      recording = true;
-    } else if (signature == s.last_signature) {
-      pool.begin_recording(held_buffers);
-      recording = true;
-    } else if (s.arena && shapes == s.arena_shapes) {
-      // Planned for other inputs from allocate_input: the intermediates may still use it.
-      in_arena = pool.begin_arena(s.arena, s.arena_inputs.size());
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.memory_arena) {
+      // Inputs are alive from before the first step (counts.step is 0).
+      if (s.arena && signature == s.arena_signature) {
+        if (pool.begin_arena(counts, s.arena, s.arena_inputs.size())) used = s.arena;
+      } else if (held_keys.empty() && s.plan_arena_from_shapes(ordered, shapes)) {
+        if (pool.begin_arena(counts, s.arena, 0)) {
+          used = s.arena;
+          from_shapes = true;
+        }
+        pool.begin_recording(counts);
+      } else if (signature == s.last_signature) {
+        pool.begin_recording(counts, held_buffers);
+      } else if (s.arena && shapes == s.arena_shapes) {
+        // Planned for other inputs from allocate_input: the intermediates may still use it.
+        if (pool.begin_arena(counts, s.arena, s.arena_inputs.size())) used = s.arena;
+      }
+      arena_inputs = used ? s.arena_inputs.size() : 0;
+    }
+    if (!s.free_scratch.empty()) {
+      hold.scratch = std::move(s.free_scratch.back());
+      s.free_scratch.pop_back();
     }
   }
+  if (!hold.scratch) hold.scratch = std::make_unique<ExecutorScratch>();
+  const bool recording = counts.recording;
   for (size_t j = 0; j < allocated.size(); ++j) {
     if (held[j] && allocated[j].arena_bytes > 0) {
-      ++s.run_stats.arena_served;
-      s.run_stats.arena_input_bytes += allocated[j].arena_bytes;
+      ++run_stats.arena_served;
+      run_stats.arena_input_bytes += allocated[j].arena_bytes;
     }
   }
-  if (in_arena) {
+  if (used) {
     // Planned inputs not in their place: made otherwise, not given by move, or diverging.
-    for (size_t j = 0; j < s.arena_inputs.size(); ++j) {
+    for (size_t j = 0; j < arena_inputs; ++j) {
       const bool placed = j < allocated.size() && held[j] && allocated[j].arena_bytes > 0;
-      if (s.arena->in_arena[j] && !placed) ++s.run_stats.arena_missed;
+      if (used->in_arena[j] && !placed) ++run_stats.arena_missed;
     }
   }
-  const std::shared_ptr<const detail::ArenaLayout> used = in_arena ? s.arena : nullptr;
   std::vector<Value> results;
-  Executor ex(s.pool, s.run_stats, s.profile ? &s.events : nullptr, &s.scratch);
+  Executor ex(s.pool, run_stats, s.profile ? &events : nullptr, hold.scratch.get(), &counts);
   ex.set_adopt_inputs(s.reuse_inputs);
+  ex.set_run_options(&options);
+  std::unique_lock<std::mutex> weight_turn;
   if (s.weight_release) {
-    s.weight_release->start_run(s.run_stats);
+    weight_turn = std::unique_lock<std::mutex>(s.weight_release_mutex);
+    s.weight_release->start_run(run_stats);
     ex.set_weight_release(s.weight_release.get());
   }
   try {
     s.env->execute([&] { results = ex.run(*s.plan, std::move(ordered), {}); });
   } catch (Error& e) {
-    if (recording) pool.end_recording();
-    if (in_arena) pool.end_arena();
     e.with_file(s.model.path);
     throw;
   }
-  if (recording) {
-    s.plan_arena(pool.end_recording(), signature, shapes, std::move(held_keys));
-  }
-  if (in_arena) pool.end_arena();
-  if (s.memory_arena) s.last_signature = std::move(signature);
-  const std::shared_ptr<const detail::ArenaLayout> reported = used ? used : s.arena;
-  if (reported && (recording || in_arena)) {
-    s.run_stats.arena_bytes = reported->arena_bytes;
-    s.run_stats.arena_lower_bound = reported->lower_bound;
-  }
-  s.run_stats.arena_from_shapes = from_shapes;
-  s.run_stats.arena_served += pool.arena_served - served0;
-  s.run_stats.arena_missed += pool.arena_missed - missed0;
-  s.run_stats.allocations = pool.allocations - alloc0;
-  s.run_stats.bytes_allocated = pool.bytes_allocated - bytes0;
-  s.run_stats.pool_reuses = pool.reuses - reuse0;
-  s.run_stats.peak_bytes_in_use = pool.peak_bytes_in_use;
+  std::vector<detail::RecordedBuffer> recorded;
+  if (recording) recorded = pool.end_recording(counts);
+  if (used) pool.end_arena(counts);
+  if (weight_turn.owns_lock()) weight_turn.unlock();
+  run_stats.arena_from_shapes = from_shapes;
+  run_stats.arena_served += counts.arena_served;
+  run_stats.arena_missed += counts.arena_missed;
+  run_stats.allocations = counts.allocations;
+  run_stats.bytes_allocated = counts.bytes_allocated;
+  run_stats.pool_reuses = counts.reuses;
+  run_stats.peak_bytes_in_use = counts.peak_bytes_in_use;
 
   std::vector<NamedValue> out;
   out.reserve(results.size());
@@ -767,7 +824,20 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
     }
     out.push_back({io.name, std::move(results[i])});
   }
+
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (recording) s.plan_arena(recorded, signature, shapes, std::move(held_keys));
+  if (s.memory_arena) s.last_signature = std::move(signature);
+  // The layout this run used, or the one it recorded.
+  const detail::ArenaLayout* layout = used ? used.get() : recording ? s.arena.get() : nullptr;
+  if (layout) {
+    run_stats.arena_bytes = layout->arena_bytes;
+    run_stats.arena_lower_bound = layout->lower_bound;
+  }
+  if (stats_out) *stats_out = run_stats;
+  if (profile_out) *profile_out = events;
+  s.run_stats = std::move(run_stats);
+  s.events = std::move(events);
   return out;
 }
-
 }  // namespace kiln

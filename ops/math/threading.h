@@ -6,6 +6,9 @@
 #include <tbb/task_arena.h>
 
 #include <cstdint>
+#include <type_traits>
+
+#include "ops/math/tsan.h"
 
 namespace kiln::math {
 
@@ -23,6 +26,19 @@ inline int task_count(double work, int max_threads = 0) {
   return by_work < threads ? static_cast<int>(by_work) : threads;
 }
 
+// What the tasks of run_tasks call. oneTBB holds it by reference, so every task knows its
+// address before reading anything: the key of the hand-off stated to ThreadSanitizer
+// (tsan.h), the tasks seeing the caller's writes and the caller theirs.
+template <typename F>
+struct TaskCall {
+  F* body;
+  void operator()(int t) const {
+    tsan::acquire(this);
+    (*body)(t);
+    tsan::release(this);
+  }
+};
+
 // Runs body(t) for t in [0, tasks), each on its own thread when tasks > 1.
 template <typename F>
 void run_tasks(int tasks, F&& body) {
@@ -30,8 +46,10 @@ void run_tasks(int tasks, F&& body) {
     body(0);
     return;
   }
-  tbb::parallel_for(
-      0, tasks, [&](int t) { body(t); }, tbb::static_partitioner());
+  const TaskCall<std::remove_reference_t<F>> call{&body};
+  tsan::release(&call);
+  tbb::parallel_for(0, tasks, call, tbb::static_partitioner());
+  tsan::acquire(&call);
 }
 
 // How a product's [0, m) x [0, n) is cut into blocks of whole tiles, one per task.

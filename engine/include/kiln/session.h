@@ -5,8 +5,16 @@
 //
 // Inputs passed by copy are only read; an input passed by move (the caller keeps no other
 // handle to its storage) belongs to the run and may be overwritten or extended in place.
+//
+// Threads: run() may be called from any number of threads at once on one Session. Each run
+// has its own state (buffers, counters, profile); concurrent runs share only read-only
+// weights and the session's buffer pool, which is thread-safe, and never share live memory:
+// one run at a time uses the activation arena, the others are served by the pool. The rest
+// of the interface (set_constant, moving or destroying the session) must not overlap a run.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -15,6 +23,7 @@
 #include <vector>
 
 #include "kiln/environment.h"
+#include "kiln/error.h"
 #include "kiln/memory.h"
 #include "kiln/value.h"
 
@@ -26,6 +35,7 @@ struct RunStats {
   uint64_t bytes_allocated = 0;          // their total size
   uint64_t pool_reuses = 0;              // requests served from buffers returned earlier
   uint64_t peak_bytes_in_use = 0;        // most pool bytes handed out at once during the run
+                                         // (to it and to runs beside it on other threads)
   uint64_t bytes_copied = 0;             // sum of the causes below
   uint64_t bytes_copied_contiguous = 0;  // strided inputs made contiguous for a kernel
   uint64_t bytes_copied_concat = 0;      // Concat that could not append in place
@@ -52,6 +62,39 @@ struct RunStats {
   // first one is described in weight_release_error ("" when none).
   PageReleaseCounters weight_pages;
   std::string weight_release_error;
+};
+
+// What a run stopped by its RunOptions throws (cancelled, or past its deadline): a
+// kiln::Error of kind Runtime, naming the node it stopped before.
+class RunCancelled : public Error {
+ public:
+  explicit RunCancelled(std::string message) : Error(ErrorKind::Runtime, std::move(message)) {}
+};
+
+// Per-run controls for Session::run. One RunOptions may serve several runs, at once or one
+// after another; cancel() may be called from any thread at any time.
+class RunOptions {
+ public:
+  RunOptions() = default;
+  RunOptions(const RunOptions&) = delete;
+  RunOptions& operator=(const RunOptions&) = delete;
+
+  // Stops the runs using these options: checked before every node and every iteration of a
+  // Loop or Scan, a cancelled run throws kiln::RunCancelled and the session stays
+  // usable. Runs started after cancel() stop at once, until reset().
+  void cancel() noexcept { cancelled_.store(true, std::memory_order_relaxed); }
+  void reset() noexcept { cancelled_.store(false, std::memory_order_relaxed); }
+  bool cancelled() const noexcept { return cancelled_.load(std::memory_order_relaxed); }
+
+  // A run still going at `deadline` stops as if cancelled (checked at the same points).
+  // The default, time_point::max(), is none; the clock is read only when one is set.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  void set_timeout(std::chrono::steady_clock::duration timeout) {
+    deadline = std::chrono::steady_clock::now() + timeout;
+  }
+
+ private:
+  std::atomic<bool> cancelled_{false};
 };
 
 struct LoadStats {
@@ -200,8 +243,13 @@ class Session {
   std::string graph_text() const;
 
   // Runs the model. Every graph input without a default must be given; outputs are
-  // returned in the model's declared order.
+  // returned in the model's declared order. Safe to call from several threads at once.
   std::vector<NamedValue> run(std::vector<NamedValue> inputs);
+  // The same, with per-run controls, and this run's counters in `stats` and (with
+  // SessionOptions::profile) its node events in `profile`, when given: the form for runs
+  // on several threads, where "the last run" is not a meaningful question.
+  std::vector<NamedValue> run(std::vector<NamedValue> inputs, const RunOptions& options,
+                              RunStats* stats = nullptr, std::vector<NodeEvent>* profile = nullptr);
   // The same for a braced list: values moved into the list are owned by the run.
   std::vector<NamedValue> run(std::initializer_list<NamedValue> inputs);
 
@@ -211,7 +259,9 @@ class Session {
   // shapes of the inputs allocated since the last run (in the same order). Any run stays
   // correct whatever it is given: a tensor not passed, passed by copy or under other shapes
   // only costs arena reuse. Throws kiln::Error (InvalidArgument) when `name` is not a graph
-  // input, or `dtype` or `shape` contradict its declared type.
+  // input, or `dtype` or `shape` contradict its declared type. Thread-safe; the inputs allocated
+  // belong to the next run to start on any thread, so allocate and run on one thread to get
+  // the arena placement.
   Tensor allocate_input(const std::string& name, DataType dtype, const Shape& shape);
 
   // Gives the hollow constant `name` its data: exactly the tensor's byte size, in kiln's
@@ -223,6 +273,9 @@ class Session {
   // Hollow constants still waiting for set_constant; run() refuses to start until it is empty.
   std::vector<IoInfo> missing_constants() const;
 
+  // The counters and profile of the last run to finish (successfully). For one thread
+  // running the session; with runs on several threads, ask run() for each run's own (these
+  // references must not be read while another run may finish).
   const RunStats& last_run_stats() const;
   const LoadStats& load_stats() const;
   const std::vector<NodeEvent>& last_profile() const;
