@@ -87,6 +87,9 @@ std::byte* PoolCore::acquire_from_arena(size_t bytes, size_t& capacity, bool& mi
 bool PoolCore::reserve_arena(uint64_t bytes, PoolRun* run) {
   if (bytes <= arena_capacity_) return true;
   if (!arena_live_.empty()) return false;
+  // An arena over the memory limit is not made: the run takes its buffers from the pool,
+  // where the first output that goes over the limit fails with its node and size.
+  if (memory_limit > 0 && bytes > memory_limit) return false;
   const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   auto* fresh = static_cast<std::byte*>(std::aligned_alloc(kAlignment, rounded));
   if (!fresh) return false;

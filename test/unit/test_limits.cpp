@@ -278,6 +278,15 @@ TEST_CASE("SessionOptions::memory_limit fails the node whose output would go ove
   const std::string err = run_error(s, {{"x", Tensor::from_vector<float>({1, 1, 1}, {1})}});
   CHECK_THAT(err, Catch::Contains("(Tile)") && Catch::Contains("float32[1000,1000,1000]") &&
                       Catch::Contains("needs 4.0 GB, over the memory limit of 1.0 MB"));
+  // A graph planned from shapes: its arena is not made over the limit either; the node fails.
+  GraphBuilder planned;
+  planned.input("x", DataType::Float, {1000, 1000}, true);
+  planned.node("Neg", {"x"}, {"y"});
+  planned.node("Exp", {"y"}, {"z"});
+  planned.output("z");
+  Session p = session_from_model(make_model(planned.build()), so);
+  CHECK_THAT(run_error(p, {{"x", Tensor::zeros(DataType::Float, {1000, 1000})}}),
+             Catch::Contains("(Neg)") && Catch::Contains("over the memory limit of 1.0 MB"));
   // Within the limit the same session runs.
   SessionOptions roomy = so;
   roomy.memory_limit = 64'000'000;
