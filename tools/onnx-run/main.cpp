@@ -50,6 +50,7 @@ struct Options {
   std::string output_dir;
   double rtol = 1e-3, atol = 1e-5;
   int64_t memory_limit_mb = -1;  // -1: the machine's physical memory; 0: none
+  double timeout_s = 0;          // 0: none
 };
 
 // The bytes of physical memory (0 when unknown).
@@ -91,6 +92,8 @@ void define_options(CLI::App& app, Options& o) {
   add_choice(app, "--optimize", o.optimization, parse_optimization, "none, basic or all",
              "graph optimisation: none, basic or all (default)");
   app.add_flag("--dump-graph", o.dump_graph, "print the optimised graph on stderr");
+  add_number(app, "--timeout", o.timeout_s, 0,
+             "stop any run taking longer than this many seconds (default 0: no limit)");
   add_int(app, "--memory-limit", o.memory_limit_mb, int64_t{0},
           "most MiB a run's tensors may hold (default: the machine's memory; 0: no limit)");
   app.add_flag("--version", o.version, "print the version and the kernels in use");
@@ -269,14 +272,23 @@ int run(const Options& o) {
     }
     return given;
   };
+  // --timeout: each run gets its own deadline.
+  kiln::RunOptions run_options;
+  auto run_once = [&](std::vector<kiln::NamedValue> given) {
+    if (o.timeout_s > 0) {
+      run_options.set_timeout(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(o.timeout_s)));
+    }
+    return session.run(std::move(given), run_options);
+  };
   std::vector<kiln::NamedValue> outputs;
-  for (int i = 0; i < o.warmup; ++i) outputs = session.run(run_inputs());
+  for (int i = 0; i < o.warmup; ++i) outputs = run_once(run_inputs());
   std::vector<double> times;
   double run_start_us = 0, last_run_us = 0;
   for (int i = 0; i < o.repeat; ++i) {
     std::vector<kiln::NamedValue> given = run_inputs();
     const auto t0 = clock::now();
-    outputs = session.run(std::move(given));
+    outputs = run_once(std::move(given));
     const auto t1 = clock::now();
     times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     run_start_us = std::chrono::duration<double, std::micro>(t0 - t_load).count();
