@@ -93,11 +93,10 @@ float vec_max(const float* x, int64_t n) {
   return vany(nan) ? __builtin_nanf("") : vreduce_max(m);
 }
 
-// y = exp(x - max) / sum: a row whose max is -inf or +inf, or that holds a NaN, gives NaN.
-// Four partial sums per lane keep the sum's rounding (and the dependency chain) short.
-void vec_softmax(const float* x, float* y, int64_t n) {
-  if (n <= 0) return;
-  const VF m = vset1(vm_row_max(x, n));
+// y = exp(x - m) (y may be x); returns the sum. Four partial sums per lane keep the sum's
+// rounding (and the dependency chain) short.
+float exp_shifted_sum(const float* x, float* y, int64_t n, float mx) {
+  const VF m = vset1(mx);
   VF s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
   int64_t i = 0;
   for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
@@ -125,8 +124,15 @@ void vec_softmax(const float* x, float* y, int64_t n) {
     vstore_partial(y + i, e, left);
     s1 = vadd(s1, e);
   }
-  const VF inv = vset1(1.0f / vreduce_add(vadd(vadd(s0, s1), vadd(s2, s3))));
-  for (i = 0; i + kLanes <= n; i += kLanes) vstore(y + i, vmul(vload(y + i), inv));
+  return vreduce_add(vadd(vadd(s0, s1), vadd(s2, s3)));
+}
+
+// y = exp(x - max) / sum: a row whose max is -inf or +inf, or that holds a NaN, gives NaN.
+void vec_softmax(const float* x, float* y, int64_t n) {
+  if (n <= 0) return;
+  const VF inv = vset1(1.0f / exp_shifted_sum(x, y, n, vm_row_max(x, n)));
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) vstore(y + i, vmul(vload(y + i), inv));
   if (i < n) {
     const int left = static_cast<int>(n - i);
     vstore_partial(y + i, vmul(vload_partial(y + i, left), inv), left);
@@ -161,35 +167,7 @@ float vec_softmax_numerators(float* x, const float* bias, int64_t n) {
     if (i < n) vstore_partial(x + i, vzero(), static_cast<int>(n - i));
     return 0.0f;
   }
-  const VF m = vset1(mx);
-  VF s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
-  int64_t i = 0;
-  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
-    const VF e0 = vm_exp(vsub(vload(x + i), m));
-    const VF e1 = vm_exp(vsub(vload(x + i + kLanes), m));
-    const VF e2 = vm_exp(vsub(vload(x + i + 2 * kLanes), m));
-    const VF e3 = vm_exp(vsub(vload(x + i + 3 * kLanes), m));
-    vstore(x + i, e0);
-    vstore(x + i + kLanes, e1);
-    vstore(x + i + 2 * kLanes, e2);
-    vstore(x + i + 3 * kLanes, e3);
-    s0 = vadd(s0, e0);
-    s1 = vadd(s1, e1);
-    s2 = vadd(s2, e2);
-    s3 = vadd(s3, e3);
-  }
-  for (; i + kLanes <= n; i += kLanes) {
-    const VF e = vm_exp(vsub(vload(x + i), m));
-    vstore(x + i, e);
-    s0 = vadd(s0, e);
-  }
-  if (i < n) {
-    const int left = static_cast<int>(n - i);
-    const VF e = vselect(vlanes_below(left), vm_exp(vsub(vload_partial(x + i, left), m)), vzero());
-    vstore_partial(x + i, e, left);
-    s1 = vadd(s1, e);
-  }
-  return vreduce_add(vadd(vadd(s0, s1), vadd(s2, s3)));
+  return exp_shifted_sum(x, x, n, mx);
 }
 
 // y = x - max - log(sum exp(x - max)), with softmax's NaN rows.
