@@ -23,6 +23,21 @@ void* operator new(std::size_t size) {
 void* operator new[](std::size_t size) {
   return ::operator new(size);
 }
+// The nothrow forms too (std::stable_sort's temporary buffer uses them): every unaligned
+// allocation comes from malloc, so the replacement deletes always free malloc's memory.
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  ++g_heap_allocations;
+  return std::malloc(size == 0 ? 1 : size);
+}
+void* operator new[](std::size_t size, const std::nothrow_t& tag) noexcept {
+  return ::operator new(size, tag);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
 void operator delete(void* p) noexcept {
   std::free(p);
 }
