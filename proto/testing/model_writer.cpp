@@ -6,6 +6,40 @@
 
 namespace kiln::proto::testing {
 
+namespace {
+
+// `t`'s type, dims and data (as `t.store` says) into `tp`.
+void fill_tensor(onnx::TensorProto* tp, const TensorSpec& t) {
+  tp->set_data_type(static_cast<int32_t>(t.dtype));
+  for (int64_t d : t.dims) tp->add_dims(d);
+  switch (t.store) {
+    case TensorSpec::Store::Raw:
+      if (!t.raw.empty()) {
+        tp->set_raw_data(t.raw.data(), t.raw.size());
+      } else {
+        tp->set_raw_data(t.values.data(), t.values.size() * sizeof(float));
+      }
+      break;
+    case TensorSpec::Store::Typed:
+      for (float v : t.values) tp->add_float_data(v);
+      break;
+    case TensorSpec::Store::External: {
+      tp->set_data_location(onnx::TensorProto::EXTERNAL);
+      auto add = [&](const char* k, const std::string& v) {
+        auto* e = tp->add_external_data();
+        e->set_key(k);
+        e->set_value(v);
+      };
+      add("location", t.location);
+      if (!t.offset.empty()) add("offset", t.offset);
+      if (!t.length.empty()) add("length", t.length);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
 std::string model_bytes(const ModelSpec& spec) {
   onnx::ModelProto m;
   m.set_ir_version(spec.ir_version);
@@ -25,32 +59,7 @@ std::string model_bytes(const ModelSpec& spec) {
   for (const TensorSpec& t : spec.initializers) {
     auto* tp = g->add_initializer();
     tp->set_name(t.name);
-    tp->set_data_type(static_cast<int32_t>(t.dtype));
-    for (int64_t d : t.dims) tp->add_dims(d);
-    switch (t.store) {
-      case TensorSpec::Store::Raw:
-        if (!t.raw.empty()) {
-          tp->set_raw_data(t.raw.data(), t.raw.size());
-        } else {
-          tp->set_raw_data(t.values.data(), t.values.size() * sizeof(float));
-        }
-        break;
-      case TensorSpec::Store::Typed:
-        for (float v : t.values) tp->add_float_data(v);
-        break;
-      case TensorSpec::Store::External: {
-        tp->set_data_location(onnx::TensorProto::EXTERNAL);
-        auto add = [&](const char* k, const std::string& v) {
-          auto* e = tp->add_external_data();
-          e->set_key(k);
-          e->set_value(v);
-        };
-        add("location", t.location);
-        if (!t.offset.empty()) add("offset", t.offset);
-        if (!t.length.empty()) add("length", t.length);
-        break;
-      }
-    }
+    fill_tensor(tp, t);
   }
   for (const NodeSpec& n : spec.nodes) {
     auto* np = g->add_node();
@@ -63,6 +72,12 @@ std::string model_bytes(const ModelSpec& spec) {
       a->set_name(k);
       a->set_type(onnx::AttributeProto::INT);
       a->set_i(v);
+    }
+    for (const auto& [k, t] : n.tensor_attrs) {
+      auto* a = np->add_attribute();
+      a->set_name(k);
+      a->set_type(onnx::AttributeProto::TENSOR);
+      fill_tensor(a->mutable_t(), t);
     }
   }
   for (const auto& name : spec.outputs) {

@@ -28,6 +28,7 @@ struct NodeSpec {
   std::vector<std::string> inputs, outputs;
   std::string name;
   std::vector<std::pair<std::string, int64_t>> int_attrs;
+  std::vector<std::pair<std::string, TensorSpec>> tensor_attrs = {};  // each spec's name unused
 };
 
 struct ModelSpec {

@@ -124,6 +124,21 @@ TEST_CASE("typed tensor fields are counted before the tensor is allocated", "[li
                  Catch::Contains("needs 1099511627776"));
 }
 
+TEST_CASE("a Constant node of huge dims with one value is refused before allocating", "[limits]") {
+  TempDir dir;
+  ModelSpec m;
+  m.inputs = {{"x", {4}}};
+  m.nodes = {{"Constant", {}, {"c"}, "big", {}}, {"Add", {"x", "c"}, {"y"}, "add", {}}};
+  m.outputs = {"y"};
+  TensorSpec value;
+  value.dims = {30000, 30000};
+  value.values = {1.0f};
+  value.store = TensorSpec::Store::Typed;
+  m.nodes[0].tensor_attrs = {{"value", value}};
+  CHECK_THAT(load_error(dir.file("const.onnx", model_bytes(m))),
+             Catch::Contains("float_data holds 1 values") && Catch::Contains("needs 900000000"));
+}
+
 TEST_CASE("models newer than kiln reads are refused, naming the supported version", "[limits]") {
   TempDir dir;
   TensorSpec w;
@@ -287,6 +302,14 @@ TEST_CASE("SessionOptions::memory_limit fails the node whose output would go ove
   Session p = session_from_model(make_model(planned.build()), so);
   CHECK_THAT(run_error(p, {{"x", Tensor::zeros(DataType::Float, {1000, 1000})}}),
              Catch::Contains("(Neg)") && Catch::Contains("over the memory limit of 1.0 MB"));
+  // ConstantOfShape to an enormous shape, and a Constant of huge dims with one value.
+  GraphBuilder fill;
+  fill.input("shape", DataType::Int64, {2}, true);
+  fill.node("ConstantOfShape", {"shape"}, {"y"});
+  fill.output("y");
+  Session f = session_from_model(make_model(fill.build()), so);
+  CHECK_THAT(run_error(f, {{"shape", Tensor::from_vector<int64_t>({2}, {1000000, 1000000})}}),
+             Catch::Contains("(ConstantOfShape)") && Catch::Contains("needs 4.0 TB"));
   // Within the limit the same session runs.
   SessionOptions roomy = so;
   roomy.memory_limit = 64'000'000;
