@@ -148,19 +148,7 @@ void fold_graph(ir::Graph& g, const std::function<Tensor(Tensor)>& keep, FoldSta
   }
   // Remove the folded nodes and renumber producers.
   if (std::find(folded.begin(), folded.end(), true) != folded.end()) {
-    std::vector<ir::Node> kept;
-    std::vector<int32_t> new_index(g.nodes.size(), -1);
-    for (size_t ni = 0; ni < g.nodes.size(); ++ni) {
-      if (folded[ni]) continue;
-      new_index[ni] = static_cast<int32_t>(kept.size());
-      kept.push_back(std::move(g.nodes[ni]));
-    }
-    g.nodes = std::move(kept);
-    for (ir::ValueInfo& v : g.values) {
-      if (v.origin == ir::ValueOrigin::NodeOutput && v.producer >= 0) {
-        v.producer = new_index[static_cast<size_t>(v.producer)];
-      }
-    }
+    remove_nodes(g, folded);
     drop_unused_initializers(g);
   }
   // Nested graphs after their parent, so they see the parent's folded values.
@@ -173,6 +161,22 @@ void fold_graph(ir::Graph& g, const std::function<Tensor(Tensor)>& keep, FoldSta
 }
 
 }  // namespace
+
+void remove_nodes(ir::Graph& g, const std::vector<bool>& removed) {
+  std::vector<ir::Node> kept;
+  std::vector<int32_t> new_index(g.nodes.size(), -1);
+  for (size_t ni = 0; ni < g.nodes.size(); ++ni) {
+    if (removed[ni]) continue;
+    new_index[ni] = static_cast<int32_t>(kept.size());
+    kept.push_back(std::move(g.nodes[ni]));
+  }
+  g.nodes = std::move(kept);
+  for (ir::ValueInfo& v : g.values) {
+    if (v.origin == ir::ValueOrigin::NodeOutput && v.producer >= 0) {
+      v.producer = new_index[static_cast<size_t>(v.producer)];
+    }
+  }
+}
 
 void drop_unused_initializers(ir::Graph& g) {
   std::vector<bool> used(g.values.size(), false);

@@ -239,19 +239,7 @@ class Rewriter {
 
   // Drops removed nodes and renumbers producers.
   void commit() {
-    std::vector<ir::Node> kept;
-    std::vector<int32_t> index(g_.nodes.size(), -1);
-    for (size_t n = 0; n < g_.nodes.size(); ++n) {
-      if (removed_[n]) continue;
-      index[n] = static_cast<int32_t>(kept.size());
-      kept.push_back(std::move(g_.nodes[n]));
-    }
-    g_.nodes = std::move(kept);
-    for (ir::ValueInfo& v : g_.values) {
-      if (v.origin == ir::ValueOrigin::NodeOutput && v.producer >= 0) {
-        v.producer = index[static_cast<size_t>(v.producer)];
-      }
-    }
+    remove_nodes(g_, removed_);
     removed_.assign(g_.nodes.size(), false);
     reindex();
   }

@@ -40,6 +40,10 @@ FoldStats fold_constants(ir::Graph& graph, const std::function<Tensor(Tensor)>& 
 // removed. A dimension that is symbolic or unknown is never assumed.
 FoldStats fold_static_shapes(ir::Graph& graph, const std::function<Tensor(Tensor)>& keep = {});
 
+// Removes the nodes of `g` marked in `removed` (one flag per node) and renumbers the producers
+// of the values the others make.
+void remove_nodes(ir::Graph& g, const std::vector<bool>& removed);
+
 // Forgets the initializers of `g` that no node, nested graph or graph output reads (their
 // storage goes when nothing else holds it).
 void drop_unused_initializers(ir::Graph& g);

@@ -657,19 +657,7 @@ FoldStats fold_static_shapes(ir::Graph& g, const std::function<Tensor(Tensor)>& 
       }
     }
   }
-  std::vector<ir::Node> kept;
-  std::vector<int32_t> new_index(g.nodes.size(), -1);
-  for (size_t ni = 0; ni < g.nodes.size(); ++ni) {
-    if (folded[ni]) continue;
-    new_index[ni] = static_cast<int32_t>(kept.size());
-    kept.push_back(std::move(g.nodes[ni]));
-  }
-  g.nodes = std::move(kept);
-  for (ir::ValueInfo& v : g.values) {
-    if (v.origin == ir::ValueOrigin::NodeOutput && v.producer >= 0) {
-      v.producer = new_index[static_cast<size_t>(v.producer)];
-    }
-  }
+  remove_nodes(g, folded);
   drop_unused_initializers(g);
   return stats;
 }
