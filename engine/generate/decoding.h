@@ -1,0 +1,122 @@
+// The pieces every decode loop shares (internal to the generate layer): the model folder's
+// JSON files, the KV caches fed by move so the model's Concat appends in place, and a
+// seq2seq decoder run of one or more rows (beams) over one encoder output.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/generate/json_file.h"
+#include "kiln/generate.h"
+#include "kiln/session.h"
+
+namespace kiln::detail {
+
+[[noreturn]] void bad_model(const std::string& file, const std::string& why);
+
+// A JSON file of the model folder: its document and its path, for error messages.
+struct JsonFile {
+  json::Json doc;  // null when the file is absent
+  std::string path;
+
+  // The member `key`, or null when absent (or the document is not an object).
+  const json::Json* find(const char* key) const;
+};
+
+JsonFile read_json(const std::filesystem::path& p, bool required);
+// `key` as a list of integers: one integer or an array of them; empty when absent or null.
+std::vector<int64_t> ints_of(const JsonFile& f, const char* key);
+int64_t int_or(const JsonFile& f, const char* key, int64_t fallback);
+
+bool has_input(const Session& s, const std::string& name);
+// The session takes `names` (and past_key_values.*) and nothing else.
+void require_inputs(const Session& s, const std::string& file,
+                    const std::vector<std::string>& names);
+Value named_output(std::vector<NamedValue>& outs, const std::string& name, const std::string& file);
+// Row `row`, position `pos` of a [batch, sequence, vocab] float32/float16 logits tensor.
+std::vector<float> logits_row(const Tensor& logits, int64_t row, int64_t pos,
+                              const std::string& file);
+Tensor ids_tensor(const std::vector<std::vector<int64_t>>& rows);
+double ms_since(std::chrono::steady_clock::time_point t0);
+SessionOptions session_options(const GeneratorOptions& o, std::shared_ptr<Environment>& env);
+
+// One KV input of a decoder ("past_key_values.3.decoder.key") and its output name.
+struct CacheSlot {
+  std::string past, present;
+  bool cross = false;  // encoder (cross-attention) cache: fixed after the first step
+  int64_t heads = 0, head_dim = 0;
+  DataType dtype = DataType::Float;
+};
+
+std::vector<CacheSlot> cache_slots(const Session& s, const std::string& file);
+
+// The KV caches of a run: decoder caches move into each step and come back grown; cross
+// caches are computed at the first step and then only read.
+class KvCaches {
+ public:
+  KvCaches(std::vector<CacheSlot> slots, int64_t capacity)
+      : slots_(std::move(slots)), capacity_(capacity) {}
+
+  // Empty caches of `batch` rows with room for `capacity_` tokens (first step of a model
+  // that reads them).
+  void init_empty(int64_t batch = 1);
+  // Feeds for the next run: decoder caches by move, cross caches by shared handle.
+  void feed(std::vector<NamedValue>& inputs);
+  // Takes the present.* outputs. A decoder cache without room for the next token is moved
+  // once into a buffer with room (capacity, or twice the old capacity when longer); the
+  // cross-attention caches of the first step are made contiguous if they are views. These
+  // are the only cache copies a generation makes, with reorder's. Returns the bytes copied.
+  uint64_t take(std::vector<NamedValue>& outs, const std::string& file, bool first_step);
+  // Beam search: row r of every decoder cache becomes what row rows[r] was, in place (the
+  // rows that move go through one scratch buffer kept across steps). Cross caches are the
+  // same in every row and stay. Returns the bytes copied.
+  uint64_t reorder(const std::vector<int64_t>& rows);
+  int64_t past_len() const;
+
+ private:
+  std::vector<CacheSlot> slots_;
+  int64_t capacity_;
+  std::map<std::string, Tensor> values_;
+  std::vector<std::byte> scratch_;
+};
+
+// The sessions of a seq2seq export folder (Optimum's Whisper layout): the encoder, and the
+// merged decoder or the decoder / decoder-with-past pair.
+struct Seq2SeqModels {
+  std::filesystem::path dir;
+  std::shared_ptr<Environment> env;
+  std::unique_ptr<Session> encoder, merged, first, with_past;
+  std::string encoder_file, merged_file, first_file, with_past_file;
+
+  Seq2SeqModels(const std::filesystem::path& dir, const GeneratorOptions& options);
+  // last_hidden_state for `features` [batch, mels, frames].
+  Tensor encode(const Tensor& features) const;
+};
+
+// One decode of `batch` rows over one encoder output: step() feeds each row's new tokens
+// (all rows the same length) and returns the logits of every fed position.
+class Seq2SeqDecoding {
+ public:
+  // `hidden`: the encoder output of one input [1, frames, d]; repeated for each row.
+  Seq2SeqDecoding(const Seq2SeqModels& models, const Tensor& hidden, int64_t batch,
+                  int64_t capacity);
+  // Logits [batch, fed, vocab] of this step; `stats` gets the run's counters.
+  Tensor step(const std::vector<std::vector<int64_t>>& ids, StepStats& stats);
+  // Beam search: row r continues from what row rows[r] was.
+  uint64_t reorder(const std::vector<int64_t>& rows) { return caches_.reorder(rows); }
+  const std::string& file() const { return steps_ == 0 ? file0_ : filen_; }
+
+ private:
+  const Seq2SeqModels& models_;
+  Tensor hidden_;
+  KvCaches caches_;
+  int64_t batch_;
+  int64_t steps_ = 0;
+  std::string file0_, filen_;
+};
+
+}  // namespace kiln::detail
