@@ -1,0 +1,910 @@
+// Whisper transcription, following transformers' WhisperForConditionalGeneration.generate
+// (models/whisper/generation_whisper.py) step for step so the tokens are the same: the
+// decoder prompt, the logits processors (begin-suppress, suppress, timestamps, no-speech),
+// greedy / sampling / beam search per 30-s window, temperature fallback, and segments cut at
+// timestamp pairs with seeking to the last complete one.
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <random>
+
+#include "engine/generate/decoding.h"
+#include "kiln/error.h"
+#include "kiln/transcribe.h"
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+using namespace detail;
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr double kTimePrecision = 0.02;         // seconds per timestamp token
+constexpr double kFeatureTimePrecision = 0.01;  // seconds per log-mel frame
+constexpr int64_t kInputStride = 2;             // log-mel frames per encoder position
+constexpr int64_t kTopK = 50;                   // transformers' sampling default
+
+// Whisper's languages (openai-whisper's tokenizer), code and name.
+constexpr std::pair<const char*, const char*> kLanguages[] = {
+    {"en", "english"},
+    {"zh", "chinese"},
+    {"de", "german"},
+    {"es", "spanish"},
+    {"ru", "russian"},
+    {"ko", "korean"},
+    {"fr", "french"},
+    {"ja", "japanese"},
+    {"pt", "portuguese"},
+    {"tr", "turkish"},
+    {"pl", "polish"},
+    {"ca", "catalan"},
+    {"nl", "dutch"},
+    {"ar", "arabic"},
+    {"sv", "swedish"},
+    {"it", "italian"},
+    {"id", "indonesian"},
+    {"hi", "hindi"},
+    {"fi", "finnish"},
+    {"vi", "vietnamese"},
+    {"he", "hebrew"},
+    {"uk", "ukrainian"},
+    {"el", "greek"},
+    {"ms", "malay"},
+    {"cs", "czech"},
+    {"ro", "romanian"},
+    {"da", "danish"},
+    {"hu", "hungarian"},
+    {"ta", "tamil"},
+    {"no", "norwegian"},
+    {"th", "thai"},
+    {"ur", "urdu"},
+    {"hr", "croatian"},
+    {"bg", "bulgarian"},
+    {"lt", "lithuanian"},
+    {"la", "latin"},
+    {"mi", "maori"},
+    {"ml", "malayalam"},
+    {"cy", "welsh"},
+    {"sk", "slovak"},
+    {"te", "telugu"},
+    {"fa", "persian"},
+    {"lv", "latvian"},
+    {"bn", "bengali"},
+    {"sr", "serbian"},
+    {"az", "azerbaijani"},
+    {"sl", "slovenian"},
+    {"kn", "kannada"},
+    {"et", "estonian"},
+    {"mk", "macedonian"},
+    {"br", "breton"},
+    {"eu", "basque"},
+    {"is", "icelandic"},
+    {"hy", "armenian"},
+    {"ne", "nepali"},
+    {"mn", "mongolian"},
+    {"bs", "bosnian"},
+    {"kk", "kazakh"},
+    {"sq", "albanian"},
+    {"sw", "swahili"},
+    {"gl", "galician"},
+    {"mr", "marathi"},
+    {"pa", "punjabi"},
+    {"si", "sinhala"},
+    {"km", "khmer"},
+    {"sn", "shona"},
+    {"yo", "yoruba"},
+    {"so", "somali"},
+    {"af", "afrikaans"},
+    {"oc", "occitan"},
+    {"ka", "georgian"},
+    {"be", "belarusian"},
+    {"tg", "tajik"},
+    {"sd", "sindhi"},
+    {"gu", "gujarati"},
+    {"am", "amharic"},
+    {"yi", "yiddish"},
+    {"lo", "lao"},
+    {"uz", "uzbek"},
+    {"fo", "faroese"},
+    {"ht", "haitian creole"},
+    {"ps", "pashto"},
+    {"tk", "turkmen"},
+    {"nn", "nynorsk"},
+    {"mt", "maltese"},
+    {"sa", "sanskrit"},
+    {"lb", "luxembourgish"},
+    {"my", "myanmar"},
+    {"bo", "tibetan"},
+    {"tl", "tagalog"},
+    {"mg", "malagasy"},
+    {"as", "assamese"},
+    {"tt", "tatar"},
+    {"haw", "hawaiian"},
+    {"ln", "lingala"},
+    {"ha", "hausa"},
+    {"ba", "bashkir"},
+    {"jw", "javanese"},
+    {"su", "sundanese"},
+    {"yue", "cantonese"},
+    // Other names transformers accepts.
+    {"my", "burmese"},
+    {"ca", "valencian"},
+    {"nl", "flemish"},
+    {"ht", "haitian"},
+    {"lb", "letzeburgesch"},
+    {"ps", "pushto"},
+    {"pa", "panjabi"},
+    {"ro", "moldavian"},
+    {"ro", "moldovan"},
+    {"si", "sinhalese"},
+    {"es", "castilian"},
+    {"zh", "mandarin"},
+};
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::map<std::string, int64_t> token_map(const JsonFile& f, const char* key) {
+  std::map<std::string, int64_t> out;
+  const json::Json* v = f.find(key);
+  if (!v || !v->is_object()) return out;
+  for (auto it = v->begin(); it != v->end(); ++it)
+    out[it.key()] = json::to_int(it.value(), f.path, key);
+  return out;
+}
+
+// What config.json and generation_config.json say about Whisper decoding.
+struct WhisperConfig {
+  int64_t start = -1, eos = -1, pad = -1;
+  int64_t vocab = 0, max_target_positions = 448, num_segment_frames = 3000;
+  int64_t max_length = 448;
+  int64_t no_timestamps = -1, timestamp_begin = 0;
+  int64_t prev_sot = -1;
+  std::optional<int64_t> max_initial_timestamp_index;
+  std::map<std::string, int64_t> lang_to_id, task_to_id;
+  std::optional<bool> is_multilingual;
+  std::vector<std::optional<int64_t>> forced;  // forced_decoder_ids from position 1
+  std::vector<int64_t> suppress, begin_suppress;
+  bool return_timestamps = false;
+  std::string gen_path;
+
+  bool multilingual() const { return is_multilingual.value_or(!lang_to_id.empty()); }
+};
+
+WhisperConfig read_whisper_config(const fs::path& dir) {
+  const JsonFile config = read_json(dir / "config.json", true);
+  const JsonFile gen = read_json(dir / "generation_config.json", false);
+  WhisperConfig c;
+  c.gen_path = gen.path;
+  c.start = int_or(gen, "decoder_start_token_id", int_or(config, "decoder_start_token_id", -1));
+  if (c.start < 0) bad_model(config.path, "no decoder_start_token_id");
+  std::vector<int64_t> eos = ints_of(gen, "eos_token_id");
+  if (eos.empty()) eos = ints_of(config, "eos_token_id");
+  if (eos.empty()) bad_model(config.path, "no eos_token_id");
+  c.eos = eos[0];
+  c.pad = int_or(gen, "pad_token_id", int_or(config, "pad_token_id", c.eos));
+  c.vocab = int_or(config, "vocab_size", 0);
+  if (c.vocab <= 0) bad_model(config.path, "no vocab_size");
+  c.max_target_positions = int_or(config, "max_target_positions", 448);
+  c.num_segment_frames = kInputStride * int_or(config, "max_source_positions", 1500);
+  c.max_length =
+      std::min(int_or(gen, "max_length", int_or(config, "max_length", 20)), c.max_target_positions);
+  c.no_timestamps = int_or(gen, "no_timestamps_token_id", -1);
+  c.timestamp_begin = c.no_timestamps >= 0 ? c.no_timestamps + 1 : c.vocab + 1;
+  c.suppress = ints_of(gen, "suppress_tokens");
+  c.begin_suppress = ints_of(gen, "begin_suppress_tokens");
+  c.prev_sot = int_or(gen, "prev_sot_token_id", -1);
+  if (c.prev_sot < 0 && c.suppress.size() >= 2) c.prev_sot = c.suppress[c.suppress.size() - 2];
+  if (const json::Json* v = gen.find("max_initial_timestamp_index"); v && v->is_number())
+    c.max_initial_timestamp_index = json::to_int(*v, gen.path, "max_initial_timestamp_index");
+  c.lang_to_id = token_map(gen, "lang_to_id");
+  c.task_to_id = token_map(gen, "task_to_id");
+  if (const json::Json* v = gen.find("is_multilingual"); v && v->is_boolean())
+    c.is_multilingual = v->get<bool>();
+  if (const json::Json* v = gen.find("return_timestamps"); v && v->is_boolean())
+    c.return_timestamps = v->get<bool>();
+  const json::Json* forced = gen.find("forced_decoder_ids");
+  if (!forced || forced->is_null()) forced = config.find("forced_decoder_ids");
+  if (forced && forced->is_array()) {
+    int64_t pos = 1;
+    for (const auto& p : *forced) {
+      if (!p.is_array() || p.size() != 2 ||
+          json::to_int(p[0], gen.path, "forced_decoder_ids") != pos)
+        throw Error(ErrorKind::Unsupported,
+                    "forced_decoder_ids must force consecutive positions from 1")
+            .with_file(gen.path);
+      c.forced.push_back(p[1].is_null() ? std::nullopt
+                                        : std::optional(json::to_int(p[1], gen.path, "forced")));
+      ++pos;
+    }
+  }
+  return c;
+}
+
+double log_sum_exp(const float* x, size_t n) {
+  float m = kNegInf;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  if (std::isinf(m)) return m;
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(x[i]) - m);
+  return m + std::log(s);
+}
+
+void log_softmax(std::vector<float>& x) {
+  const double lse = log_sum_exp(x.data(), x.size());
+  for (float& v : x) v = static_cast<float>(v - lse);
+}
+
+// openai-whisper's measure of repetition: raw token bytes over their zlib-compressed size.
+double compression_ratio(const std::vector<int64_t>& tokens, int64_t vocab) {
+  const int width = static_cast<int>(std::log2(static_cast<double>(vocab)) / 8) + 1;
+  std::vector<unsigned char> bytes;
+  for (int64_t t : tokens) {
+    for (int i = 0; i < width; ++i)
+      bytes.push_back(static_cast<unsigned char>((t >> (8 * i)) & 0xff));
+  }
+  uLongf size = compressBound(static_cast<uLong>(bytes.size()));
+  std::vector<unsigned char> out(size);
+  if (compress(out.data(), &size, bytes.data(), static_cast<uLong>(bytes.size())) != Z_OK)
+    throw Error(ErrorKind::Runtime, "zlib compress failed");
+  return static_cast<double>(bytes.size()) / static_cast<double>(size);
+}
+
+// The logits processors of one window, in transformers' order: begin-suppress, suppress,
+// timestamps (the no-speech probability is read from the first step's logits directly).
+class Processors {
+ public:
+  Processors(const WhisperConfig& c, bool timestamps, size_t begin_index)
+      : c_(c), timestamps_(timestamps), begin_(begin_index) {}
+
+  void apply(const std::vector<int64_t>& seq, std::vector<float>& scores) const {
+    const auto vocab = static_cast<int64_t>(scores.size());
+    auto kill = [&](int64_t t) {
+      if (t >= 0 && t < vocab) scores[static_cast<size_t>(t)] = kNegInf;
+    };
+    if (seq.size() == begin_) {
+      for (int64_t t : c_.begin_suppress) kill(t);
+    }
+    for (int64_t t : c_.suppress) kill(t);
+    if (timestamps_) apply_timestamps(seq, scores);
+  }
+
+ private:
+  void kill_range(std::vector<float>& s, int64_t from, int64_t to) const {
+    from = std::clamp<int64_t>(from, 0, static_cast<int64_t>(s.size()));
+    to = std::clamp<int64_t>(to, from, static_cast<int64_t>(s.size()));
+    std::fill(s.begin() + from, s.begin() + to, kNegInf);
+  }
+
+  // Timestamps come in pairs and never decrease; the first is within the initial limit; a
+  // timestamp is forced when their total probability beats every text token's.
+  void apply_timestamps(const std::vector<int64_t>& seq, std::vector<float>& s) const {
+    const auto vocab = static_cast<int64_t>(s.size());
+    const int64_t tb = c_.timestamp_begin;
+    kill_range(s, c_.no_timestamps, c_.no_timestamps + 1);
+    const std::vector<int64_t> sampled(seq.begin() + static_cast<std::ptrdiff_t>(begin_),
+                                       seq.end());
+    const size_t n = sampled.size();
+    const bool last_ts = n >= 1 && sampled[n - 1] >= tb;
+    const bool penultimate_ts = n < 2 || sampled[n - 2] >= tb;
+    if (last_ts) {
+      if (penultimate_ts) {
+        kill_range(s, tb, vocab);  // has to be text
+      } else {
+        kill_range(s, 0, c_.eos);  // cannot be text
+      }
+    }
+    int64_t last_timestamp = -1;
+    for (int64_t t : sampled) {
+      if (t >= tb) last_timestamp = t;
+    }
+    if (last_timestamp >= 0) {
+      const int64_t upto = last_ts && !penultimate_ts ? last_timestamp : last_timestamp + 1;
+      kill_range(s, tb, upto);
+    }
+    if (n == 0) {
+      kill_range(s, 0, tb);
+      if (c_.max_initial_timestamp_index)
+        kill_range(s, tb + *c_.max_initial_timestamp_index + 1, vocab);
+    }
+    std::vector<float> logprobs = s;
+    log_softmax(logprobs);
+    if (tb < vocab) {
+      const double ts_logprob = log_sum_exp(logprobs.data() + tb, static_cast<size_t>(vocab - tb));
+      const float max_text = *std::max_element(logprobs.begin(), logprobs.begin() + tb);
+      if (ts_logprob > max_text) kill_range(s, 0, tb);
+    }
+  }
+
+  const WhisperConfig& c_;
+  bool timestamps_;
+  size_t begin_;
+};
+
+// One decode of one window: generated tokens (end-of-text included when produced) and what
+// the fallback rules look at.
+struct Decoded {
+  std::vector<int64_t> tokens;
+  std::vector<float> token_logprobs;
+  double score = 0;  // average log-probability (greedy, sampling) or beam score
+  double no_speech_prob = 0;
+  int64_t steps = 0;
+  double ms = 0;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- WhisperTranscriber
+
+struct WhisperTranscriber::Impl {
+  WhisperConfig cfg;
+  std::unique_ptr<Seq2SeqModels> models;
+
+  int64_t language_id(const std::string& language) const;
+  int64_t detect_language(const Tensor& hidden, Transcript& t) const;
+  std::vector<int64_t> init_tokens(const TranscribeOptions& o, bool timestamps,
+                                   const Tensor& first_hidden, Transcript& t) const;
+  Decoded decode(const Tensor& hidden, const std::vector<int64_t>& prompt, size_t init_len,
+                 int64_t max_length, bool timestamps, float temperature, int64_t beams,
+                 const TranscribeOptions& o, std::mt19937_64& rng) const;
+  Decoded decode_beams(const Tensor& hidden, const std::vector<int64_t>& prompt, size_t init_len,
+                       const Processors& proc, int64_t max_length, int64_t beams,
+                       const TranscribeOptions& o) const;
+  double no_speech(const Tensor& logits, int64_t pos) const;
+  Tensor window(const Tensor& features, int64_t seek, int64_t frames) const;
+};
+
+int64_t WhisperTranscriber::Impl::language_id(const std::string& language) const {
+  const std::string l = lower(language);
+  std::string token;
+  if (cfg.lang_to_id.count(l)) {
+    token = l;
+  } else {
+    for (const auto& [code, name] : kLanguages) {
+      if (l == name || l == code) token = std::string("<|") + code + "|>";
+    }
+  }
+  if (token.empty()) throw Error(ErrorKind::InvalidArgument, "unknown language '" + language + "'");
+  const auto it = cfg.lang_to_id.find(token);
+  if (it == cfg.lang_to_id.end())
+    throw Error(ErrorKind::InvalidArgument,
+                "language '" + language + "' (" + token + ") is not one this model knows")
+        .with_file(cfg.gen_path);
+  return it->second;
+}
+
+// The language token the first step scores highest, as transformers' detect_language.
+int64_t WhisperTranscriber::Impl::detect_language(const Tensor& hidden, Transcript& t) const {
+  Seq2SeqDecoding d(*models, hidden, 1, 1);
+  StepStats st;
+  const std::string file = d.file();
+  const Tensor logits = d.step({{cfg.start}}, st);
+  ++t.decoder_steps;
+  const std::vector<float> row = logits_row(logits, 0, logits.dim(1) - 1, file);
+  int64_t best = -1;
+  for (const auto& [token, id] : cfg.lang_to_id) {
+    if (id < 0 || id >= static_cast<int64_t>(row.size())) continue;
+    if (best < 0 || row[static_cast<size_t>(id)] > row[static_cast<size_t>(best)] ||
+        (row[static_cast<size_t>(id)] == row[static_cast<size_t>(best)] && id < best))
+      best = id;
+  }
+  if (best < 0) bad_model(cfg.gen_path, "lang_to_id has no token inside the vocabulary");
+  return best;
+}
+
+// transformers' _retrieve_init_tokens: start token, language, task, <|notimestamps|>.
+std::vector<int64_t> WhisperTranscriber::Impl::init_tokens(const TranscribeOptions& o,
+                                                           bool timestamps,
+                                                           const Tensor& first_hidden,
+                                                           Transcript& t) const {
+  const bool detect = o.language == "auto";
+  const std::string language = detect ? "" : o.language;
+  if (!cfg.multilingual() && (!language.empty() || !o.task.empty()))
+    throw Error(ErrorKind::InvalidArgument,
+                "this is an English-only model: no language or task can be given")
+        .with_file(cfg.gen_path);
+  std::vector<std::optional<int64_t>> init = {cfg.start};
+  if (o.task.empty() && language.empty()) {
+    for (const auto& f : cfg.forced) init.push_back(f);
+  }
+  const bool lang_undefined = init.size() <= 1 || !init[1].has_value() || detect;
+  std::optional<int64_t> lang;
+  if (!language.empty()) {
+    lang = language_id(language);
+  } else if (!cfg.lang_to_id.empty() && cfg.multilingual() && lang_undefined) {
+    lang = detect_language(first_hidden, t);
+  }
+  if (lang) {
+    if (init.size() > 1) {
+      init[1] = lang;
+    } else {
+      init.push_back(lang);
+    }
+  }
+  auto is_task = [&](const std::optional<int64_t>& id) {
+    if (!id) return false;
+    for (const auto& [name, tid] : cfg.task_to_id) {
+      if (tid == *id) return true;
+    }
+    return false;
+  };
+  if (!o.task.empty()) {
+    const auto it = cfg.task_to_id.find(o.task);
+    if (o.task != "transcribe" && o.task != "translate")
+      throw Error(ErrorKind::InvalidArgument,
+                  "unknown task '" + o.task + "' (transcribe or translate)");
+    if (it == cfg.task_to_id.end())
+      throw Error(ErrorKind::InvalidArgument, "the model has no '" + o.task + "' task token")
+          .with_file(cfg.gen_path);
+    init.push_back(it->second);
+    for (auto& id : init) {
+      if (is_task(id)) id = it->second;
+    }
+  } else if (!language.empty() && !cfg.task_to_id.empty()) {
+    if (std::none_of(init.begin(), init.end(), is_task)) {
+      const auto it = cfg.task_to_id.find("transcribe");
+      if (it != cfg.task_to_id.end()) init.push_back(it->second);
+    }
+  }
+  if (!timestamps && cfg.no_timestamps >= 0 && init.back() != cfg.no_timestamps) {
+    init.push_back(cfg.no_timestamps);
+  } else if (timestamps && init.back() == cfg.no_timestamps) {
+    init.pop_back();
+  }
+  std::vector<int64_t> out;
+  for (const auto& id : init) {
+    if (id) out.push_back(*id);
+  }
+  // The language the prompt names.
+  for (const auto& [token, id] : cfg.lang_to_id) {
+    if (out.size() > 1 && out[1] == id && token.size() > 4)
+      t.language = token.substr(2, token.size() - 4);
+  }
+  if (t.language.empty() && !cfg.multilingual()) t.language = "en";
+  return out;
+}
+
+double WhisperTranscriber::Impl::no_speech(const Tensor& logits, int64_t pos) const {
+  std::vector<float> row = logits_row(logits, 0, pos, models->merged_file);
+  log_softmax(row);
+  const int64_t token = cfg.no_timestamps - 1;  // <|nocaptions|>
+  if (token < 0 || token >= static_cast<int64_t>(row.size())) return 0;
+  return std::exp(static_cast<double>(row[static_cast<size_t>(token)]));
+}
+
+// Columns [seek, seek + frames) of [1, mels, N] features, zero-padded to a full window.
+Tensor WhisperTranscriber::Impl::window(const Tensor& features, int64_t seek,
+                                        int64_t frames) const {
+  const int64_t mels = features.dim(1);
+  Tensor out = Tensor::zeros(DataType::Float, {1, mels, cfg.num_segment_frames});
+  const Tensor src =
+      features.view({1, mels, frames}, features.strides(),
+                    features.byte_offset() + static_cast<size_t>(seek * features.strides()[2]) * 4);
+  copy_elements(src, out.view({1, mels, frames}, out.strides(), out.byte_offset()));
+  return out;
+}
+
+// Greedy or sampled decoding of one window (beam search goes to decode_beams).
+Decoded WhisperTranscriber::Impl::decode(const Tensor& hidden, const std::vector<int64_t>& prompt,
+                                         size_t init_len, int64_t max_length, bool timestamps,
+                                         float temperature, int64_t beams,
+                                         const TranscribeOptions& o, std::mt19937_64& rng) const {
+  const Processors proc(cfg, timestamps, prompt.size());
+  const bool sample = temperature > 0;
+  if (!sample && beams > 1)
+    return decode_beams(hidden, prompt, init_len, proc, max_length, beams, o);
+  const auto t0 = std::chrono::steady_clock::now();
+  Decoded d;
+  Seq2SeqDecoding run(*models, hidden, 1, max_length);
+  std::vector<int64_t> seq = prompt;
+  std::vector<int64_t> next = prompt;
+  double sum = 0;
+  while (static_cast<int64_t>(seq.size()) < max_length) {
+    StepStats st;
+    const std::string file = run.file();
+    const Tensor logits = run.step({next}, st);
+    ++d.steps;
+    if (d.steps == 1 && o.no_speech_threshold) {
+      d.no_speech_prob = no_speech(logits, static_cast<int64_t>(prompt.size() - init_len));
+    }
+    std::vector<float> scores = logits_row(logits, 0, logits.dim(1) - 1, file);
+    proc.apply(seq, scores);
+    int64_t token = 0;
+    if (!sample) {
+      token = std::max_element(scores.begin(), scores.end()) - scores.begin();
+    } else {
+      // Temperature, then top-k (ties at the k-th value kept, as torch.topk's threshold).
+      for (float& v : scores) v /= temperature;
+      std::vector<float> sorted = scores;
+      const auto k = std::min<size_t>(kTopK, sorted.size());
+      std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(k - 1),
+                       sorted.end(), std::greater<float>());
+      const float kth = sorted[k - 1];
+      for (float& v : scores) {
+        if (v < kth) v = kNegInf;
+      }
+      std::vector<double> p(scores.size());
+      const double m = *std::max_element(scores.begin(), scores.end());
+      for (size_t i = 0; i < scores.size(); ++i) p[i] = std::exp(scores[i] - m);
+      std::discrete_distribution<int64_t> dist(p.begin(), p.end());
+      token = dist(rng);
+      for (float& v : scores) v *= temperature;  // the scores the log-probability uses
+    }
+    log_softmax(scores);
+    const float lp = scores[static_cast<size_t>(token)];
+    sum += lp;
+    d.tokens.push_back(token);
+    d.token_logprobs.push_back(lp);
+    seq.push_back(token);
+    if (token == cfg.eos) break;
+    next = {token};
+  }
+  d.score = d.tokens.empty() ? 0 : sum / static_cast<double>(d.tokens.size());
+  d.ms = ms_since(t0);
+  return d;
+}
+
+// transformers' beam search (generation/utils.py _beam_search) for one input: 2 x beams
+// candidates per step, finished hypotheses scored by sum log-prob / length^length_penalty,
+// the same early-stop heuristic. The KV-cache rows follow their beams in place.
+Decoded WhisperTranscriber::Impl::decode_beams(const Tensor& hidden,
+                                               const std::vector<int64_t>& prompt, size_t init_len,
+                                               const Processors& proc, int64_t max_length,
+                                               int64_t beams, const TranscribeOptions& o) const {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto B = static_cast<size_t>(beams);
+  const size_t K = 2 * B;
+  const auto prompt_len = static_cast<int64_t>(prompt.size());
+  struct Hyp {
+    std::vector<int64_t> seq;
+    std::vector<float> lps;  // per generated token
+    float score = -1e9f;
+    bool finished = false;
+  };
+  std::vector<Hyp> running(B), done(B);
+  for (size_t b = 0; b < B; ++b) {
+    running[b].seq = prompt;
+    running[b].score = b == 0 ? 0.0f : -1e9f;
+    done[b].seq = prompt;
+  }
+  bool improvable = true;
+  Seq2SeqDecoding run(*models, hidden, beams, max_length);
+  Decoded d;
+  int64_t cur_len = prompt_len;
+  std::vector<std::vector<int64_t>> feed(B, prompt);
+  auto penalised = [&](float s, int64_t len) {
+    return static_cast<float>(s / std::pow(static_cast<double>(len), o.length_penalty));
+  };
+  while (true) {
+    StepStats st;
+    const std::string file = run.file();
+    const Tensor logits = run.step(feed, st);
+    ++d.steps;
+    if (d.steps == 1 && o.no_speech_threshold) {
+      d.no_speech_prob = no_speech(logits, prompt_len - static_cast<int64_t>(init_len));
+    }
+    const int64_t V = logits.dim(2);
+    // Candidates: accumulated log-probabilities over every (beam, token).
+    std::vector<float> acc(B * static_cast<size_t>(V));
+    std::vector<std::vector<float>> lprows(B);
+    for (size_t b = 0; b < B; ++b) {
+      std::vector<float> row = logits_row(logits, static_cast<int64_t>(b), logits.dim(1) - 1, file);
+      log_softmax(row);
+      proc.apply(running[b].seq, row);
+      for (int64_t v = 0; v < V; ++v)
+        acc[b * static_cast<size_t>(V) + static_cast<size_t>(v)] =
+            row[static_cast<size_t>(v)] + running[b].score;
+      lprows[b] = std::move(row);
+    }
+    std::vector<size_t> top(acc.size());
+    std::iota(top.begin(), top.end(), 0);
+    std::partial_sort(
+        top.begin(), top.begin() + static_cast<std::ptrdiff_t>(K), top.end(),
+        [&](size_t a, size_t b) { return acc[a] > acc[b] || (acc[a] == acc[b] && a < b); });
+    top.resize(K);
+    struct Cand {
+      size_t beam;
+      int64_t token;
+      float logprob;
+      bool stops;
+    };
+    std::vector<Cand> cands;
+    for (size_t k = 0; k < K; ++k) {
+      const size_t beam = top[k] / static_cast<size_t>(V);
+      const auto token = static_cast<int64_t>(top[k] % static_cast<size_t>(V));
+      cands.push_back({beam, token, acc[top[k]], token == cfg.eos || cur_len + 1 >= max_length});
+    }
+    // Finished hypotheses: the first B candidates that stop, merged with the earlier ones.
+    const bool all_done =
+        std::all_of(done.begin(), done.end(), [](const Hyp& h) { return h.finished; });
+    std::vector<Hyp> merged = done;
+    for (size_t k = 0; k < K; ++k) {
+      const Cand& c = cands[k];
+      Hyp h;
+      h.seq = running[c.beam].seq;
+      h.seq.push_back(c.token);
+      h.lps = running[c.beam].lps;
+      h.lps.push_back(lprows[c.beam][static_cast<size_t>(c.token)]);
+      h.score = penalised(c.logprob, cur_len + 1 - prompt_len);
+      if (all_done && o.early_stopping) h.score += -1e9f;
+      if (!improvable) h.score += -1e9f;
+      const bool just_finished = c.stops && k < B;
+      if (!just_finished) h.score += -1e9f;
+      h.finished = just_finished;
+      merged.push_back(std::move(h));
+    }
+    std::stable_sort(merged.begin(), merged.end(),
+                     [](const Hyp& a, const Hyp& b) { return a.score > b.score; });
+    merged.resize(B);
+    done = std::move(merged);
+    // Running beams: the best B candidates that do not stop.
+    std::vector<size_t> order(K);
+    std::iota(order.begin(), order.end(), 0);
+    auto run_score = [&](size_t k) { return cands[k].logprob + (cands[k].stops ? -1e9f : 0.0f); };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return run_score(a) > run_score(b); });
+    std::vector<Hyp> next(B);
+    std::vector<int64_t> rows(B);
+    for (size_t b = 0; b < B; ++b) {
+      const Cand& c = cands[order[b]];
+      next[b].seq = running[c.beam].seq;
+      next[b].seq.push_back(c.token);
+      next[b].lps = running[c.beam].lps;
+      next[b].lps.push_back(lprows[c.beam][static_cast<size_t>(c.token)]);
+      next[b].score = run_score(order[b]);
+      rows[b] = static_cast<int64_t>(c.beam);
+      feed[b] = {c.token};
+    }
+    running = std::move(next);
+    ++cur_len;
+    // The early-stop heuristic (early_stopping false): can a running beam still beat the
+    // worst finished one at the current length?
+    const bool every_done =
+        std::all_of(done.begin(), done.end(), [](const Hyp& h) { return h.finished; });
+    float worst = done[0].score;
+    for (const Hyp& h : done) worst = std::min(worst, h.score);
+    const float best_possible = penalised(running[0].score, cur_len - prompt_len);
+    improvable = improvable && std::any_of(done.begin(), done.end(), [&](const Hyp& h) {
+                   return best_possible > (h.finished ? worst : -1e9f);
+                 });
+    const bool all_stop =
+        std::all_of(cands.begin(), cands.end(), [](const Cand& c) { return c.stops; });
+    if (!improvable || (every_done && o.early_stopping) || all_stop) break;
+    run.reorder(rows);
+  }
+  const Hyp& best = done[0];
+  d.tokens.assign(best.seq.begin() + prompt_len, best.seq.end());
+  d.token_logprobs = best.lps;
+  d.score = best.score;
+  d.ms = ms_since(t0);
+  return d;
+}
+
+WhisperTranscriber::WhisperTranscriber(const std::string& model_dir, GeneratorOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  const fs::path dir = model_dir;
+  if (!fs::is_directory(dir)) throw Error(ErrorKind::Io, "not a folder").with_file(model_dir);
+  impl_->cfg = read_whisper_config(dir);
+  impl_->models = std::make_unique<Seq2SeqModels>(dir, options);
+}
+
+WhisperTranscriber::~WhisperTranscriber() = default;
+WhisperTranscriber::WhisperTranscriber(WhisperTranscriber&&) noexcept = default;
+
+bool WhisperTranscriber::multilingual() const {
+  return impl_->cfg.multilingual();
+}
+bool WhisperTranscriber::has_tokenizer() const {
+  return false;
+}
+
+Transcript WhisperTranscriber::transcribe(const std::vector<float>& samples,
+                                          const TranscribeOptions& options) {
+  if (samples.size() > 30 * 16000)
+    throw Error(ErrorKind::Unsupported, "audio over 30 s needs the long-form front end");
+  return transcribe_features(whisper_log_mel(samples), options);
+}
+
+Transcript WhisperTranscriber::transcribe_features(const Tensor& features,
+                                                   const TranscribeOptions& o) {
+  Impl& m = *impl_;
+  const WhisperConfig& c = m.cfg;
+  if (features.rank() != 3 || features.dim(0) != 1 || features.dtype() != DataType::Float)
+    throw Error(ErrorKind::InvalidArgument,
+                "features must be float32[1, mels, frames], got " + features.describe());
+  if (o.num_beams < 1) throw Error(ErrorKind::InvalidArgument, "num_beams must be >= 1");
+  if (o.best_of < 1) throw Error(ErrorKind::InvalidArgument, "best_of must be >= 1");
+  if (o.temperatures.empty()) throw Error(ErrorKind::InvalidArgument, "no temperature given");
+  for (float t : o.temperatures) {
+    if (!(t >= 0)) throw Error(ErrorKind::InvalidArgument, "temperatures must be >= 0");
+  }
+  if (o.no_speech_threshold && !o.logprob_threshold)
+    throw Error(ErrorKind::InvalidArgument,
+                "a no-speech threshold needs a log-probability threshold");
+  if (!o.prompt.empty())
+    throw Error(ErrorKind::Unsupported, "a text prompt needs the model folder's tokenizer");
+  Transcript t;
+  const int64_t total = features.dim(2);
+  const bool shortform = total <= c.num_segment_frames;
+  const bool timestamps = o.timestamps || c.return_timestamps || !shortform;
+  if (timestamps && c.no_timestamps < 0)
+    throw Error(ErrorKind::InvalidModel,
+                "timestamps need no_timestamps_token_id in the generation config")
+        .with_file(c.gen_path);
+
+  auto encode = [&](int64_t seek, int64_t frames) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor h = m.models->encode(m.window(features, seek, frames));
+    t.encoder_ms += ms_since(t0);
+    ++t.encoder_runs;
+    return h;
+  };
+  int64_t seek = 0;
+  int64_t frames = std::min(total, c.num_segment_frames);
+  Tensor hidden = encode(seek, frames);
+  const std::vector<int64_t> init = m.init_tokens(o, timestamps, hidden, t);
+  t.prompt = init;
+  const auto cut_off = c.max_target_positions / 2 - 1;
+  const bool first_segment_prompt = !o.prompt_ids.empty();
+  // The prompt counts as the first segment (transformers' prompt_condition_type
+  // "first-segment"), dropped from the result.
+  std::vector<TranscriptSegment> segments;
+  if (first_segment_prompt) {
+    TranscriptSegment p;
+    p.tokens = o.prompt_ids;
+    if (!p.tokens.empty() && p.tokens[0] == c.prev_sot) p.tokens.erase(p.tokens.begin());
+    segments.push_back(std::move(p));
+  }
+  bool condition = o.condition_on_prev_tokens;
+  std::mt19937_64 rng(o.seed);
+  bool first_window = true;
+  while (seek < total) {
+    frames = std::min(total - seek, c.num_segment_frames);
+    if (!first_window) hidden = encode(seek, frames);
+    first_window = false;
+    const double time_offset = static_cast<double>(seek) * kTimePrecision / kInputStride;
+    // The decoder prompt: previous text or the initial prompt, then the init tokens.
+    std::vector<int64_t> prompt;
+    if (condition && !segments.empty()) {
+      std::vector<int64_t> prev;
+      for (const auto& s : segments) {
+        const auto& tk = s.tokens;
+        const bool double_end = tk.size() > 2 && tk[tk.size() - 2] >= c.timestamp_begin;
+        prev.insert(prev.end(), tk.begin(), tk.end() - (double_end ? 1 : 0));
+      }
+      if (static_cast<int64_t>(prev.size()) > cut_off)
+        prev.erase(prev.begin(), prev.end() - cut_off);
+      prompt.push_back(c.prev_sot);
+      prompt.insert(prompt.end(), prev.begin(), prev.end());
+    } else if (!o.prompt_ids.empty()) {
+      prompt = o.prompt_ids;
+    }
+    prompt.insert(prompt.end(), init.begin(), init.end());
+    const auto prompt_len = static_cast<int64_t>(prompt.size());
+    int64_t max_length = c.max_length;
+    if (o.max_new_tokens >= 0) {
+      if (o.max_new_tokens + prompt_len > c.max_target_positions)
+        throw Error(ErrorKind::InvalidArgument,
+                    "the decoder prompt (" + std::to_string(prompt_len) + " tokens) and " +
+                        std::to_string(o.max_new_tokens) + " new tokens exceed the model's " +
+                        std::to_string(c.max_target_positions) + " positions");
+      max_length = prompt_len + o.max_new_tokens;
+    }
+    // Decode with temperature fallback.
+    Decoded best;
+    float used_temperature = 0;
+    bool skip = false;
+    double ratio = 0;
+    for (size_t ti = 0; ti < o.temperatures.size(); ++ti) {
+      const float temp = o.temperatures[ti];
+      const int64_t draws = temp > 0 ? o.best_of : 1;
+      Decoded d;
+      for (int64_t draw = 0; draw < draws; ++draw) {
+        Decoded cand = m.decode(hidden, prompt, init.size(), max_length, timestamps, temp,
+                                temp > 0 ? 1 : o.num_beams, o, rng);
+        t.decoder_steps += cand.steps;
+        t.decoder_ms += cand.ms;
+        if (draw == 0 || cand.score > d.score) d = std::move(cand);
+      }
+      bool fallback = false;
+      skip = false;
+      ratio = compression_ratio(d.tokens, c.vocab);
+      if (o.compression_ratio_threshold && ratio > *o.compression_ratio_threshold) fallback = true;
+      if (o.logprob_threshold && d.score < *o.logprob_threshold) fallback = true;
+      if (o.no_speech_threshold && d.score < *o.logprob_threshold &&
+          d.no_speech_prob > *o.no_speech_threshold) {
+        fallback = false;
+        skip = true;
+      }
+      if (!d.tokens.empty() && d.tokens.back() == c.eos) {
+        d.tokens.pop_back();
+        d.token_logprobs.pop_back();
+      }
+      best = std::move(d);
+      used_temperature = temp;
+      condition = o.condition_on_prev_tokens && temp < 0.5f;
+      if (!fallback || ti + 1 == o.temperatures.size()) break;
+      ++t.fallbacks;
+    }
+    if (skip) {
+      seek += frames;
+      continue;
+    }
+    // Segments: cut at consecutive timestamp tokens; seek to the last complete one.
+    const std::vector<int64_t>& seq = best.tokens;
+    const size_t n = seq.size();
+    auto is_ts = [&](size_t i) { return seq[i] >= c.timestamp_begin; };
+    const bool single_ending = n >= 2 && !is_ts(n - 2) && is_ts(n - 1);
+    std::vector<size_t> cuts;
+    for (size_t i = 0; i + 1 < n; ++i) {
+      if (is_ts(i) && is_ts(i + 1)) cuts.push_back(i + 1);
+    }
+    auto make = [&](size_t from, size_t to, double start, double end) {
+      TranscriptSegment s;
+      s.start = start;
+      s.end = end;
+      s.tokens.assign(seq.begin() + static_cast<std::ptrdiff_t>(from),
+                      seq.begin() + static_cast<std::ptrdiff_t>(to));
+      s.token_logprobs.assign(best.token_logprobs.begin() + static_cast<std::ptrdiff_t>(from),
+                              best.token_logprobs.begin() + static_cast<std::ptrdiff_t>(to));
+      s.temperature = used_temperature;
+      s.avg_logprob = best.score;
+      s.compression_ratio = ratio;
+      s.no_speech_prob = best.no_speech_prob;
+      return s;
+    };
+    std::vector<TranscriptSegment> found;
+    int64_t offset = 0;
+    if (!cuts.empty()) {
+      if (single_ending) {
+        cuts.push_back(n);
+      } else {
+        cuts.back() += 1;
+      }
+      size_t last = 0;
+      for (size_t i = 0; i < cuts.size(); ++i) {
+        const bool is_last = i + 1 == cuts.size();
+        const size_t cut = cuts[i];
+        const int64_t start_pos = seq[last] - c.timestamp_begin;
+        const int64_t end_pos =
+            seq[cut - ((!is_last || single_ending) ? 1 : 2)] - c.timestamp_begin;
+        found.push_back(make(last, cut,
+                             time_offset + static_cast<double>(start_pos) * kTimePrecision,
+                             time_offset + static_cast<double>(end_pos) * kTimePrecision));
+        last = cut;
+      }
+      offset = single_ending ? frames : (seq[last - 2] - c.timestamp_begin) * kInputStride;
+    } else {
+      double last_pos =
+          std::floor(static_cast<double>(frames) * kFeatureTimePrecision / kTimePrecision);
+      int64_t last_ts = -1;
+      for (size_t i = 0; i < n; ++i) {
+        if (is_ts(i)) last_ts = seq[i];
+      }
+      if (last_ts >= 0 && last_ts != c.timestamp_begin)
+        last_pos = static_cast<double>(last_ts - c.timestamp_begin);
+      found.push_back(make(0, n, time_offset, time_offset + last_pos * kTimePrecision));
+      offset = frames;
+    }
+    seek += offset;
+    for (auto& s : found) {
+      if (o.on_segment && !o.on_segment(s)) {
+        seek = total;
+      }
+      segments.push_back(std::move(s));
+    }
+  }
+  if (first_segment_prompt) segments.erase(segments.begin());
+  for (const auto& s : segments) t.tokens.insert(t.tokens.end(), s.tokens.begin(), s.tokens.end());
+  t.segments = std::move(segments);
+  return t;
+}
+
+}  // namespace kiln
