@@ -5,6 +5,7 @@
 #include <sndfile.h>
 #include <soxr.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <new>
@@ -23,8 +24,10 @@ Error audio_error(const std::string& path, const std::string& why) {
   return std::move(Error(ErrorKind::InvalidArgument, why).with_file(path));
 }
 
-std::string seconds_text(int64_t frames, int rate) {
-  return std::to_string(static_cast<double>(frames) / rate) + " s";
+std::string seconds_text(int64_t frames, int rate) {  // "12.34 s"
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f s", static_cast<double>(frames) / rate);
+  return text;
 }
 
 // An open libsndfile handle whose stream info has been checked.
@@ -38,15 +41,12 @@ class SoundFile {
       throw Error(ErrorKind::Io, "cannot open: no such file").with_file(path);
     if (fs::is_directory(status))
       throw Error(ErrorKind::Io, "is a folder, not an audio file").with_file(path);
-    file_ = sf_open(path.c_str(), SFM_READ, &info_);
+    file_.reset(sf_open(path.c_str(), SFM_READ, &info_));
     // sf_strerror(nullptr) is libsndfile's last open failure, process-wide: read at once.
     if (file_ == nullptr)
       throw audio_error(path, std::string("not a readable audio file: ") + sf_strerror(nullptr));
     check_info();
   }
-  ~SoundFile() { sf_close(file_); }
-  SoundFile(const SoundFile&) = delete;
-  SoundFile& operator=(const SoundFile&) = delete;
 
   const SF_INFO& info() const { return info_; }
 
@@ -56,11 +56,11 @@ class SoundFile {
     const int channels = info_.channels;
     interleaved_.resize(static_cast<size_t>(std::max<int64_t>(kBlockSamples, channels)));
     const sf_count_t frames = sf_readf_float(
-        file_, interleaved_.data(), static_cast<sf_count_t>(interleaved_.size()) / channels);
-    if (sf_error(file_) != SF_ERR_NO_ERROR) {
+        file_.get(), interleaved_.data(), static_cast<sf_count_t>(interleaved_.size()) / channels);
+    if (sf_error(file_.get()) != SF_ERR_NO_ERROR) {
       throw audio_error(path_, "decoding failed after " +
                                    seconds_text(frames_read_, info_.samplerate) + ": " +
-                                   sf_strerror(file_));
+                                   sf_strerror(file_.get()));
     }
     if (frames <= 0) return false;
     frames_read_ += frames;
@@ -111,7 +111,8 @@ class SoundFile {
 
   std::string path_;
   SF_INFO info_{};
-  SNDFILE* file_ = nullptr;
+  // Owned from sf_open on, so that a check failing in the constructor closes the file too.
+  std::unique_ptr<SNDFILE, decltype(&sf_close)> file_{nullptr, &sf_close};
   std::vector<float> interleaved_;
   int64_t frames_read_ = 0;
 };
