@@ -63,7 +63,8 @@ fuzz: setup
 sanitize: setup
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1"
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target kiln-unit-tests
-	ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 ./$(ASAN_BUILD)/test/kiln-unit-tests
+	ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/test/lsan.supp ./$(ASAN_BUILD)/test/kiln-unit-tests
 
 # The concurrency tests ([concurrency]: many threads running one Session, sessions made and
 # destroyed concurrently) under ThreadSanitizer: the library and that one test binary only.

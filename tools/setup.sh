@@ -3,7 +3,7 @@
 # Idempotent: prints what it installs, or that nothing was needed.
 set -eu
 
-packages="cmake g++ make zlib1g-dev libprotobuf-dev protobuf-compiler libonnx-dev libeigen3-dev libtbb-dev nlohmann-json3-dev libcli11-dev catch2 clang-format clang libclang-rt-14-dev"
+packages="cmake g++ make zlib1g-dev libprotobuf-dev protobuf-compiler libonnx-dev libeigen3-dev libtbb-dev nlohmann-json3-dev libcli11-dev libsndfile1-dev libsoxr-dev catch2 clang-format clang libclang-rt-14-dev"
 
 missing=""
 for p in $packages; do

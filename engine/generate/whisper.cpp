@@ -13,6 +13,7 @@
 #include <random>
 
 #include "engine/generate/decoding.h"
+#include "kiln/audio.h"
 #include "kiln/error.h"
 #include "kiln/transcribe.h"
 
@@ -707,9 +708,12 @@ bool WhisperTranscriber::has_tokenizer() const {
 
 Transcript WhisperTranscriber::transcribe(const std::vector<float>& samples,
                                           const TranscribeOptions& options) {
-  if (samples.size() > 30 * 16000)
-    throw Error(ErrorKind::Unsupported, "audio over 30 s needs the long-form front end");
-  return transcribe_features(whisper_log_mel(samples), options);
+  // As transformers' ASR pipeline: up to 30 s, the features of one padded window; longer,
+  // the features of the whole signal (floor over all of it), decoded window by window.
+  constexpr size_t kWindowSamples = 30 * 16000;
+  if (samples.size() <= kWindowSamples)
+    return transcribe_features(whisper_log_mel(samples), options);
+  return transcribe_features(whisper_log_mel_long(samples), options);
 }
 
 Transcript WhisperTranscriber::transcribe_features(const Tensor& features,

@@ -1,6 +1,6 @@
 #!/bin/sh
 # kiln-generate end to end: reference tokens, --json, and exit status 2 with one clear line
-# for a missing file, a model not following Optimum's naming, and bad audio.
+# for a missing file, a model not following Optimum's naming, and bad audio; any audio format.
 #   kiln_generate_test.sh KILN_GENERATE SOURCE_DIR
 set -u
 gen=$1
@@ -43,11 +43,20 @@ mkdir -p "$tmp/naming"
 cp "$gpt2/config.json" "$tmp/naming/"
 cp "$src/models/tiny-cnn/model.onnx" "$tmp/naming/model.onnx"
 expect 2 "model.onnx: has no input 'input_ids'" -- "$tmp/naming" --prompt-ids 1,2
-# Bad audio: not a WAV, and the wrong sample rate.
+# Any audio file: an MP3 at 44.1 kHz, stereo, is read, mixed to mono and resampled.
+expect 0 "5 tokens" -- "$whisper" --audio "$src/test/data/audio/mp3_44k_stereo.mp3" --max-new-tokens 5
+# Bad audio: garbage bytes, text, a WAV without samples; one line naming the file.
+awk 'BEGIN { for (i = 0; i < 3000; i++) printf "%c", 32 + (i * 37) % 90 }' > "$tmp/garbage.flac"
+expect 2 "garbage.flac: not a readable audio file" -- "$whisper" --audio "$tmp/garbage.flac"
+lines=$("$gen" "$whisper" --audio "$tmp/garbage.flac" 2>&1 | grep -c .)
+if [ "$lines" -ne 1 ]; then
+  echo "FAIL: garbage audio printed $lines lines, want 1"
+  failures=$((failures + 1))
+fi
 printf 'this is not audio' > "$tmp/text.wav"
-expect 2 "text.wav: not a WAV file" -- "$whisper" --audio "$tmp/text.wav"
+expect 2 "text.wav: not a readable audio file" -- "$whisper" --audio "$tmp/text.wav"
 printf 'RIFF\044\000\000\000WAVEfmt \020\000\000\000\001\000\001\000\104\254\000\000\210\130\001\000\002\000\020\000data\000\000\000\000' > "$tmp/44k.wav"
-expect 2 "44k.wav: sample rate 44100 Hz: expected 16000 Hz" -- "$whisper" --audio "$tmp/44k.wav"
+expect 2 "44k.wav: no audio samples" -- "$whisper" --audio "$tmp/44k.wav"
 expect 2 "not a folder" -- "$tmp/nope"
 expect 2 "unknown option" -- "$whisper" --bogus
 

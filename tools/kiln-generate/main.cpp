@@ -41,7 +41,9 @@ void define_options(CLI::App& app, Options& o) {
   configure(app);
   app.add_option("MODEL_DIR", o.dir, "an Optimum export folder (seq2seq or decoder-only)")
       ->type_name("");
-  app.add_option("--audio", o.audio, "a 16 kHz mono 16-bit WAV file (seq2seq)")->type_name("FILE");
+  app.add_option("--audio", o.audio,
+                 "an audio file (WAV, FLAC, Ogg Vorbis/Opus, MP3; any rate and channels; seq2seq)")
+      ->type_name("FILE");
   app.add_option("--features", o.features, "log-mel features from a .npy file (seq2seq)")
       ->type_name("FILE");
   app.add_option("--prompt-ids", o.prompt_ids, "prompt token ids, comma-separated (decoder-only)")
@@ -132,11 +134,11 @@ int run(const Options& o) {
     if (!o.features.empty()) {
       features = kiln::tooling::read_npy(o.features);
     } else {
-      const std::string wav = !o.audio.empty() ? o.audio : (dir / "sample.wav").string();
-      if (o.audio.empty() && !fs::exists(wav) && fs::exists(dir / "sample_features.npy")) {
+      const std::string audio = !o.audio.empty() ? o.audio : (dir / "sample.wav").string();
+      if (o.audio.empty() && !fs::exists(audio) && fs::exists(dir / "sample_features.npy")) {
         features = kiln::tooling::read_npy((dir / "sample_features.npy").string());
       } else {
-        features = kiln::whisper_log_mel(kiln::read_wav_16k_mono(wav));
+        features = kiln::whisper_log_mel(kiln::read_audio(audio));
       }
     }
     result = g.generate(features, gen);

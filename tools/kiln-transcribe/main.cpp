@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/audio.h"
 #include "kiln/error.h"
 #include "kiln/generate.h"
 #include "kiln/transcribe.h"
@@ -244,7 +245,7 @@ int run(Options& o) {
     audio_seconds = f.rank() == 3 ? static_cast<double>(f.dim(2)) * 0.01 : 0;
     result = whisper.transcribe_features(f, t);
   } else {
-    const std::vector<float> samples = kiln::read_wav_16k_mono(o.audio);
+    const std::vector<float> samples = kiln::read_audio(o.audio);
     audio_seconds = static_cast<double>(samples.size()) / 16000.0;
     if (progress) {
       t.on_segment = [&](const kiln::TranscriptSegment& s) {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/audio.h"  // the Whisper front end (read_audio, whisper_log_mel)
 #include "kiln/environment.h"
 #include "kiln/session.h"
 #include "kiln/tensor.h"
@@ -98,12 +99,5 @@ class CausalLmGenerator {
  private:
   std::unique_ptr<Impl> impl_;
 };
-
-// Whisper's front end: log-mel features (80 mels, n_fft 400, hop 160, 30 s window) of
-// 16 kHz mono audio, as transformers' WhisperFeatureExtractor computes them.
-Tensor whisper_log_mel(const std::vector<float>& samples, int64_t n_mels = 80);
-// Reads a 16 kHz mono 16-bit PCM WAV file as samples in [-1, 1). Throws kiln::Error naming
-// the file for anything else (other rates, stereo, not a WAV).
-std::vector<float> read_wav_16k_mono(const std::string& path);
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 // kiln's public API in one include.
 #pragma once
 
+#include "kiln/audio.h"
 #include "kiln/data_type.h"
 #include "kiln/environment.h"
 #include "kiln/error.h"
