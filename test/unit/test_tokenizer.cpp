@@ -24,8 +24,7 @@ const std::string kData = std::string(KILN_SOURCE_DIR) + "/test/data/tokenizer";
 const std::string kWhisperDir =
     std::string(KILN_SOURCE_DIR) + "/models/cache/tokenizers/whisper-tiny.en";
 const std::string kMakeRefs =
-    "HF_HUB_OFFLINE=1 /work/venv/bin/python tools/export/make_tokenizer_refs.py "
-    "(pip install -r tools/export/requirements-tokenizer.txt)";
+    "tools/export/make_tokenizer_refs.py (models/README.md: Benchmark models)";
 
 std::vector<int64_t> ids_of(const json::Json& v) {
   return v.get<std::vector<int64_t>>();

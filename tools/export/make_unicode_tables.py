@@ -10,7 +10,7 @@ The script then checks the tables against the reference itself: every code point
 aside) is pre-tokenized by `tokenizers` in two probe strings whose splits reveal its class, and
 any disagreement fails the run.
 
-    HF_HUB_OFFLINE=1 /work/venv/bin/python tools/export/make_unicode_tables.py
+    HF_HUB_OFFLINE=1 .venv/bin/python tools/export/make_unicode_tables.py
         [--output engine/generate/unicode_classes.cpp] [--no-check]
 """
 
