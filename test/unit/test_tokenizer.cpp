@@ -322,6 +322,15 @@ TEST_CASE("bad tokenizer files and inputs give one clear error", "[tokenizer]") 
   std::ofstream(legacy / "merges.txt") << "#version: 0.2\nab\n";
   CHECK_THAT(load_error("legacy"),
              Catch::Contains("merges.txt: line 2: expected two tokens separated by one space"));
+  // A special token with no id: neither in vocab.json nor in added_tokens.json.
+  const fs::path special = copy_dir(kData + "/small-bpe-legacy", tmp, "special");
+  fs::remove(special / "tokenizer_config.json");
+  json::Json map = json::read_file((special / "special_tokens_map.json").string());
+  map["pad_token"] = "<pad>";
+  write_json(special / "special_tokens_map.json", map);
+  CHECK_THAT(load_error("special"),
+             Catch::Contains("special/special_tokens_map.json: special token '<pad>' is neither "
+                             "in vocab.json nor in added_tokens.json"));
 
   // Ids that name no token, text that is not UTF-8.
   const Tokenizer tok = Tokenizer::from_dir(kData + "/small-bpe");
