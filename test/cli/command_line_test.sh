@@ -84,6 +84,7 @@ expect_usage_error "--temperature needs a number >= 0, got 'hot'" -- "$generate"
 expect_usage_error "--sampling takes greedy or sample, got 'beam'" -- "$generate" "$gpt2" --sampling beam
 expect_usage_error "--prompt-ids needs an integer >= 0, got 'x'" -- "$generate" "$gpt2" --prompt-ids 1,x
 expect_usage_error "give at most one of" -- "$generate" "$gpt2" --prompt-ids 1 --features f.npy
+expect_usage_error "give at most one of .*--prompt" -- "$generate" "$gpt2" --prompt hi --prompt-ids 1
 expect_usage_error "no model folder given" -- "$generate"
 expect_usage_error "unknown option '--bogus'" -- "$generate" "$gpt2" --bogus
 
@@ -126,7 +127,7 @@ expect_json "$tmp/trace.json" 0/name=session_initialization 1/name=model_run \
 "$onnx_run" --version --json >"$tmp/version.json" 2>&1
 expect_json "$tmp/version.json" kiln_version isa
 "$generate" "$gpt2" --json --max-new-tokens 3 >"$tmp/generate.json" 2>&1
-expect_json "$tmp/generate.json" tokens#=3 prompt steps#=3 steps/2/past_len \
+expect_json "$tmp/generate.json" tokens#=3 prompt text=null steps#=3 steps/2/past_len \
   matches_expected=null
 printf 'not json' >"$tmp/bad.json"
 expect 2 "bad.json: invalid JSON: parse error at line 1, column 2" -- "$check" "$tmp/bad.json"

@@ -1,6 +1,7 @@
 #!/bin/sh
-# kiln-generate end to end: reference tokens, --json, and exit status 2 with one clear line
-# for a missing file, a model not following Optimum's naming, and bad audio; any audio format.
+# kiln-generate end to end: reference tokens, --json, text through a tokenizer, and exit
+# status 2 with one clear line for a missing file, a model not following Optimum's naming, and
+# bad audio; any audio format.
 #   kiln_generate_test.sh KILN_GENERATE SOURCE_DIR
 set -u
 gen=$1
@@ -33,6 +34,45 @@ expect 0 '"matches_expected":true' -- "$whisper" --json
 expect 0 '"steps":\[\{"past_len":0' -- "$whisper" --json --max-new-tokens 5
 expect 0 "matches expected_tokens.json" -- "$gpt2"
 expect 0 "5 tokens" -- "$gpt2" --prompt-ids 1,2,3 --max-new-tokens 5 --sampling sample --seed 7 --top-k 10
+
+# Text: copies of the models with the unit tests' small tokenizer beside them (the models'
+# 1000 ids are within its vocabulary). Text streams by default, after the prompt; --ids
+# streams ids; --prompt is encoded as the tokenizer does and fed as --prompt-ids would be.
+tok="$src/test/data/tokenizer"
+mkdir -p "$tmp/gpt2-text" "$tmp/gpt2-legacy" "$tmp/whisper-text"
+cp "$gpt2"/*.json "$gpt2/model.onnx" "$tmp/gpt2-text/"
+cp "$gpt2"/*.json "$gpt2/model.onnx" "$tmp/gpt2-legacy/"
+cp "$whisper"/*.json "$whisper"/*.onnx "$whisper"/*.npy "$whisper/sample.wav" "$tmp/whisper-text/"
+cp "$tok/small-bpe/tokenizer.json" "$tmp/gpt2-text/"
+cp "$tok/small-bpe/tokenizer.json" "$tmp/whisper-text/"
+cp "$tok/small-bpe-legacy"/* "$tmp/gpt2-legacy/"
+expect 0 "^Hello, world!" -- "$tmp/gpt2-text" --prompt "Hello, world!" --max-new-tokens 5
+expect 0 "^5 tokens in" -- "$tmp/gpt2-text" --prompt "Hello, world!" --max-new-tokens 5
+expect 0 '^([0-9]+ ){5}$' -- "$tmp/gpt2-text" --prompt "Hello, world!" --max-new-tokens 5 --ids
+expect 0 '"tokens":\[[0-9,]+\],"prompt":\[[0-9,]+\],"text":"' -- "$tmp/gpt2-text" --json --max-new-tokens 5
+expect 0 '"text":null' -- "$gpt2" --json --max-new-tokens 5
+expect 0 "matches expected_tokens.json" -- "$tmp/gpt2-text"
+expect 0 "matches expected_tokens.json" -- "$tmp/whisper-text"
+# field NAME: the comma-separated integers of the JSON array NAME in the one-line JSON on stdin
+field() { sed -n "s/.*\"$1\":\[\([0-9,]*\)\].*/\1/p"; }
+by_text=$("$gen" "$tmp/gpt2-text" --prompt "Hello, world!" --max-new-tokens 8 --json)
+by_legacy=$("$gen" "$tmp/gpt2-legacy" --prompt "Hello, world!" --max-new-tokens 8 --json)
+prompt=$(printf '%s' "$by_text" | field prompt)
+by_ids=$("$gen" "$tmp/gpt2-text" --prompt-ids "$prompt" --max-new-tokens 8 --json)
+tokens=$(printf '%s' "$by_text" | field tokens)
+if [ -z "$prompt" ] || [ -z "$tokens" ] || [ "$tokens" != "$(printf '%s' "$by_ids" | field tokens)" ] ||
+  [ "$prompt,$tokens" != "$(printf '%s' "$by_legacy" | field prompt),$(printf '%s' "$by_legacy" | field tokens)" ]; then
+  echo "FAIL: --prompt (prompt $prompt, tokens $tokens) differs from --prompt-ids or the legacy files:"
+  printf '    %s\n' "$by_ids" "$by_legacy" | cut -c1-300
+  failures=$((failures + 1))
+else
+  echo "ok: --prompt is fed as its ids ($prompt), from tokenizer.json and vocab.json + merges.txt alike"
+fi
+expect 2 "gpt2-tiny-random: no tokenizer: neither tokenizer.json nor vocab.json and merges.txt" -- "$gpt2" --prompt "Hello"
+expect 2 "prompt-ids/--prompt are for decoder-only models" -- "$tmp/whisper-text" --prompt "Hello"
+printf '{"model": {"type": "BPE"' > "$tmp/gpt2-text/tokenizer.json"
+expect 2 "gpt2-text/tokenizer.json: invalid JSON" -- "$tmp/gpt2-text" --max-new-tokens 2
+expect 0 "^([0-9]+ ){2}$" -- "$tmp/gpt2-text" --max-new-tokens 2 --ids
 
 # A folder missing a file.
 mkdir -p "$tmp/incomplete"

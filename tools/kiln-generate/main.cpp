@@ -1,5 +1,7 @@
 // kiln-generate: run a decode loop on an Optimum export folder (Whisper-style seq2seq or a
-// decoder-only LM), streaming tokens and reporting per-step time and bytes copied.
+// decoder-only LM), streaming tokens and reporting per-step time and bytes copied. When the
+// folder has tokenizer files the tokens stream as text (special tokens skipped) and a
+// decoder-only model takes a text prompt; --ids streams ids instead.
 //
 // Exit status: 0 ok, 2 any error (missing file, model not following Optimum's naming, bad
 // audio), with a one-line message.
@@ -7,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,6 +17,7 @@
 #include "engine/generate/json_file.h"
 #include "kiln/error.h"
 #include "kiln/generate.h"
+#include "kiln/tokenizer.h"
 #include "tools/common/cli.h"
 #include "tools/common/json_output.h"
 #include "tools/common/npy.h"
@@ -25,11 +29,11 @@ using kiln::tooling::Json;
 using kiln::tooling::UsageError;
 
 struct Options {
-  std::string dir, audio, features, prompt_ids;
+  std::string dir, audio, features, prompt_ids, prompt_text;
   std::vector<int64_t> prompt;  // --prompt-ids, parsed
   int64_t max_new = -1, min_new = 0;
   int threads = 0;
-  bool sample = false, decoder_pair = false, json = false;
+  bool sample = false, decoder_pair = false, json = false, ids = false;
   float temperature = 1.0f, top_p = 1.0f;
   int64_t top_k = 0;
   uint64_t seed = 0;
@@ -48,6 +52,9 @@ void define_options(CLI::App& app, Options& o) {
       ->type_name("FILE");
   app.add_option("--prompt-ids", o.prompt_ids, "prompt token ids, comma-separated (decoder-only)")
       ->type_name("1,2,3");
+  app.add_option("--prompt", o.prompt_text,
+                 "prompt text, encoded by the folder's tokenizer (decoder-only)")
+      ->type_name("TEXT");
   add_int<int64_t>(app, "--max-new-tokens", o.max_new, 0,
                    "tokens to generate at most (default: as many as the reference, or the "
                    "model's limit)");
@@ -68,6 +75,7 @@ void define_options(CLI::App& app, Options& o) {
   app.add_flag("--decoder-pair", o.decoder_pair,
                "use decoder_model.onnx + decoder_with_past_model.onnx, not the merged decoder");
   app.add_flag("--json", o.json, "print one JSON object instead of streaming tokens");
+  app.add_flag("--ids", o.ids, "stream token ids even when the folder has a tokenizer");
 }
 
 std::vector<int64_t> parse_ids(const std::string& s) {
@@ -117,9 +125,23 @@ int run(const Options& o) {
   gen.top_k = o.top_k;
   gen.top_p = o.top_p;
   gen.seed = o.seed;
+  // Text needs the tokenizer (tokenizer.json or vocab.json + merges.txt) of the folder.
+  std::optional<kiln::Tokenizer> tokenizer;
+  if (!o.prompt_text.empty() || ((o.json || !o.ids) && kiln::Tokenizer::exists_in(o.dir)))
+    tokenizer = kiln::Tokenizer::from_dir(o.dir);
+  std::optional<kiln::TextStream> text;
+  if (tokenizer && !o.ids && !o.json) text.emplace(*tokenizer);
+  // As text, the prompt comes first (Whisper's is special tokens: nothing shows).
+  auto show_prompt = [&](const std::vector<int64_t>& prompt) {
+    for (const int64_t t : prompt) std::cout << (text ? text->push(t) : "");
+  };
   if (!o.json) {
-    gen.on_token = [](int64_t token, const kiln::StepStats&) {
-      std::cout << token << " " << std::flush;
+    gen.on_token = [&](int64_t token, const kiln::StepStats&) {
+      if (text) {
+        std::cout << text->push(token) << std::flush;
+      } else {
+        std::cout << token << " " << std::flush;
+      }
       return true;
     };
   }
@@ -128,7 +150,8 @@ int run(const Options& o) {
   kiln::GenerationResult result;
   const bool seq2seq = fs::exists(dir / "encoder_model.onnx");
   if (seq2seq) {
-    if (!o.prompt_ids.empty()) throw UsageError("--prompt-ids is for decoder-only models");
+    if (!o.prompt_ids.empty() || !o.prompt_text.empty())
+      throw UsageError("--prompt-ids/--prompt are for decoder-only models");
     kiln::Seq2SeqGenerator g(o.dir, go);
     kiln::Tensor features;
     if (!o.features.empty()) {
@@ -141,6 +164,7 @@ int run(const Options& o) {
         features = kiln::whisper_log_mel(kiln::read_audio(audio));
       }
     }
+    show_prompt(g.decoder_prompt());
     result = g.generate(features, gen);
   } else if (fs::exists(dir / "model.onnx")) {
     if (!o.audio.empty() || !o.features.empty())
@@ -148,12 +172,15 @@ int run(const Options& o) {
     std::vector<int64_t> prompt;
     if (!o.prompt_ids.empty()) {
       prompt = o.prompt;
+    } else if (!o.prompt_text.empty()) {
+      prompt = tokenizer->encode(o.prompt_text);
     } else if (expected.contains("prompt")) {
       prompt = ints("prompt");
     } else {
-      throw UsageError("no --prompt-ids and no prompt in expected_tokens.json");
+      throw UsageError("no --prompt, no --prompt-ids and no prompt in expected_tokens.json");
     }
     kiln::CausalLmGenerator g(o.dir, go);
+    show_prompt(prompt);
     result = g.generate(prompt, gen);
   } else {
     throw kiln::Error(kiln::ErrorKind::Io,
@@ -166,7 +193,7 @@ int run(const Options& o) {
   // Compare with the reference when it was made with the same settings (greedy, same input).
   bool compared = false, matches = false;
   if (expected.contains("tokens") && !o.sample && o.audio.empty() && o.features.empty() &&
-      o.prompt_ids.empty() && o.max_new < 0) {
+      o.prompt_ids.empty() && o.prompt_text.empty() && o.max_new < 0) {
     compared = true;
     matches = ints("tokens") == result.tokens;
   }
@@ -184,6 +211,7 @@ int run(const Options& o) {
     Json j;
     j["tokens"] = result.tokens;
     j["prompt"] = result.prompt;
+    j["text"] = tokenizer ? Json(tokenizer->decode(result.tokens)) : Json(nullptr);
     j["encoder_ms"] = result.encoder_ms;
     j["total_ms"] = total_ms;
     j["matches_expected"] = compared ? Json(matches) : Json(nullptr);
@@ -192,6 +220,7 @@ int run(const Options& o) {
   } else {
     const double per_token =
         result.tokens.empty() ? 0 : decode_ms / static_cast<double>(result.tokens.size());
+    if (text) std::cout << text->finish();
     std::cout << "\n"
               << result.tokens.size() << " tokens in " << decode_ms << " ms ("
               << (per_token > 0 ? 1000.0 / per_token : 0) << " tokens/s, " << per_token
@@ -214,8 +243,9 @@ int main(int argc, char** argv) {
   define_options(app, o);
   if (const auto status = kiln::tooling::parse_command_line(app, argc, argv)) return *status;
   if (o.dir.empty()) return kiln::tooling::usage_error(app, "no model folder given");
-  if (!o.audio.empty() + !o.features.empty() + !o.prompt_ids.empty() > 1) {
-    return kiln::tooling::usage_error(app, "give at most one of --audio, --features, --prompt-ids");
+  if (!o.audio.empty() + !o.features.empty() + !o.prompt_ids.empty() + !o.prompt_text.empty() > 1) {
+    return kiln::tooling::usage_error(
+        app, "give at most one of --audio, --features, --prompt-ids, --prompt");
   }
   try {
     if (!o.prompt_ids.empty()) o.prompt = parse_ids(o.prompt_ids);

@@ -8,5 +8,6 @@
 #include "kiln/memory.h"
 #include "kiln/session.h"
 #include "kiln/tensor.h"
+#include "kiln/tokenizer.h"
 #include "kiln/value.h"
 #include "kiln/version.h"
