@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <optional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -15,6 +17,7 @@
 #include "engine/generate/decoding.h"
 #include "kiln/audio.h"
 #include "kiln/error.h"
+#include "kiln/tokenizer.h"
 #include "kiln/transcribe.h"
 
 namespace kiln {
@@ -347,6 +350,13 @@ struct Decoded {
 struct WhisperTranscriber::Impl {
   WhisperConfig cfg;
   std::unique_ptr<Seq2SeqModels> models;
+  std::optional<Tokenizer> tokenizer;
+  bool clean_up_spaces = false;  // tokenizer_config.json's clean_up_tokenization_spaces
+
+  // transformers' WhisperTokenizer.decode(skip_special_tokens=True): no special or timestamp
+  // tokens, then the clean-up of spaces before punctuation when the config asks for it.
+  std::string text_of(const std::vector<int64_t>& tokens) const;
+  std::vector<int64_t> prompt_ids(const TranscribeOptions& o) const;
 
   int64_t language_id(const std::string& language) const;
   int64_t detect_language(const Tensor& hidden, Transcript& t) const;
@@ -354,7 +364,8 @@ struct WhisperTranscriber::Impl {
                                    const Tensor& first_hidden, Transcript& t) const;
   Decoded decode(const Tensor& hidden, const std::vector<int64_t>& prompt, size_t init_len,
                  int64_t max_length, bool timestamps, float temperature, int64_t beams,
-                 const TranscribeOptions& o, std::mt19937_64& rng) const;
+                 const TranscribeOptions& o, std::mt19937_64& rng,
+                 const std::function<void(int64_t)>& on_token = {}) const;
   Decoded decode_beams(const Tensor& hidden, const std::vector<int64_t>& prompt, size_t init_len,
                        const Processors& proc, int64_t max_length, int64_t beams,
                        const TranscribeOptions& o) const;
@@ -496,7 +507,8 @@ Tensor WhisperTranscriber::Impl::window(const Tensor& features, int64_t seek,
 Decoded WhisperTranscriber::Impl::decode(const Tensor& hidden, const std::vector<int64_t>& prompt,
                                          size_t init_len, int64_t max_length, bool timestamps,
                                          float temperature, int64_t beams,
-                                         const TranscribeOptions& o, std::mt19937_64& rng) const {
+                                         const TranscribeOptions& o, std::mt19937_64& rng,
+                                         const std::function<void(int64_t)>& on_token) const {
   const Processors proc(cfg, timestamps, prompt.size());
   const bool sample = temperature > 0;
   if (!sample && beams > 1)
@@ -543,6 +555,7 @@ Decoded WhisperTranscriber::Impl::decode(const Tensor& hidden, const std::vector
     sum += lp;
     d.tokens.push_back(token);
     d.token_logprobs.push_back(lp);
+    if (on_token) on_token(token);
     seq.push_back(token);
     if (token == cfg.eos) break;
     next = {token};
@@ -694,6 +707,55 @@ WhisperTranscriber::WhisperTranscriber(const std::string& model_dir, GeneratorOp
   if (!fs::is_directory(dir)) throw Error(ErrorKind::Io, "not a folder").with_file(model_dir);
   impl_->cfg = read_whisper_config(dir);
   impl_->models = std::make_unique<Seq2SeqModels>(dir, options);
+  if (Tokenizer::exists_in(model_dir)) {
+    impl_->tokenizer = Tokenizer::from_dir(model_dir);
+    const JsonFile tc = read_json(dir / "tokenizer_config.json", false);
+    if (const json::Json* v = tc.find("clean_up_tokenization_spaces"); v && v->is_boolean())
+      impl_->clean_up_spaces = v->get<bool>();
+  }
+}
+
+std::string WhisperTranscriber::Impl::text_of(const std::vector<int64_t>& tokens) const {
+  if (!tokenizer) return "";
+  std::vector<int64_t> ids;
+  for (int64_t id : tokens) {
+    if (id < cfg.timestamp_begin && !tokenizer->is_special(id)) ids.push_back(id);
+  }
+  std::string text = tokenizer->decode(ids, true);
+  if (!clean_up_spaces) return text;
+  // transformers' clean_up_tokenization.
+  static const std::pair<const char*, const char*> kCleanUps[] = {
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
+      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (const auto& [from, to] : kCleanUps) {
+    const std::string f = from, t = to;
+    for (size_t at = text.find(f); at != std::string::npos; at = text.find(f, at + t.size()))
+      text.replace(at, f.size(), t);
+  }
+  return text;
+}
+
+// transformers' get_prompt_ids: <|startofprev|> then the tokens of " " + the stripped text.
+std::vector<int64_t> WhisperTranscriber::Impl::prompt_ids(const TranscribeOptions& o) const {
+  if (o.prompt.empty()) return o.prompt_ids;
+  if (!o.prompt_ids.empty())
+    throw Error(ErrorKind::InvalidArgument, "give a prompt as text or as ids, not both");
+  if (!tokenizer)
+    throw Error(ErrorKind::InvalidArgument, "a text prompt needs the model folder's tokenizer")
+        .with_file(models->dir.string());
+  if (cfg.prev_sot < 0)
+    throw Error(ErrorKind::InvalidModel, "no <|startofprev|> token for a prompt")
+        .with_file(cfg.gen_path);
+  const size_t a = o.prompt.find_first_not_of(" \t\n\r");
+  const size_t b = o.prompt.find_last_not_of(" \t\n\r");
+  const std::string text = a == std::string::npos ? "" : o.prompt.substr(a, b - a + 1);
+  std::vector<int64_t> ids = {cfg.prev_sot};
+  for (int64_t id : tokenizer->encode(" " + text)) {
+    if (tokenizer->is_special(id))
+      throw Error(ErrorKind::InvalidArgument, "the prompt contains a special token");
+    ids.push_back(id);
+  }
+  return ids;
 }
 
 WhisperTranscriber::~WhisperTranscriber() = default;
@@ -703,7 +765,7 @@ bool WhisperTranscriber::multilingual() const {
   return impl_->cfg.multilingual();
 }
 bool WhisperTranscriber::has_tokenizer() const {
-  return false;
+  return impl_->tokenizer.has_value();
 }
 
 Transcript WhisperTranscriber::transcribe(const std::vector<float>& samples,
@@ -732,8 +794,7 @@ Transcript WhisperTranscriber::transcribe_features(const Tensor& features,
   if (o.no_speech_threshold && !o.logprob_threshold)
     throw Error(ErrorKind::InvalidArgument,
                 "a no-speech threshold needs a log-probability threshold");
-  if (!o.prompt.empty())
-    throw Error(ErrorKind::Unsupported, "a text prompt needs the model folder's tokenizer");
+  const std::vector<int64_t> prompt_ids = m.prompt_ids(o);
   Transcript t;
   const int64_t total = features.dim(2);
   const bool shortform = total <= c.num_segment_frames;
@@ -756,18 +817,31 @@ Transcript WhisperTranscriber::transcribe_features(const Tensor& features,
   const std::vector<int64_t> init = m.init_tokens(o, timestamps, hidden, t);
   t.prompt = init;
   const auto cut_off = c.max_target_positions / 2 - 1;
-  const bool first_segment_prompt = !o.prompt_ids.empty();
+  const bool first_segment_prompt = !prompt_ids.empty();
   // The prompt counts as the first segment (transformers' prompt_condition_type
   // "first-segment"), dropped from the result.
   std::vector<TranscriptSegment> segments;
   if (first_segment_prompt) {
     TranscriptSegment p;
-    p.tokens = o.prompt_ids;
+    p.tokens = prompt_ids;
     if (!p.tokens.empty() && p.tokens[0] == c.prev_sot) p.tokens.erase(p.tokens.begin());
     segments.push_back(std::move(p));
   }
   bool condition = o.condition_on_prev_tokens;
   std::mt19937_64 rng(o.seed);
+  // Text streams token by token when nothing decoded can be taken back (one window, one
+  // greedy pass, no timestamp seeking); otherwise a segment at a time once it is final.
+  const bool token_stream = o.on_text && m.tokenizer && shortform && !timestamps &&
+                            o.temperatures.size() == 1 && o.temperatures[0] == 0 &&
+                            o.num_beams == 1;
+  std::optional<TextStream> stream;
+  if (token_stream) stream.emplace(*m.tokenizer);
+  bool stopped = false;
+  const std::function<void(int64_t)> on_token = [&](int64_t id) {
+    if (stopped || id >= c.timestamp_begin || m.tokenizer->is_special(id)) return;
+    const std::string piece = stream->push(id);
+    if (!piece.empty() && !o.on_text(piece)) stopped = true;
+  };
   bool first_window = true;
   while (seek < total) {
     frames = std::min(total - seek, c.num_segment_frames);
@@ -787,8 +861,8 @@ Transcript WhisperTranscriber::transcribe_features(const Tensor& features,
         prev.erase(prev.begin(), prev.end() - cut_off);
       prompt.push_back(c.prev_sot);
       prompt.insert(prompt.end(), prev.begin(), prev.end());
-    } else if (!o.prompt_ids.empty()) {
-      prompt = o.prompt_ids;
+    } else if (!prompt_ids.empty()) {
+      prompt = prompt_ids;
     }
     prompt.insert(prompt.end(), init.begin(), init.end());
     const auto prompt_len = static_cast<int64_t>(prompt.size());
@@ -812,7 +886,8 @@ Transcript WhisperTranscriber::transcribe_features(const Tensor& features,
       Decoded d;
       for (int64_t draw = 0; draw < draws; ++draw) {
         Decoded cand = m.decode(hidden, prompt, init.size(), max_length, timestamps, temp,
-                                temp > 0 ? 1 : o.num_beams, o, rng);
+                                temp > 0 ? 1 : o.num_beams, o, rng,
+                                token_stream ? on_token : std::function<void(int64_t)>{});
         t.decoder_steps += cand.steps;
         t.decoder_ms += cand.ms;
         if (draw == 0 || cand.score > d.score) d = std::move(cand);
@@ -862,6 +937,7 @@ Transcript WhisperTranscriber::transcribe_features(const Tensor& features,
       s.avg_logprob = best.score;
       s.compression_ratio = ratio;
       s.no_speech_prob = best.no_speech_prob;
+      s.text = m.text_of(s.tokens);
       return s;
     };
     std::vector<TranscriptSegment> found;
@@ -899,15 +975,19 @@ Transcript WhisperTranscriber::transcribe_features(const Tensor& features,
     }
     seek += offset;
     for (auto& s : found) {
-      if (o.on_segment && !o.on_segment(s)) {
-        seek = total;
-      }
+      if (o.on_segment && !o.on_segment(s)) seek = total;
+      if (o.on_text && !token_stream && !s.text.empty() && !o.on_text(s.text)) seek = total;
       segments.push_back(std::move(s));
     }
+    if (stopped) seek = total;
   }
   if (first_segment_prompt) segments.erase(segments.begin());
   for (const auto& s : segments) t.tokens.insert(t.tokens.end(), s.tokens.begin(), s.tokens.end());
   t.segments = std::move(segments);
+  t.text = m.text_of(t.tokens);
+  if (stream && !stopped) {
+    if (const std::string tail = stream->finish(); !tail.empty()) o.on_text(tail);
+  }
   return t;
 }
 

@@ -71,6 +71,10 @@ struct TranscribeOptions {
   uint64_t seed = 0;            // for sampling
   // Called with each segment once it is final; return false to stop.
   std::function<bool(const TranscriptSegment&)> on_segment;
+  // Text as it becomes final (needs the tokenizer): token by token for one greedy window
+  // without timestamps or fallback, else each segment's text; return false to stop. Pieces
+  // are whole UTF-8 characters, before transformers' clean-up of spaces before punctuation.
+  std::function<bool(const std::string&)> on_text;
 };
 
 class WhisperTranscriber {
