@@ -8,10 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <optional>
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "engine/generate/decoding.h"
