@@ -815,7 +815,6 @@ Transcript WhisperTranscriber::transcribe_features(const Tensor& features,
   int64_t frames = std::min(total, c.num_segment_frames);
   Tensor hidden = encode(seek, frames);
   const std::vector<int64_t> init = m.init_tokens(o, timestamps, hidden, t);
-  t.prompt = init;
   const auto cut_off = c.max_target_positions / 2 - 1;
   const bool first_segment_prompt = !prompt_ids.empty();
   // The prompt counts as the first segment (transformers' prompt_condition_type
@@ -865,6 +864,7 @@ Transcript WhisperTranscriber::transcribe_features(const Tensor& features,
       prompt = prompt_ids;
     }
     prompt.insert(prompt.end(), init.begin(), init.end());
+    if (t.prompt.empty()) t.prompt = prompt;
     const auto prompt_len = static_cast<int64_t>(prompt.size());
     int64_t max_length = c.max_length;
     if (o.max_new_tokens >= 0) {

@@ -39,7 +39,7 @@ struct Transcript {
   // The generated tokens of every segment, in order, as transformers' generate() returns them
   // (without the decoder prompt and the end-of-text token).
   std::vector<int64_t> tokens;
-  std::vector<int64_t> prompt;  // the decoder prompt of the first window
+  std::vector<int64_t> prompt;  // what the first window's decoder run was fed
   std::string language;         // "en": given, forced by the model's config, or detected
   // Work done: encoder runs (one per window and per language detection), decoder steps.
   int64_t encoder_runs = 0, decoder_steps = 0, fallbacks = 0;
