@@ -78,9 +78,10 @@ if [ ! -s "$tmp/out/last_hidden_state.npy" ]; then
   failures=$((failures + 1))
 fi
 # Steps with the cache copy the same bytes whatever its length (the cache is not copied).
+# The prompt: start of transcript, language, task, no timestamps.
 expect_json decode engine=kiln case=decode kiln_version isa threads=1 load_ms encoder_ms decode_ms tokens#=5 \
-  prompt#=3 steps#=5 steps/0/step=0 steps/0/past_len=0 steps/1/past_len=3 steps/4/step=4 \
-  steps/4/past_len=6 steps/4/ms steps/4/bytes_copied=@steps/1/bytes_copied steps/4/allocations \
+  prompt#=4 steps#=5 steps/0/step=0 steps/0/past_len=0 steps/1/past_len=4 steps/4/step=4 \
+  steps/4/past_len=7 steps/4/ms steps/4/bytes_copied=@steps/1/bytes_copied steps/4/allocations \
   peak_rss_bytes \
   -- decode "$whisper" --steps 5 --warmup 0 --threads 1
 

@@ -564,6 +564,15 @@ def contention_notes(sections, decode, threads):
             "columns are the more reliable comparison."]
 
 
+def decoder_prompt_length(whisper):
+    """The start token and the tokens generation_config.json forces after it."""
+    path = os.path.join(whisper, "generation_config.json")
+    if not os.path.exists(path):
+        return 1
+    with open(path) as f:
+        return 1 + len(json.load(f).get("forced_decoder_ids") or [])
+
+
 def write_report(path, args, cmdline, info, sections, decode, started, ended, loads, appendix=()):
     lines = [
         "# Benchmarks: kiln next to onnxruntime",
@@ -640,7 +649,8 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
         lines += [
             f"## Whisper decode loop ({args.decode_steps} decoder runs)", "",
             "Greedy decoding on the sample clip's features with the merged decoder: step 0 runs the "
-            "3-token prompt without cache (use_cache_branch false), then one token a step with the cache. "
+            f"{decoder_prompt_length(args.whisper)}-token prompt without cache (use_cache_branch false), then "
+            "one token a step with the cache. "
             "End-of-text is suppressed so every run decodes the same number of steps. kiln: "
             "`Seq2SeqGenerator` (caches with room for prompt + steps tokens, passed by move). onnxruntime: "
             "the loop Optimum runs (present.* fed back as past_key_values.* every step). A step's time "
