@@ -365,7 +365,7 @@ struct WhisperTranscriber::Impl {
   Decoded decode(const Tensor& hidden, const std::vector<int64_t>& prompt, size_t init_len,
                  int64_t max_length, bool timestamps, float temperature, int64_t beams,
                  const TranscribeOptions& o, std::mt19937_64& rng,
-                 const std::function<void(int64_t)>& on_token = {}) const;
+                 const std::function<bool(int64_t)>& on_token = {}) const;
   Decoded decode_beams(const Tensor& hidden, const std::vector<int64_t>& prompt, size_t init_len,
                        const Processors& proc, int64_t max_length, int64_t beams,
                        const TranscribeOptions& o) const;
@@ -508,7 +508,7 @@ Decoded WhisperTranscriber::Impl::decode(const Tensor& hidden, const std::vector
                                          size_t init_len, int64_t max_length, bool timestamps,
                                          float temperature, int64_t beams,
                                          const TranscribeOptions& o, std::mt19937_64& rng,
-                                         const std::function<void(int64_t)>& on_token) const {
+                                         const std::function<bool(int64_t)>& on_token) const {
   const Processors proc(cfg, timestamps, prompt.size());
   const bool sample = temperature > 0;
   if (!sample && beams > 1)
@@ -555,9 +555,9 @@ Decoded WhisperTranscriber::Impl::decode(const Tensor& hidden, const std::vector
     sum += lp;
     d.tokens.push_back(token);
     d.token_logprobs.push_back(lp);
-    if (on_token) on_token(token);
     seq.push_back(token);
     if (token == cfg.eos) break;
+    if (on_token && !on_token(token)) break;
     next = {token};
   }
   d.score = d.tokens.empty() ? 0 : sum / static_cast<double>(d.tokens.size());
@@ -836,10 +836,11 @@ Transcript WhisperTranscriber::transcribe_features(const Tensor& features,
   std::optional<TextStream> stream;
   if (token_stream) stream.emplace(*m.tokenizer);
   bool stopped = false;
-  const std::function<void(int64_t)> on_token = [&](int64_t id) {
-    if (stopped || id >= c.timestamp_begin || m.tokenizer->is_special(id)) return;
+  const std::function<bool(int64_t)> on_token = [&](int64_t id) {
+    if (id >= c.timestamp_begin || m.tokenizer->is_special(id)) return true;
     const std::string piece = stream->push(id);
     if (!piece.empty() && !o.on_text(piece)) stopped = true;
+    return !stopped;
   };
   bool first_window = true;
   while (seek < total) {
@@ -887,7 +888,7 @@ Transcript WhisperTranscriber::transcribe_features(const Tensor& features,
       for (int64_t draw = 0; draw < draws; ++draw) {
         Decoded cand = m.decode(hidden, prompt, init.size(), max_length, timestamps, temp,
                                 temp > 0 ? 1 : o.num_beams, o, rng,
-                                token_stream ? on_token : std::function<void(int64_t)>{});
+                                token_stream ? on_token : std::function<bool(int64_t)>{});
         t.decoder_steps += cand.steps;
         t.decoder_ms += cand.ms;
         if (draw == 0 || cand.score > d.score) d = std::move(cand);
