@@ -13,6 +13,7 @@ failures=0
 
 onnx_run="$build/tools/onnx-run"
 generate="$build/tools/kiln-generate"
+transcribe="$build/tools/kiln-transcribe"
 bench="$build/tools/kiln-bench"
 rss="$build/tools/kiln-rss"
 ops_doc="$build/tools/kiln-ops-doc"
@@ -87,6 +88,12 @@ expect_usage_error "give at most one of" -- "$generate" "$gpt2" --prompt-ids 1 -
 expect_usage_error "give at most one of .*--prompt" -- "$generate" "$gpt2" --prompt hi --prompt-ids 1
 expect_usage_error "no model folder given" -- "$generate"
 expect_usage_error "unknown option '--bogus'" -- "$generate" "$gpt2" --bogus
+expect 0 "--beams" -- "$transcribe" --help
+expect_usage_error "--beams needs an integer >= 1 and <= 64, got '0'" -- "$transcribe" m a.wav --beams 0
+expect_usage_error "--format takes txt, srt, vtt or json, got 'doc'" -- "$transcribe" m a.wav --format doc
+expect_usage_error "--temperature needs a number >= 0, got '-1'" -- "$transcribe" m a.wav --temperature -1
+expect_usage_error "give --prompt or --prompt-ids, not both" -- "$transcribe" m a.wav --prompt x --prompt-ids 1
+expect_usage_error "no model folder given" -- "$transcribe"
 
 expect_usage_error "N needs an integer >= 1, got 'x'" -- "$bench" gemm 4 x 4
 expect_usage_error "K needs an integer >= 1, got '-4'" -- "$bench" gemm 4 4 -4
