@@ -8,8 +8,9 @@ automatic-speech-recognition-with-past (encoder_model.onnx, decoder_model.onnx,
 decoder_with_past_model.onnx, decoder_model_merged.onnx).
 
 It then makes speech with espeak-ng (converted with sox) into OUT/audio, transcribes it with
-transformers' pipeline and generate() into OUT/references.json, and checks that onnxruntime
-driving the exported merged decoder greedily gives transformers' tokens.
+transformers' pipeline and generate() into OUT/references.json, and checks that CTranslate2
+running the original model.bin and onnxruntime running the export give transformers' greedy
+tokens.
 
     .venv/bin/pip install -r tools/export/requirements-export.txt
     apt-get install espeak-ng sox libsox-fmt-mp3      # only this script needs them
