@@ -11,7 +11,7 @@ V4_BUILD ?= build-v4
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 
-.PHONY: all setup build demo test unit conformance sanitize fuzz check-v4 format format-check tsan conformance-report ops-doc clean
+.PHONY: all setup build demo test unit conformance sanitize fuzz check-v4 format format-check tsan conformance-report ops-doc whisper-real clean
 
 all: build
 
@@ -82,6 +82,14 @@ conformance-report: build
 # Regenerates docs/ops.md from the op registry.
 ops-doc: build
 	./$(BUILD)/tools/kiln-ops-doc docs/ops.md
+
+# The real Whisper tiny.en export with speech files and transformers references, into
+# models/cache/whisper-tiny.en (not committed; see models/README.md). Needs the export venv
+# (tools/export/requirements-export.txt) and espeak-ng, sox and libsox-fmt-mp3.
+PYTHON ?= .venv/bin/python
+
+whisper-real:
+	HF_HUB_OFFLINE=1 $(PYTHON) tools/export/make_whisper_real.py models/cache/whisper-tiny.en
 
 FORMAT_FILES = $(shell git ls-files '*.cpp' '*.h' 2>/dev/null)
 
