@@ -48,23 +48,23 @@ json() {
 }
 
 # Greedy English: prompt <|startoftranscript|><|en|><|transcribe|><|notimestamps|>.
-json "$whisper" "$whisper/sample.wav" --language en --max-new-tokens 40 -- \
+json "$whisper" "$whisper/sample.wav" --language en --beams 1 --max-new-tokens 40 -- \
   prompt/0=482 prompt/1=483 prompt/2=494 prompt/3=498 tokens/0=18 tokens/1=330 tokens/2=429 \
   segments#=1 language=en encoder_runs=1
 # Language detection (transformers detects Korean on this random model); German translation.
-json "$whisper" "$whisper/sample.wav" --task transcribe --max-new-tokens 40 -- \
+json "$whisper" "$whisper/sample.wav" --task transcribe --beams 1 --max-new-tokens 40 -- \
   prompt/1=488 language=ko tokens/0=32
-json "$whisper" "$whisper/sample.wav" --language german --task translate --max-new-tokens 40 -- \
+json "$whisper" "$whisper/sample.wav" --language german --task translate --beams 1 --max-new-tokens 40 -- \
   prompt/1=485 prompt/2=493 tokens/0=330
 # Timestamps: three segments, the last from a second pass over the window.
-json "$whisper" "$whisper/sample.wav" --language en --timestamps --max-new-tokens 40 -- \
+json "$whisper" "$whisper/sample.wav" --language en --timestamps --beams 1 --max-new-tokens 40 -- \
   prompt#=3 segments#=3 segments/0/start=0.08 segments/0/end=10.26 segments/2/end=40.22 \
   encoder_runs=2
 # Beam search.
 json "$whisper" "$whisper/sample.wav" --language en --beams 3 --max-new-tokens 40 -- \
   tokens/0=37 tokens/1=175 tokens/2=330
 # An initial prompt as text.
-"$tr" "$whisper" "$whisper/sample.wav" --language en --prompt "some words" --max-new-tokens 40 \
+"$tr" "$whisper" "$whisper/sample.wav" --language en --prompt "some words" --beams 1 --max-new-tokens 40 \
   --format json >"$tmp/prompt.json"
 if "$check" "$tmp/prompt.json" prompt#=11 prompt/0=496 prompt/1=402 prompt/7=482 tokens/0=330; then
   echo "ok: kiln-transcribe --prompt 'some words'"
@@ -73,14 +73,14 @@ else
   failures=$((failures + 1))
 fi
 # Long form: 70 s of FLAC, window by window.
-json "$whisper" "$whisper/long.flac" --language en --max-new-tokens 40 -- \
+json "$whisper" "$whisper/long.flac" --language en --beams 1 --max-new-tokens 40 -- \
   segments/0/start=0.08 segments/0/end=25.34 tokens/0=503
 
-expect 0 '^1$' -- "$whisper" "$whisper/sample.wav" --language en --timestamps --max-new-tokens 40 --format srt
-expect 0 '00:00:00,080 --> 00:00:10,260' -- "$whisper" "$whisper/sample.wav" --language en --timestamps --max-new-tokens 40 --format srt
-expect 0 'WEBVTT' -- "$whisper" "$whisper/sample.wav" --language en --timestamps --max-new-tokens 40 --format vtt
-expect 0 '\[00:00:21.260 --> 00:00:23.580\]' -- "$whisper" "$whisper/sample.wav" --language en --timestamps --max-new-tokens 40
-expect 0 'de' -- "$whisper" "$whisper/sample.wav" --language en --max-new-tokens 10
+expect 0 '^1$' -- "$whisper" "$whisper/sample.wav" --language en --timestamps --beams 1 --max-new-tokens 40 --format srt
+expect 0 '00:00:00,080 --> 00:00:10,260' -- "$whisper" "$whisper/sample.wav" --language en --timestamps --beams 1 --max-new-tokens 40 --format srt
+expect 0 'WEBVTT' -- "$whisper" "$whisper/sample.wav" --language en --timestamps --beams 1 --max-new-tokens 40 --format vtt
+expect 0 '\[00:00:21.260 --> 00:00:23.580\]' -- "$whisper" "$whisper/sample.wav" --language en --timestamps --beams 1 --max-new-tokens 40
+expect 0 'de' -- "$whisper" "$whisper/sample.wav" --language en --beams 1 --max-new-tokens 10
 
 # Errors: exit 2 and one line naming the problem.
 expect 2 'missing.*not a folder|not a folder.*missing' -- "$tmp/missing" "$whisper/sample.wav"

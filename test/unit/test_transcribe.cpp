@@ -3,6 +3,7 @@
 // decoder prompts, tokens, text and segments for greedy decoding, language detection,
 // translation, timestamps, beam search, an initial prompt and 70 s of long-form audio.
 #include <cmath>
+#include <filesystem>
 #include <string>
 
 #include "engine/generate/json_file.h"
@@ -148,4 +149,44 @@ TEST_CASE("Whisper options are checked with one clear error", "[transcribe][whis
   CHECK_THROWS_AS(whisper.transcribe_features(Tensor::zeros(DataType::Float, {80, 3000}), {}),
                   Error);
   CHECK_THROWS_AS(WhisperTranscriber(kWhisper + "/missing"), Error);
+}
+
+// The real Whisper tiny.en (models/cache/whisper-tiny.en, made on demand by
+// tools/export/make_whisper_real.py from a PyPI wheel; not committed): speech made with
+// espeak-ng in WAV, FLAC, Ogg, MP3 and 70 s of long form, against transformers' pipeline.
+TEST_CASE("real Whisper tiny.en: kiln's text and tokens are transformers' pipeline's",
+          "[transcribe][whisper-real]") {
+  const std::string dir = std::string(KILN_SOURCE_DIR) + "/models/cache/whisper-tiny.en";
+  if (!std::filesystem::exists(dir + "/references.json")) {
+    WARN("KILN-SKIP: no " << dir
+                          << "/references.json; make it with: make whisper-real "
+                             "(models/README.md)");
+    return;
+  }
+  const js::Json refs = js::read_file(dir + "/references.json");
+  WhisperTranscriber whisper(dir);
+  REQUIRE(!whisper.multilingual());
+  for (auto file = refs["files"].begin(); file != refs["files"].end(); ++file) {
+    const std::vector<float> samples = read_audio(dir + "/audio/" + file.key());
+    for (auto result = file.value()["results"].begin(); result != file.value()["results"].end();
+         ++result) {
+      INFO(file.key() << ", " << result.key());
+      const js::Json& r = result.value();
+      TranscribeOptions o;
+      o.timestamps = result.key() == "timestamps" || samples.size() > 30 * 16000;
+      o.num_beams = result.key() == "beam3" ? 3 : result.key() == "pipeline_default" ? 5 : 1;
+      const Transcript t = whisper.transcribe(samples, o);
+      CHECK(t.tokens == ints(r["generate_tokens"]));
+      CHECK(t.text == r["text"].get<std::string>());
+      if (r.contains("generate_segments")) {
+        REQUIRE(t.segments.size() == r["generate_segments"].size());
+        for (size_t i = 0; i < t.segments.size(); ++i) {
+          const js::Json& s = r["generate_segments"][i];
+          CHECK(t.segments[i].tokens == ints(s["tokens"]));
+          CHECK(std::abs(t.segments[i].start - s["start"].get<double>()) < 1e-6);
+          CHECK(std::abs(t.segments[i].end - s["end"].get<double>()) < 1e-6);
+        }
+      }
+    }
+  }
 }

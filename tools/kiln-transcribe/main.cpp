@@ -34,7 +34,7 @@ struct Options {
   std::string dir, audio;
   std::string language, task;
   bool timestamps = false, features = false;
-  int64_t beams = 1, best_of = 1, max_new = -1;
+  int64_t beams = 5, best_of = 1, max_new = -1;
   std::vector<float> temperatures = {0.0f};  // the first; the rest come from the increment
   double temperature_increment = 0;
   std::optional<double> compression_ratio, logprob, no_speech;
@@ -64,7 +64,7 @@ void define_options(CLI::App& app, Options& o) {
       },
       "transcribe or translate", "transcribe (default) or translate to English");
   app.add_flag("--timestamps", o.timestamps, "segments with start and end times");
-  add_int<int64_t>(app, "--beams", o.beams, 1, "beam search with N beams (default 1: greedy)", 64);
+  add_int<int64_t>(app, "--beams", o.beams, 1, "beam search with N beams (default 5, as transformers' ASR pipeline; 1: greedy)", 64);
   add_int<int64_t>(app, "--best-of", o.best_of, 1,
                    "samples per fallback temperature; the likeliest is kept (default 1)", 64);
   add_number(app, "--temperature", o.temperatures[0], 0,
@@ -158,7 +158,7 @@ void print(const kiln::Transcript& t, const Options& o, bool has_text) {
                     << trim(segment_text(s)) << "\n";
         }
       } else if (has_text) {
-        std::cout << trim(t.text) << "\n";
+        std::cout << t.text << "\n";  // as transformers' pipeline gives it (leading space kept)
       } else {
         for (const auto& s : t.segments) std::cout << segment_text(s) << "\n";
       }
