@@ -190,3 +190,49 @@ TEST_CASE("real Whisper tiny.en: kiln's text and tokens are transformers' pipeli
     }
   }
 }
+
+TEST_CASE("Whisper falls back to higher temperatures and skips silent windows",
+          "[transcribe][whisper]") {
+  WhisperTranscriber whisper(kWhisper);
+  const Tensor features = whisper_log_mel(read_audio(kWhisper + "/sample.wav"));
+  TranscribeOptions o;
+  o.language = "en";
+  o.max_new_tokens = 20;
+  const Transcript greedy = whisper.transcribe_features(features, o);
+  REQUIRE(greedy.segments.size() == 1);
+  const TranscriptSegment& g = greedy.segments[0];
+  CHECK(g.temperature == 0);
+  CHECK(g.compression_ratio > 0);
+
+  // Thresholds the greedy result passes: no fallback, the same tokens.
+  o.temperatures = {0.0f, 0.5f, 1.0f};
+  o.compression_ratio_threshold = g.compression_ratio + 1;
+  o.logprob_threshold = g.avg_logprob - 1;
+  Transcript t = whisper.transcribe_features(features, o);
+  CHECK(t.fallbacks == 0);
+  CHECK(t.tokens == greedy.tokens);
+
+  // A threshold nothing passes: every temperature is tried and the last result is kept.
+  o.compression_ratio_threshold = 0.01;
+  o.best_of = 3;
+  o.seed = 5;
+  t = whisper.transcribe_features(features, o);
+  CHECK(t.fallbacks == 2);
+  REQUIRE(t.segments.size() == 1);
+  CHECK(t.segments[0].temperature == 1.0f);
+  // Sampling is reproducible from the seed.
+  CHECK(whisper.transcribe_features(features, o).tokens == t.tokens);
+
+  // A window judged silent (no-speech probability over the threshold and a failed
+  // log-probability threshold) is skipped: no segment.
+  o = {};
+  o.language = "en";
+  o.max_new_tokens = 20;
+  o.logprob_threshold = 0.0;  // every decode fails it
+  o.no_speech_threshold = 0.0;
+  t = whisper.transcribe_features(features, o);
+  CHECK(t.segments.empty());
+  CHECK(t.tokens.empty());
+  o.no_speech_threshold = 1.0;  // never silent: the result stays
+  CHECK(whisper.transcribe_features(features, o).tokens == greedy.tokens);
+}
