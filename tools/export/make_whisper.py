@@ -669,4 +669,10 @@ def write_json(path: str, doc) -> None:
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] not in KINDS:
         raise SystemExit(__doc__)
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        # Optimum's merge of the two decoders names the initializers they share in the order
+        # of a set of strings, which follows Python's per-process string hashing: fixing the
+        # hash makes decoder_model_merged.onnx the same bytes on every run.
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable] + sys.argv)
     main(sys.argv[1], sys.argv[2])
