@@ -12,6 +12,7 @@
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/utf8.h"
 
 namespace kiln::ops {
 namespace {
@@ -25,36 +26,11 @@ const std::string* strings_of(const OpContext& ctx, const Tensor& t) {
 
 // Decodes one UTF-8 code point at s[i]; returns its byte length, 0 if the bytes are invalid.
 size_t decode_utf8(const std::string& s, size_t i, char32_t& cp) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-  if (len == 0 || i + len > s.size()) return 0;
-  cp = len == 1 ? c : len == 2 ? (c & 0x1f) : len == 3 ? (c & 0x0f) : (c & 0x07);
-  for (size_t k = 1; k < len; ++k) {
-    if ((b(i + k) & 0xc0) != 0x80) return 0;
-    cp = (cp << 6) | (b(i + k) & 0x3f);
-  }
-  static constexpr char32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-  if (cp < kMin[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-  return len;
-}
-
-void encode_utf8(char32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xc0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xe0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    out += static_cast<char>(0xf0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  }
+  const std::string_view rest = std::string_view(s).substr(i);
+  const utf8::Sequence q = utf8::sequence_at(rest);
+  if (!q.complete()) return 0;
+  cp = utf8::decode(rest, q.length);
+  return q.length;
 }
 
 class CaseMapper {
@@ -76,7 +52,7 @@ class CaseMapper {
       }
       const wchar_t w = static_cast<wchar_t>(cp);
       const wchar_t m = upper ? ctype_->toupper(w) : ctype_->tolower(w);
-      encode_utf8(static_cast<char32_t>(m), out);
+      utf8::append(static_cast<char32_t>(m), out);
       i += len;
     }
     return out;

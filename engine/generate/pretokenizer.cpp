@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "engine/generate/unicode_classes.h"
-#include "engine/generate/utf8.h"
+#include "ops/utf8.h"
 
 namespace kiln::text {
 

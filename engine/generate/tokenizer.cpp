@@ -11,7 +11,7 @@
 
 #include "engine/generate/pretokenizer.h"
 #include "engine/generate/tokenizer_files.h"
-#include "engine/generate/utf8.h"
+#include "ops/utf8.h"
 #include "kiln/error.h"
 
 namespace kiln {

@@ -47,6 +47,17 @@ T parse_int(const std::string& what, const std::string& text, T min,
   return value;
 }
 
+// `text` as comma-separated integers (parse_int each); an empty list is an error.
+template <std::integral T>
+std::vector<T> parse_int_list(const std::string& what, const std::string& text, T min) {
+  std::vector<T> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(parse_int<T>(what, item, min));
+  if (out.empty()) throw UsageError(what + " is empty");
+  return out;
+}
+
 // `text` as a finite decimal number >= min (same rules as parse_int; exponents allowed).
 inline double parse_number(const std::string& what, const std::string& text, double min) {
   double value = 0;

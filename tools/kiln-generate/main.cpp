@@ -78,17 +78,6 @@ void define_options(CLI::App& app, Options& o) {
   app.add_flag("--ids", o.ids, "stream token ids even when the folder has a tokenizer");
 }
 
-std::vector<int64_t> parse_ids(const std::string& s) {
-  std::vector<int64_t> ids;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    ids.push_back(kiln::tooling::parse_int<int64_t>("--prompt-ids", item, 0));
-  }
-  if (ids.empty()) throw UsageError("--prompt-ids is empty");
-  return ids;
-}
-
 int run(const Options& o) {
   const fs::path dir = o.dir;
   if (!fs::is_directory(dir))
@@ -248,7 +237,8 @@ int main(int argc, char** argv) {
         app, "give at most one of --audio, --features, --prompt-ids, --prompt");
   }
   try {
-    if (!o.prompt_ids.empty()) o.prompt = parse_ids(o.prompt_ids);
+    if (!o.prompt_ids.empty())
+      o.prompt = kiln::tooling::parse_int_list<int64_t>("--prompt-ids", o.prompt_ids, 0);
     return run(o);
   } catch (const UsageError& e) {
     return kiln::tooling::usage_error(app, e.what());

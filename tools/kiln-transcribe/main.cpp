@@ -64,7 +64,9 @@ void define_options(CLI::App& app, Options& o) {
       },
       "transcribe or translate", "transcribe (default) or translate to English");
   app.add_flag("--timestamps", o.timestamps, "segments with start and end times");
-  add_int<int64_t>(app, "--beams", o.beams, 1, "beam search with N beams (default 5, as transformers' ASR pipeline; 1: greedy)", 64);
+  add_int<int64_t>(app, "--beams", o.beams, 1,
+                   "beam search with N beams (default 5, as transformers' ASR pipeline; 1: greedy)",
+                   64);
   add_int<int64_t>(app, "--best-of", o.best_of, 1,
                    "samples per fallback temperature; the likeliest is kept (default 1)", 64);
   add_number(app, "--temperature", o.temperatures[0], 0,
@@ -113,17 +115,6 @@ void define_options(CLI::App& app, Options& o) {
       "txt, srt, vtt or json", "output: txt (default), srt, vtt or json");
   add_int(app, "--threads", o.threads, 1, "thread pool size (default: one per core)");
   add_int<uint64_t>(app, "--seed", o.seed, 0, "random seed for sampling (default 0)");
-}
-
-std::vector<int64_t> parse_ids(const std::string& s) {
-  std::vector<int64_t> ids;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    ids.push_back(kiln::tooling::parse_int<int64_t>("--prompt-ids", item, 0));
-  }
-  if (ids.empty()) throw UsageError("--prompt-ids is empty");
-  return ids;
 }
 
 // "00:01:02,345" (srt) or "00:01:02.345" (vtt).
@@ -232,7 +223,8 @@ int run(Options& o) {
   t.no_speech_threshold = o.no_speech;
   t.condition_on_prev_tokens = o.condition;
   t.prompt = o.prompt;
-  if (!o.prompt_ids.empty()) t.prompt_ids = parse_ids(o.prompt_ids);
+  if (!o.prompt_ids.empty())
+    t.prompt_ids = kiln::tooling::parse_int_list<int64_t>("--prompt-ids", o.prompt_ids, 0);
   t.max_new_tokens = o.max_new;
   t.seed = o.seed;
 

@@ -1,7 +1,7 @@
-// UTF-8 for the tokenizer: reading code points of valid text, and turning arbitrary bytes into
-// valid text the way Python's bytes.decode(errors="replace") and Rust's from_utf8_lossy do
-// (which Hugging Face's byte-level decoder uses): each maximal prefix of a well-formed
-// sequence that is cut short, and each byte that starts none, becomes one U+FFFD.
+// UTF-8 for the tokenizer and the string ops: reading code points of valid text, and turning
+// arbitrary bytes into valid text the way Python's bytes.decode(errors="replace") and Rust's
+// from_utf8_lossy do (which Hugging Face's byte-level decoder uses): each maximal prefix of a
+// well-formed sequence that is cut short, and each byte that starts none, becomes one U+FFFD.
 #pragma once
 
 #include <cstddef>
