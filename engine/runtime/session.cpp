@@ -490,6 +490,21 @@ std::string Session::graph_text() const {
 std::map<std::string, std::string> Session::metadata() const {
   return impl_->model.metadata;
 }
+ModelInfo Session::model_info() const {
+  const ir::Model& m = impl_->model;
+  ModelInfo info;
+  info.ir_version = m.ir_version;
+  info.producer_name = m.producer_name;
+  info.producer_version = m.producer_version;
+  info.domain = m.domain;
+  info.description = m.doc_string;
+  info.graph_name = m.graph->name;
+  info.graph_description = m.graph_doc_string;
+  info.model_version = m.model_version;
+  info.has_model_version = m.has_model_version;
+  info.metadata = m.metadata;
+  return info;
+}
 int64_t Session::opset(const std::string& domain) const {
   auto it = impl_->model.opsets.find(domain);
   return it == impl_->model.opsets.end() ? 0 : it->second;

@@ -167,6 +167,17 @@ enum class GraphOptimization {
   All,    // + fusions (the default)
 };
 
+// What a model file says about itself: ModelProto's descriptive fields and metadata_props.
+struct ModelInfo {
+  int64_t ir_version = 0;
+  std::string producer_name, producer_version, domain;
+  std::string description;                    // the model's doc_string
+  std::string graph_name, graph_description;  // the main graph's name and doc_string
+  int64_t model_version = 0;
+  bool has_model_version = false;  // false when the file leaves it unset
+  std::map<std::string, std::string> metadata;
+};
+
 struct SessionOptions {
   std::shared_ptr<Environment> environment;  // null: a new one, one thread per core
   bool profile = false;                      // record a NodeEvent per node per run
@@ -237,6 +248,7 @@ class Session {
   const std::vector<IoInfo>& outputs() const;
   const std::string& path() const;
   std::map<std::string, std::string> metadata() const;
+  ModelInfo model_info() const;
   int64_t opset(const std::string& domain = "") const;
   // The graph as it runs, after optimisation: one line per node ("name: Op(inputs) ->
   // outputs", domain-qualified outside ai.onnx), nested graphs indented under their node.
