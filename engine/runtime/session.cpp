@@ -30,9 +30,13 @@ IoInfo io_info(const ir::ValueInfo& v) {
   io.has_default = v.constant.defined();
   io.kind = v.type.kind == Value::Kind::None ? Value::Kind::Tensor : v.type.kind;
   io.dtype = v.type.elem;
-  if (v.type.kind == Value::Kind::Tensor && v.type.shape) {
+  if (v.type.kind == Value::Kind::Optional && v.type.inner) io.optional_kind = v.type.inner->kind;
+  // The shape of the tensor, or of the tensor an optional holds.
+  const ir::TypeInfo* tensor = v.type.kind == Value::Kind::Tensor ? &v.type : nullptr;
+  if (io.optional_kind == Value::Kind::Tensor) tensor = v.type.inner.get();
+  if (tensor && tensor->shape) {
     io.has_shape = true;
-    for (const ir::Dim& d : *v.type.shape) {
+    for (const ir::Dim& d : *tensor->shape) {
       io.shape.push_back(d.value >= 0 && d.param.empty() ? d.value : -1);
       io.dim_names.push_back(d.param);
     }

@@ -228,7 +228,12 @@ Value Feed::convert(py::handle value, const IoInfo* declared, bool donate) {
     return sequence(value);
   }
   if (declared && declared->kind == Value::Kind::Optional) {
-    if (value.is_none()) return Value::empty_optional(Value::Kind::Tensor, declared->dtype);
+    if (value.is_none()) {
+      const Value::Kind inner = declared->optional_kind == Value::Kind::Sequence
+                                    ? Value::Kind::Sequence
+                                    : Value::Kind::Tensor;
+      return Value::empty_optional(inner, declared->dtype);
+    }
     if (is_list) return Value::optional(sequence(value));
     return Value::optional(Value(tensor(value, false)));
   }

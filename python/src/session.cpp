@@ -91,7 +91,8 @@ std::string type_string(const IoInfo& io) {
     case Value::Kind::Sequence:
       return "seq(" + tensor + ")";
     case Value::Kind::Optional:
-      return "optional(" + tensor + ")";
+      return io.optional_kind == Value::Kind::Sequence ? "optional(seq(" + tensor + "))"
+                                                       : "optional(" + tensor + ")";
     default:
       return tensor;
   }

@@ -225,3 +225,28 @@ def test_profiling_writes_onnxruntimes_trace_format(tmp_path):
     assert len(events) == 2 * session.last_run_stats()["nodes_run"]
     assert "Softmax" in ops and all(e["name"].endswith("_kernel_time") for e in events)
     assert events[-1]["ts"] >= events[0]["ts"]
+
+
+def test_sequence_and_optional_types_are_described_as_onnxruntime_does():
+    seq = helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, None))
+    opt_seq = helper.make_value_info("opt", helper.make_optional_type_proto(seq))
+    opt_tensor = helper.make_value_info(
+        "opt_t", helper.make_optional_type_proto(helper.make_tensor_type_proto(TensorProto.INT64,
+                                                                               [2])))
+    graph = helper.make_graph(
+        [helper.make_node("OptionalGetElement", ["opt"], ["items"], name="get"),
+         helper.make_node("OptionalHasElement", ["opt_t"], ["has"], name="has")],
+        "types", [opt_seq, opt_tensor],
+        [helper.make_value_info("items", seq),
+         helper.make_tensor_value_info("has", TensorProto.BOOL, [])])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    ours = kiln.InferenceSession(data)
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    assert describe(ours.get_inputs()) == describe(theirs.get_inputs()) == [
+        ("opt", [], "optional(seq(tensor(float)))"), ("opt_t", [2], "optional(tensor(int64))")]
+    assert describe(ours.get_outputs()) == describe(theirs.get_outputs())
+    items = [np.ones(2, np.float32), np.zeros(3, np.float32)]
+    got = ours.run(None, {"opt": items, "opt_t": None})
+    want = theirs.run(None, {"opt": items, "opt_t": None})
+    assert [x.tolist() for x in got[0]] == [x.tolist() for x in want[0]]
+    assert got[1] == want[1] == False  # noqa: E712

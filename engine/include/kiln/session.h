@@ -145,12 +145,15 @@ struct NodeEvent {
 struct IoInfo {
   std::string name;
   Value::Kind kind = Value::Kind::Tensor;
-  DataType dtype = DataType::Undefined;  // element type (of the sequence/optional element)
-  bool has_shape = false;                // false when the model declares no shape
-  std::vector<int64_t> shape;            // -1 where the dimension is not fixed
-  std::vector<std::string> dim_names;    // symbolic name, or "" for fixed/unknown
-  bool has_default = false;              // an initializer backs it: feeding it is optional
-  std::string describe() const;          // "input_ids: int64[batch,sequence]"
+  DataType dtype = DataType::Undefined;           // element type (of the sequence/optional element)
+  Value::Kind optional_kind = Value::Kind::None;  // an optional's content: Tensor or Sequence
+  // The declared shape of the tensor (or of the tensor an optional holds); has_shape is false
+  // when the model declares none.
+  bool has_shape = false;
+  std::vector<int64_t> shape;          // -1 where the dimension is not fixed
+  std::vector<std::string> dim_names;  // symbolic name, or "" for fixed/unknown
+  bool has_default = false;            // an initializer backs it: feeding it is optional
+  std::string describe() const;        // "input_ids: int64[batch,sequence]"
 };
 
 // How MatMul and Gemm keep their constant float weights once packed for the GEMM.
