@@ -1,6 +1,7 @@
 #include "session.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "arrays.h"
 
@@ -136,6 +137,31 @@ std::string output_names(const Session& s) {
   return names;
 }
 
+// A donated input may be overwritten while the run reads its other inputs, so no other input
+// may be in the same memory (a storage's whole extent, which a donated view shares with the
+// storage it views).
+void check_donations(const std::vector<NamedValue>& inputs, const std::vector<bool>& donated,
+                     const std::string& file) {
+  auto extent = [](const Value& v) {
+    const std::byte* begin = v.is_tensor() && v.tensor().defined() && v.tensor().nbytes() > 0
+                                 ? v.tensor().storage()->data()
+                                 : nullptr;
+    return std::pair(begin, begin ? begin + v.tensor().storage()->capacity() : nullptr);
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto [begin, end] = extent(inputs[i].value);
+    if (!donated[i] || !begin) continue;
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const auto [other_begin, other_end] = extent(inputs[j].value);
+      if (j == i || !other_begin || other_end <= begin || end <= other_begin) continue;
+      throw Error(ErrorKind::InvalidArgument, "input '" + inputs[i].name +
+                                                  "' is donated but input '" + inputs[j].name +
+                                                  "' is in the same memory")
+          .with_file(file);
+    }
+  }
+}
+
 // Releases the Python references that storages freed without the GIL left behind.
 struct ReleasePending {
   ~ReleasePending() { release_pending_references(); }
@@ -197,11 +223,13 @@ py::list PySession::run(const py::object& output_names, const py::dict& feed,
   ReleasePending release_pending;
   Feed converter;
   std::vector<NamedValue> inputs;
+  std::vector<bool> donated;
   for (auto [key, value] : feed) {
     const auto name = key.cast<std::string>();
-    const bool donated = std::find(donate.begin(), donate.end(), name) != donate.end();
-    inputs.push_back({name, converter.convert(value, find_input(*session_, name), donated)});
+    donated.push_back(std::find(donate.begin(), donate.end(), name) != donate.end());
+    inputs.push_back({name, converter.convert(value, find_input(*session_, name), donated.back())});
   }
+  if (!donate.empty()) check_donations(inputs, donated, session_->path());
   RunStats stats;
   std::vector<NodeEvent> events;
   std::vector<NamedValue> outputs;

@@ -60,7 +60,7 @@ def test_terminate_stops_a_run_from_another_thread():
     worker.join(timeout=30)
     assert not worker.is_alive()
     assert isinstance(outcome["error"], kiln.RunCancelledError)
-    assert "cancelled" in str(outcome["error"]) and outcome["error"].node
+    assert "cancelled" in str(outcome["error"])
     # Runs started while terminate is set stop at once; clearing it lets them go again.
     with pytest.raises(kiln.RunCancelledError):
         session.run(None, feed, options)

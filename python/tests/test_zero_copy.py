@@ -95,6 +95,20 @@ def test_donated_inputs_are_updated_in_place():
     assert not np.shares_memory(frozen, z) and not frozen.any()
 
 
+def test_a_donated_input_may_not_share_memory_with_another_input():
+    session = kiln.InferenceSession(models.append(axis=1))
+    cache = kiln.with_capacity((2, 1, 4), np.float32, axis=1, capacity=8)
+    with pytest.raises(kiln.InvalidArgumentError, match="'cache' is donated but input 'new'"):
+        session.run(None, {"cache": cache, "new": cache}, donate=["cache"])
+    x = np.zeros((2, 2, 4), np.float32)
+    with pytest.raises(kiln.InvalidArgumentError, match="same memory"):
+        session.run(None, {"cache": x, "new": x.reshape(-1)[:8].reshape(2, 1, 4)},
+                    donate=["cache"])
+    # Not donated, the same memory may be read twice.
+    (out,) = session.run(None, {"cache": cache, "new": cache})
+    assert out.shape == (2, 2, 4)
+
+
 def test_a_donated_cache_grows_in_place_step_after_step():
     session = kiln.InferenceSession(models.append(axis=1))
     cache = kiln.with_capacity((2, 0, 4), np.float32, axis=1, capacity=16)
