@@ -8,10 +8,12 @@ TSAN_BUILD ?= build-tsan
 DEMO_MODEL ?= models/tiny-cnn
 
 V4_BUILD ?= build-v4
+PY_BUILD ?= build-python
+VENV ?= .venv
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 
-.PHONY: all setup build demo test unit conformance sanitize fuzz check-v4 format format-check tsan conformance-report ops-doc whisper-real clean
+.PHONY: all setup build demo test unit conformance python-test sanitize fuzz check-v4 format format-check tsan conformance-report ops-doc whisper-real clean
 
 all: build
 
@@ -29,11 +31,13 @@ demo: build
 	./$(BUILD)/tools/onnx-run $(DEMO_MODEL)/model.onnx --test-data $(DEMO_MODEL)/test_data_set_0 --warmup 3 --repeat 20
 
 # Every test: unit tests and the conformance allow-list (release build, at each instruction-set
-# level the processor runs), the library compiled for x86-64-v4, the unit tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer, the concurrency tests under ThreadSanitizer,
-# the fuzz harnesses for FUZZ_SECONDS each, and the formatting check.
+# level the processor runs), the Python package's tests, the library compiled for x86-64-v4,
+# the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer, the concurrency
+# tests under ThreadSanitizer, the fuzz harnesses for FUZZ_SECONDS each, and the formatting
+# check.
 test: build format-check
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	$(MAKE) python-test
 	$(MAKE) check-v4
 	$(MAKE) sanitize
 	$(MAKE) tsan
@@ -48,6 +52,16 @@ check-v4: setup
 
 unit: build
 	./$(BUILD)/test/kiln-unit-tests
+
+# The Python package (python/) built into the venv against this build's library, installed
+# into $(PY_BUILD)/kiln (so only the extension module compiles here), then its pytest suite:
+# parity with onnxruntime, zero copy, threads, errors, decoding, ONNX's backend tests.
+python-test: build
+	cmake --install $(BUILD) --prefix $(CURDIR)/$(PY_BUILD)/kiln >/dev/null
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps \
+	  --config-settings=build-dir=$(CURDIR)/$(PY_BUILD)/module \
+	  --config-settings=cmake.define.kiln_ROOT=$(CURDIR)/$(PY_BUILD)/kiln ./python
+	$(VENV)/bin/pytest -q -p no:cacheprovider python/tests
 
 conformance: build
 	./$(BUILD)/test/kiln-conformance --check-allowlist test/conformance/allowlist.txt
@@ -100,4 +114,4 @@ format-check: setup
 	@clang-format --dry-run --Werror $(FORMAT_FILES) && echo "format-check: ok"
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(V4_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(V4_BUILD) $(PY_BUILD)

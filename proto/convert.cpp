@@ -754,6 +754,7 @@ ir::Model convert_model(Source& src, const std::string& path) {
     model.producer_version = mp.producer_version();
     model.domain = mp.domain();
     model.model_version = mp.model_version();
+    model.has_model_version = mp.has_model_version();
     model.doc_string = mp.doc_string();
     for (const auto& kv : mp.metadata_props()) model.metadata[kv.key()] = kv.value();
     for (const auto& op : mp.opset_import()) {
@@ -782,6 +783,7 @@ ir::Model convert_model(Source& src, const std::string& path) {
     }
     Converter conv(src, model.opsets, model.ir_version);
     model.graph = conv.convert_graph(mp.graph(), nullptr);
+    model.graph_doc_string = mp.graph().doc_string();
     ir::validate(model);
     return model;
   } catch (Error& e) {

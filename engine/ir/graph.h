@@ -139,6 +139,8 @@ struct Model {
   std::map<std::string, int64_t> opsets;  // domain ("" = ai.onnx) -> version
   std::string producer_name, producer_version, domain, doc_string;
   int64_t model_version = 0;
+  bool has_model_version = false;  // the file sets model_version (0 is a valid version)
+  std::string graph_doc_string;    // the main graph's doc_string (its name is graph->name)
   std::map<std::string, std::string> metadata;
   std::shared_ptr<Graph> graph;
   std::string path;  // file it came from ("<memory>" for buffers)

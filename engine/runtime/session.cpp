@@ -30,9 +30,13 @@ IoInfo io_info(const ir::ValueInfo& v) {
   io.has_default = v.constant.defined();
   io.kind = v.type.kind == Value::Kind::None ? Value::Kind::Tensor : v.type.kind;
   io.dtype = v.type.elem;
-  if (v.type.kind == Value::Kind::Tensor && v.type.shape) {
+  if (v.type.kind == Value::Kind::Optional && v.type.inner) io.optional_kind = v.type.inner->kind;
+  // The shape of the tensor, or of the tensor an optional holds.
+  const ir::TypeInfo* tensor = v.type.kind == Value::Kind::Tensor ? &v.type : nullptr;
+  if (io.optional_kind == Value::Kind::Tensor) tensor = v.type.inner.get();
+  if (tensor && tensor->shape) {
     io.has_shape = true;
-    for (const ir::Dim& d : *v.type.shape) {
+    for (const ir::Dim& d : *tensor->shape) {
       io.shape.push_back(d.value >= 0 && d.param.empty() ? d.value : -1);
       io.dim_names.push_back(d.param);
     }
@@ -489,6 +493,21 @@ std::string Session::graph_text() const {
 
 std::map<std::string, std::string> Session::metadata() const {
   return impl_->model.metadata;
+}
+ModelInfo Session::model_info() const {
+  const ir::Model& m = impl_->model;
+  ModelInfo info;
+  info.ir_version = m.ir_version;
+  info.producer_name = m.producer_name;
+  info.producer_version = m.producer_version;
+  info.domain = m.domain;
+  info.description = m.doc_string;
+  info.graph_name = m.graph->name;
+  info.graph_description = m.graph_doc_string;
+  info.model_version = m.model_version;
+  info.has_model_version = m.has_model_version;
+  info.metadata = m.metadata;
+  return info;
 }
 int64_t Session::opset(const std::string& domain) const {
   auto it = impl_->model.opsets.find(domain);

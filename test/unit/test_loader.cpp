@@ -249,3 +249,18 @@ TEST_CASE("wrong inputs at run time give one clear error", "[loader][session]") 
   CHECK_THAT(run_error({{"x", Tensor::zeros(DataType::Float, {2, 2})}}),
              Catch::Contains("wrong rank"));
 }
+
+TEST_CASE("model_info reports the file's descriptive fields", "[loader][session]") {
+  const std::string dir = std::string(KILN_SOURCE_DIR) + "/models/";
+  const ModelInfo cnn = Session(dir + "tiny-cnn/model.onnx").model_info();
+  CHECK(cnn.producer_name == "kiln-export");
+  CHECK(cnn.graph_name == "tiny_cnn");
+  CHECK(cnn.ir_version > 0);
+  CHECK_FALSE(cnn.has_model_version);
+  CHECK(cnn.metadata.empty());
+  // The graph's name survives optimisation, which rewrites the graph.
+  const ModelInfo gpt2 = Session(dir + "gpt2-tiny-random/model.onnx").model_info();
+  CHECK(gpt2.producer_name == "pytorch");
+  CHECK(gpt2.graph_name == "main_graph");
+  CHECK(gpt2.description.empty());
+}

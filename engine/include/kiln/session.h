@@ -145,12 +145,15 @@ struct NodeEvent {
 struct IoInfo {
   std::string name;
   Value::Kind kind = Value::Kind::Tensor;
-  DataType dtype = DataType::Undefined;  // element type (of the sequence/optional element)
-  bool has_shape = false;                // false when the model declares no shape
-  std::vector<int64_t> shape;            // -1 where the dimension is not fixed
-  std::vector<std::string> dim_names;    // symbolic name, or "" for fixed/unknown
-  bool has_default = false;              // an initializer backs it: feeding it is optional
-  std::string describe() const;          // "input_ids: int64[batch,sequence]"
+  DataType dtype = DataType::Undefined;           // element type (of the sequence/optional element)
+  Value::Kind optional_kind = Value::Kind::None;  // an optional's content: Tensor or Sequence
+  // The declared shape of the tensor (or of the tensor an optional holds); has_shape is false
+  // when the model declares none.
+  bool has_shape = false;
+  std::vector<int64_t> shape;          // -1 where the dimension is not fixed
+  std::vector<std::string> dim_names;  // symbolic name, or "" for fixed/unknown
+  bool has_default = false;            // an initializer backs it: feeding it is optional
+  std::string describe() const;        // "input_ids: int64[batch,sequence]"
 };
 
 // How MatMul and Gemm keep their constant float weights once packed for the GEMM.
@@ -165,6 +168,17 @@ enum class GraphOptimization {
   None,   // run the graph exactly as given (Constant nodes still become initializers)
   Basic,  // + constant folding: nodes whose inputs are all constants run once at load
   All,    // + fusions (the default)
+};
+
+// What a model file says about itself: ModelProto's descriptive fields and metadata_props.
+struct ModelInfo {
+  int64_t ir_version = 0;
+  std::string producer_name, producer_version, domain;
+  std::string description;                    // the model's doc_string
+  std::string graph_name, graph_description;  // the main graph's name and doc_string
+  int64_t model_version = 0;
+  bool has_model_version = false;  // false when the file leaves it unset
+  std::map<std::string, std::string> metadata;
 };
 
 struct SessionOptions {
@@ -237,6 +251,7 @@ class Session {
   const std::vector<IoInfo>& outputs() const;
   const std::string& path() const;
   std::map<std::string, std::string> metadata() const;
+  ModelInfo model_info() const;
   int64_t opset(const std::string& domain = "") const;
   // The graph as it runs, after optimisation: one line per node ("name: Op(inputs) ->
   // outputs", domain-qualified outside ai.onnx), nested graphs indented under their node.
