@@ -10,9 +10,9 @@
 #include <functional>
 
 #include "engine/generate/json_file.h"
-#include "engine/generate/utf8.h"
 #include "kiln/error.h"
 #include "kiln/tokenizer.h"
+#include "ops/utf8.h"
 #include "test/unit/temp_dir.h"
 
 using namespace kiln;
