@@ -28,6 +28,7 @@ import numpy as np
 
 from . import _kiln
 from ._kiln import (
+    CausalLmGenerator,
     Environment,
     FileError,
     GraphOptimizationLevel,
@@ -40,12 +41,16 @@ from ._kiln import (
     RunOptions,
     SessionOptions,
     Storage,
+    Tokenizer,
     UnsupportedError,
+    WhisperTranscriber,
+    read_audio,
 )
 
 __version__ = _kiln.version()
 
 __all__ = [
+    "CausalLmGenerator",
     "Environment",
     "FileError",
     "GraphOptimizationLevel",
@@ -61,11 +66,14 @@ __all__ = [
     "RunOptions",
     "SessionOptions",
     "Storage",
+    "Tokenizer",
     "UnsupportedError",
+    "WhisperTranscriber",
     "get_all_providers",
     "get_available_providers",
     "get_device",
     "isa_level",
+    "read_audio",
     "with_capacity",
 ]
 

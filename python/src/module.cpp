@@ -5,6 +5,7 @@
 
 #include "arrays.h"
 #include "errors.h"
+#include "generate.h"
 #include "session.h"
 
 namespace py = pybind11;
@@ -135,6 +136,7 @@ PYBIND11_MODULE(_kiln, m) {
   register_errors(m);
   bind_options(m);
   bind_session(m);
+  bind_generate(m);
   m.def("with_capacity", &with_capacity, py::arg("shape"), py::arg("dtype"), py::arg("axis"),
         py::arg("capacity"));
   m.def("version", [] { return std::string(kiln::version()); });
