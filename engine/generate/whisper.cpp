@@ -13,6 +13,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <span>
 
 #include "engine/generate/decoding.h"
 #include "kiln/audio.h"
@@ -166,7 +167,7 @@ std::map<std::string, int64_t> token_map(const JsonFile& f, const char* key) {
 
 // What config.json and generation_config.json say about Whisper decoding.
 struct WhisperConfig {
-  int64_t start = -1, eos = -1, pad = -1;
+  int64_t start = -1, eos = -1;
   int64_t vocab = 0, max_target_positions = 448, num_segment_frames = 3000;
   int64_t max_length = 448;
   int64_t no_timestamps = -1, timestamp_begin = 0;
@@ -193,7 +194,6 @@ WhisperConfig read_whisper_config(const fs::path& dir) {
   if (eos.empty()) eos = ints_of(config, "eos_token_id");
   if (eos.empty()) bad_model(config.path, "no eos_token_id");
   c.eos = eos[0];
-  c.pad = int_or(gen, "pad_token_id", int_or(config, "pad_token_id", c.eos));
   c.vocab = int_or(config, "vocab_size", 0);
   if (c.vocab <= 0) bad_model(config.path, "no vocab_size");
   c.max_target_positions = int_or(config, "max_target_positions", 448);
@@ -293,8 +293,8 @@ class Processors {
     const auto vocab = static_cast<int64_t>(s.size());
     const int64_t tb = c_.timestamp_begin;
     kill_range(s, c_.no_timestamps, c_.no_timestamps + 1);
-    const std::vector<int64_t> sampled(seq.begin() + static_cast<std::ptrdiff_t>(begin_),
-                                       seq.end());
+    const std::span<const int64_t> sampled(seq.begin() + static_cast<std::ptrdiff_t>(begin_),
+                                           seq.end());
     const size_t n = sampled.size();
     const bool last_ts = n >= 1 && sampled[n - 1] >= tb;
     const bool penultimate_ts = n < 2 || sampled[n - 2] >= tb;
@@ -369,8 +369,7 @@ struct WhisperTranscriber::Impl {
   Decoded decode_beams(const Tensor& hidden, const std::vector<int64_t>& prompt, size_t init_len,
                        const Processors& proc, int64_t max_length, int64_t beams,
                        const TranscribeOptions& o) const;
-  double no_speech(const Tensor& logits, int64_t pos) const;
-  Tensor window(const Tensor& features, int64_t seek, int64_t frames) const;
+  double no_speech(const Tensor& logits, int64_t pos, const std::string& file) const;
 };
 
 int64_t WhisperTranscriber::Impl::language_id(const std::string& language) const {
@@ -483,24 +482,13 @@ std::vector<int64_t> WhisperTranscriber::Impl::init_tokens(const TranscribeOptio
   return out;
 }
 
-double WhisperTranscriber::Impl::no_speech(const Tensor& logits, int64_t pos) const {
-  std::vector<float> row = logits_row(logits, 0, pos, models->merged_file);
+double WhisperTranscriber::Impl::no_speech(const Tensor& logits, int64_t pos,
+                                           const std::string& file) const {
+  std::vector<float> row = logits_row(logits, 0, pos, file);
   log_softmax(row);
   const int64_t token = cfg.no_timestamps - 1;  // <|nocaptions|>
   if (token < 0 || token >= static_cast<int64_t>(row.size())) return 0;
   return std::exp(static_cast<double>(row[static_cast<size_t>(token)]));
-}
-
-// Columns [seek, seek + frames) of [1, mels, N] features, zero-padded to a full window.
-Tensor WhisperTranscriber::Impl::window(const Tensor& features, int64_t seek,
-                                        int64_t frames) const {
-  const int64_t mels = features.dim(1);
-  Tensor out = Tensor::zeros(DataType::Float, {1, mels, cfg.num_segment_frames});
-  const Tensor src =
-      features.view({1, mels, frames}, features.strides(),
-                    features.byte_offset() + static_cast<size_t>(seek * features.strides()[2]) * 4);
-  copy_elements(src, out.view({1, mels, frames}, out.strides(), out.byte_offset()));
-  return out;
 }
 
 // Greedy or sampled decoding of one window (beam search goes to decode_beams).
@@ -525,7 +513,7 @@ Decoded WhisperTranscriber::Impl::decode(const Tensor& hidden, const std::vector
     const Tensor logits = run.step({next}, st);
     ++d.steps;
     if (d.steps == 1 && o.no_speech_threshold) {
-      d.no_speech_prob = no_speech(logits, static_cast<int64_t>(prompt.size() - init_len));
+      d.no_speech_prob = no_speech(logits, static_cast<int64_t>(prompt.size() - init_len), file);
     }
     std::vector<float> scores = logits_row(logits, 0, logits.dim(1) - 1, file);
     proc.apply(seq, scores);
@@ -602,7 +590,7 @@ Decoded WhisperTranscriber::Impl::decode_beams(const Tensor& hidden,
     const Tensor logits = run.step(feed, st);
     ++d.steps;
     if (d.steps == 1 && o.no_speech_threshold) {
-      d.no_speech_prob = no_speech(logits, prompt_len - static_cast<int64_t>(init_len));
+      d.no_speech_prob = no_speech(logits, prompt_len - static_cast<int64_t>(init_len), file);
     }
     const int64_t V = logits.dim(2);
     // Candidates: accumulated log-probabilities over every (beam, token).
@@ -804,16 +792,16 @@ Transcript WhisperTranscriber::transcribe_features(const Tensor& features,
                 "timestamps need no_timestamps_token_id in the generation config")
         .with_file(c.gen_path);
 
-  auto encode = [&](int64_t seek, int64_t frames) {
+  // The encoder output of the window at frame `seek`, zero-padded past the end.
+  auto encode = [&](int64_t seek) {
     const auto t0 = std::chrono::steady_clock::now();
-    Tensor h = m.models->encode(m.window(features, seek, frames));
+    Tensor h = m.models->encode(whisper_log_mel_window(features, seek, c.num_segment_frames));
     t.encoder_ms += ms_since(t0);
     ++t.encoder_runs;
     return h;
   };
   int64_t seek = 0;
-  int64_t frames = std::min(total, c.num_segment_frames);
-  Tensor hidden = encode(seek, frames);
+  Tensor hidden = encode(seek);
   const std::vector<int64_t> init = m.init_tokens(o, timestamps, hidden, t);
   const auto cut_off = c.max_target_positions / 2 - 1;
   const bool first_segment_prompt = !prompt_ids.empty();
@@ -844,8 +832,8 @@ Transcript WhisperTranscriber::transcribe_features(const Tensor& features,
   };
   bool first_window = true;
   while (seek < total) {
-    frames = std::min(total - seek, c.num_segment_frames);
-    if (!first_window) hidden = encode(seek, frames);
+    const int64_t frames = std::min(total - seek, c.num_segment_frames);
+    if (!first_window) hidden = encode(seek);
     first_window = false;
     const double time_offset = static_cast<double>(seek) * kTimePrecision / kInputStride;
     // The decoder prompt: previous text or the initial prompt, then the init tokens.
