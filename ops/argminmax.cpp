@@ -84,6 +84,17 @@ class ArgExtreme final : public Kernel {
   bool keepdims_, last_;
 };
 
+void arg_reduce_shape(ShapeContext& c) {
+  Shape out = c.shape(0);
+  const auto axis =
+      static_cast<size_t>(normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(out.size())));
+  if (c.attr_i("keepdims", 1) != 0)
+    out[axis] = 1;
+  else
+    out.erase(out.begin() + static_cast<std::ptrdiff_t>(axis));
+  c.set(0, DataType::Int64, out);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "ArgMax",
@@ -93,6 +104,7 @@ KILN_REGISTER_OP({.op = "ArgMax",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "all numeric",
+                  .shape = arg_reduce_shape,
                   .create = make<ArgExtreme<true>>});
 KILN_REGISTER_OP({.op = "ArgMin",
                   .since = 1,
@@ -101,6 +113,7 @@ KILN_REGISTER_OP({.op = "ArgMin",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "all numeric",
+                  .shape = arg_reduce_shape,
                   .create = make<ArgExtreme<false>>});
 
 }  // namespace kiln::ops

@@ -662,6 +662,16 @@ class Attention final : public Kernel {
   int64_t left_ = -1, right_ = -1;
 };
 
+// 4-D inputs with only the first output: Q's shape with V's head size.
+void attention_shape(ShapeContext& c) {
+  const Shape& q = c.shape(0);
+  const Shape& v = c.shape(2);
+  if (q.size() != 4 || v.size() != 4) unknown("only 4-D attention is inferred");
+  for (size_t i = 1; i < c.num_outputs(); ++i)
+    if (c.has_out(i)) unknown("present outputs are not inferred");
+  c.set(0, c.dtype(0), {q[0], q[1], q[2], v[3]});
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Attention",
@@ -672,6 +682,7 @@ KILN_REGISTER_OP({.op = "Attention",
                   .max_outputs = 4,
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16",
+                  .shape = attention_shape,
                   .create = make<Attention>});
 
 }  // namespace kiln::ops

@@ -140,6 +140,13 @@ class BatchNormalization final : public Kernel {
   bool spatial_, training_ = false;
 };
 
+// Inference mode only: the training-mode statistics are not inferred.
+void batch_norm_shape(ShapeContext& c) {
+  for (size_t i = 1; i < c.num_outputs(); ++i)
+    if (c.has_out(i)) unknown("training-mode outputs");
+  same_shape(c);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "BatchNormalization",
@@ -150,6 +157,7 @@ KILN_REGISTER_OP({.op = "BatchNormalization",
                   .max_outputs = 5,
                   .in_place = inputs(0),
                   .types = "float, double, float16, bfloat16 (parameters any float type)",
+                  .shape = batch_norm_shape,
                   .create = make<BatchNormalization>});
 
 }  // namespace kiln::ops

@@ -1,5 +1,6 @@
 // Elementwise binary ops with numpy broadcasting: arithmetic, comparison, logic, bitwise,
 // and the variadic Min/Max/Sum/Mean.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -463,21 +464,79 @@ class Variadic final : public Kernel {
   }
 };
 
+// Shape rules. Known integers (sizes in shape chains) are computed for the arithmetic and
+// comparisons exporters use on them.
+void broadcast_only(ShapeContext& c) {
+  broadcast_shape(c, DataType::Undefined, 0, nullptr);
+}
+
+void compare_only(ShapeContext& c) {
+  broadcast_shape(c, DataType::Bool, 0, nullptr);
+}
+
+void add_shape(ShapeContext& c) {
+  broadcast_shape(c, DataType::Undefined, 0,
+                  [](const std::vector<int64_t>& a) { return checked_add(a[0], a[1]); });
+}
+
+void sub_shape(ShapeContext& c) {
+  broadcast_shape(c, DataType::Undefined, 0,
+                  [](const std::vector<int64_t>& a) { return checked_sub(a[0], a[1]); });
+}
+
+void mul_shape(ShapeContext& c) {
+  broadcast_shape(c, DataType::Undefined, 0,
+                  [](const std::vector<int64_t>& a) { return checked_mul(a[0], a[1]); });
+}
+
+void div_shape(ShapeContext& c) {
+  broadcast_shape(c, DataType::Undefined, 0,
+                  [](const std::vector<int64_t>& a) { return checked_div(a[0], a[1]); });
+}
+
+void max_shape(ShapeContext& c) {
+  broadcast_shape(c, DataType::Undefined, 0, [](const std::vector<int64_t>& a) {
+    return *std::max_element(a.begin(), a.end());
+  });
+}
+
+void min_shape(ShapeContext& c) {
+  broadcast_shape(c, DataType::Undefined, 0, [](const std::vector<int64_t>& a) {
+    return *std::min_element(a.begin(), a.end());
+  });
+}
+
+void equal_shape(ShapeContext& c) {
+  broadcast_shape(c, DataType::Bool, 0,
+                  [](const std::vector<int64_t>& a) -> int64_t { return a[0] == a[1]; });
+}
+
+void less_shape(ShapeContext& c) {
+  broadcast_shape(c, DataType::Bool, 0,
+                  [](const std::vector<int64_t>& a) -> int64_t { return a[0] < a[1]; });
+}
+
+void greater_shape(ShapeContext& c) {
+  broadcast_shape(c, DataType::Bool, 0,
+                  [](const std::vector<int64_t>& a) -> int64_t { return a[0] > a[1]; });
+}
+
 }  // namespace
 
-#define KILN_BINARY(op_name, since_v, Kernel_, type_names) \
-  KILN_REGISTER_OP({.op = op_name,                         \
-                    .since = since_v,                      \
-                    .min_inputs = 2,                       \
-                    .max_inputs = 2,                       \
-                    .min_outputs = 1,                      \
-                    .max_outputs = 1,                      \
-                    .in_place = inputs(0, 1),              \
-                    .strided_inputs = true,                \
-                    .types = type_names,                   \
+#define KILN_BINARY(op_name, since_v, Kernel_, type_names, shape_fn) \
+  KILN_REGISTER_OP({.op = op_name,                                   \
+                    .since = since_v,                                \
+                    .min_inputs = 2,                                 \
+                    .max_inputs = 2,                                 \
+                    .min_outputs = 1,                                \
+                    .max_outputs = 1,                                \
+                    .in_place = inputs(0, 1),                        \
+                    .strided_inputs = true,                          \
+                    .types = type_names,                             \
+                    .shape = shape_fn,                               \
                     .create = make<Kernel_>})
 
-KILN_BINARY("Add", 7, Arithmetic<AddFn>, "all numeric");
+KILN_BINARY("Add", 7, Arithmetic<AddFn>, "all numeric", add_shape);
 KILN_REGISTER_OP({.op = "Add",
                   .since = 1,
                   .until = 6,
@@ -486,6 +545,7 @@ KILN_REGISTER_OP({.op = "Add",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "all numeric (broadcast/axis attributes)",
+                  .shape = same_shape,
                   .create = make<LegacyArithmetic<AddFn>>});
 KILN_REGISTER_OP({.op = "Sub",
                   .since = 1,
@@ -495,6 +555,7 @@ KILN_REGISTER_OP({.op = "Sub",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "all numeric (broadcast/axis attributes)",
+                  .shape = same_shape,
                   .create = make<LegacyArithmetic<SubFn>>});
 KILN_REGISTER_OP({.op = "Mul",
                   .since = 1,
@@ -504,6 +565,7 @@ KILN_REGISTER_OP({.op = "Mul",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "all numeric (broadcast/axis attributes)",
+                  .shape = same_shape,
                   .create = make<LegacyArithmetic<MulFn>>});
 KILN_REGISTER_OP({.op = "Div",
                   .since = 1,
@@ -513,6 +575,7 @@ KILN_REGISTER_OP({.op = "Div",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "all numeric (broadcast/axis attributes)",
+                  .shape = same_shape,
                   .create = make<LegacyArithmetic<DivFn>>});
 KILN_REGISTER_OP({.op = "Pow",
                   .since = 1,
@@ -522,39 +585,41 @@ KILN_REGISTER_OP({.op = "Pow",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "float types (broadcast/axis attributes)",
+                  .shape = same_shape,
                   .create = make<LegacyArithmetic<PowFn>>});
-KILN_BINARY("Sub", 7, Arithmetic<SubFn>, "all numeric");
-KILN_BINARY("Mul", 7, Arithmetic<MulFn>, "all numeric");
-KILN_BINARY("Div", 7, Arithmetic<DivFn>, "all numeric");
-KILN_BINARY("Mod", 10, Arithmetic<ModFn>, "all numeric");
-KILN_BINARY("Pow", 7, Pow, "float types, int32, int64 (any numeric exponent)");
-KILN_BINARY("BitwiseAnd", 18, Arithmetic<BitwiseAndFn>, "integers");
-KILN_BINARY("BitwiseOr", 18, Arithmetic<BitwiseOrFn>, "integers");
-KILN_BINARY("BitwiseXor", 18, Arithmetic<BitwiseXorFn>, "integers");
-KILN_BINARY("BitShift", 11, Arithmetic<BitShiftFn>, "unsigned integers");
-KILN_BINARY("Equal", 7, Compare<EqualFn>, "all numeric, bool, string");
-KILN_BINARY("Less", 7, Compare<LessFn>, "all numeric");
-KILN_BINARY("LessOrEqual", 12, Compare<LessOrEqualFn>, "all numeric");
-KILN_BINARY("Greater", 7, Compare<GreaterFn>, "all numeric");
-KILN_BINARY("GreaterOrEqual", 12, Compare<GreaterOrEqualFn>, "all numeric");
-KILN_BINARY("And", 7, Compare<AndFn>, "bool");
-KILN_BINARY("Or", 7, Compare<OrFn>, "bool");
-KILN_BINARY("Xor", 7, Compare<XorFn>, "bool");
+KILN_BINARY("Sub", 7, Arithmetic<SubFn>, "all numeric", sub_shape);
+KILN_BINARY("Mul", 7, Arithmetic<MulFn>, "all numeric", mul_shape);
+KILN_BINARY("Div", 7, Arithmetic<DivFn>, "all numeric", div_shape);
+KILN_BINARY("Mod", 10, Arithmetic<ModFn>, "all numeric", broadcast_only);
+KILN_BINARY("Pow", 7, Pow, "float types, int32, int64 (any numeric exponent)", broadcast_only);
+KILN_BINARY("BitwiseAnd", 18, Arithmetic<BitwiseAndFn>, "integers", broadcast_only);
+KILN_BINARY("BitwiseOr", 18, Arithmetic<BitwiseOrFn>, "integers", broadcast_only);
+KILN_BINARY("BitwiseXor", 18, Arithmetic<BitwiseXorFn>, "integers", broadcast_only);
+KILN_BINARY("BitShift", 11, Arithmetic<BitShiftFn>, "unsigned integers", broadcast_only);
+KILN_BINARY("Equal", 7, Compare<EqualFn>, "all numeric, bool, string", equal_shape);
+KILN_BINARY("Less", 7, Compare<LessFn>, "all numeric", less_shape);
+KILN_BINARY("LessOrEqual", 12, Compare<LessOrEqualFn>, "all numeric", compare_only);
+KILN_BINARY("Greater", 7, Compare<GreaterFn>, "all numeric", greater_shape);
+KILN_BINARY("GreaterOrEqual", 12, Compare<GreaterOrEqualFn>, "all numeric", compare_only);
+KILN_BINARY("And", 7, Compare<AndFn>, "bool", compare_only);
+KILN_BINARY("Or", 7, Compare<OrFn>, "bool", compare_only);
+KILN_BINARY("Xor", 7, Compare<XorFn>, "bool", compare_only);
 #undef KILN_BINARY
 
-#define KILN_VARIADIC(op_name, since_v, fold) \
-  KILN_REGISTER_OP({.op = op_name,            \
-                    .since = since_v,         \
-                    .min_inputs = 1,          \
-                    .min_outputs = 1,         \
-                    .max_outputs = 1,         \
-                    .strided_inputs = true,   \
-                    .types = "all numeric",   \
+#define KILN_VARIADIC(op_name, since_v, fold, shape_fn) \
+  KILN_REGISTER_OP({.op = op_name,                      \
+                    .since = since_v,                   \
+                    .min_inputs = 1,                    \
+                    .min_outputs = 1,                   \
+                    .max_outputs = 1,                   \
+                    .strided_inputs = true,             \
+                    .types = "all numeric",             \
+                    .shape = shape_fn,                  \
                     .create = make<Variadic<fold>>})
-KILN_VARIADIC("Min", 6, Fold::Min);
-KILN_VARIADIC("Max", 6, Fold::Max);
-KILN_VARIADIC("Sum", 6, Fold::Sum);
-KILN_VARIADIC("Mean", 6, Fold::Mean);
+KILN_VARIADIC("Min", 6, Fold::Min, min_shape);
+KILN_VARIADIC("Max", 6, Fold::Max, max_shape);
+KILN_VARIADIC("Sum", 6, Fold::Sum, broadcast_only);
+KILN_VARIADIC("Mean", 6, Fold::Mean, broadcast_only);
 #undef KILN_VARIADIC
 
 }  // namespace kiln::ops

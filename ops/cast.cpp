@@ -442,6 +442,37 @@ class CastLike final : public CastBase {
   void run(OpContext& ctx) override { convert(ctx, ctx.input(1).dtype()); }
 };
 
+void cast_shape(ShapeContext& c) {
+  const ValueFacts& x = c.in(0);
+  const auto to = static_cast<DataType>(c.attr_i("to", 0));
+  if (!is_known_data_type(static_cast<int32_t>(to))) unknown("bad 'to'");
+  std::vector<int64_t> data = x.data;
+  if (to == DataType::Bool)
+    for (int64_t& v : data) v = v != 0;
+  const bool keep = x.has_data && (is_integer_type(to) || to == DataType::Bool);
+  c.set(0, to, x.shape, keep ? &data : nullptr);
+}
+
+void cast_like_shape(ShapeContext& c) {
+  c.set(0, c.dtype(1), c.shape(0));
+}
+
+// A cast to the same type is the input; one between types of the same width writes over a
+// writable contiguous input (see CastBase::convert).
+void place_cast(Placement& p) {
+  const ValueFacts& x = p.input(0);
+  const DataType to = p.output(0).dtype;
+  const int bits = bits_per_element(x.dtype);
+  if (x.dtype == to) {
+    p.view(0, 0, p.strides(0));
+  } else if (bits >= 8 && bits == bits_per_element(to) && x.dtype != DataType::String &&
+             to != DataType::String && p.contiguous(0) && p.writable(0)) {
+    p.view(0, 0, {});
+  } else {
+    p.allocate(0);
+  }
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Cast",
@@ -452,6 +483,8 @@ KILN_REGISTER_OP({.op = "Cast",
                   .max_outputs = 1,
                   .in_place = inputs(0),
                   .types = "all but complex (float8, float4, int4, int2, string included)",
+                  .shape = cast_shape,
+                  .place = place_cast,
                   .create = make<Cast>});
 KILN_REGISTER_OP({.op = "CastLike",
                   .since = 15,
@@ -460,6 +493,7 @@ KILN_REGISTER_OP({.op = "CastLike",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "all but complex (float8, float4, int4, int2, string included)",
+                  .shape = cast_like_shape,
                   .create = make<CastLike>});
 
 }  // namespace kiln::ops

@@ -72,6 +72,7 @@ KILN_REGISTER_OP({.op = "Clip",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "float types (6-11), all numeric (12+)",
+                  .shape = same_shape,
                   .create = make<Clip>});
 
 }  // namespace kiln::ops

@@ -152,6 +152,46 @@ class Concat final : public Kernel {
   int64_t axis_;
 };
 
+void concat_shape(ShapeContext& c) {
+  const ValueFacts& first = c.in(0);
+  const auto axis = static_cast<size_t>(
+      normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(first.shape.size())));
+  Shape out = first.shape;
+  out[axis] = 0;
+  bool all_data = true;
+  std::vector<int64_t> data;
+  for (size_t i = 0; i < c.num_inputs(); ++i) {
+    const ValueFacts& v = c.in(i);
+    if (v.shape.size() != out.size()) unknown("ranks differ");
+    for (size_t d = 0; d < out.size(); ++d) {
+      if (d != axis && v.shape[d] != out[d]) unknown("shapes differ outside the axis");
+    }
+    out[axis] = checked_add(out[axis], v.shape[axis]);
+    all_data = all_data && v.has_data;
+    if (v.has_data) data.insert(data.end(), v.data.begin(), v.data.end());
+  }
+  // Flat concatenation is the concatenation along the outermost non-unit axis only.
+  bool outer = true;
+  for (size_t d = 0; d < axis; ++d) outer = outer && out[d] == 1;
+  c.set(0, first.dtype, out, all_data && outer ? &data : nullptr);
+}
+
+// Appends in place along the outermost axis when input 0 may be overwritten and its buffer
+// (sized to 64-byte multiples in the arena) has room for the whole output; see Concat::run.
+void place_concat(Placement& p) {
+  const ValueFacts& x = p.input(0);
+  const ValueFacts& y = p.output(0);
+  const ir::Attribute* axis = p.node().attr("axis");
+  const bool outer = axis && (axis->i == 0 || axis->i == -static_cast<int64_t>(x.shape.size()));
+  const bool room = (p.room(0) + 63) / 64 * 64 >= storage_bytes(y.dtype, shape_numel(y.shape));
+  if (p.node().inputs.size() >= 2 && outer && x.dtype != DataType::String && room &&
+      p.contiguous(0) && p.writable(0)) {
+    p.view(0, 0, {});
+  } else {
+    p.allocate(0);
+  }
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Concat",
@@ -162,6 +202,8 @@ KILN_REGISTER_OP({.op = "Concat",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "all types but sub-byte ones",
+                  .shape = concat_shape,
+                  .place = place_concat,
                   .create = make<Concat>});
 
 }  // namespace kiln::ops

@@ -220,6 +220,62 @@ class EyeLike final : public Kernel {
   DataType dtype_ = DataType::Undefined;
 };
 
+void constant_shape(ShapeContext& c) {
+  const ir::Node& node = c.node();
+  if (const ir::Attribute* a = node.attr("value"); a && a->t.defined()) {
+    const ValueFacts v = facts_of(a->t);
+    c.set(0, v.dtype, v.shape, v.has_data ? &v.data : nullptr);
+  } else if (const ir::Attribute* i = node.attr("value_int")) {
+    const std::vector<int64_t> data{i->i};
+    c.set(0, DataType::Int64, {}, &data);
+  } else if (const ir::Attribute* is = node.attr("value_ints")) {
+    c.set(0, DataType::Int64, {static_cast<int64_t>(is->ints.size())}, &is->ints);
+  } else if (node.attr("value_float")) {
+    c.set(0, DataType::Float, {});
+  } else if (const ir::Attribute* fs = node.attr("value_floats")) {
+    c.set(0, DataType::Float, {static_cast<int64_t>(fs->floats.size())});
+  } else {
+    unknown("a string or sparse Constant");
+  }
+}
+
+void constant_of_shape_shape(ShapeContext& c) {
+  const std::vector<int64_t>& shape = c.data(0);
+  const ir::Attribute* value = c.node().attr("value");
+  DataType dtype = DataType::Float;
+  int64_t fill = 0;
+  if (value && value->t.defined()) {
+    const ValueFacts v = facts_of(value->t);
+    dtype = v.dtype;
+    if (v.has_data && !v.data.empty()) fill = v.data[0];
+  }
+  const std::vector<int64_t> data(
+      static_cast<size_t>(std::min<int64_t>(numel_or_unknown(shape), kMaxKnownData + 1)), fill);
+  c.set(0, dtype, shape, &data);
+}
+
+// An integer Range's length (and small contents) follow from known start, limit and delta;
+// a float one's length depends on rounding the kernel does, so it is left to the run.
+void range_shape(ShapeContext& c) {
+  const ValueFacts& start = c.in(0);
+  if (!is_integer_type(start.dtype)) unknown("a float Range's length is only known when run");
+  const int64_t s = c.data(0).at(0), limit = c.data(1).at(0), delta = c.data(2).at(0);
+  if (delta == 0) unknown("delta 0");
+  const int64_t span = checked_sub(limit, s);
+  const int64_t n =
+      std::max<int64_t>(0, checked_div(checked_add(span, delta - (delta > 0 ? 1 : -1)), delta));
+  std::vector<int64_t> data;
+  for (int64_t k = 0; k < n && k <= kMaxKnownData; ++k) data.push_back(s + k * delta);
+  c.set(0, start.dtype, {n}, &data);
+}
+
+void eye_like_shape(ShapeContext& c) {
+  const int64_t dtype = c.attr_i("dtype", -1);
+  if (dtype > INT32_MAX || (dtype >= 0 && !is_known_data_type(static_cast<int32_t>(dtype))))
+    unknown("bad dtype");
+  c.set(0, dtype < 0 ? c.dtype(0) : static_cast<DataType>(dtype), c.shape(0));
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Constant",
@@ -229,6 +285,7 @@ KILN_REGISTER_OP({.op = "Constant",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "all types",
+                  .shape = constant_shape,
                   .create = make<Constant>});
 KILN_REGISTER_OP({.op = "ConstantOfShape",
                   .since = 9,
@@ -237,6 +294,7 @@ KILN_REGISTER_OP({.op = "ConstantOfShape",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "all types but sub-byte ones",
+                  .shape = constant_of_shape_shape,
                   .create = make<ConstantOfShape>});
 KILN_REGISTER_OP({.op = "Range",
                   .since = 11,
@@ -246,6 +304,7 @@ KILN_REGISTER_OP({.op = "Range",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16, int16, int32, int64",
+                  .shape = range_shape,
                   .create = make<Range>});
 KILN_REGISTER_OP({.op = "EyeLike",
                   .since = 9,
@@ -255,6 +314,7 @@ KILN_REGISTER_OP({.op = "EyeLike",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "numeric types, bool",
+                  .shape = eye_like_shape,
                   .create = make<EyeLike>});
 
 }  // namespace kiln::ops

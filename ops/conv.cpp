@@ -608,6 +608,27 @@ class Conv final : public Kernel {
   int64_t packed_groups_ = 0;
 };
 
+Shape conv_output_shape(const ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  const Shape& w = c.shape(1);
+  if (x.size() < 3 || w.size() != x.size()) unknown("ranks of X and W");
+  std::vector<int64_t> kernel = c.attr_ints("kernel_shape");
+  if (kernel.empty()) kernel.assign(w.begin() + 2, w.end());
+  Shape out{x[0], w[0]};
+  for (int64_t d : window_output_dims(c, x, kernel, false)) out.push_back(d);
+  return out;
+}
+
+void conv_shape(ShapeContext& c) {
+  c.set(0, c.dtype(0), conv_output_shape(c));
+}
+
+// kiln.FusedConv: the convolution plus Z, which may broadcast.
+void fused_conv_shape(ShapeContext& c) {
+  const Shape out = conv_output_shape(c);
+  c.set(0, c.dtype(0), c.has(3) ? broadcast_shapes(out, c.shape(3)) : out);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Conv",
@@ -617,6 +638,7 @@ KILN_REGISTER_OP({.op = "Conv",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
+                  .shape = conv_shape,
                   .create = [](const NodeInfo& info) -> std::unique_ptr<Kernel> {
                     return std::make_unique<Conv>(info, false);
                   }});
@@ -630,6 +652,7 @@ KILN_REGISTER_OP({.domain = "kiln",
                   .max_outputs = 1,
                   .in_place = inputs(3),
                   .types = "float",
+                  .shape = fused_conv_shape,
                   .create = [](const NodeInfo& info) -> std::unique_ptr<Kernel> {
                     return std::make_unique<Conv>(info, true);
                   }});

@@ -137,6 +137,7 @@ KILN_REGISTER_OP({.op = "CumSum",
                   .max_outputs = 1,
                   .in_place = inputs(0),
                   .types = "float, double, float16, bfloat16, int32, int64, uint32, uint64",
+                  .shape = same_shape,
                   .create = make<Cumulative<SumOp>>});
 KILN_REGISTER_OP({.op = "CumProd",
                   .since = 26,
@@ -146,6 +147,7 @@ KILN_REGISTER_OP({.op = "CumProd",
                   .max_outputs = 1,
                   .in_place = inputs(0),
                   .types = "float, double, float16, bfloat16, int32, int64, uint32, uint64",
+                  .shape = same_shape,
                   .create = make<Cumulative<ProdOp>>});
 
 }  // namespace kiln::ops

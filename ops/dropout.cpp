@@ -85,6 +85,16 @@ class Dropout final : public Kernel {
   std::atomic<uint64_t> runs_{0};
 };
 
+// Inference mode: Y is X (a view) and the mask all true.
+void dropout_shape(ShapeContext& c) {
+  if (c.has(2)) {
+    const std::vector<int64_t>& training = c.data(2);
+    if (!training.empty() && training[0] != 0) unknown("training mode");
+  }
+  c.same(0, 0);
+  c.set(1, DataType::Bool, c.shape(0));
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Dropout",
@@ -95,6 +105,8 @@ KILN_REGISTER_OP({.op = "Dropout",
                   .max_outputs = 2,
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16",
+                  .shape = dropout_shape,
+                  .place = place_alias,
                   .create = make<Dropout>});
 
 }  // namespace kiln::ops

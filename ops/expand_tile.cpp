@@ -95,6 +95,42 @@ class Tile final : public Kernel {
   }
 };
 
+void expand_shape(ShapeContext& c) {
+  const ValueFacts& x = c.in(0);
+  const Shape out = broadcast_shapes(x.shape, c.data(1));
+  const int64_t n = numel_or_unknown(out);
+  if (x.has_data && n <= kMaxKnownData) {
+    std::vector<int64_t> data;
+    for (int64_t k = 0; k < n; ++k)
+      data.push_back(x.data[static_cast<size_t>(broadcast_index(x.shape, out, k))]);
+    c.set(0, x.dtype, out, &data);
+    return;
+  }
+  c.set(0, x.dtype, out);
+}
+
+// A view with stride 0 along the broadcast dimensions (see Expand::run).
+void place_expand(Placement& p) {
+  const Shape& xs = p.input(0).shape;
+  const Shape& ys = p.output(0).shape;
+  const Shape from = p.strides(0);
+  Shape strides(ys.size(), 0);
+  for (size_t k = 0; k < xs.size(); ++k) {
+    const size_t d = ys.size() - xs.size() + k;
+    strides[d] = xs[k] == 1 && ys[d] != 1 ? 0 : from[k];
+  }
+  p.view(0, 0, strides);
+}
+
+void tile_shape(ShapeContext& c) {
+  const ValueFacts& x = c.in(0);
+  const std::vector<int64_t>& repeats = c.data(1);
+  if (repeats.size() != x.shape.size()) unknown("repeats do not match the rank");
+  Shape out = x.shape;
+  for (size_t d = 0; d < out.size(); ++d) out[d] = checked_mul(out[d], repeats[d]);
+  c.set(0, x.dtype, out);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Expand",
@@ -105,6 +141,8 @@ KILN_REGISTER_OP({.op = "Expand",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "all types but sub-byte ones",
+                  .shape = expand_shape,
+                  .place = place_expand,
                   .create = make<Expand>});
 KILN_REGISTER_OP({.op = "Tile",
                   .since = 6,
@@ -114,6 +152,7 @@ KILN_REGISTER_OP({.op = "Tile",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "all types but sub-byte ones",
+                  .shape = tile_shape,
                   .create = make<Tile>});
 
 }  // namespace kiln::ops

@@ -235,6 +235,27 @@ class GatherND final : public Kernel {
   int64_t batch_dims_;
 };
 
+void gather_shape(ShapeContext& c) {
+  const ValueFacts& x = c.in(0);
+  const ValueFacts& idx = c.in(1);
+  const auto axis = static_cast<size_t>(
+      normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(x.shape.size())));
+  Shape out(x.shape.begin(), x.shape.begin() + static_cast<std::ptrdiff_t>(axis));
+  out.insert(out.end(), idx.shape.begin(), idx.shape.end());
+  out.insert(out.end(), x.shape.begin() + static_cast<std::ptrdiff_t>(axis) + 1, x.shape.end());
+  if (x.has_data && idx.has_data && x.shape.size() == 1) {
+    std::vector<int64_t> data;
+    for (int64_t i : idx.data) {
+      const int64_t k = i < 0 ? i + x.shape[0] : i;
+      if (k < 0 || k >= x.shape[0]) unknown("index out of range");
+      data.push_back(x.data[static_cast<size_t>(k)]);
+    }
+    c.set(0, x.dtype, out, &data);
+    return;
+  }
+  c.set(0, x.dtype, out);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Gather",
@@ -244,6 +265,7 @@ KILN_REGISTER_OP({.op = "Gather",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "all types (int32/int64 indices)",
+                  .shape = gather_shape,
                   .create = make<Gather>});
 KILN_REGISTER_OP({.op = "GatherElements",
                   .since = 11,

@@ -265,6 +265,15 @@ class Gemm final : public Kernel {
   PackedWeight packed_;  // a constant op(B), packed once
 };
 
+void gemm_shape(ShapeContext& c) {
+  const Shape& a = c.shape(0);
+  const Shape& b = c.shape(1);
+  if (a.size() != 2 || b.size() != 2) unknown("Gemm takes matrices");
+  const int64_t m = c.attr_i("transA", 0) ? a[1] : a[0];
+  const int64_t n = c.attr_i("transB", 0) ? b[0] : b[1];
+  c.set(0, c.dtype(0), {m, n});
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Gemm",
@@ -276,6 +285,7 @@ KILN_REGISTER_OP({.op = "Gemm",
                   .in_place = inputs(2),
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16, int32, int64, uint32, uint64",
+                  .shape = gemm_shape,
                   .create = make<Gemm>});
 
 }  // namespace kiln::ops

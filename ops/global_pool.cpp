@@ -60,6 +60,13 @@ class GlobalPool final : public Kernel {
   float p_ = 2;
 };
 
+void global_pool_shape(ShapeContext& c) {
+  Shape out = c.shape(0);
+  if (out.size() < 2) unknown("rank below 2");
+  std::fill(out.begin() + 2, out.end(), 1);
+  c.set(0, c.dtype(0), out);
+}
+
 }  // namespace
 
 #define KILN_GLOBAL_POOL(name, kind)                             \
@@ -70,6 +77,7 @@ class GlobalPool final : public Kernel {
                     .min_outputs = 1,                            \
                     .max_outputs = 1,                            \
                     .types = "float, double, float16, bfloat16", \
+                    .shape = global_pool_shape,                  \
                     .create = make<GlobalPool<kind>>})
 KILN_GLOBAL_POOL("GlobalAveragePool", GlobalKind::Average);
 KILN_GLOBAL_POOL("GlobalMaxPool", GlobalKind::Max);

@@ -75,6 +75,7 @@ KILN_REGISTER_OP({.op = "InstanceNormalization",
                   .max_outputs = 1,
                   .in_place = inputs(0),
                   .types = "float, double, float16, bfloat16",
+                  .shape = same_shape,
                   .create = make<InstanceNormalization>});
 
 }  // namespace kiln::ops

@@ -2,9 +2,12 @@
 //
 // A kernel is created once per node when a session is planned (define), from the node's
 // attributes and any constant inputs (NodeInfo), and then run many times on data
-// (OpContext). Registration is one KILN_REGISTER_OP line at the bottom of each op file:
+// (OpContext). Registration is one KILN_REGISTER_OP line at the bottom of each op file,
+// which also states the op's contract with the planner (ops/contract.h): its output shapes,
+// views and scratch:
 //
-//   KILN_REGISTER_OP({.op = "Relu", .since = 6, .in_place = inputs(0), .create = make<Relu>});
+//   KILN_REGISTER_OP({.op = "Relu", .since = 6, .in_place = inputs(0), .shape = same_shape,
+//                     .create = make<Relu>});
 #pragma once
 
 #include <climits>
@@ -19,6 +22,7 @@
 #include "kiln/session.h"
 #include "kiln/tensor.h"
 #include "kiln/value.h"
+#include "ops/contract.h"
 
 namespace kiln::ops {
 
@@ -44,6 +48,12 @@ struct OpRegistration {
   uint32_t in_place = 0;        // inputs the kernel may overwrite when the executor allows
   bool strided_inputs = false;  // accepts non-contiguous tensors (else made contiguous)
   const char* types = "";       // element types, for docs/ops.md ("float, double, int64")
+  // The contract (ops/contract.h). Without `shape` the op's outputs are known only when it
+  // runs; without `place` output 0 may be written over an `in_place` input and the others
+  // are fresh; without `workspace` the kernel takes no scratch from OpContext::workspace.
+  void (*shape)(ShapeContext&) = nullptr;
+  void (*place)(Placement&) = nullptr;
+  uint64_t (*workspace)(const ShapeContext&) = nullptr;
   std::unique_ptr<Kernel> (*create)(const NodeInfo&) = nullptr;
 };
 

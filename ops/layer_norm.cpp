@@ -195,6 +195,21 @@ class Norm final : public Kernel {
   DataType stash_;
 };
 
+// Y has X's shape; Mean and InvStdDev keep the axes before `axis` and 1 for the others, in
+// the stash type.
+void layer_norm_shape(ShapeContext& c) {
+  const ValueFacts& x = c.in(0);
+  c.set(0, x.dtype, x.shape);
+  const int64_t stash = c.attr_i("stash_type", 1);
+  if (stash != 1 && stash != 10 && stash != 11 && stash != 16) unknown("bad stash_type");
+  const auto axis = static_cast<size_t>(
+      normalize_axis(c.attr_i("axis", -1), static_cast<int64_t>(x.shape.size())));
+  Shape stat = x.shape;
+  std::fill(stat.begin() + static_cast<std::ptrdiff_t>(axis), stat.end(), 1);
+  c.set(1, static_cast<DataType>(stash), stat);
+  c.set(2, static_cast<DataType>(stash), stat);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "LayerNormalization",
@@ -205,6 +220,7 @@ KILN_REGISTER_OP({.op = "LayerNormalization",
                   .max_outputs = 3,
                   .in_place = inputs(0),
                   .types = "float, double, float16, bfloat16",
+                  .shape = layer_norm_shape,
                   .create = make<Norm<false>>});
 KILN_REGISTER_OP({.op = "RMSNormalization",
                   .since = 23,
@@ -214,6 +230,7 @@ KILN_REGISTER_OP({.op = "RMSNormalization",
                   .max_outputs = 1,
                   .in_place = inputs(0),
                   .types = "float, double, float16, bfloat16 (scale of X's type)",
+                  .shape = same_shape,
                   .create = make<Norm<true>>});
 
 }  // namespace kiln::ops

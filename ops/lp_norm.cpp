@@ -108,6 +108,7 @@ KILN_REGISTER_OP({.op = "LpNormalization",
                   .max_outputs = 1,
                   .in_place = inputs(0),
                   .types = "float, double, float16, bfloat16",
+                  .shape = same_shape,
                   .create = make<LpNorm>});
 
 }  // namespace kiln::ops

@@ -81,6 +81,7 @@ KILN_REGISTER_OP({.op = "LRN",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
+                  .shape = same_shape,
                   .create = make<LRN>});
 
 }  // namespace kiln::ops

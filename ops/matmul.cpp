@@ -378,6 +378,22 @@ class FusedMatMul final : public Kernel {
   math::Activation activation_;
 };
 
+// MatMul, and the fused products whose transA / transB swap an operand's last two axes.
+void matmul_shape(ShapeContext& c) {
+  Shape a = c.shape(0), b = c.shape(1);
+  if (a.empty() || b.empty()) unknown("scalar operand");
+  if (a.size() >= 2 && c.attr_i("transA", 0) != 0) std::swap(a[a.size() - 1], a[a.size() - 2]);
+  if (b.size() >= 2 && c.attr_i("transB", 0) != 0) std::swap(b[b.size() - 1], b[b.size() - 2]);
+  const bool a1 = a.size() == 1, b1 = b.size() == 1;
+  if (a1) a.insert(a.begin(), 1);
+  if (b1) b.push_back(1);
+  if (a.back() != b[b.size() - 2]) unknown("inner dimensions differ");
+  Shape batch = broadcast_shapes(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2));
+  if (!a1) batch.push_back(a[a.size() - 2]);
+  if (!b1) batch.push_back(b.back());
+  c.set(0, c.dtype(0), batch);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "MatMul",
@@ -388,6 +404,7 @@ KILN_REGISTER_OP({.op = "MatMul",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16, int32, int64, uint32, uint64",
+                  .shape = matmul_shape,
                   .create = make<MatMul>});
 
 KILN_REGISTER_OP({.domain = "kiln",
@@ -399,6 +416,7 @@ KILN_REGISTER_OP({.domain = "kiln",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "float",
+                  .shape = matmul_shape,
                   .create = make<FusedMatMul>});
 KILN_REGISTER_OP({.domain = "com.microsoft",
                   .op = "FusedMatMul",
@@ -409,6 +427,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "float",
+                  .shape = matmul_shape,
                   .create = make<FusedMatMul>});
 
 }  // namespace kiln::ops

@@ -141,6 +141,7 @@ KILN_REGISTER_OP({.op = "MeanVarianceNormalization",
                   .max_outputs = 1,
                   .in_place = inputs(0),
                   .types = "float, double, float16, bfloat16",
+                  .shape = same_shape,
                   .create = make<Mvn>});
 
 }  // namespace kiln::ops

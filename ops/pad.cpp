@@ -226,6 +226,24 @@ class Pad final : public Kernel {
   float attr_value_ = 0;
 };
 
+void pad_shape(ShapeContext& c) {
+  const ValueFacts& x = c.in(0);
+  const std::vector<int64_t> pads = c.ints_from("pads", 11, 1);
+  std::vector<int64_t> axes;
+  if (c.opset() >= 18 && c.has(3)) axes = c.data(3);
+  if (axes.empty()) {
+    for (size_t d = 0; d < x.shape.size(); ++d) axes.push_back(static_cast<int64_t>(d));
+  }
+  if (pads.size() != 2 * axes.size()) unknown("pads do not match the axes");
+  Shape out = x.shape;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const auto a = static_cast<size_t>(normalize_axis(axes[i], static_cast<int64_t>(out.size())));
+    out[a] = checked_add(out[a], checked_add(pads[i], pads[i + axes.size()]));
+    if (out[a] < 0) unknown("negative padded size");
+  }
+  c.set(0, x.dtype, out);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Pad",
@@ -236,6 +254,7 @@ KILN_REGISTER_OP({.op = "Pad",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "all types but sub-byte ones",
+                  .shape = pad_shape,
                   .create = make<Pad>});
 
 }  // namespace kiln::ops

@@ -499,6 +499,17 @@ class Pool final : public Kernel {
   float p_ = 0;
 };
 
+void pool_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  if (x.size() < 2) unknown("rank below 2");
+  const std::vector<int64_t> kernel = c.attr_ints("kernel_shape");
+  Shape out{x[0], x[1]};
+  for (int64_t d : window_output_dims(c, x, kernel, c.attr_i("ceil_mode", 0) != 0))
+    out.push_back(d);
+  c.set(0, c.dtype(0), out);
+  c.set(1, DataType::Int64, out);  // MaxPool's indices
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "MaxPool",
@@ -508,6 +519,7 @@ KILN_REGISTER_OP({.op = "MaxPool",
                   .min_outputs = 1,
                   .max_outputs = 2,
                   .types = "float, double, float16, bfloat16, int8, uint8",
+                  .shape = pool_shape,
                   .create = make<Pool<PoolKind::Max>>});
 KILN_REGISTER_OP({.op = "AveragePool",
                   .since = 1,
@@ -516,6 +528,7 @@ KILN_REGISTER_OP({.op = "AveragePool",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
+                  .shape = pool_shape,
                   .create = make<Pool<PoolKind::Average>>});
 KILN_REGISTER_OP({.op = "LpPool",
                   .since = 1,
@@ -524,6 +537,7 @@ KILN_REGISTER_OP({.op = "LpPool",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
+                  .shape = pool_shape,
                   .create = make<Pool<PoolKind::Lp>>});
 
 }  // namespace kiln::ops

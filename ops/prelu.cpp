@@ -61,6 +61,7 @@ KILN_REGISTER_OP({.op = "PRelu",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "float types, int32, int64, uint32, uint64",
+                  .shape = same_shape,
                   .create = make<PRelu>});
 
 }  // namespace kiln::ops

@@ -569,6 +569,29 @@ class Reduce final : public Kernel {
   std::vector<int64_t> axes_, const_axes_;
 };
 
+void reduce_shape(ShapeContext& c) {
+  const ValueFacts& x = c.in(0);
+  // ReduceSum takes axes as an input from opset 13, the others from 18.
+  const int64_t since = c.node().op_type == "ReduceSum" ? 13 : 18;
+  const std::vector<int64_t> axes = c.ints_from("axes", since, 1);
+  const bool keepdims = c.attr_i("keepdims", 1) != 0;
+  if (axes.empty() && c.attr_i("noop_with_empty_axes", 0) != 0) {
+    c.set(0, x.dtype, x.shape);
+    return;
+  }
+  std::vector<bool> reduced(x.shape.size(), axes.empty());
+  for (int64_t a : axes)
+    reduced[static_cast<size_t>(normalize_axis(a, static_cast<int64_t>(x.shape.size())))] = true;
+  Shape out;
+  for (size_t d = 0; d < x.shape.size(); ++d) {
+    if (!reduced[d])
+      out.push_back(x.shape[d]);
+    else if (keepdims)
+      out.push_back(1);
+  }
+  c.set(0, x.dtype, out);
+}
+
 }  // namespace
 
 #define KILN_REDUCE(op_name, kind, type_names) \
@@ -579,6 +602,7 @@ class Reduce final : public Kernel {
                     .min_outputs = 1,          \
                     .max_outputs = 1,          \
                     .types = type_names,       \
+                    .shape = reduce_shape,     \
                     .create = make<Reduce<kind>>})
 
 constexpr const char* kReduceTypes =

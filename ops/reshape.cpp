@@ -211,6 +211,117 @@ class Size final : public Kernel {
   }
 };
 
+void reshape_shape(ShapeContext& c) {
+  const Shape& in = c.shape(0);
+  const std::vector<int64_t>& req = c.data(1);
+  const bool allowzero = c.attr_i("allowzero", 0) != 0;
+  Shape out(req.size());
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < req.size(); ++i) {
+    int64_t d = req[i];
+    if (d == 0 && !allowzero) {
+      if (i >= in.size()) unknown("0 beyond the input rank");
+      d = in[i];
+    }
+    if (d == -1) {
+      if (infer >= 0) unknown("two -1 dimensions");
+      infer = static_cast<int64_t>(i);
+      continue;
+    }
+    if (d < 0) unknown("negative dimension");
+    out[i] = d;
+    known = ops::checked_mul(known, d);
+  }
+  const int64_t n = numel_or_unknown(in);
+  if (infer >= 0) {
+    if (known == 0 || n % known != 0) unknown("cannot infer -1");
+    out[static_cast<size_t>(infer)] = n / known;
+  } else if (known != n) {
+    unknown("element counts differ");
+  }
+  const ValueFacts& x = c.in(0);
+  c.set(0, x.dtype, out, x.has_data ? &x.data : nullptr);
+}
+
+void flatten_shape(ShapeContext& c) {
+  const Shape& in = c.shape(0);
+  int64_t axis = c.attr_i("axis", 1);
+  if (axis < 0) axis += static_cast<int64_t>(in.size());
+  if (axis < 0 || axis > static_cast<int64_t>(in.size())) unknown("axis out of range");
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < in.size(); ++d) {
+    int64_t& part = static_cast<int64_t>(d) < axis ? outer : inner;
+    part = ops::checked_mul(part, in[d]);
+  }
+  const ValueFacts& x = c.in(0);
+  c.set(0, x.dtype, {outer, inner}, x.has_data ? &x.data : nullptr);
+}
+
+void unsqueeze_shape(ShapeContext& c) {
+  const ValueFacts& x = c.in(0);
+  const std::vector<int64_t> axes = c.ints_from("axes", 13, 1);
+  const size_t rank = x.shape.size() + axes.size();
+  std::vector<bool> inserted(rank, false);
+  for (int64_t a : axes) {
+    const auto k = static_cast<size_t>(ops::normalize_axis(a, static_cast<int64_t>(rank)));
+    if (inserted[k]) unknown("repeated axis");
+    inserted[k] = true;
+  }
+  Shape out;
+  size_t next = 0;
+  for (size_t k = 0; k < rank; ++k) out.push_back(inserted[k] ? 1 : x.shape[next++]);
+  c.set(0, x.dtype, out, x.has_data ? &x.data : nullptr);
+}
+
+void squeeze_shape(ShapeContext& c) {
+  const ValueFacts& x = c.in(0);
+  const std::vector<int64_t> axes = c.ints_from("axes", 13, 1);
+  std::vector<bool> drop(x.shape.size(), false);
+  if (axes.empty()) {
+    for (size_t k = 0; k < x.shape.size(); ++k) drop[k] = x.shape[k] == 1;
+  }
+  for (int64_t a : axes) {
+    const auto k =
+        static_cast<size_t>(ops::normalize_axis(a, static_cast<int64_t>(x.shape.size())));
+    if (x.shape[k] != 1) unknown("squeezed dimension is not 1");
+    drop[k] = true;
+  }
+  Shape out;
+  for (size_t k = 0; k < x.shape.size(); ++k)
+    if (!drop[k]) out.push_back(x.shape[k]);
+  c.set(0, x.dtype, out, x.has_data ? &x.data : nullptr);
+}
+
+// Squeeze and Unsqueeze view their input: the strides of the kept dimensions carry over.
+void place_unit_dims(Placement& p) {
+  const Shape& in = p.input(0).shape;
+  const Shape& out = p.output(0).shape;
+  const Shape in_strides = p.strides(0);
+  Shape strides(out.size(), 1);
+  size_t j = 0;
+  for (size_t k = 0; k < out.size(); ++k) {
+    if (out[k] == 1) continue;
+    while (j < in.size() && in[j] == 1) ++j;
+    if (j < in.size()) strides[k] = in_strides[j++];
+  }
+  p.view(0, 0, p.contiguous(0) ? Shape{} : strides);
+}
+
+void shape_of_shape(ShapeContext& c) {
+  const Shape& in = c.shape(0);
+  const auto rank = static_cast<int64_t>(in.size());
+  auto clamp = [&](int64_t v) { return std::clamp(v < 0 ? v + rank : v, int64_t{0}, rank); };
+  const int64_t start = clamp(c.attr_i("start", 0)), end = clamp(c.attr_i("end", rank));
+  std::vector<int64_t> data;
+  for (int64_t d = start; d < end; ++d) data.push_back(in[static_cast<size_t>(d)]);
+  c.set(0, DataType::Int64, {static_cast<int64_t>(data.size())}, &data);
+}
+
+void size_shape(ShapeContext& c) {
+  const std::vector<int64_t> data{numel_or_unknown(c.shape(0))};
+  c.set(0, DataType::Int64, {}, &data);
+}
+
 }  // namespace
 
 constexpr const char* kAllTypes = "all types";
@@ -221,6 +332,8 @@ KILN_REGISTER_OP({.op = "Reshape",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = kAllTypes,
+                  .shape = reshape_shape,
+                  .place = place_reshaped,
                   .create = make<Reshape>});
 KILN_REGISTER_OP({.op = "Flatten",
                   .since = 1,
@@ -229,6 +342,8 @@ KILN_REGISTER_OP({.op = "Flatten",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = kAllTypes,
+                  .shape = flatten_shape,
+                  .place = place_reshaped,
                   .create = make<Flatten>});
 KILN_REGISTER_OP({.op = "Squeeze",
                   .since = 1,
@@ -238,6 +353,8 @@ KILN_REGISTER_OP({.op = "Squeeze",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = kAllTypes,
+                  .shape = squeeze_shape,
+                  .place = place_unit_dims,
                   .create = make<Squeeze>});
 KILN_REGISTER_OP({.op = "Unsqueeze",
                   .since = 1,
@@ -247,6 +364,8 @@ KILN_REGISTER_OP({.op = "Unsqueeze",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = kAllTypes,
+                  .shape = unsqueeze_shape,
+                  .place = place_unit_dims,
                   .create = make<Unsqueeze>});
 KILN_REGISTER_OP({.op = "Identity",
                   .since = 1,
@@ -256,6 +375,8 @@ KILN_REGISTER_OP({.op = "Identity",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "all types, sequences, optionals",
+                  .shape = pass_through,
+                  .place = place_alias,
                   .create = make<Identity>});
 KILN_REGISTER_OP({.op = "Shape",
                   .since = 1,
@@ -265,6 +386,7 @@ KILN_REGISTER_OP({.op = "Shape",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = kAllTypes,
+                  .shape = shape_of_shape,
                   .create = make<ShapeOp>});
 KILN_REGISTER_OP({.op = "Size",
                   .since = 1,
@@ -274,6 +396,7 @@ KILN_REGISTER_OP({.op = "Size",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = kAllTypes,
+                  .shape = size_shape,
                   .create = make<Size>});
 
 }  // namespace kiln::ops

@@ -112,6 +112,19 @@ class SkipLayerNorm final : public Kernel {
   float epsilon_;
 };
 
+// input + skip (broadcast), normalised over the last axis; the statistics keep it as 1, the
+// fourth output is the sum.
+void skip_layer_norm_shape(ShapeContext& c) {
+  const Shape out = broadcast_shapes(c.shape(0), c.shape(1));
+  if (out.empty()) unknown("a scalar input");
+  Shape stat = out;
+  stat.back() = 1;
+  c.set(0, c.dtype(0), out);
+  c.set(1, DataType::Float, stat);
+  c.set(2, DataType::Float, stat);
+  c.set(3, c.dtype(0), out);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.domain = "com.microsoft",
@@ -123,6 +136,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .max_outputs = 4,
                   .in_place = inputs(0, 1),
                   .types = "float",
+                  .shape = skip_layer_norm_shape,
                   .create = make<SkipLayerNorm>});
 
 }  // namespace kiln::ops

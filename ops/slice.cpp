@@ -110,6 +110,88 @@ class Slice final : public Kernel {
   std::vector<int64_t> starts_, ends_, axes_;
 };
 
+void slice_shape(ShapeContext& c) {
+  const ValueFacts& x = c.in(0);
+  std::vector<int64_t> starts, ends, axes, steps;
+  if (c.opset() < 10) {
+    starts = c.attr_ints("starts");
+    ends = c.attr_ints("ends");
+    axes = c.attr_ints("axes");
+  } else {
+    starts = c.data(1);
+    ends = c.data(2);
+    if (c.has(3)) axes = c.data(3);
+    if (c.has(4)) steps = c.data(4);
+  }
+  if (axes.empty()) {
+    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+  }
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+    unknown("starts, ends, axes and steps differ in length");
+  Shape out = x.shape;
+  std::vector<int64_t> first(out.size(), 0), step(out.size(), 1);
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const auto a = static_cast<size_t>(normalize_axis(axes[i], static_cast<int64_t>(out.size())));
+    const int64_t d = x.shape[a], s = steps[i];
+    if (s == 0) unknown("step 0");
+    int64_t b = starts[i] < 0 ? starts[i] + d : starts[i];
+    int64_t e = ends[i] < 0 ? ends[i] + d : ends[i];
+    int64_t len = 0;
+    if (s > 0) {
+      b = std::clamp<int64_t>(b, 0, d);
+      e = std::clamp<int64_t>(e, 0, d);
+      len = e > b ? (e - b + s - 1) / s : 0;
+    } else {
+      b = std::clamp<int64_t>(b, 0, d - 1);
+      e = std::clamp<int64_t>(e, -1, d - 1);
+      len = b > e ? (b - e - s - 1) / -s : 0;
+    }
+    out[a] = len;
+    first[a] = b;
+    step[a] = s;
+  }
+  if (x.has_data && x.shape.size() == 1) {
+    std::vector<int64_t> data;
+    for (int64_t k = 0; k < out[0]; ++k)
+      data.push_back(x.data[static_cast<size_t>(first[0] + k * step[0])]);
+    c.set(0, x.dtype, out, &data);
+    return;
+  }
+  c.set(0, x.dtype, out);
+}
+
+// A view of the input with each sliced axis's stride multiplied by its step; a backward
+// step makes the kernel copy.
+void place_slice(Placement& p) {
+  const Shape& xs = p.input(0).shape;
+  const Shape& ys = p.output(0).shape;
+  Shape strides = p.strides(0);
+  const ir::Node& node = p.node();
+  auto ints = [&](size_t i) {
+    return i < node.inputs.size() && node.inputs[i] != ir::kNoValue ? p.input(i).data
+                                                                    : std::vector<int64_t>{};
+  };
+  std::vector<int64_t> axes = ints(3), steps = ints(4);
+  if (node.opset < 10) {
+    if (const ir::Attribute* a = node.attr("axes")) axes = a->ints;
+    steps.clear();
+  }
+  bool backwards = false;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    int64_t a = k < axes.size() ? axes[k] : static_cast<int64_t>(k);
+    if (a < 0) a += static_cast<int64_t>(xs.size());
+    const auto ax = static_cast<size_t>(a);
+    if (ax >= xs.size() || ys[ax] <= 1) continue;
+    strides[ax] *= steps[k];
+    backwards = backwards || steps[k] < 0;
+  }
+  if (backwards)
+    p.allocate(0);
+  else
+    p.view(0, 0, strides, false);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Slice",
@@ -120,6 +202,8 @@ KILN_REGISTER_OP({.op = "Slice",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "all types but sub-byte ones",
+                  .shape = slice_shape,
+                  .place = place_slice,
                   .create = make<Slice>});
 
 }  // namespace kiln::ops

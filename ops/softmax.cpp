@@ -266,6 +266,7 @@ KILN_REGISTER_OP({.op = "Softmax",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16",
+                  .shape = same_shape,
                   .create = make<SoftmaxKernel<Mode::Softmax>>});
 KILN_REGISTER_OP({.op = "LogSoftmax",
                   .since = 1,
@@ -276,6 +277,7 @@ KILN_REGISTER_OP({.op = "LogSoftmax",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16",
+                  .shape = same_shape,
                   .create = make<SoftmaxKernel<Mode::LogSoftmax>>});
 KILN_REGISTER_OP({.op = "Hardmax",
                   .since = 1,
@@ -286,6 +288,7 @@ KILN_REGISTER_OP({.op = "Hardmax",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16",
+                  .shape = same_shape,
                   .create = make<SoftmaxKernel<Mode::Hardmax>>});
 
 }  // namespace kiln::ops

@@ -97,6 +97,27 @@ class Split final : public Kernel {
   int64_t num_outputs_;
 };
 
+void split_shape(ShapeContext& c) {
+  const ValueFacts& x = c.in(0);
+  const auto axis = static_cast<size_t>(
+      normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(x.shape.size())));
+  std::vector<int64_t> sizes = c.ints_from("split", 13, 1);
+  const size_t outputs = c.num_outputs();
+  if (sizes.empty()) {
+    const int64_t parts =
+        c.has_attr("num_outputs") ? c.attr_i("num_outputs", 1) : static_cast<int64_t>(outputs);
+    if (parts <= 0) unknown("no outputs");
+    const int64_t d = x.shape[axis], each = d / parts + (d % parts != 0 ? 1 : 0);
+    for (int64_t p = 0; p < parts; ++p) sizes.push_back(std::clamp<int64_t>(d - p * each, 0, each));
+  }
+  if (sizes.size() != outputs) unknown("split sizes do not match the outputs");
+  for (size_t i = 0; i < outputs; ++i) {
+    Shape s = x.shape;
+    s[axis] = sizes[i];
+    c.set(i, x.dtype, s);
+  }
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Split",
@@ -106,6 +127,7 @@ KILN_REGISTER_OP({.op = "Split",
                   .min_outputs = 1,
                   .strided_inputs = true,
                   .types = "all types but sub-byte ones",
+                  .shape = split_shape,
                   .create = make<Split>});
 
 }  // namespace kiln::ops

@@ -63,6 +63,34 @@ class Transpose final : public Kernel {
   std::vector<int64_t> perm_;
 };
 
+void transpose_shape(ShapeContext& c) {
+  const ValueFacts& x = c.in(0);
+  std::vector<int64_t> perm = c.attr_ints("perm");
+  const size_t rank = x.shape.size();
+  if (perm.empty()) {
+    for (size_t d = rank; d-- > 0;) perm.push_back(static_cast<int64_t>(d));
+  }
+  if (perm.size() != rank) unknown("perm does not match the rank");
+  Shape out;
+  for (int64_t p : perm) {
+    out.push_back(x.shape.at(static_cast<size_t>(normalize_axis(p, static_cast<int64_t>(rank)))));
+  }
+  c.set(0, x.dtype, out);
+}
+
+// A view of the input with its strides permuted.
+void place_transposed(Placement& p) {
+  const Shape from = p.strides(0);
+  std::vector<int64_t> perm;
+  if (const ir::Attribute* a = p.node().attr("perm")) perm = a->ints;
+  Shape strides(from.size());
+  for (size_t d = 0; d < from.size(); ++d) {
+    const size_t k = perm.empty() ? from.size() - 1 - d : static_cast<size_t>(perm[d]);
+    strides[d] = from[k];
+  }
+  p.view(0, 0, strides);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Transpose",
@@ -73,6 +101,8 @@ KILN_REGISTER_OP({.op = "Transpose",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "all types (sub-byte types only when the result stays contiguous)",
+                  .shape = transpose_shape,
+                  .place = place_transposed,
                   .create = make<Transpose>});
 
 }  // namespace kiln::ops

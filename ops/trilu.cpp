@@ -89,6 +89,7 @@ KILN_REGISTER_OP({.op = "Trilu",
                   .max_outputs = 1,
                   .in_place = inputs(0),
                   .types = "all types but sub-byte ones",
+                  .shape = same_shape,
                   .create = make<Trilu>});
 
 }  // namespace kiln::ops

@@ -312,19 +312,38 @@ class BitwiseNot final : public Kernel {
   }
 };
 
+// Neg and Abs of known integers (shape chains negate and take magnitudes of sizes).
+void neg_shape(ShapeContext& c) {
+  broadcast_shape(c, DataType::Undefined, 0,
+                  [](const std::vector<int64_t>& a) { return checked_sub(0, a[0]); });
+}
+
+void abs_shape(ShapeContext& c) {
+  broadcast_shape(c, DataType::Undefined, 0, [](const std::vector<int64_t>& a) {
+    return a[0] < 0 ? checked_sub(0, a[0]) : a[0];
+  });
+}
+
+void predicate_shape(ShapeContext& c) {
+  c.set(0, DataType::Bool, c.shape(0));
+}
+
 }  // namespace
 
-#define KILN_UNARY(op_name, since_v, Fn, type_names) \
-  KILN_REGISTER_OP({.op = op_name,                   \
-                    .since = since_v,                \
-                    .min_inputs = 1,                 \
-                    .max_inputs = 1,                 \
-                    .min_outputs = 1,                \
-                    .max_outputs = 1,                \
-                    .in_place = inputs(0),           \
-                    .strided_inputs = true,          \
-                    .types = type_names,             \
+#define KILN_UNARY_AS(op_name, since_v, Fn, type_names, shape_fn) \
+  KILN_REGISTER_OP({.op = op_name,                                \
+                    .since = since_v,                             \
+                    .min_inputs = 1,                              \
+                    .max_inputs = 1,                              \
+                    .min_outputs = 1,                             \
+                    .max_outputs = 1,                             \
+                    .in_place = inputs(0),                        \
+                    .strided_inputs = true,                       \
+                    .types = type_names,                          \
+                    .shape = shape_fn,                            \
                     .create = make<Unary<Fn>>})
+#define KILN_UNARY(op_name, since_v, Fn, type_names) \
+  KILN_UNARY_AS(op_name, since_v, Fn, type_names, same_shape)
 
 constexpr const char* kFloat = "float, double, float16, bfloat16";
 constexpr const char* kNumeric = "all numeric";
@@ -352,8 +371,8 @@ KILN_UNARY("Sigmoid", 6, SigmoidFn, kFloat);
 KILN_UNARY("Softsign", 1, SoftsignFn, kFloat);
 KILN_UNARY("Softplus", 1, SoftplusFn, kFloat);
 KILN_UNARY("Mish", 18, MishFn, kFloat);
-KILN_UNARY("Abs", 6, AbsFn, kNumeric);
-KILN_UNARY("Neg", 6, NegFn, "signed numeric");
+KILN_UNARY_AS("Abs", 6, AbsFn, kNumeric, abs_shape);
+KILN_UNARY_AS("Neg", 6, NegFn, "signed numeric", neg_shape);
 KILN_UNARY("Sign", 9, SignFn, kNumeric);
 KILN_UNARY("Relu", 6, ReluFn, "float types, signed integers");
 KILN_UNARY("LeakyRelu", 6, LeakyReluFn, kFloat);
@@ -366,6 +385,7 @@ KILN_UNARY("ThresholdedRelu", 10, ThresholdedReluFn, kFloat);
 KILN_UNARY("Shrink", 9, ShrinkFn, kNumeric);
 KILN_UNARY("Gelu", 20, GeluFn, kFloat);
 #undef KILN_UNARY
+#undef KILN_UNARY_AS
 
 KILN_REGISTER_OP({.op = "IsNaN",
                   .since = 9,
@@ -373,6 +393,7 @@ KILN_REGISTER_OP({.op = "IsNaN",
                   .max_inputs = 1,
                   .strided_inputs = true,
                   .types = "float types",
+                  .shape = predicate_shape,
                   .create = make<Predicate<IsNaNPred>>});
 KILN_REGISTER_OP({.op = "IsInf",
                   .since = 10,
@@ -380,6 +401,7 @@ KILN_REGISTER_OP({.op = "IsInf",
                   .max_inputs = 1,
                   .strided_inputs = true,
                   .types = "float types",
+                  .shape = predicate_shape,
                   .create = make<Predicate<IsInfPred>>});
 KILN_REGISTER_OP({.op = "Not",
                   .since = 1,
@@ -388,6 +410,7 @@ KILN_REGISTER_OP({.op = "Not",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "bool",
+                  .shape = same_shape,
                   .create = make<Not>});
 KILN_REGISTER_OP({.op = "BitwiseNot",
                   .since = 18,
@@ -396,6 +419,7 @@ KILN_REGISTER_OP({.op = "BitwiseNot",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "integers",
+                  .shape = same_shape,
                   .create = make<BitwiseNot>});
 
 }  // namespace kiln::ops

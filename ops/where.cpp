@@ -65,6 +65,11 @@ class Where final : public Kernel {
   }
 };
 
+void where_shape(ShapeContext& c) {
+  broadcast_shape(c, DataType::Undefined, 1,
+                  [](const std::vector<int64_t>& a) { return a[0] ? a[1] : a[2]; });
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Where",
@@ -76,6 +81,7 @@ KILN_REGISTER_OP({.op = "Where",
                   .in_place = inputs(1, 2),
                   .strided_inputs = true,
                   .types = "all types (bool condition)",
+                  .shape = where_shape,
                   .create = make<Where>});
 
 }  // namespace kiln::ops

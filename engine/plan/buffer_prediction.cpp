@@ -1,6 +1,9 @@
 #include "engine/plan/buffer_prediction.h"
 
 #include <algorithm>
+#include <functional>
+
+#include "ops/kernel.h"
 
 namespace kiln::plan {
 
@@ -30,24 +33,112 @@ bool is_contiguous(const Shape& shape, const Shape& strides) {
   return true;
 }
 
-// Strides of a view that only adds or drops unit dimensions (Squeeze, Unsqueeze).
-Shape unit_dims_view(const Shape& in, const Shape& in_strides, const Shape& out) {
-  if (in_strides.empty()) return {};
-  Shape strides(out.size(), 1);
-  size_t j = 0;
-  for (size_t k = 0; k < out.size(); ++k) {
-    if (out[k] == 1) continue;
-    while (j < in.size() && in[j] == 1) ++j;
-    if (j < in.size()) strides[k] = in_strides[j++];
-  }
-  return strides;
-}
+// One step's placement rule at work: views and fresh buffers recorded in the prediction.
+class StepPlacement final : public ops::Placement {
+ public:
+  StepPlacement(const std::vector<InferredValue>& values, const ir::Node& node, uint32_t in_place,
+                const std::vector<Place>& in, int32_t now, BufferPrediction& r,
+                std::vector<Place>& place, std::vector<std::vector<ir::ValueId>>& members,
+                const std::vector<int32_t>& last_read, const std::vector<bool>& outlives,
+                const std::function<int32_t(ir::ValueId)>& death)
+      : values_(values),
+        node_(node),
+        in_place_(in_place),
+        in_(in),
+        now_(now),
+        r_(r),
+        place_(place),
+        members_(members),
+        last_read_(last_read),
+        outlives_(outlives),
+        death_(death) {}
 
-std::vector<int64_t> known_ints(const std::vector<InferredValue>& values, const ir::Node& node,
-                                size_t i) {
-  if (i >= node.inputs.size() || node.inputs[i] == ir::kNoValue) return {};
-  return values[static_cast<size_t>(node.inputs[i])].data;
-}
+  const ir::Node& node() const override { return node_; }
+  const ops::ValueFacts& input(size_t i) const override {
+    return values_[static_cast<size_t>(node_.inputs.at(i))];
+  }
+  const ops::ValueFacts& output(size_t o) const override {
+    return values_[static_cast<size_t>(node_.outputs.at(o))];
+  }
+  Shape strides(size_t i) const override { return strides_of(in_[i], input(i).shape); }
+  bool contiguous(size_t i) const override { return is_contiguous(input(i).shape, in_[i].strides); }
+  uint64_t room(size_t i) const override {
+    const int32_t b = in_[i].buffer;
+    return b >= 0 && in_[i].at_start ? r_.buffers[static_cast<size_t>(b)].bytes : 0;
+  }
+
+  // ExecutionHooks::can_overwrite: the input is owned by the run, read for the last time
+  // here, and no other live handle shares its storage.
+  bool writable(size_t i) const override {
+    if (i >= 32 || !(in_place_ & (1u << i)) || i >= node_.inputs.size() ||
+        node_.inputs[i] == ir::kNoValue) {
+      return false;
+    }
+    if (in_[i].temporary) return true;
+    const int32_t b = in_[i].buffer;
+    const ir::ValueId id = node_.inputs[i];
+    if (b < 0 || last_read_[static_cast<size_t>(id)] != now_ || outlives_[static_cast<size_t>(id)])
+      return false;
+    if (std::count(node_.inputs.begin(), node_.inputs.end(), id) != 1) return false;
+    for (ir::ValueId m : members_[static_cast<size_t>(b)]) {
+      if (m == id) continue;
+      const int32_t d = death_(m);
+      if (d < 0 || d >= now_) return false;  // another handle on the storage is alive
+    }
+    return true;
+  }
+
+  void view(size_t o, size_t i, Shape strides, bool at_start) override {
+    if (o >= node_.outputs.size() || node_.outputs[o] == ir::kNoValue) return;
+    const ir::ValueId id = node_.outputs[o];
+    const Place& of = in_.at(i);
+    if (!strides.empty() && is_contiguous(output(o).shape, strides)) strides.clear();
+    place_[static_cast<size_t>(id)] =
+        Place{of.buffer, std::move(strides), false, of.at_start && at_start};
+    if (of.buffer >= 0) members_[static_cast<size_t>(of.buffer)].push_back(id);
+  }
+
+  void allocate(size_t o) override {
+    if (o >= node_.outputs.size() || node_.outputs[o] == ir::kNoValue) return;
+    const ir::ValueId id = node_.outputs[o];
+    const InferredValue& v = values_[static_cast<size_t>(id)];
+    if (v.dtype == DataType::String) {
+      place_[static_cast<size_t>(id)] = Place{};
+      return;
+    }
+    const auto buffer = static_cast<int32_t>(r_.buffers.size());
+    r_.buffers.push_back({storage_bytes(v.dtype, shape_numel(v.shape)), now_, -1});
+    members_.push_back({id});
+    place_[static_cast<size_t>(id)] = Place{buffer, {}, false, true};
+  }
+
+  void reuse_or_allocate(size_t o, uint32_t candidates) override {
+    if (o >= node_.outputs.size() || node_.outputs[o] == ir::kNoValue) return;
+    const InferredValue& out = output(o);
+    for (size_t i = 0; i < node_.inputs.size() && i < 32; ++i) {
+      if (!(candidates & (1u << i)) || node_.inputs[i] == ir::kNoValue) continue;
+      const InferredValue& x = input(i);
+      if (x.dtype != out.dtype || x.shape != out.shape || !writable(i)) continue;
+      if (!contiguous(i)) break;  // the kernel allocates then
+      view(o, i, {}, true);
+      return;
+    }
+    allocate(o);
+  }
+
+ private:
+  const std::vector<InferredValue>& values_;
+  const ir::Node& node_;
+  const uint32_t in_place_;  // the inputs the kernel may overwrite (OpRegistration::in_place)
+  const std::vector<Place>& in_;
+  const int32_t now_;
+  BufferPrediction& r_;
+  std::vector<Place>& place_;
+  std::vector<std::vector<ir::ValueId>>& members_;
+  const std::vector<int32_t>& last_read_;
+  const std::vector<bool>& outlives_;
+  const std::function<int32_t(ir::ValueId)>& death_;
+};
 
 }  // namespace
 
@@ -69,7 +160,7 @@ BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<Inferr
   }
   // The step at which a value's handle is dropped (-1: handed to the caller). A value never
   // read stays in the step's outputs until the next step starts.
-  auto death = [&](ir::ValueId id) -> int32_t {
+  const std::function<int32_t(ir::ValueId)> death = [&](ir::ValueId id) -> int32_t {
     const auto v = static_cast<size_t>(id);
     if (outlives[v]) return -1;
     return last_read[v] > 0 ? last_read[v] : produced[v] + 1;
@@ -101,151 +192,13 @@ BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<Inferr
         in[i] = Place{-1, {}, true, true};  // copied outside the pool before the kernel runs
       }
     }
-    auto out_value = [&](size_t o) -> const InferredValue& {
-      return values[static_cast<size_t>(node.outputs[o])];
-    };
-    auto in_value = [&](size_t i) -> const InferredValue& {
-      return values[static_cast<size_t>(node.inputs[i])];
-    };
-    auto view = [&](size_t o, const Place& of, Shape strides, bool at_start = true) {
-      const ir::ValueId id = node.outputs[o];
-      if (id == ir::kNoValue) return;
-      place[static_cast<size_t>(id)] =
-          Place{of.buffer, std::move(strides), false, of.at_start && at_start};
-      if (of.buffer >= 0) members[static_cast<size_t>(of.buffer)].push_back(id);
-    };
-    auto allocate = [&](size_t o) {
-      const ir::ValueId id = node.outputs[o];
-      if (id == ir::kNoValue) return;
-      const InferredValue& v = values[static_cast<size_t>(id)];
-      if (v.dtype == DataType::String) {
-        place[static_cast<size_t>(id)] = Place{};
-        return;
-      }
-      const auto buffer = static_cast<int32_t>(r.buffers.size());
-      r.buffers.push_back({storage_bytes(v.dtype, shape_numel(v.shape)), now, -1});
-      members.push_back({id});
-      place[static_cast<size_t>(id)] = Place{buffer, {}, false, true};
-    };
-    // May the kernel write its output over input i (ExecutionHooks::can_overwrite)?
-    auto writable = [&](size_t i) {
-      if (i >= 32 || !(step.op->in_place & (1u << i)) || i >= node.inputs.size() ||
-          node.inputs[i] == ir::kNoValue) {
-        return false;
-      }
-      if (in[i].temporary) return true;
-      const int32_t b = in[i].buffer;
-      const ir::ValueId id = node.inputs[i];
-      if (b < 0 || last_read[static_cast<size_t>(id)] != now || outlives[static_cast<size_t>(id)])
-        return false;
-      if (std::count(node.inputs.begin(), node.inputs.end(), id) != 1) return false;
-      for (ir::ValueId m : members[static_cast<size_t>(b)]) {
-        if (m == id) continue;
-        const int32_t d = death(m);
-        if (d < 0 || d >= now) return false;  // another handle on the storage is alive
-      }
-      return true;
-    };
-    auto reuse_or_allocate = [&](size_t o, uint32_t candidates) {
-      const InferredValue& out = out_value(o);
-      for (size_t i = 0; i < node.inputs.size(); ++i) {
-        if (!(candidates & (1u << i)) || node.inputs[i] == ir::kNoValue) continue;
-        const InferredValue& x = in_value(i);
-        if (x.dtype != out.dtype || x.shape != out.shape || !writable(i)) continue;
-        if (!is_contiguous(x.shape, in[i].strides)) break;  // the kernel allocates then
-        view(o, in[i], {});
-        return;
-      }
-      allocate(o);
-    };
-
-    const std::string& op = node.op_type;
-    if (op == "Identity" || op == "Dropout") {
-      view(0, in[0], in[0].strides);
-      for (size_t o = 1; o < node.outputs.size(); ++o) allocate(o);
-    } else if (op == "Squeeze" || op == "Unsqueeze") {
-      view(0, in[0], unit_dims_view(in_value(0).shape, in[0].strides, out_value(0).shape));
-    } else if (op == "Reshape" || op == "Flatten") {
-      view(0, in[0], {});
-    } else if (op == "Transpose") {
-      const Shape& xs = in_value(0).shape;
-      const Shape from = strides_of(in[0], xs);
-      std::vector<int64_t> perm;
-      if (const ir::Attribute* a = node.attr("perm")) perm = a->ints;
-      Shape strides(xs.size());
-      for (size_t d = 0; d < xs.size(); ++d) {
-        const size_t p = perm.empty() ? xs.size() - 1 - d : static_cast<size_t>(perm[d]);
-        strides[d] = from[p];
-      }
-      view(0, in[0], strides);
-    } else if (op == "Slice") {
-      const Shape& xs = in_value(0).shape;
-      const Shape& ys = out_value(0).shape;
-      Shape strides = strides_of(in[0], xs);
-      std::vector<int64_t> axes = known_ints(values, node, 3), steps = known_ints(values, node, 4);
-      if (node.opset < 10) {
-        if (const ir::Attribute* a = node.attr("axes")) axes = a->ints;
-        steps.clear();
-      }
-      bool backwards = false;
-      for (size_t k = 0; k < steps.size(); ++k) {
-        int64_t a = k < axes.size() ? axes[k] : static_cast<int64_t>(k);
-        if (a < 0) a += static_cast<int64_t>(xs.size());
-        const auto ax = static_cast<size_t>(a);
-        if (ax >= xs.size() || ys[ax] <= 1) continue;
-        strides[ax] *= steps[k];
-        backwards = backwards || steps[k] < 0;
-      }
-      if (backwards)
-        allocate(0);
-      else
-        view(0, in[0], strides, false);
-    } else if (op == "Expand") {
-      const Shape& xs = in_value(0).shape;
-      const Shape& ys = out_value(0).shape;
-      const Shape from = strides_of(in[0], xs);
-      Shape strides(ys.size(), 0);
-      for (size_t k = 0; k < xs.size(); ++k) {
-        const size_t d = ys.size() - xs.size() + k;
-        strides[d] = xs[k] == 1 && ys[d] != 1 ? 0 : from[k];
-      }
-      view(0, in[0], strides);
-    } else if (op == "Split") {
-      const Shape from = strides_of(in[0], in_value(0).shape);
-      for (size_t o = 0; o < node.outputs.size(); ++o) view(o, in[0], from, o == 0);
-    } else if (op == "Cast") {
-      const InferredValue& x = in_value(0);
-      const DataType to = out_value(0).dtype;
-      const int bits = bits_per_element(x.dtype);
-      if (x.dtype == to) {
-        view(0, in[0], in[0].strides);
-      } else if (bits >= 8 && bits == bits_per_element(to) && x.dtype != DataType::String &&
-                 to != DataType::String && is_contiguous(x.shape, in[0].strides) && writable(0)) {
-        view(0, in[0], {});
-      } else {
-        allocate(0);
-      }
-    } else if (op == "Concat") {
-      // Appends in place along the outermost axis when input 0 may be overwritten and its
-      // buffer (sized to 64-byte multiples in the arena) has room for the whole output.
-      const InferredValue& x = in_value(0);
-      const InferredValue& y = out_value(0);
-      const ir::Attribute* axis = node.attr("axis");
-      const int32_t b = in[0].buffer;
-      const bool room = b >= 0 && in[0].at_start &&
-                        (r.buffers[static_cast<size_t>(b)].bytes + 63) / 64 * 64 >=
-                            storage_bytes(y.dtype, shape_numel(y.shape));
-      if (node.inputs.size() >= 2 && axis &&
-          (axis->i == 0 || axis->i == -static_cast<int64_t>(x.shape.size())) &&
-          x.dtype != DataType::String && room && is_contiguous(x.shape, in[0].strides) &&
-          writable(0)) {
-        view(0, in[0], {});
-      } else {
-        allocate(0);
-      }
+    StepPlacement placement(values, node, step.op->in_place, in, now, r, place, members, last_read,
+                            outlives, death);
+    if (step.op->place) {
+      step.op->place(placement);
     } else {
-      reuse_or_allocate(0, step.op->in_place);
-      for (size_t o = 1; o < node.outputs.size(); ++o) allocate(o);
+      placement.reuse_or_allocate(0, step.op->in_place);
+      for (size_t o = 1; o < node.outputs.size(); ++o) placement.allocate(o);
     }
     for (ir::ValueId id : node.outputs)
       if (id != ir::kNoValue) produced[static_cast<size_t>(id)] = now;
