@@ -73,7 +73,8 @@ class Concat final : public Kernel {
     } else if (room > 0) {
       Shape full = shape;
       full[axis] = std::max(2 * capacity, needed);
-      const Tensor buffer = ctx.allocate(base.dtype(), full);
+      // Output 0's storage (a planned request), of which the output is the leading part.
+      const Tensor buffer = ctx.output(0, base.dtype(), full);
       grown = buffer.view(shape, buffer.strides(), buffer.byte_offset());
       const Tensor old_part = grown.view(base.shape(), grown.strides(), grown.byte_offset());
       copy_strided(base, old_part);

@@ -1,6 +1,7 @@
 #include "ops/contract.h"
 
 #include <limits>
+#include <stdexcept>
 #include <utility>
 
 #include "ops/common.h"
@@ -93,6 +94,7 @@ const std::vector<int64_t>& ShapeContext::data(size_t i) const {
 
 void ShapeContext::set(size_t i, DataType dtype, Shape shape, const std::vector<int64_t>* data) {
   if (!has_out(i)) return;
+  if (!out_) throw std::logic_error("a read-only shape context cannot set outputs");
   ValueFacts v;
   const int64_t n = numel_or_unknown(shape);
   v.known = true;
@@ -102,7 +104,7 @@ void ShapeContext::set(size_t i, DataType dtype, Shape shape, const std::vector<
     v.has_data = true;
     v.data = *data;
   }
-  values_[static_cast<size_t>(node_.outputs[i])] = std::move(v);
+  (*out_)[static_cast<size_t>(node_.outputs[i])] = std::move(v);
 }
 
 void ShapeContext::same(size_t out, size_t in_index) {

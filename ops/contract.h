@@ -54,8 +54,13 @@ int64_t numel_or_unknown(const Shape& s);
 // sets for its outputs.
 class ShapeContext {
  public:
+  // `values` holds the facts of every value of `graph` (by ir::ValueId); set() writes the
+  // node's outputs there.
   ShapeContext(const ir::Graph& graph, const ir::Node& node, std::vector<ValueFacts>& values)
-      : graph_(graph), node_(node), values_(values) {}
+      : graph_(graph), node_(node), values_(values), out_(&values) {}
+  // Read-only (workspace rules): set() is a logic error.
+  ShapeContext(const ir::Graph& graph, const ir::Node& node, const std::vector<ValueFacts>& values)
+      : graph_(graph), node_(node), values_(values), out_(nullptr) {}
 
   const ir::Node& node() const { return node_; }
   int64_t opset() const { return node_.opset; }
@@ -90,7 +95,8 @@ class ShapeContext {
  private:
   const ir::Graph& graph_;
   const ir::Node& node_;
-  std::vector<ValueFacts>& values_;
+  const std::vector<ValueFacts>& values_;
+  std::vector<ValueFacts>* out_;
 };
 
 // Shape rules many ops share.

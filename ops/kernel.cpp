@@ -136,8 +136,12 @@ bool OpContext::has_output(size_t i) const {
 }
 
 Tensor& OpContext::output(size_t i, DataType dtype, const Shape& shape) {
-  outputs_.at(i) = Value(allocate(dtype, shape));
+  outputs_.at(i) = Value(hooks_.allocate(dtype, shape));
   return outputs_[i].tensor();
+}
+
+Tensor OpContext::workspace(uint64_t bytes) {
+  return hooks_.allocate(DataType::UInt8, Shape{static_cast<int64_t>(bytes)});
 }
 
 Tensor& OpContext::output_reusing(size_t i, size_t in, DataType dtype, const Shape& shape) {

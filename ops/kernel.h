@@ -170,7 +170,13 @@ enum class CaptureMode {
 class ExecutionHooks {
  public:
   virtual ~ExecutionHooks() = default;
+  // A buffer in the run's planned sequence (outputs, and workspace the op's contract
+  // declares).
   virtual Tensor allocate(DataType dtype, const Shape& shape) = 0;
+  // Unplanned scratch: served by the pool beside the arena's plan.
+  virtual Tensor allocate_scratch(DataType dtype, const Shape& shape) {
+    return allocate(dtype, shape);
+  }
   virtual bool can_overwrite(size_t input) = 0;
   // Moves input i out of the executor (only after can_overwrite(i) said yes).
   virtual Value take_input(size_t input) = 0;
@@ -199,8 +205,16 @@ class OpContext {
 
   size_t num_outputs() const { return outputs_.size(); }
   bool has_output(size_t i) const;
-  // A fresh contiguous tensor from the session's pool (contents undefined).
-  Tensor allocate(DataType dtype, const Shape& shape) { return hooks_.allocate(dtype, shape); }
+  // Scratch: a fresh contiguous tensor from the session's pool (contents undefined), outside
+  // the arena's plan. Scratch a kernel takes on every run of common shapes should be its
+  // workspace instead.
+  Tensor allocate(DataType dtype, const Shape& shape) {
+    return hooks_.allocate_scratch(dtype, shape);
+  }
+  // The workspace the op's contract declares (OpRegistration::workspace) for this run's
+  // shapes: exactly that many bytes, requested once, after every output is allocated. It is
+  // planned into the arena with the step's lifetime; hold it no longer than run().
+  Tensor workspace(uint64_t bytes);
   // Allocates output i and returns it.
   Tensor& output(size_t i, DataType dtype, const Shape& shape);
   // Output i written over input `in` when the executor allows it (the input is owned, this

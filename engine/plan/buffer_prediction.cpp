@@ -200,6 +200,17 @@ BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<Inferr
       placement.reuse_or_allocate(0, step.op->in_place);
       for (size_t o = 1; o < node.outputs.size(); ++o) placement.allocate(o);
     }
+    // The kernel's workspace: requested after its outputs, released when it returns.
+    if (step.op->workspace) {
+      uint64_t bytes = 0;
+      try {
+        bytes = step.op->workspace(ops::ShapeContext(g, node, values));
+      } catch (const ops::UnknownFacts& u) {
+        r.why = node.label() + ": workspace: " + u.why;
+        return r;
+      }
+      if (bytes > 0) r.buffers.push_back({bytes, now, now});
+    }
     for (ir::ValueId id : node.outputs)
       if (id != ir::kNoValue) produced[static_cast<size_t>(id)] = now;
   }

@@ -115,13 +115,13 @@ std::shared_ptr<Storage> PoolCore::acquire_arena_input(
   return make_storage(data, capacity, counts);
 }
 
-std::shared_ptr<Storage> PoolCore::acquire(size_t bytes, PoolRun* run) {
+std::shared_ptr<Storage> PoolCore::acquire(size_t bytes, PoolRun* run, bool planned) {
   const size_t cls = pool_size_class(bytes);
   std::byte* data = nullptr;
   size_t capacity = cls;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (run && arena_run_ == run) {
+    if (planned && run && arena_run_ == run) {
       bool missed = false;
       data = acquire_from_arena(bytes, capacity, missed);
       if (data) {
@@ -161,7 +161,7 @@ std::shared_ptr<Storage> PoolCore::acquire(size_t bytes, PoolRun* run) {
     }
   }
   // Recorded wherever served: a run in an arena planned from shapes records the exact one.
-  if (run && run->recording) {
+  if (planned && run && run->recording) {
     std::lock_guard<std::mutex> lock(mutex_);
     recorded_live_[data] = recorded_.size();
     recorded_.push_back({bytes, run->step.load(std::memory_order_relaxed), -1});

@@ -52,10 +52,13 @@ struct PoolRun {
 // their bytes back on destruction, so buffers may outlive the pool object itself. Every
 // member function may be called from any thread; `run` (when given) is the run a request
 // belongs to, counted there and served from the arena or recorded only if that run holds it.
+// A request that is not `planned` (a kernel's unplanned scratch, OpContext::allocate) is
+// counted but never served from the arena nor recorded: it takes no place in the sequence
+// of requests the arena plans.
 class PoolCore : public std::enable_shared_from_this<PoolCore> {
  public:
   ~PoolCore();
-  std::shared_ptr<Storage> acquire(size_t bytes, PoolRun* run = nullptr);
+  std::shared_ptr<Storage> acquire(size_t bytes, PoolRun* run = nullptr, bool planned = true);
   void release(std::byte* data, size_t capacity);
   // Frees every cached buffer not in use.
   void trim();
@@ -129,8 +132,9 @@ size_t pool_size_class(size_t bytes);
 class BufferPool {
  public:
   BufferPool();
-  std::shared_ptr<Storage> acquire(size_t bytes, detail::PoolRun* run = nullptr) {
-    return core_->acquire(bytes, run);
+  std::shared_ptr<Storage> acquire(size_t bytes, detail::PoolRun* run = nullptr,
+                                   bool planned = true) {
+    return core_->acquire(bytes, run, planned);
   }
   detail::PoolCore& core() { return *core_; }
   void trim() { core_->trim(); }

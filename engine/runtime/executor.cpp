@@ -10,7 +10,8 @@
 
 namespace kiln {
 
-Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape, detail::PoolRun* run) {
+Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape, detail::PoolRun* run,
+                       bool planned) {
   const int64_t n = checked_numel(shape);
   const uint64_t limit = pool.core().memory_limit;
   if (limit > 0) {
@@ -25,7 +26,7 @@ Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape, det
     }
   }
   if (dtype == DataType::String) return Tensor::zeros(dtype, shape);
-  return Tensor(dtype, shape, pool.acquire(storage_bytes(dtype, n), run));
+  return Tensor(dtype, shape, pool.acquire(storage_bytes(dtype, n), run, planned));
 }
 
 namespace {
@@ -106,6 +107,10 @@ class StepHooks final : public ops::ExecutionHooks {
 
   Tensor allocate(DataType dtype, const Shape& shape) override {
     return allocate_tensor(ex_.pool_, dtype, shape, ex_.run_);
+  }
+
+  Tensor allocate_scratch(DataType dtype, const Shape& shape) override {
+    return allocate_tensor(ex_.pool_, dtype, shape, ex_.run_, false);
   }
 
   bool can_overwrite(size_t i) override {

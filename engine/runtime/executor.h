@@ -95,8 +95,9 @@ class Executor {
   void set_adopt_inputs(bool on) { adopt_inputs_ = on; }
 };
 
-// Allocates a tensor from `pool` for `run` (strings are not pooled).
+// Allocates a tensor from `pool` for `run` (strings are not pooled); `planned` as in
+// PoolCore::acquire.
 Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape,
-                       detail::PoolRun* run = nullptr);
+                       detail::PoolRun* run = nullptr, bool planned = true);
 
 }  // namespace kiln
