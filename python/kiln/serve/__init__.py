@@ -132,31 +132,8 @@ class ModelServer:
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
     async def _run_batch(self, feeds: list[dict]) -> list[tuple[dict, int] | Exception]:
-        """Runs requests waiting together: those of one shape as one stacked run. An error
-        reaches only the request that caused it: a failed stacked run is retried one by one."""
-        groups: dict[tuple, list[int]] = collections.defaultdict(list)
-        for i, feed in enumerate(feeds):
-            groups[codec.batch_key(feed)].append(i)
-        results: list[Any] = [None] * len(feeds)
-        for members in groups.values():
-            try:
-                stacked, sizes = codec.stack([feeds[i] for i in members])
-                outputs = codec.unstack(await self._run(stacked, len(members)), sizes)
-                for i, out in zip(members, outputs):
-                    results[i] = (out, len(members))
-            except (kiln.KilnError, ValueError) as e:
-                if len(members) == 1:
-                    results[members[0]] = e
-                    continue
-                for i in members:
-                    results[i] = await self._run_alone(feeds[i])
-        return results
-
-    async def _run_alone(self, feed: dict) -> tuple[dict, int] | Exception:
-        try:
-            return await self._run(feed), 1
-        except kiln.KilnError as e:
-            return e
+        """The requests that waited together (up to max_batch_size, batch_wait_ms)."""
+        return await codec.run_stacked(feeds, self._run)
 
     async def _run(self, feed: dict, requests: int = 1) -> dict:
         """One session run in a worker thread (kiln releases the GIL), so the replica keeps
@@ -235,7 +212,10 @@ class WhisperServer:
         with tempfile.NamedTemporaryFile(prefix="kiln-serve-", suffix=".audio") as f:
             f.write(audio)
             f.flush()
-            samples = kiln.read_audio(f.name)
+            try:
+                samples = kiln.read_audio(f.name)
+            except kiln.KilnError as e:  # its message names the temporary file
+                raise codec.RequestError(str(e).replace(f.name, "the request body")) from None
         with self._lock:
             try:
                 result = self._whisper.transcribe(samples, **options)

@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 
 import kiln
 
 
+def _fail(message: str) -> None:
+    """One line on stderr and exit status 2, as kiln's tools do."""
+    print(f"kiln.serve: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit status 2
-        sys.exit(f"kiln.serve: {message}")
+    def error(self, message: str) -> None:
+        _fail(message)
 
 
 def _positive(kind):
@@ -71,14 +76,14 @@ def _check_model(path: str) -> None:
     """Loads the model once here, so a bad file is one line rather than failing replicas."""
     from . import is_whisper_folder
     if not os.path.exists(path):
-        sys.exit(f"kiln.serve: {path}: no such file or folder")
+        _fail(f"{path}: no such file or folder")
     try:
         if is_whisper_folder(path):
             kiln.WhisperTranscriber(path, 1)
         else:
             kiln.InferenceSession(path)
     except kiln.KilnError as e:
-        sys.exit(f"kiln.serve: {e}")
+        _fail(str(e))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -86,6 +91,9 @@ def main(argv: list[str] | None = None) -> None:
     _check_model(args.model)
     # Ray's usage statistics would be sent over the network: off unless asked for.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not args.address:
+        # Ray's single-node mode: its processes talk over the loopback address only.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
     from ray import serve
 
@@ -94,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.address:
         ray.init(address=args.address)
     else:  # a Ray of this process only, on the loopback address
-        ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
+        ray.init(address="local", include_dashboard=False)
     serve.start(http_options={"host": args.host, "port": args.port})
     app = build_app(args.model, replicas=args.replicas, autoscale=args.autoscale,
                     max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms,
@@ -105,7 +113,6 @@ def main(argv: list[str] | None = None) -> None:
                  else f"{args.replicas} replica{'s' if args.replicas > 1 else ''}")
         print(f"kiln.serve: {args.model} at http://{args.host}:{args.port}{args.route_prefix} "
               f"({scale}); Ctrl-C stops", flush=True)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

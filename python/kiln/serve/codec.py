@@ -9,10 +9,11 @@ answer is JSON (``{"outputs": {name: nested lists}}``) unless ``Accept`` asks fo
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import zipfile
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -183,3 +184,33 @@ def unstack(outputs: dict[str, np.ndarray], sizes: Sequence[int]) -> list[dict[s
     bounds = np.cumsum([0, *sizes])
     return [{n: a[bounds[i]:bounds[i + 1]] for n, a in outputs.items()}
             for i in range(len(sizes))]
+
+
+# run(feed, requests) -> outputs by name: one session run answering `requests` requests.
+Runner = Callable[[dict, int], Awaitable[dict]]
+
+
+async def run_stacked(feeds: Sequence[dict], run: Runner) -> list[tuple[dict, int] | Exception]:
+    """Answers requests waiting together: those of one batch key as one stacked run. Each
+    answer is (outputs, requests in its run), or the exception for that request alone: when a
+    stacked run fails, its requests are run one by one so only a bad one fails."""
+    groups: dict[tuple | None, list[int]] = collections.defaultdict(list)
+    for i, feed in enumerate(feeds):
+        groups[batch_key(feed)].append(i)
+    results: list[Any] = [None] * len(feeds)
+    for key, members in groups.items():
+        if key is not None and len(members) > 1:
+            try:
+                stacked, sizes = stack([feeds[i] for i in members])
+                outputs = unstack(await run(stacked, len(members)), sizes)
+                for i, out in zip(members, outputs):
+                    results[i] = (out, len(members))
+                continue
+            except (RuntimeError, ValueError):  # kiln.KilnError is a RuntimeError
+                pass
+        for i in members:
+            try:
+                results[i] = (await run(feeds[i], 1), 1)
+            except (RuntimeError, ValueError) as e:
+                results[i] = e
+    return results
