@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
         ray.init(address=args.address)
     else:  # a Ray of this process only, on the loopback address
         ray.init(address="local", include_dashboard=False)
-    serve.start(http_options={"host": args.host, "port": args.port})
+    # An HTTP proxy on every node: any node of a cluster takes requests.
+    serve.start(proxy_location="EveryNode", http_options={"host": args.host, "port": args.port})
     app = build_app(args.model, replicas=args.replicas, autoscale=args.autoscale,
                     max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms,
                     threads=args.threads, num_cpus=args.num_cpus or args.threads)
