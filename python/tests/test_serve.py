@@ -8,10 +8,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -90,8 +92,23 @@ def deploy(app, name: str) -> None:
         raise error[0]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def ray_tmpdir():
+    """Ray's session files (logs, sockets) in a folder of the tests' own, removed after; short,
+    as Ray's socket paths must be."""
+    folder = tempfile.mkdtemp(prefix="kiln-ray-")
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = folder  # this process's Ray and python -m kiln.serve's
+    yield folder
+    if before is None:
+        del os.environ["RAY_TMPDIR"]
+    else:
+        os.environ["RAY_TMPDIR"] = before
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
-def server():
+def server(ray_tmpdir):
     port = free_port()
     # Loopback only: conftest.py keeps Ray to one node on 127.0.0.1.
     ray.init(address="local", include_dashboard=False, num_cpus=2, log_to_driver=False)

@@ -89,7 +89,7 @@ class ModelServer:
             outputs, batch_size = await self._infer(feed)
             body, media = codec.encode_outputs({n: outputs[n] for n in names},
                                                request.headers.get("accept"))
-        except (codec.RequestError, kiln.InvalidArgumentError) as e:
+        except ValueError as e:  # codec.RequestError, kiln.InvalidArgumentError: the request's
             return _error(400, str(e))
         except kiln.KilnError as e:
             return _error(500, str(e))
