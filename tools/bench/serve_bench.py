@@ -110,6 +110,21 @@ def load(port: int, body: bytes, clients: int, total: int) -> tuple[float, list[
     return wall, latencies, batches
 
 
+def direct_run_ms(model: str, body: bytes, runs: int = 200) -> float:
+    """Median time of the same request run by a kiln session in this process (1 thread):
+    what a replica spends in kiln per batch-1 request, the rest being serving."""
+    options = kiln.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = kiln.InferenceSession(model, options)
+    feed = {session.get_inputs()[0].name: np.load(io.BytesIO(body))}
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[runs // 10:]) * 1e3
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q))
 
@@ -117,6 +132,7 @@ def percentile(values: list[float], q: float) -> float:
 def main() -> None:
     args = parse_args()
     body = request_body(args.model)
+    direct_ms = direct_run_ms(args.model, body)
     replicas = [int(r) for r in args.replicas.split(",")]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     port = free_port()
@@ -143,7 +159,8 @@ def main() -> None:
         ray.shutdown()
     print(f"{Path(args.model).parent.name}/{Path(args.model).name}, {args.clients} clients, "
           f"{args.requests} requests per row (batch-1 .npy inputs), batch wait "
-          f"{args.batch_wait_ms:g} ms, 1 kiln thread per replica\n")
+          f"{args.batch_wait_ms:g} ms, 1 kiln thread per replica; the same request run by kiln "
+          f"in process: {direct_ms:.2f} ms (median, 1 thread)\n")
     print("| replicas | max batch | requests/s | p50 ms | p99 ms | requests per run |")
     print("|---:|---:|---:|---:|---:|---:|")
     for r, b, rps, p50, p99, mean_batch in rows:
