@@ -347,3 +347,45 @@ TEST_CASE("window_attrs reads a node's attributes and refuses wrong types", "[ge
   node.attributes.back().ints = {0, -1, 0, 0};
   CHECK(error_kind([&] { window_attrs(node); }) == ErrorKind::InvalidModel);
 }
+
+TEST_CASE("Geometry errors name the node that failed", "[geometry]") {
+  std::mt19937 rng(183);
+  const Tensor x = random_tensor(DataType::Float, {1, 1, 4, 4}, rng);
+  const Tensor w = random_tensor(DataType::Float, {1, 1, 5, 5}, rng);
+  auto error_of = [](OpTest t) {
+    try {
+      t.run();
+    } catch (const Error& e) {
+      return e;
+    }
+    FAIL("no error");
+    return Error(ErrorKind::Runtime, "");
+  };
+  const Error run_time = error_of(OpTest("Conv", 11).input(x).input(w));
+  CHECK(run_time.op() == "Conv");
+  CHECK(run_time.kind() == ErrorKind::Runtime);
+  CHECK_THAT(run_time.message(), Catch::Contains("is larger than the padded input"));
+  const Error plan_time = error_of(OpTest("AveragePool", 19)
+                                       .input(x)
+                                       .attr("kernel_shape", Ints{2, 2})
+                                       .attr("dilations", Ints{0, 1}));
+  CHECK(plan_time.op() == "AveragePool");
+  CHECK(plan_time.kind() == ErrorKind::InvalidModel);
+  CHECK_THAT(plan_time.message(), Catch::Contains("dilations must be in [1, 2^31], got 0"));
+}
+
+TEST_CASE("Window ops accept empty spatial inputs where the geometry allows", "[geometry]") {
+  std::mt19937 rng(184);
+  const Tensor x = random_tensor(DataType::Float, {1, 2, 0, 3}, rng);
+  const Tensor w = random_tensor(DataType::Float, {4, 2, 2, 2}, rng);
+  CHECK(OpTest("Conv", 11).input(x).input(w).attr("auto_pad", "SAME_UPPER").run1().shape() ==
+        Shape{1, 4, 0, 3});
+  CHECK(OpTest("AveragePool", 19)
+            .input(x)
+            .attr("kernel_shape", Ints{2, 2})
+            .attr("auto_pad", "SAME_LOWER")
+            .run1()
+            .shape() == Shape{1, 2, 0, 3});
+  // Without padding a window cannot fit into the empty axis.
+  CHECK_THROWS_AS(OpTest("Conv", 11).input(x).input(w).run(), Error);
+}
