@@ -13,7 +13,7 @@ VENV ?= .venv
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 
-.PHONY: all setup build demo test unit conformance python-test sanitize fuzz check-v4 format format-check tsan conformance-report ops-doc whisper-real clean
+.PHONY: all setup build demo test unit conformance python-test python-sdist sanitize fuzz check-v4 format format-check tsan conformance-report ops-doc whisper-real clean
 
 all: build
 
@@ -55,13 +55,23 @@ unit: build
 
 # The Python package (python/) built into the venv against this build's library, installed
 # into $(PY_BUILD)/kiln (so only the extension module compiles here), then its pytest suite:
-# parity with onnxruntime, zero copy, threads, errors, decoding, ONNX's backend tests.
+# parity with onnxruntime, zero copy, threads, errors, decoding, ONNX's backend tests, and
+# kiln.serve on a local loopback Ray (marked `serve`: PYTEST_ARGS="-m 'not serve'" leaves it
+# out); then the sdist is built and its contents checked (python-sdist).
+PYTEST_ARGS ?=
 python-test: build
 	cmake --install $(BUILD) --prefix $(CURDIR)/$(PY_BUILD)/kiln >/dev/null
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps \
 	  --config-settings=build-dir=$(CURDIR)/$(PY_BUILD)/module \
 	  --config-settings=cmake.define.kiln_ROOT=$(CURDIR)/$(PY_BUILD)/kiln ./python
-	$(VENV)/bin/pytest -q -p no:cacheprovider python/tests
+	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS) python/tests
+	$(MAKE) python-sdist
+
+# The Python package's sdist, with kiln's C++ sources inside (tools/python-sdist.sh), into
+# $(PY_BUILD)/dist, its contents checked. SDIST_WHEEL=1 also builds a wheel from it (a
+# full compile of the library).
+python-sdist: setup
+	./tools/python-sdist.sh $(PY_BUILD)/dist $(if $(SDIST_WHEEL),--wheel)
 
 conformance: build
 	./$(BUILD)/test/kiln-conformance --check-allowlist test/conformance/allowlist.txt

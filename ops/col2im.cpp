@@ -7,24 +7,10 @@
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/geometry.h"
 
 namespace kiln::ops {
 namespace {
-
-// Attribute values above this are rejected, so that sizes computed from them stay far
-// from int64 overflow.
-constexpr int64_t kMaxAttr = int64_t{1} << 31;
-
-// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
-void check_output_size(const OpContext& ctx, const Shape& shape) {
-  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
-      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
-    }
-  }
-}
 
 // First j >= 0 with base + j * s >= limit (s > 0).
 inline int64_t first_at_least(int64_t base, int64_t s, int64_t limit) {
@@ -34,17 +20,7 @@ inline int64_t first_at_least(int64_t base, int64_t s, int64_t limit) {
 
 class Col2Im final : public Kernel {
  public:
-  explicit Col2Im(const NodeInfo& info)
-      : dilations_(info.attr_ints("dilations")),
-        pads_(info.attr_ints("pads")),
-        strides_(info.attr_ints("strides")) {
-    for (int64_t v : dilations_)
-      if (v < 1 || v > kMaxAttr) info.fail("dilations must be in [1, 2^31]");
-    for (int64_t v : strides_)
-      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
-    for (int64_t v : pads_)
-      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
-  }
+  explicit Col2Im(const NodeInfo& info) : window_(window_attrs(info.node())) {}
 
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
@@ -55,39 +31,32 @@ class Col2Im final : public Kernel {
       ctx.fail("image_shape and block_shape must have the same length, 1 to 3",
                r > 3 ? ErrorKind::Unsupported : ErrorKind::Runtime);
     }
-    if ((!dilations_.empty() && dilations_.size() != r) ||
-        (!strides_.empty() && strides_.size() != r) || (!pads_.empty() && pads_.size() != 2 * r)) {
-      ctx.fail("dilations, strides and pads must match image_shape");
-    }
     if (x.rank() != 3) ctx.fail("input must be 3-D, got " + x.describe());
+    // The block grid is the windows of block_shape sliding over the padded image.
+    const std::vector<WindowAxis> axes = forward_windows(image, block, window_);
     // Three dimensions: image (out), block grid (grid), kernel (k); leading ones are 1.
     std::array<int64_t, 3> out{1, 1, 1}, grid{1, 1, 1}, k{1, 1, 1}, st{1, 1, 1}, dil{1, 1, 1},
         pad{0, 0, 0};
     int64_t kp = 1, positions = 1;
     for (size_t d = 0; d < r; ++d) {
+      const WindowAxis& a = axes[d];
       const size_t i = 3 - r + d;
-      out[i] = image[d];
-      k[i] = block[d];
-      st[i] = strides_.empty() ? 1 : strides_[d];
-      dil[i] = dilations_.empty() ? 1 : dilations_[d];
-      pad[i] = pads_.empty() ? 0 : pads_[d];
-      const int64_t pe = pads_.empty() ? 0 : pads_[d + r];
-      if (out[i] < 0 || k[i] < 1 || out[i] > kMaxAttr || k[i] > kMaxAttr) {
-        ctx.fail("image_shape and block_shape must be in [1, 2^31]");
+      out[i] = a.in, grid[i] = a.out, k[i] = a.kernel;
+      st[i] = a.stride, dil[i] = a.dilation, pad[i] = a.pad_begin;
+      // A product that overflows cannot match the input's sizes.
+      if (__builtin_mul_overflow(kp, k[i], &kp) ||
+          __builtin_mul_overflow(positions, grid[i], &positions)) {
+        kp = positions = -1;
+        break;
       }
-      const int64_t span = out[i] + pad[i] + pe - ((k[i] - 1) * dil[i] + 1);
-      if (span < 0) ctx.fail("block is larger than the padded image");
-      grid[i] = span / st[i] + 1;
-      kp *= k[i];
-      positions *= grid[i];
     }
-    if (x.dim(1) % kp != 0 || x.dim(2) != positions) {
+    if (kp < 0 || x.dim(1) % kp != 0 || x.dim(2) != positions) {
       ctx.fail("input " + x.describe() + " does not match block_shape and image_shape");
     }
     const int64_t n = x.dim(0), channels = x.dim(1) / kp;
     Shape shape{n, channels};
     shape.insert(shape.end(), image.begin(), image.end());
-    check_output_size(ctx, shape);
+    check_output_elements(shape);
     const int64_t op = out[0] * out[1] * out[2];
     using Types = FloatTypes;
     dispatch(Types{}, x.dtype(), [&]<typename T>() {
@@ -129,7 +98,7 @@ class Col2Im final : public Kernel {
   }
 
  private:
-  std::vector<int64_t> dilations_, pads_, strides_;
+  WindowAttrs window_;
 };
 
 }  // namespace

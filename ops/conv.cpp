@@ -22,37 +22,12 @@
 #include "ops/activation.h"
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/geometry.h"
 #include "ops/math/gemm.h"
 #include "ops/math/threading.h"
 
 namespace kiln::ops {
 namespace {
-
-// Attribute values above this are rejected, so that sizes computed from them stay far
-// from int64 overflow.
-constexpr int64_t kMaxAttr = int64_t{1} << 31;
-
-// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
-void check_output_size(const OpContext& ctx, const Shape& shape) {
-  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
-      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
-    }
-  }
-}
-
-enum class AutoPad { NotSet, SameUpper, SameLower, Valid };
-
-AutoPad parse_auto_pad(const NodeInfo& info) {
-  const std::string s = info.attr_string("auto_pad", "NOTSET");
-  if (s == "NOTSET") return AutoPad::NotSet;
-  if (s == "SAME_UPPER") return AutoPad::SameUpper;
-  if (s == "SAME_LOWER") return AutoPad::SameLower;
-  if (s == "VALID") return AutoPad::Valid;
-  info.fail("unknown auto_pad '" + s + "'");
-}
 
 // Spatial sizes of one convolution, always three dimensions: 1-D and 2-D problems get
 // leading dimensions of size 1.
@@ -399,21 +374,9 @@ class Conv final : public Kernel {
   Conv(const NodeInfo& info, bool fused)
       : fused_(fused),
         activation_(fused ? parse_activation(info) : math::Activation::None),
-        auto_pad_(parse_auto_pad(info)),
         group_(info.attr_int("group", 1)),
-        kernel_shape_(info.attr_ints("kernel_shape")),
-        strides_(info.attr_ints("strides")),
-        dilations_(info.attr_ints("dilations")),
-        pads_(info.attr_ints("pads")) {
-    if (group_ < 1 || group_ > kMaxAttr) info.fail("group must be in [1, 2^31]");
-    for (int64_t v : strides_)
-      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
-    for (int64_t v : dilations_)
-      if (v < 1 || v > kMaxAttr) info.fail("dilations must be in [1, 2^31]");
-    for (int64_t v : pads_)
-      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
-    for (int64_t v : kernel_shape_)
-      if (v < 1 || v > kMaxAttr) info.fail("kernel_shape must be in [1, 2^31]");
+        window_(window_attrs(info.node())) {
+    if (group_ < 1 || group_ > kMaxWindowAttr) info.fail("group must be in [1, 2^31]");
     // A constant filter is packed for the GEMM once (not for the direct convolutions, which
     // read it as it is; see use_direct).
     const Tensor* w = info.constant_input(1);
@@ -454,10 +417,10 @@ class Conv final : public Kernel {
     if (has_bias && (ctx.input(2).rank() != 1 || ctx.input(2).dim(0) != s.m)) {
       ctx.fail("bias " + ctx.input(2).describe() + " must have " + std::to_string(s.m) + " values");
     }
-    const Geometry g = geometry(ctx, x, w);
-    Shape out_shape{s.n, s.m};
-    for (size_t d = 0; d + 2 < x.rank(); ++d) out_shape.push_back(g.out[3 - (x.rank() - 2) + d]);
-    check_output_size(ctx, out_shape);
+    const std::vector<WindowAxis> axes = forward_windows(
+        spatial_dims(x.shape()), conv_kernel(window_, spatial_dims(w.shape())), window_);
+    const Geometry g = geometry(axes);
+    const Shape out_shape = windowed_shape(s.n, s.m, axes);
     if (fused_) {
       run_fused(ctx, s, g, out_shape);
       return;
@@ -561,49 +524,23 @@ class Conv final : public Kernel {
     apply_activation(activation_, y.data<float>(), y.numel());
   }
 
-  Geometry geometry(const OpContext& ctx, const Tensor& x, const Tensor& w) const {
-    const size_t r = x.rank() - 2, off = 3 - r;
-    auto attr = [&](const std::vector<int64_t>& v, size_t n, const char* name) {
-      if (!v.empty() && v.size() != n) ctx.fail(std::string(name) + " has the wrong length");
-    };
-    attr(kernel_shape_, r, "kernel_shape");
-    attr(strides_, r, "strides");
-    attr(dilations_, r, "dilations");
-    attr(pads_, 2 * r, "pads");
+  // The spatial axes right-aligned in three dimensions.
+  static Geometry geometry(const std::vector<WindowAxis>& axes) {
     Geometry g;
-    for (size_t d = 0; d < r; ++d) {
+    const size_t off = 3 - axes.size();
+    for (size_t d = 0; d < axes.size(); ++d) {
+      const WindowAxis& a = axes[d];
       const size_t i = off + d;
-      g.in[i] = x.dim(d + 2);
-      g.k[i] = w.dim(d + 2);
-      if (g.k[i] < 1) ctx.fail("weight " + w.describe() + " has an empty kernel");
-      if (!kernel_shape_.empty() && kernel_shape_[d] != g.k[i]) {
-        ctx.fail("kernel_shape does not match weight " + w.describe());
-      }
-      g.stride[i] = strides_.empty() ? 1 : strides_[d];
-      g.dil[i] = dilations_.empty() ? 1 : dilations_[d];
-      const int64_t ek = (g.k[i] - 1) * g.dil[i] + 1;
-      int64_t pb = pads_.empty() ? 0 : pads_[d], pe = pads_.empty() ? 0 : pads_[d + r];
-      if (auto_pad_ == AutoPad::Valid) {
-        pb = pe = 0;
-      } else if (auto_pad_ != AutoPad::NotSet) {
-        const int64_t out = (g.in[i] + g.stride[i] - 1) / g.stride[i];
-        const int64_t total = std::max<int64_t>(0, (out - 1) * g.stride[i] + ek - g.in[i]);
-        pb = auto_pad_ == AutoPad::SameUpper ? total / 2 : total - total / 2;
-        pe = total - pb;
-      }
-      const int64_t span = g.in[i] + pb + pe - ek;
-      if (span < 0) ctx.fail("kernel is larger than the padded input " + x.describe());
-      g.out[i] = span / g.stride[i] + 1;
-      g.pad[i] = pb;
+      g.in[i] = a.in, g.k[i] = a.kernel, g.out[i] = a.out;
+      g.stride[i] = a.stride, g.dil[i] = a.dilation, g.pad[i] = a.pad_begin;
     }
     return g;
   }
 
   bool fused_;
   math::Activation activation_;
-  AutoPad auto_pad_;
   int64_t group_;
-  std::vector<int64_t> kernel_shape_, strides_, dilations_, pads_;
+  WindowAttrs window_;
   std::shared_ptr<const Tensor> packed_;  // the weights cache's packed filter
   int64_t packed_groups_ = 0;
 };

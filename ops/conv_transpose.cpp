@@ -19,28 +19,12 @@
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/geometry.h"
 #include "ops/math/gemm.h"
 #include "ops/math/threading.h"
 
 namespace kiln::ops {
 namespace {
-
-// Attribute values above this are rejected, so that sizes computed from them stay far
-// from int64 overflow.
-constexpr int64_t kMaxAttr = int64_t{1} << 31;
-
-// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
-void check_output_size(const OpContext& ctx, const Shape& shape) {
-  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
-      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
-    }
-  }
-}
-
-enum class AutoPad { NotSet, SameUpper, SameLower, Valid };
 
 // Sizes of one transposed convolution in three dimensions (1-D and 2-D get leading 1s).
 // `pad` is the leading padding and may be negative when output_shape asks for more.
@@ -211,38 +195,8 @@ void transpose_convolve(OpContext& ctx, const T* x, const T* w, const float* pac
 class ConvTranspose final : public Kernel {
  public:
   explicit ConvTranspose(const NodeInfo& info)
-      : group_(info.attr_int("group", 1)),
-        kernel_shape_(info.attr_ints("kernel_shape")),
-        strides_(info.attr_ints("strides")),
-        dilations_(info.attr_ints("dilations")),
-        pads_(info.attr_ints("pads")),
-        output_padding_(info.attr_ints("output_padding")),
-        output_shape_(info.attr_ints("output_shape")) {
-    const std::string ap = info.attr_string("auto_pad", "NOTSET");
-    if (ap == "NOTSET") {
-      auto_pad_ = AutoPad::NotSet;
-    } else if (ap == "SAME_UPPER") {
-      auto_pad_ = AutoPad::SameUpper;
-    } else if (ap == "SAME_LOWER") {
-      auto_pad_ = AutoPad::SameLower;
-    } else if (ap == "VALID") {
-      auto_pad_ = AutoPad::Valid;
-    } else {
-      info.fail("unknown auto_pad '" + ap + "'");
-    }
-    if (group_ < 1 || group_ > kMaxAttr) info.fail("group must be in [1, 2^31]");
-    for (int64_t v : output_shape_)
-      if (v < 0 || v > kMaxAttr) info.fail("output_shape must be in [0, 2^31]");
-    for (int64_t v : strides_)
-      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
-    for (int64_t v : dilations_)
-      if (v < 1 || v > kMaxAttr) info.fail("dilations must be in [1, 2^31]");
-    for (int64_t v : pads_)
-      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
-    for (int64_t v : output_padding_)
-      if (v < 0 || v > kMaxAttr) info.fail("output_padding must be in [0, 2^31]");
-    for (int64_t v : kernel_shape_)
-      if (v < 1 || v > kMaxAttr) info.fail("kernel_shape must be in [1, 2^31]");
+      : group_(info.attr_int("group", 1)), window_(window_attrs(info.node())) {
+    if (group_ < 1 || group_ > kMaxWindowAttr) info.fail("group must be in [1, 2^31]");
     // A constant filter is packed for the GEMM once, W^T per group.
     const Tensor* w = info.constant_input(1);
     if (w && w->rank() >= 3 && w->numel() > 0 && w->dim(0) % group_ == 0 &&
@@ -281,10 +235,10 @@ class ConvTranspose final : public Kernel {
     if (has_bias && (ctx.input(2).rank() != 1 || ctx.input(2).dim(0) != s.m)) {
       ctx.fail("bias " + ctx.input(2).describe() + " must have " + std::to_string(s.m) + " values");
     }
-    const Geometry g = geometry(ctx, x, w);
-    Shape out_shape{s.n, s.m};
-    for (size_t d = 0; d + 2 < x.rank(); ++d) out_shape.push_back(g.out[3 - (x.rank() - 2) + d]);
-    check_output_size(ctx, out_shape);
+    const std::vector<WindowAxis> axes = transposed_windows(
+        spatial_dims(x.shape()), conv_kernel(window_, spatial_dims(w.shape())), window_);
+    const Geometry g = geometry(axes);
+    const Shape out_shape = windowed_shape(s.n, s.m, axes);
 
     dispatch(TypeList<float, double, float16, bfloat16>{}, x.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, double>) {
@@ -323,63 +277,21 @@ class ConvTranspose final : public Kernel {
   }
 
  private:
-  Geometry geometry(const OpContext& ctx, const Tensor& x, const Tensor& w) const {
-    const size_t r = x.rank() - 2, off = 3 - r;
-    auto check = [&](const std::vector<int64_t>& v, size_t n, const char* name) {
-      if (!v.empty() && v.size() != n) ctx.fail(std::string(name) + " has the wrong length");
-    };
-    check(kernel_shape_, r, "kernel_shape");
-    check(strides_, r, "strides");
-    check(dilations_, r, "dilations");
-    check(pads_, 2 * r, "pads");
-    check(output_padding_, r, "output_padding");
-    // output_shape may list the spatial sizes only, or the whole output shape.
-    std::vector<int64_t> out_spatial = output_shape_;
-    if (out_spatial.size() == r + 2)
-      out_spatial.erase(out_spatial.begin(), out_spatial.begin() + 2);
-    check(out_spatial, r, "output_shape");
+  // The spatial axes right-aligned in three dimensions.
+  static Geometry geometry(const std::vector<WindowAxis>& axes) {
     Geometry g;
-    for (size_t d = 0; d < r; ++d) {
+    const size_t off = 3 - axes.size();
+    for (size_t d = 0; d < axes.size(); ++d) {
+      const WindowAxis& a = axes[d];
       const size_t i = off + d;
-      g.in[i] = x.dim(d + 2);
-      g.k[i] = w.dim(d + 2);
-      if (g.k[i] < 1) ctx.fail("weight " + w.describe() + " has an empty kernel");
-      if (!kernel_shape_.empty() && kernel_shape_[d] != g.k[i]) {
-        ctx.fail("kernel_shape does not match weight " + w.describe());
-      }
-      g.stride[i] = strides_.empty() ? 1 : strides_[d];
-      g.dil[i] = dilations_.empty() ? 1 : dilations_[d];
-      const int64_t opad = output_padding_.empty() ? 0 : output_padding_[d];
-      if (opad != 0 && opad >= g.stride[i] && opad >= g.dil[i]) {
-        ctx.fail("output_padding " + std::to_string(opad) + " must be smaller than the stride (" +
-                 std::to_string(g.stride[i]) + ") or the dilation (" + std::to_string(g.dil[i]) +
-                 ")");
-      }
-      const int64_t full = g.stride[i] * (g.in[i] - 1) + opad + (g.k[i] - 1) * g.dil[i] + 1;
-      int64_t pb = 0, out = 0;
-      if (!out_spatial.empty() || auto_pad_ == AutoPad::SameUpper ||
-          auto_pad_ == AutoPad::SameLower) {
-        out = !out_spatial.empty() ? out_spatial[d] : g.in[i] * g.stride[i];
-        const int64_t total = out_spatial.empty() ? std::max<int64_t>(0, full - out) : full - out;
-        // The odd unit of padding goes at the end for SAME_UPPER and at the start otherwise;
-        // halves round towards negative infinity when the output is larger than `full`.
-        const int64_t half = total >= 0 ? total / 2 : -((1 - total) / 2);
-        pb = auto_pad_ == AutoPad::SameUpper ? half : total - half;
-      } else {
-        const int64_t pe = pads_.empty() || auto_pad_ == AutoPad::Valid ? 0 : pads_[d + r];
-        pb = pads_.empty() || auto_pad_ == AutoPad::Valid ? 0 : pads_[d];
-        out = full - pb - pe;
-      }
-      if (out < 0) ctx.fail("output size would be negative for input " + x.describe());
-      g.out[i] = out;
-      g.pad[i] = pb;
+      g.in[i] = a.in, g.k[i] = a.kernel, g.out[i] = a.out;
+      g.stride[i] = a.stride, g.dil[i] = a.dilation, g.pad[i] = a.pad_begin;
     }
     return g;
   }
 
-  AutoPad auto_pad_ = AutoPad::NotSet;
   int64_t group_;
-  std::vector<int64_t> kernel_shape_, strides_, dilations_, pads_, output_padding_, output_shape_;
+  WindowAttrs window_;
   std::shared_ptr<const Tensor> packed_;  // the weights cache's packed filter
 };
 

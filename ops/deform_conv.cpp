@@ -15,26 +15,12 @@
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/geometry.h"
 #include "ops/math/gemm.h"
 #include "ops/math/threading.h"
 
 namespace kiln::ops {
 namespace {
-
-// Attribute values above this are rejected, so that sizes computed from them stay far
-// from int64 overflow.
-constexpr int64_t kMaxAttr = int64_t{1} << 31;
-
-// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
-void check_output_size(const OpContext& ctx, const Shape& shape) {
-  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
-      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
-    }
-  }
-}
 
 struct Problem {
   int64_t n, c, m, groups, cg, mg, offset_groups;
@@ -133,22 +119,17 @@ class DeformConv final : public Kernel {
   explicit DeformConv(const NodeInfo& info)
       : group_(info.attr_int("group", 1)),
         offset_group_(info.attr_int("offset_group", 1)),
-        kernel_shape_(info.attr_ints("kernel_shape")),
-        strides_(info.attr_ints("strides", {1, 1})),
-        dilations_(info.attr_ints("dilations", {1, 1})),
-        pads_(info.attr_ints("pads", {0, 0, 0, 0})) {
-    if (group_ < 1 || offset_group_ < 1 || group_ > kMaxAttr || offset_group_ > kMaxAttr)
+        window_(window_attrs(info.node())) {
+    if (group_ < 1 || offset_group_ < 1 || group_ > kMaxWindowAttr ||
+        offset_group_ > kMaxWindowAttr)
       info.fail("group and offset_group must be positive");
-    if (strides_.size() != 2 || dilations_.size() != 2 || pads_.size() != 4 ||
-        (!kernel_shape_.empty() && kernel_shape_.size() != 2)) {
+    const auto two_d = [](const std::vector<int64_t>& v, size_t n) {
+      return v.empty() || v.size() == n;
+    };
+    if (!two_d(window_.strides, 2) || !two_d(window_.dilations, 2) || !two_d(window_.pads, 4) ||
+        !two_d(window_.kernel_shape, 2)) {
       info.fail("only 2-D DeformConv is supported", ErrorKind::Unsupported);
     }
-    for (int64_t v : strides_)
-      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
-    for (int64_t v : dilations_)
-      if (v < 1 || v > kMaxAttr) info.fail("dilations must be in [1, 2^31]");
-    for (int64_t v : pads_)
-      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
   }
 
   void run(OpContext& ctx) override {
@@ -174,29 +155,24 @@ class DeformConv final : public Kernel {
     p.offset_groups = offset_group_;
     p.ih = x.dim(2);
     p.iw = x.dim(3);
-    p.kh = w.dim(2);
-    p.kw = w.dim(3);
-    if (p.kh < 1 || p.kw < 1) ctx.fail("weight " + w.describe() + " has an empty kernel");
-    if (!kernel_shape_.empty() && (kernel_shape_[0] != p.kh || kernel_shape_[1] != p.kw)) {
-      ctx.fail("kernel_shape does not match weight " + w.describe());
-    }
+    const std::vector<WindowAxis> axes = forward_windows(
+        spatial_dims(x.shape()), conv_kernel(window_, spatial_dims(w.shape())), window_);
+    p.kh = axes[0].kernel;
+    p.kw = axes[1].kernel;
     if (p.cg * p.groups != p.c || p.m % p.groups != 0) {
       ctx.fail("weight " + w.describe() + " does not match input " + x.describe() + " with group " +
                std::to_string(p.groups));
     }
     if (p.c % p.offset_groups != 0) ctx.fail("input channels are not divisible by offset_group");
     p.mg = p.m / p.groups;
-    p.sh = strides_[0];
-    p.sw = strides_[1];
-    p.dh = dilations_[0];
-    p.dw = dilations_[1];
-    p.ph = pads_[0];
-    p.pw = pads_[1];
-    const int64_t span_h = p.ih + pads_[0] + pads_[2] - ((p.kh - 1) * p.dh + 1);
-    const int64_t span_w = p.iw + pads_[1] + pads_[3] - ((p.kw - 1) * p.dw + 1);
-    if (span_h < 0 || span_w < 0) ctx.fail("kernel is larger than the padded input");
-    p.oh = span_h / p.sh + 1;
-    p.ow = span_w / p.sw + 1;
+    p.sh = axes[0].stride;
+    p.sw = axes[1].stride;
+    p.dh = axes[0].dilation;
+    p.dw = axes[1].dilation;
+    p.ph = axes[0].pad_begin;
+    p.pw = axes[1].pad_begin;
+    p.oh = axes[0].out;
+    p.ow = axes[1].out;
     const int64_t kp = p.kh * p.kw;
     if (off.shape() != Shape{p.n, p.offset_groups * kp * 2, p.oh, p.ow}) {
       ctx.fail("offset " + off.describe() + " does not match the output size");
@@ -205,8 +181,7 @@ class DeformConv final : public Kernel {
       ctx.fail("mask " + ctx.input(4).describe() + " does not match the output size");
     }
     if (has_bias && ctx.input(3).numel() != p.m) ctx.fail("bias must have one value per channel");
-    const Shape out_shape{p.n, p.m, p.oh, p.ow};
-    check_output_size(ctx, out_shape);
+    const Shape out_shape = windowed_shape(p.n, p.m, axes);
     dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
         auto widen = [&](size_t i) {
@@ -234,7 +209,7 @@ class DeformConv final : public Kernel {
 
  private:
   int64_t group_, offset_group_;
-  std::vector<int64_t> kernel_shape_, strides_, dilations_, pads_;
+  WindowAttrs window_;
 };
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/geometry.h"
 #include "ops/math/qgemm.h"
 #include "ops/math/threading.h"
 
@@ -21,31 +22,12 @@ namespace kiln::ops {
 namespace {
 
 struct ConvAttrs {
-  std::string auto_pad;
-  std::vector<int64_t> dilations, kernel_shape, pads, strides;
+  WindowAttrs window;
   int64_t group = 1;
 
   explicit ConvAttrs(const NodeInfo& info)
-      : auto_pad(info.attr_string("auto_pad", "NOTSET")),
-        dilations(info.attr_ints("dilations")),
-        kernel_shape(info.attr_ints("kernel_shape")),
-        pads(info.attr_ints("pads")),
-        strides(info.attr_ints("strides")),
-        group(info.attr_int("group", 1)) {
-    if (auto_pad != "NOTSET" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER" &&
-        auto_pad != "VALID") {
-      info.fail("unknown auto_pad '" + auto_pad + "'");
-    }
-    if (group < 1) info.fail("group must be >= 1");
-    for (int64_t v : dilations) {
-      if (v < 1) info.fail("dilations must be >= 1");
-    }
-    for (int64_t v : strides) {
-      if (v < 1) info.fail("strides must be >= 1");
-    }
-    for (int64_t v : pads) {
-      if (v < 0) info.fail("pads must be >= 0");
-    }
+      : window(window_attrs(info.node())), group(info.attr_int("group", 1)) {
+    if (group < 1 || group > kMaxWindowAttr) info.fail("group must be in [1, 2^31]");
   }
 };
 
@@ -60,7 +42,6 @@ ConvGeometry geometry(const OpContext& ctx, const ConvAttrs& a, const Tensor& x,
   if (x.rank() < 3) ctx.fail("X must have rank >= 3, got " + shape_to_string(x.shape()));
   if (w.rank() != x.rank())
     ctx.fail("W must have the rank of X, got " + shape_to_string(w.shape()));
-  const size_t sp = x.rank() - 2;
   ConvGeometry g;
   g.N = x.dim(0), g.C = x.dim(1), g.M = w.dim(0);
   if (g.C % a.group != 0 || g.M % a.group != 0) ctx.fail("channels are not divisible by group");
@@ -69,38 +50,14 @@ ConvGeometry geometry(const OpContext& ctx, const ConvAttrs& a, const Tensor& x,
     ctx.fail("W has " + std::to_string(w.dim(1)) + " input channels per group, expected " +
              std::to_string(g.Cg));
   }
-  auto per_dim = [&](const std::vector<int64_t>& v, size_t n, const char* what) {
-    if (!v.empty() && v.size() != n) ctx.fail(std::string(what) + " has the wrong length");
-  };
-  per_dim(a.kernel_shape, sp, "kernel_shape");
-  per_dim(a.dilations, sp, "dilations");
-  per_dim(a.strides, sp, "strides");
-  per_dim(a.pads, 2 * sp, "pads");
-  g.out_shape = {g.N, g.M};
-  for (size_t d = 0; d < sp; ++d) {
-    const int64_t in = x.dim(d + 2), k = w.dim(d + 2);
-    if (!a.kernel_shape.empty() && a.kernel_shape[d] != k) ctx.fail("kernel_shape differs from W");
-    const int64_t s = a.strides.empty() ? 1 : a.strides[d];
-    const int64_t dl = a.dilations.empty() ? 1 : a.dilations[d];
-    const int64_t span = (k - 1) * dl + 1;
-    int64_t pb = a.pads.empty() ? 0 : a.pads[d], pe = a.pads.empty() ? 0 : a.pads[d + sp];
-    int64_t out = 0;
-    if (a.auto_pad == "SAME_UPPER" || a.auto_pad == "SAME_LOWER") {
-      out = (in + s - 1) / s;
-      const int64_t total = std::max<int64_t>(0, (out - 1) * s + span - in);
-      pb = a.auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
-      pe = total - pb;
-    } else {
-      if (a.auto_pad == "VALID") pb = pe = 0;
-      const int64_t room = in + pb + pe - span;
-      out = room < 0 ? 0 : room / s + 1;
-    }
-    if (k < 1 || out < 1) ctx.fail("convolution output would be empty");
-    g.in.push_back(in), g.kernel.push_back(k), g.out.push_back(out);
-    g.stride.push_back(s), g.dil.push_back(dl), g.pad_begin.push_back(pb);
-    g.in_size *= in, g.kernel_size *= k, g.out_size *= out;
-    g.out_shape.push_back(out);
+  const std::vector<WindowAxis> axes = forward_windows(
+      spatial_dims(x.shape()), conv_kernel(a.window, spatial_dims(w.shape())), a.window);
+  for (const WindowAxis& d : axes) {
+    g.in.push_back(d.in), g.kernel.push_back(d.kernel), g.out.push_back(d.out);
+    g.stride.push_back(d.stride), g.dil.push_back(d.dilation), g.pad_begin.push_back(d.pad_begin);
+    g.in_size *= d.in, g.kernel_size *= d.kernel, g.out_size *= d.out;
   }
+  g.out_shape = windowed_shape(g.N, g.M, axes);
   return g;
 }
 

@@ -5,62 +5,28 @@
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/geometry.h"
 
 namespace kiln::ops {
 namespace {
 
-// Attribute values above this are rejected, so that sizes computed from them stay far
-// from int64 overflow.
-constexpr int64_t kMaxAttr = int64_t{1} << 31;
-
-// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
-void check_output_size(const OpContext& ctx, const Shape& shape) {
-  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
-      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
-    }
-  }
-}
-
 class MaxUnpool final : public Kernel {
  public:
-  explicit MaxUnpool(const NodeInfo& info)
-      : kernel_(info.attr_ints("kernel_shape")),
-        strides_(info.attr_ints("strides")),
-        pads_(info.attr_ints("pads")) {
-    const size_t r = kernel_.size();
-    if (r == 0) info.fail("kernel_shape is required");
-    if ((!strides_.empty() && strides_.size() != r) || (!pads_.empty() && pads_.size() != 2 * r)) {
-      info.fail("strides and pads must match kernel_shape");
-    }
-    for (int64_t v : kernel_)
-      if (v < 1 || v > kMaxAttr) info.fail("kernel_shape must be in [1, 2^31]");
-    for (int64_t v : strides_)
-      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
-    for (int64_t v : pads_)
-      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
-  }
+  explicit MaxUnpool(const NodeInfo& info) : window_(unpool_window(info)) {}
 
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Tensor& ind = ctx.input(1);
-    const size_t r = kernel_.size();
+    const size_t r = window_.kernel_shape.size();
     if (x.rank() != r + 2) ctx.fail("input " + x.describe() + " does not match kernel_shape");
     if (ind.dtype() != DataType::Int64 || ind.shape() != x.shape()) {
       ctx.fail("indices " + ind.describe() + " must be int64 with the shape of " + x.describe());
     }
-    // Indices address the shape MaxPool's input had; an explicit output_shape may only
-    // add room at the end of each dimension.
-    Shape inferred{x.dim(0), x.dim(1)};
-    for (size_t d = 0; d < r; ++d) {
-      const int64_t s = strides_.empty() ? 1 : strides_[d];
-      const int64_t p = pads_.empty() ? 0 : pads_[d] + pads_[d + r];
-      const int64_t out = (x.dim(d + 2) - 1) * s + kernel_[d] - p;
-      if (out < 0) ctx.fail("output size would be negative for input " + x.describe());
-      inferred.push_back(out);
-    }
+    // Indices address the shape MaxPool's input had: each window scattered back. An
+    // explicit output_shape may only add room at the end of each dimension.
+    const Shape inferred =
+        windowed_shape(x.dim(0), x.dim(1),
+                       transposed_windows(spatial_dims(x.shape()), window_.kernel_shape, window_));
     Shape shape = inferred;
     if (ctx.has_input(2)) {
       shape = to_int64s(ctx.input(2));
@@ -74,8 +40,7 @@ class MaxUnpool final : public Kernel {
         }
       }
     }
-    check_output_size(ctx, inferred);
-    check_output_size(ctx, shape);
+    check_output_elements(shape);
     const int64_t limit = shape_numel(inferred);
     dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
       Tensor& y = ctx.output(0, x.dtype(), shape);
@@ -101,7 +66,19 @@ class MaxUnpool final : public Kernel {
   }
 
  private:
-  std::vector<int64_t> kernel_, strides_, pads_;
+  // MaxPool's kernel, strides and pads: MaxUnpool has no dilations or automatic padding.
+  static WindowAttrs unpool_window(const NodeInfo& info) {
+    const WindowAttrs all = window_attrs(info.node());
+    WindowAttrs a;
+    a.kernel_shape = all.kernel_shape;
+    a.strides = all.strides;
+    a.pads = all.pads;
+    if (a.kernel_shape.empty()) info.fail("kernel_shape is required");
+    check_window_ranks(a, a.kernel_shape.size());
+    return a;
+  }
+
+  WindowAttrs window_;
 };
 
 }  // namespace

@@ -16,25 +16,11 @@
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/geometry.h"
 #include "ops/math/kernels.h"
 
 namespace kiln::ops {
 namespace {
-
-// Attribute values above this are rejected, so that sizes computed from them stay far
-// from int64 overflow.
-constexpr int64_t kMaxAttr = int64_t{1} << 31;
-
-// Fails unless `shape` has an element count that int64 arithmetic (and memory) can hold.
-void check_output_size(const OpContext& ctx, const Shape& shape) {
-  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return;
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 48)) {
-      ctx.fail("output shape " + shape_to_string(shape) + " is too large");
-    }
-  }
-}
 
 enum class PoolKind { Max, Average, Lp };
 
@@ -57,98 +43,38 @@ int64_t first_tap(int64_t start, int64_t dil, int64_t limit) {
   return need <= 0 ? 0 : (need + dil - 1) / dil;
 }
 
-class PoolAttrs {
- public:
-  explicit PoolAttrs(const NodeInfo& info)
-      : kernel_(info.attr_ints("kernel_shape")),
-        strides_(info.attr_ints("strides")),
-        dilations_(info.attr_ints("dilations")),
-        pads_(info.attr_ints("pads")),
-        auto_pad_(info.attr_string("auto_pad", "NOTSET")),
-        ceil_(info.attr_int("ceil_mode", 0) != 0) {
-    if (kernel_.empty()) info.fail("kernel_shape is required");
-    if (kernel_.size() > 3)
-      info.fail("pooling over more than 3 dimensions", ErrorKind::Unsupported);
-    const size_t r = kernel_.size();
-    if ((!strides_.empty() && strides_.size() != r) ||
-        (!dilations_.empty() && dilations_.size() != r) ||
-        (!pads_.empty() && pads_.size() != 2 * r)) {
-      info.fail("strides, dilations and pads must match kernel_shape");
-    }
-    for (int64_t v : kernel_)
-      if (v < 1 || v > kMaxAttr) info.fail("kernel_shape must be in [1, 2^31]");
-    for (int64_t v : strides_)
-      if (v < 1 || v > kMaxAttr) info.fail("strides must be in [1, 2^31]");
-    for (int64_t v : dilations_)
-      if (v < 1 || v > kMaxAttr) info.fail("dilations must be in [1, 2^31]");
-    for (int64_t v : pads_)
-      if (v < 0 || v > kMaxAttr) info.fail("pads must be in [0, 2^31]");
-    if (auto_pad_ != "NOTSET" && auto_pad_ != "SAME_UPPER" && auto_pad_ != "SAME_LOWER" &&
-        auto_pad_ != "VALID") {
-      info.fail("unknown auto_pad '" + auto_pad_ + "'");
+// The pooling window's attributes: kernel_shape is required and fixes the rank.
+WindowAttrs pool_window(const NodeInfo& info) {
+  WindowAttrs a = window_attrs(info.node());
+  if (a.kernel_shape.empty()) info.fail("kernel_shape is required");
+  if (a.kernel_shape.size() > 3)
+    info.fail("pooling over more than 3 dimensions", ErrorKind::Unsupported);
+  check_window_ranks(a, a.kernel_shape.size());
+  return a;
+}
+
+// The spatial axes right-aligned in three dimensions, with every output's kernel taps.
+Geometry pool_geometry(const std::vector<WindowAxis>& axes) {
+  Geometry g;
+  const size_t off = 3 - axes.size();
+  for (size_t d = 0; d < axes.size(); ++d) {
+    const WindowAxis& a = axes[d];
+    const size_t i = off + d;
+    g.in[i] = a.in, g.k[i] = a.kernel, g.out[i] = a.out;
+    g.stride[i] = a.stride, g.dil[i] = a.dilation;
+    Taps& t = g.taps[i];
+    for (int64_t o = 0; o < a.out; ++o) {
+      const int64_t start = o * a.stride - a.pad_begin;
+      t.start.push_back(start);
+      const int64_t lo = std::min(first_tap(start, a.dilation, 0), a.kernel);
+      t.lo.push_back(lo);
+      t.hi.push_back(std::clamp(first_tap(start, a.dilation, a.in), lo, a.kernel));
+      t.padded.push_back(std::min(first_tap(start, a.dilation, a.in + a.pad_end), a.kernel));
     }
   }
-
-  Geometry geometry(const OpContext& ctx, const Tensor& x) const {
-    const size_t r = kernel_.size();
-    if (x.rank() != r + 2) {
-      ctx.fail("input " + x.describe() + " does not match kernel_shape of rank " +
-               std::to_string(r));
-    }
-    Geometry g;
-    const size_t off = 3 - r;
-    for (size_t d = 0; d < r; ++d) {
-      const size_t i = off + d;
-      g.in[i] = x.dim(d + 2);
-      g.k[i] = kernel_[d];
-      g.stride[i] = strides_.empty() ? 1 : strides_[d];
-      g.dil[i] = dilations_.empty() ? 1 : dilations_[d];
-      const int64_t ek = (g.k[i] - 1) * g.dil[i] + 1;
-      int64_t pb = 0, pe = 0, out = 0;
-      if (auto_pad_ == "SAME_UPPER" || auto_pad_ == "SAME_LOWER") {
-        out = (g.in[i] + g.stride[i] - 1) / g.stride[i];
-        const int64_t total = std::max<int64_t>(0, (out - 1) * g.stride[i] + ek - g.in[i]);
-        pb = auto_pad_ == "SAME_UPPER" ? total / 2 : total - total / 2;
-        pe = total - pb;
-      } else {
-        if (auto_pad_ == "NOTSET" && !pads_.empty()) {
-          pb = pads_[d];
-          pe = pads_[d + r];
-        }
-        const int64_t span = g.in[i] + pb + pe - ek;
-        if (span < 0) ctx.fail("kernel is larger than the padded input " + x.describe());
-        out = (ceil_ && auto_pad_ == "NOTSET" ? (span + g.stride[i] - 1) / g.stride[i]
-                                              : span / g.stride[i]) +
-              1;
-        // A last window that would start in the end padding is dropped.
-        if (ceil_ && (out - 1) * g.stride[i] >= g.in[i] + pb) --out;
-      }
-      g.out[i] = out;
-      Taps& t = g.taps[i];
-      for (int64_t o = 0; o < out; ++o) {
-        const int64_t start = o * g.stride[i] - pb;
-        t.start.push_back(start);
-        const int64_t lo = std::min(first_tap(start, g.dil[i], 0), g.k[i]);
-        t.lo.push_back(lo);
-        t.hi.push_back(std::clamp(first_tap(start, g.dil[i], g.in[i]), lo, g.k[i]));
-        t.padded.push_back(std::min(first_tap(start, g.dil[i], g.in[i] + pe), g.k[i]));
-      }
-    }
-    for (size_t i = 0; i < off; ++i) g.taps[i] = Taps{{0}, {0}, {1}, {1}};
-    return g;
-  }
-
-  Shape out_shape(const Tensor& x, const Geometry& g) const {
-    Shape s{x.dim(0), x.dim(1)};
-    for (size_t d = 0; d < kernel_.size(); ++d) s.push_back(g.out[3 - kernel_.size() + d]);
-    return s;
-  }
-
- private:
-  std::vector<int64_t> kernel_, strides_, dilations_, pads_;
-  std::string auto_pad_;
-  bool ceil_;
-};
+  for (size_t i = 0; i < off; ++i) g.taps[i] = Taps{{0}, {0}, {1}, {1}};
+  return g;
+}
 
 // 1 / n, or 0 for an empty window.
 template <typename C>
@@ -443,7 +369,7 @@ void max_pool_with_indices(const T* x, T* y, int64_t* indices, bool col_major, i
 template <PoolKind kKind>
 class Pool final : public Kernel {
  public:
-  explicit Pool(const NodeInfo& info) : attrs_(info) {
+  explicit Pool(const NodeInfo& info) : window_(pool_window(info)) {
     if constexpr (kKind == PoolKind::Max) {
       col_major_ = info.attr_int("storage_order", 0) != 0;
     } else if constexpr (kKind == PoolKind::Average) {
@@ -458,9 +384,15 @@ class Pool final : public Kernel {
 
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    const Geometry g = attrs_.geometry(ctx, x);
-    const Shape shape = attrs_.out_shape(x, g);
-    check_output_size(ctx, shape);
+    const size_t r = window_.kernel_shape.size();
+    if (x.rank() != r + 2) {
+      ctx.fail("input " + x.describe() + " does not match kernel_shape of rank " +
+               std::to_string(r));
+    }
+    const std::vector<WindowAxis> axes =
+        forward_windows(spatial_dims(x.shape()), window_.kernel_shape, window_);
+    const Geometry g = pool_geometry(axes);
+    const Shape shape = windowed_shape(x.dim(0), x.dim(1), axes);
     const int64_t planes = shape_numel(shape) == 0 ? 0 : x.dim(0) * x.dim(1);
     if constexpr (kKind == PoolKind::Max) {
       using MaxTypes = TypeList<float, double, float16, bfloat16, int8_t, uint8_t>;
@@ -494,7 +426,7 @@ class Pool final : public Kernel {
   }
 
  private:
-  PoolAttrs attrs_;
+  WindowAttrs window_;
   bool col_major_ = false, count_pad_ = false;
   float p_ = 0;
 };

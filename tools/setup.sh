@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs kiln's build and test dependencies: the missing Debian packages, then the project
 # venv (.venv) with the Python package's pinned build and test requirements
-# (python/requirements-test.txt). Idempotent: prints what it installs, or that nothing was needed.
+# (python/requirements-test.txt, which includes requirements-build.txt and
+# requirements-serve.txt). Idempotent: prints what it installs, or that nothing was needed.
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -42,7 +43,7 @@ install_packages() {
 # Made again when the requirements change (a stamp keeps their checksum).
 make_venv() {
   venv=.venv
-  wanted=$(cat python/requirements-build.txt python/requirements-test.txt | sha256sum | cut -d' ' -f1)
+  wanted=$(cat python/requirements-*.txt | sha256sum | cut -d' ' -f1)
   if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.requirements" 2>/dev/null)" = "$wanted" ]; then
     echo "setup: $venv is up to date"
     return

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
+
+# Ray (kiln.serve's tests) stays on this machine: a single-node instance on the loopback
+# address (Ray's "no cluster" mode), and no usage statistics sent. Set before Ray is imported.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "models"

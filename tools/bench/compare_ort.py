@@ -666,8 +666,23 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
         lines.append("")
     for title, desc, table in appendix:
         lines += [f"## {title}", "", desc, ""] + table + [""]
+    kept = kept_sections(path)
     with open(path, "w") as f:
-        f.write("\n".join(lines).rstrip() + "\n")
+        f.write("\n".join(lines).rstrip() + "\n" + (f"\n{kept}" if kept else ""))
+
+
+# Sections after this line are written by other tools (serve_bench.py) and kept as they are.
+KEEP_MARKER = "<!-- Sections below are not made by compare_ort.py, which keeps them. -->"
+
+
+def kept_sections(path):
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return ""
+    at = text.find(KEEP_MARKER)
+    return text[at:] if at >= 0 else ""
 
 
 # ---------------------------------------------------------------- main

@@ -1,0 +1,216 @@
+"""Bodies of kiln.serve's requests and responses, and the batching of requests.
+
+A request's inputs come as JSON (``{"inputs": {name: nested lists}}``, typed by the model's
+inputs), as one ``.npy`` array (``Content-Type: application/x-npy``, single-input models)
+or as an ``.npz``/zip of named arrays (``application/x-npz`` or ``application/zip``). The
+answer is JSON (``{"outputs": {name: nested lists}}``) unless ``Accept`` asks for ``.npy``
+(one output) or ``.npz``. Nothing here needs Ray, so it is tested on its own.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import zipfile
+from typing import Any, Awaitable, Callable, Sequence
+
+import numpy as np
+
+JSON = "application/json"
+NPY = "application/x-npy"
+NPZ = "application/x-npz"
+ZIP = "application/zip"
+
+# ONNX element types as onnxruntime names them in NodeArg.type ('tensor(float)').
+_NUMPY_TYPES = {
+    "float": np.float32,
+    "double": np.float64,
+    "float16": np.float16,
+    "int8": np.int8,
+    "int16": np.int16,
+    "int32": np.int32,
+    "int64": np.int64,
+    "uint8": np.uint8,
+    "uint16": np.uint16,
+    "uint32": np.uint32,
+    "uint64": np.uint64,
+    "bool": np.bool_,
+    "string": np.str_,
+}
+
+
+class RequestError(ValueError):
+    """A request the server cannot take (answered with status 400 and this message)."""
+
+
+def numpy_dtype(onnx_type: str) -> np.dtype:
+    """The numpy type of a JSON input declared as ``onnx_type`` ('tensor(float)')."""
+    element = onnx_type.removeprefix("tensor(").removesuffix(")")
+    if element not in _NUMPY_TYPES or not onnx_type.startswith("tensor("):
+        raise RequestError(f"inputs of type {onnx_type} cannot be sent as JSON: send .npy/.npz")
+    return np.dtype(_NUMPY_TYPES[element])
+
+
+def media_type(header: str | None) -> str:
+    """'application/json' of 'application/json; charset=utf-8'."""
+    return (header or "").split(";")[0].strip().lower()
+
+
+def decode_inputs(body: bytes, content_type: str | None, inputs: Sequence) -> dict[str, Any]:
+    """The input feed of a request; ``inputs``: the model's inputs (NodeArg)."""
+    media = media_type(content_type)
+    if media == NPY:
+        if len(inputs) != 1:
+            names = ", ".join(i.name for i in inputs)
+            raise RequestError(f"an .npy body feeds single-input models; this one takes {names}: "
+                               "send an .npz of named arrays or JSON")
+        feed = {inputs[0].name: _load_npy(body)}
+    elif media in (NPZ, ZIP):
+        feed = _load_npz(body)
+    elif media in (JSON, ""):
+        feed = _json_feed(body, inputs)
+    else:
+        raise RequestError(f"unsupported Content-Type '{media}': use {JSON}, {NPY} or {NPZ}")
+    _check_names(feed, inputs)
+    return feed
+
+
+def _load_npy(body: bytes) -> np.ndarray:
+    try:
+        return np.load(io.BytesIO(body), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise RequestError(f"the body is not an .npy array: {e}") from None
+
+
+def _load_npz(body: bytes) -> dict[str, np.ndarray]:
+    try:
+        with np.load(io.BytesIO(body), allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise RequestError(f"the body is not an .npz of arrays: {e}") from None
+
+
+def _json_feed(body: bytes, inputs: Sequence) -> dict[str, np.ndarray]:
+    try:
+        request = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(f"the body is not JSON: {e}") from None
+    if not isinstance(request, dict) or not isinstance(request.get("inputs"), dict):
+        raise RequestError('a JSON request is {"inputs": {"NAME": nested lists, ...}}')
+    types = {i.name: i.type for i in inputs}
+    feed = {}
+    for name, value in request["inputs"].items():
+        if name not in types:
+            raise RequestError(f"unknown input '{name}'")
+        try:
+            feed[name] = np.asarray(value, dtype=numpy_dtype(types[name]))
+        except (ValueError, TypeError, OverflowError) as e:
+            raise RequestError(f"input '{name}' is not a {types[name]} array: {e}") from None
+    return feed
+
+
+def _check_names(feed: dict, inputs: Sequence) -> None:
+    names = [i.name for i in inputs]
+    unknown = [n for n in feed if n not in names]
+    if unknown:
+        raise RequestError(f"unknown input '{unknown[0]}' (the model takes {', '.join(names)})")
+    missing = [n for n in names if n not in feed]
+    if missing:
+        raise RequestError(f"missing input '{missing[0]}'")
+
+
+def select_outputs(query: str | None, outputs: Sequence) -> list[str]:
+    """The outputs a request asks for (``?outputs=a,b``), all when it names none."""
+    names = [o.name for o in outputs]
+    if not query:
+        return names
+    wanted = [n for n in query.split(",") if n]
+    for n in wanted:
+        if n not in names:
+            raise RequestError(f"unknown output '{n}' (the model gives {', '.join(names)})")
+    return wanted
+
+
+def encode_outputs(outputs: dict[str, np.ndarray], accept: str | None) -> tuple[bytes, str]:
+    """The response body and its media type: the first of JSON, .npy and .npz in ``accept``."""
+    media = next((m for m in (media_type(a) for a in (accept or "").split(","))
+                  if m in (JSON, NPY, NPZ, ZIP)), JSON)
+    buffer = io.BytesIO()
+    if media == NPY:
+        if len(outputs) != 1:
+            raise RequestError("an .npy response holds one output: name it with ?outputs=NAME "
+                               f"or accept {NPZ}")
+        np.save(buffer, next(iter(outputs.values())), allow_pickle=False)
+        return buffer.getvalue(), NPY
+    if media in (NPZ, ZIP):
+        np.savez(buffer, **outputs)
+        return buffer.getvalue(), media
+    body = {"outputs": {name: np.asarray(a).tolist() for name, a in outputs.items()}}
+    return json.dumps(body).encode(), JSON
+
+
+def batchable(inputs: Sequence, outputs: Sequence) -> bool:
+    """Whether requests can be stacked along axis 0: every input's and output's first
+    dimension is symbolic or unknown (a batch axis), not a fixed size."""
+    args = list(inputs) + list(outputs)
+    return bool(args) and all(a.type.startswith("tensor(") and a.shape and
+                              not isinstance(a.shape[0], int) for a in args)
+
+
+def batch_key(feed: dict[str, np.ndarray]) -> tuple | None:
+    """Requests with the same key stack into one run: same names, types and shapes past
+    axis 0. None for a feed that cannot stack (a scalar input, or inputs whose first
+    dimensions differ, which are then not one batch axis)."""
+    if any(np.ndim(a) == 0 for a in feed.values()) or len({len(a) for a in feed.values()}) > 1:
+        return None
+    return tuple(sorted((n, a.dtype.str, a.shape[1:]) for n, a in feed.items()))
+
+
+def stack(feeds: Sequence[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], list[int]]:
+    """One feed of the requests' inputs concatenated along axis 0, and each one's rows."""
+    sizes = [len(next(iter(f.values()))) for f in feeds]
+    names = feeds[0].keys()
+    return {n: np.concatenate([f[n] for f in feeds]) for n in names}, sizes
+
+
+def unstack(outputs: dict[str, np.ndarray], sizes: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    """The outputs of a stacked run split back into each request's rows."""
+    total = sum(sizes)
+    for name, a in outputs.items():
+        if np.ndim(a) == 0 or a.shape[0] != total:
+            raise ValueError(f"output '{name}' of shape {np.shape(a)} does not follow the "
+                             f"batch of {total} rows")
+    bounds = np.cumsum([0, *sizes])
+    return [{n: a[bounds[i]:bounds[i + 1]] for n, a in outputs.items()}
+            for i in range(len(sizes))]
+
+
+# run(feed, requests) -> outputs by name: one session run answering `requests` requests.
+Runner = Callable[[dict, int], Awaitable[dict]]
+
+
+async def run_stacked(feeds: Sequence[dict], run: Runner) -> list[tuple[dict, int] | Exception]:
+    """Answers requests waiting together: those of one batch key as one stacked run. Each
+    answer is (outputs, requests in its run), or the exception for that request alone: when a
+    stacked run fails, its requests are run one by one so only a bad one fails."""
+    groups: dict[tuple | None, list[int]] = collections.defaultdict(list)
+    for i, feed in enumerate(feeds):
+        groups[batch_key(feed)].append(i)
+    results: list[Any] = [None] * len(feeds)
+    for key, members in groups.items():
+        if key is not None and len(members) > 1:
+            try:
+                stacked, sizes = stack([feeds[i] for i in members])
+                outputs = unstack(await run(stacked, len(members)), sizes)
+                for i, out in zip(members, outputs):
+                    results[i] = (out, len(members))
+                continue
+            except (RuntimeError, ValueError):  # kiln.KilnError is a RuntimeError
+                pass
+        for i in members:
+            try:
+                results[i] = (await run(feeds[i], 1), 1)
+            except (RuntimeError, ValueError) as e:
+                results[i] = e
+    return results
