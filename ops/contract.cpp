@@ -174,37 +174,6 @@ void broadcast_shape(ShapeContext& c, DataType out_type, size_t type_from,
   c.set(0, dtype, shape, &out);
 }
 
-Shape window_output_dims(const ShapeContext& c, const Shape& x, const std::vector<int64_t>& kernel,
-                         bool ceil_mode) {
-  const size_t spatial = x.size() < 2 ? 0 : x.size() - 2;
-  if (kernel.size() != spatial) unknown("kernel rank does not match the input");
-  std::vector<int64_t> strides = c.attr_ints("strides"), dilations = c.attr_ints("dilations"),
-                       pads = c.attr_ints("pads");
-  strides.resize(spatial, 1);
-  dilations.resize(spatial, 1);
-  pads.resize(2 * spatial, 0);
-  const std::string auto_pad = c.attr_s("auto_pad", "NOTSET");
-  Shape out;
-  for (size_t d = 0; d < spatial; ++d) {
-    const int64_t in = x[d + 2], s = strides[d], dk = (kernel[d] - 1) * dilations[d] + 1;
-    if (s <= 0 || dk <= 0) unknown("bad strides or kernel");
-    int64_t o = 0;
-    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-      o = (in + s - 1) / s;
-    } else if (auto_pad == "VALID") {
-      o = in < dk ? 0 : (in - dk) / s + 1;
-    } else {
-      const int64_t span = in + pads[d] + pads[d + spatial] - dk;
-      if (span < 0) unknown("window larger than the padded input");
-      o = (ceil_mode ? (span + s - 1) / s : span / s) + 1;
-      // The last window must start inside the input or its left padding.
-      if (ceil_mode && (o - 1) * s >= in + pads[d]) --o;
-    }
-    out.push_back(o);
-  }
-  return out;
-}
-
 int64_t checked_add(int64_t a, int64_t b) {
   int64_t r = 0;
   if (__builtin_add_overflow(a, b, &r)) unknown("overflow");

@@ -110,11 +110,6 @@ void pass_through(ShapeContext& c);
 void broadcast_shape(ShapeContext& c, DataType out_type, size_t type_from,
                      int64_t (*f)(const std::vector<int64_t>&));
 
-// Output sizes along the spatial dimensions of `x` (N, C, spatial...) for windows of
-// `kernel` under the node's strides, dilations, pads and auto_pad (Conv and pooling).
-Shape window_output_dims(const ShapeContext& c, const Shape& x, const std::vector<int64_t>& kernel,
-                         bool ceil_mode);
-
 // Integer arithmetic on known values; an overflow leaves the value unknown.
 int64_t checked_add(int64_t a, int64_t b);
 int64_t checked_sub(int64_t a, int64_t b);

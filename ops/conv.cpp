@@ -265,16 +265,37 @@ void wide_convolve(const float* xg, const math::PackedA& a, const float* bias, f
   });
 }
 
+bool is_pointwise(const Geometry& g) {
+  return g.k_size() == 1 && g.stride == std::array<int64_t, 3>{1, 1, 1} &&
+         g.pad == std::array<int64_t, 3>{0, 0, 0};
+}
+
+// Floats of the wide path's buffers (one group's padded input channels, then the product
+// over the wide positions) for float convolutions of these sizes, 0 where the path does not
+// apply. It is the kernel's workspace (see conv_workspace): taken whenever this is nonzero,
+// used unless the product runs one (image, group) unit per thread instead.
+int64_t wide_floats(const Sizes& s, const Geometry& g) {
+  if (g.out_size() == 0 || s.m == 0 || s.n == 0 || use_direct(s, g) || is_pointwise(g) ||
+      g.stride != std::array<int64_t, 3>{1, 1, 1} || g.out[2] < kMinWideWidth) {
+    return 0;
+  }
+  const math::ConvGeometry cg = conv_geometry(g);
+  int64_t rows[3] = {}, len[3] = {};
+  math::conv_padded_extent(cg, rows, len);
+  const int64_t wide_n = ((cg.out[0] - 1) * rows[1] + cg.out[1] - 1) * len[2] + cg.out[2];
+  return s.cg * math::conv_padded_floats(cg) + s.mg * wide_n;
+}
+
 // Float convolution through the GEMM layer; `packed` is pack_filter's form of the filter.
-// `ctx` (may be null) gives the wide path's buffers.
+// The wide path's buffers are `wide_space` (wide_floats of them) when given, else scratch
+// from `ctx` (without a context the path is not taken).
 void gemm_convolve(OpContext* ctx, const float* x, const float* packed, const float* bias, float* y,
-                   const Sizes& s, const Geometry& g, const ConvEpilogue& e) {
+                   const Sizes& s, const Geometry& g, const ConvEpilogue& e, float* wide_space) {
   const math::MathKernels& t = math::kernels();
   const math::ConvGeometry cg = conv_geometry(g);
   const int64_t ip = g.in_size(), op = g.out_size(), kk = s.cg * g.k_size();
   const int64_t per = math::PackedA::packed_floats(s.mg, kk, t.gemm.mr);
-  const bool pointwise = g.k_size() == 1 && g.stride == std::array<int64_t, 3>{1, 1, 1} &&
-                         g.pad == std::array<int64_t, 3>{0, 0, 0};
+  const bool pointwise = is_pointwise(g);
   const int64_t units = s.n * s.groups;
   const double work = static_cast<double>(units) * static_cast<double>(s.mg) *
                       static_cast<double>(kk) * static_cast<double>(op);
@@ -286,18 +307,23 @@ void gemm_convolve(OpContext* ctx, const float* x, const float* packed, const fl
   o.accumulate = e.accumulate;
   o.activation = e.activation;
   if (by_unit) o.max_threads = 1;
-  const bool wide = ctx && !pointwise && !by_unit && g.stride == std::array<int64_t, 3>{1, 1, 1} &&
-                    g.out[2] >= kMinWideWidth;
+  const bool wide = (ctx || wide_space) && !by_unit && wide_floats(s, g) > 0;
   if (wide) {
     const WideLayout layout(cg, s.cg);
-    Tensor xp = ctx->allocate(DataType::Float, Shape{s.cg * layout.plane});
-    Tensor wide_y = ctx->allocate(DataType::Float, Shape{s.mg * layout.wide_n});
+    Tensor xp_scratch, wide_scratch;
+    float* xp = wide_space;
+    float* wide_y = wide_space ? wide_space + s.cg * layout.plane : nullptr;
+    if (!wide_space) {
+      xp_scratch = ctx->allocate(DataType::Float, Shape{s.cg * layout.plane});
+      wide_scratch = ctx->allocate(DataType::Float, Shape{s.mg * layout.wide_n});
+      xp = xp_scratch.data<float>();
+      wide_y = wide_scratch.data<float>();
+    }
     for (int64_t u = 0; u < units; ++u) {
       const int64_t n = u / s.groups, grp = u % s.groups;
       const math::PackedA a(packed + grp * per, s.mg, kk, t.gemm.mr);
       wide_convolve(x + (n * s.c + grp * s.cg) * ip, a, bias ? bias + grp * s.mg : nullptr,
-                    y + (n * s.m + grp * s.mg) * op, s, cg, layout, e, xp.data<float>(),
-                    wide_y.data<float>());
+                    y + (n * s.m + grp * s.mg) * op, s, cg, layout, e, xp, wide_y);
     }
     return;
   }
@@ -332,7 +358,8 @@ void gemm_convolve(OpContext* ctx, const float* x, const float* packed, const fl
 // float filter of every group packed for the GEMM (null for depthwise and double).
 template <typename T>
 void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, const Sizes& s,
-              const Geometry& g, const ConvEpilogue& e = {}, OpContext* ctx = nullptr) {
+              const Geometry& g, const ConvEpilogue& e = {}, OpContext* ctx = nullptr,
+              float* wide_space = nullptr) {
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size(), kk = s.cg * kp;
   if (op == 0 || s.m == 0 || s.n == 0) return;
 
@@ -341,13 +368,14 @@ void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, 
     if (use_direct(s, g)) {
       direct_convolve(x, w, bias, y, s, g, e);
     } else {
-      gemm_convolve(ctx, x, packed, bias, y, s, g, e);
+      gemm_convolve(ctx, x, packed, bias, y, s, g, e, wide_space);
     }
   } else {
     // Double: lower each (image, group) whole, then plain loops (never fused).
     (void)packed;
     (void)e;
     (void)ctx;
+    (void)wide_space;
     std::vector<T> col(static_cast<size_t>(kk * op));
     for (int64_t unit = 0; unit < units; ++unit) {
       const int64_t n = unit / s.groups, grp = unit % s.groups;
@@ -369,6 +397,18 @@ void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, 
   }
 }
 
+// The kernel's geometry from the shared window helper's axes (1 to 3, right-aligned).
+Geometry window_geometry(const std::vector<WindowAxis>& axes) {
+  Geometry g;
+  const size_t off = 3 - axes.size();
+  for (size_t d = 0; d < axes.size(); ++d) {
+    const WindowAxis& a = axes[d];
+    const size_t i = off + d;
+    g.in[i] = a.in, g.k[i] = a.kernel, g.out[i] = a.out;
+    g.stride[i] = a.stride, g.dil[i] = a.dilation, g.pad[i] = a.pad_begin;
+  }
+  return g;
+}
 class Conv final : public Kernel {
  public:
   Conv(const NodeInfo& info, bool fused)
@@ -419,7 +459,7 @@ class Conv final : public Kernel {
     }
     const std::vector<WindowAxis> axes = forward_windows(
         spatial_dims(x.shape()), conv_kernel(window_, spatial_dims(w.shape())), window_);
-    const Geometry g = geometry(axes);
+    const Geometry g = window_geometry(axes);
     const Shape out_shape = windowed_shape(s.n, s.m, axes);
     if (fused_) {
       run_fused(ctx, s, g, out_shape);
@@ -446,9 +486,12 @@ class Conv final : public Kernel {
         const bool is_float = std::is_same_v<T, float>;
         Tensor fy = is_float ? Tensor() : ctx.allocate(DataType::Float, out_shape);
         Tensor& y = is_float ? ctx.output(0, x.dtype(), out_shape) : fy;
+        // Float only: a half type's output is allocated after the product, and the
+        // workspace must follow the outputs.
+        const Tensor space = is_float ? workspace(ctx, s, g) : Tensor();
         convolve<float>(fx.data<const float>(), fw.defined() ? fw.data<const float>() : nullptr,
                         packed, has_bias ? fb.data<const float>() : nullptr, y.data<float>(), s, g,
-                        {}, &ctx);
+                        {}, &ctx, space.defined() ? space.data<float>() : nullptr);
         if (!is_float) {
           Tensor& out = ctx.output(0, x.dtype(), out_shape);
           unary_loop<float, T>(fy, out, [](float v) { return T(v); });
@@ -489,7 +532,9 @@ class Conv final : public Kernel {
     e.activation = activation_;
     if (!has_z) {
       Tensor& y = ctx.output(0, DataType::Float, out_shape);
-      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx);
+      const Tensor space = workspace(ctx, s, g);
+      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx,
+                      space.defined() ? space.data<float>() : nullptr);
       return;
     }
     const Tensor& z = ctx.input(3);
@@ -497,16 +542,17 @@ class Conv final : public Kernel {
     if (z.shape() == out_shape) {
       // Accumulate onto Z: in place when Z dies here, else onto a copy of it.
       e.accumulate = true;
-      if (ctx.can_overwrite(3)) {
-        Tensor& y = ctx.output_reusing(0, 3, DataType::Float, out_shape);
+      Tensor& y = ctx.can_overwrite(3) ? ctx.output_reusing(0, 3, DataType::Float, out_shape)
+                                       : ctx.output(0, DataType::Float, out_shape);
+      if (y.raw_data() == z.raw_data()) {
         ctx.count_in_place();
-        convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx);
-        return;
+      } else {
+        copy_elements(z, y);
+        ctx.count_copy(static_cast<uint64_t>(y.nbytes()));
       }
-      Tensor& y = ctx.output(0, DataType::Float, out_shape);
-      copy_elements(z, y);
-      ctx.count_copy(static_cast<uint64_t>(y.nbytes()));
-      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx);
+      const Tensor space = workspace(ctx, s, g);
+      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx,
+                      space.defined() ? space.data<float>() : nullptr);
       return;
     }
     // Z broadcasts (to the convolution's shape or beyond): the sum is a broadcasting Add.
@@ -525,16 +571,11 @@ class Conv final : public Kernel {
   }
 
   // The spatial axes right-aligned in three dimensions.
-  static Geometry geometry(const std::vector<WindowAxis>& axes) {
-    Geometry g;
-    const size_t off = 3 - axes.size();
-    for (size_t d = 0; d < axes.size(); ++d) {
-      const WindowAxis& a = axes[d];
-      const size_t i = off + d;
-      g.in[i] = a.in, g.k[i] = a.kernel, g.out[i] = a.out;
-      g.stride[i] = a.stride, g.dil[i] = a.dilation, g.pad[i] = a.pad_begin;
-    }
-    return g;
+  // The workspace conv_workspace declares for a float convolution of these sizes, taken
+  // after the output.
+  static Tensor workspace(OpContext& ctx, const Sizes& s, const Geometry& g) {
+    const int64_t floats = wide_floats(s, g);
+    return floats > 0 ? ctx.workspace(DataType::Float, floats) : Tensor();
   }
 
   bool fused_;
@@ -549,15 +590,31 @@ Shape conv_output_shape(const ShapeContext& c) {
   const Shape& x = c.shape(0);
   const Shape& w = c.shape(1);
   if (x.size() < 3 || w.size() != x.size()) unknown("ranks of X and W");
-  std::vector<int64_t> kernel = c.attr_ints("kernel_shape");
-  if (kernel.empty()) kernel.assign(w.begin() + 2, w.end());
-  Shape out{x[0], w[0]};
-  for (int64_t d : window_output_dims(c, x, kernel, false)) out.push_back(d);
-  return out;
+  const WindowAttrs a = window_attrs(c.node());
+  check_window_ranks(a, x.size() - 2);
+  const std::vector<int64_t> kernel = conv_kernel(a, spatial_dims(w));
+  return windowed_shape(x[0], w[0], forward_windows(spatial_dims(x), kernel, a));
 }
 
 void conv_shape(ShapeContext& c) {
   c.set(0, c.dtype(0), conv_output_shape(c));
+}
+
+// The wide path's buffers of a float convolution (Conv::workspace), unless kiln.FusedConv's
+// Z broadcasts (its output is then allocated after the product).
+uint64_t conv_workspace(const ShapeContext& c) {
+  if (c.dtype(0) != DataType::Float) return 0;
+  const Shape& x = c.shape(0);
+  const Shape& w = c.shape(1);
+  const Shape out = conv_output_shape(c);
+  if (c.has(3) && c.shape(3) != out) return 0;
+  const int64_t groups = c.attr_i("group", 1);
+  if (groups <= 0 || w[0] % groups != 0) unknown("bad group");
+  const Sizes s{x[0], x[1], w[0], groups, w[1], w[0] / groups};
+  const WindowAttrs a = window_attrs(c.node());
+  const Geometry g =
+      window_geometry(forward_windows(spatial_dims(x), conv_kernel(a, spatial_dims(w)), a));
+  return static_cast<uint64_t>(wide_floats(s, g)) * sizeof(float);
 }
 
 // kiln.FusedConv: the convolution plus Z, which may broadcast.
@@ -576,6 +633,7 @@ KILN_REGISTER_OP({.op = "Conv",
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
                   .shape = conv_shape,
+                  .workspace = conv_workspace,
                   .create = [](const NodeInfo& info) -> std::unique_ptr<Kernel> {
                     return std::make_unique<Conv>(info, false);
                   }});
@@ -590,6 +648,7 @@ KILN_REGISTER_OP({.domain = "kiln",
                   .in_place = inputs(3),
                   .types = "float",
                   .shape = fused_conv_shape,
+                  .workspace = conv_workspace,
                   .create = [](const NodeInfo& info) -> std::unique_ptr<Kernel> {
                     return std::make_unique<Conv>(info, true);
                   }});

@@ -299,34 +299,12 @@ void conv_transpose_shape(ShapeContext& c) {
   const Shape& x = c.shape(0);
   const Shape& w = c.shape(1);
   if (x.size() < 3 || w.size() != x.size()) unknown("ranks of X and W");
-  const size_t spatial = x.size() - 2;
-  std::vector<int64_t> kernel = c.attr_ints("kernel_shape");
-  if (kernel.empty()) kernel.assign(w.begin() + 2, w.end());
-  std::vector<int64_t> strides = c.attr_ints("strides"), dilations = c.attr_ints("dilations"),
-                       pads = c.attr_ints("pads"), extra = c.attr_ints("output_padding"),
-                       wanted = c.attr_ints("output_shape");
-  strides.resize(spatial, 1);
-  dilations.resize(spatial, 1);
-  pads.resize(2 * spatial, 0);
-  extra.resize(spatial, 0);
-  if (kernel.size() != spatial) unknown("kernel rank does not match the input");
-  if (!wanted.empty() && wanted.size() < spatial) unknown("output_shape shorter than the rank");
-  Shape out{x[0], checked_mul(w[1], c.attr_i("group", 1))};
-  const std::string auto_pad = c.attr_s("auto_pad", "NOTSET");
-  for (size_t d = 0; d < spatial; ++d) {
-    if (!wanted.empty()) {
-      out.push_back(wanted[wanted.size() - spatial + d]);
-      continue;
-    }
-    const int64_t full =
-        strides[d] * (x[d + 2] - 1) + extra[d] + (kernel[d] - 1) * dilations[d] + 1;
-    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-      out.push_back(x[d + 2] * strides[d]);
-    } else {
-      out.push_back(full - pads[d] - pads[d + spatial]);
-    }
-  }
-  c.set(0, c.dtype(0), out);
+  const WindowAttrs a = window_attrs(c.node());
+  check_window_ranks(a, x.size() - 2);
+  const std::vector<int64_t> kernel = conv_kernel(a, spatial_dims(w));
+  const int64_t channels = checked_mul(w[1], c.attr_i("group", 1));
+  c.set(0, c.dtype(0),
+        windowed_shape(x[0], channels, transposed_windows(spatial_dims(x), kernel, a)));
 }
 
 }  // namespace

@@ -140,8 +140,8 @@ Tensor& OpContext::output(size_t i, DataType dtype, const Shape& shape) {
   return outputs_[i].tensor();
 }
 
-Tensor OpContext::workspace(uint64_t bytes) {
-  return hooks_.allocate(DataType::UInt8, Shape{static_cast<int64_t>(bytes)});
+Tensor OpContext::workspace(DataType dtype, int64_t elements) {
+  return hooks_.allocate(dtype, Shape{elements});
 }
 
 Tensor& OpContext::output_reusing(size_t i, size_t in, DataType dtype, const Shape& shape) {

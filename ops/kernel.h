@@ -212,9 +212,10 @@ class OpContext {
     return hooks_.allocate_scratch(dtype, shape);
   }
   // The workspace the op's contract declares (OpRegistration::workspace) for this run's
-  // shapes: exactly that many bytes, requested once, after every output is allocated. It is
-  // planned into the arena with the step's lifetime; hold it no longer than run().
-  Tensor workspace(uint64_t bytes);
+  // shapes, as `elements` of `dtype` (exactly the declared bytes), requested once, after
+  // every output is allocated. It is planned into the arena with the step's lifetime; hold
+  // it no longer than run().
+  Tensor workspace(DataType dtype, int64_t elements);
   // Allocates output i and returns it.
   Tensor& output(size_t i, DataType dtype, const Shape& shape);
   // Output i written over input `in` when the executor allows it (the input is owned, this

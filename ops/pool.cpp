@@ -431,13 +431,13 @@ class Pool final : public Kernel {
   float p_ = 0;
 };
 
+// Geometry errors (kiln::Error) leave the outputs unknown; the kernel reports them.
 void pool_shape(ShapeContext& c) {
   const Shape& x = c.shape(0);
-  if (x.size() < 2) unknown("rank below 2");
-  const std::vector<int64_t> kernel = c.attr_ints("kernel_shape");
-  Shape out{x[0], x[1]};
-  for (int64_t d : window_output_dims(c, x, kernel, c.attr_i("ceil_mode", 0) != 0))
-    out.push_back(d);
+  if (x.size() < 3) unknown("rank below 3");
+  const WindowAttrs a = window_attrs(c.node());
+  check_window_ranks(a, x.size() - 2);
+  const Shape out = windowed_shape(x[0], x[1], forward_windows(spatial_dims(x), a.kernel_shape, a));
   c.set(0, c.dtype(0), out);
   c.set(1, DataType::Int64, out);  // MaxPool's indices
 }

@@ -209,12 +209,16 @@ BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<Inferr
         r.why = node.label() + ": workspace: " + u.why;
         return r;
       }
-      if (bytes > 0) r.buffers.push_back({bytes, now, now});
+      if (bytes > 0) {
+        r.buffers.push_back({bytes, now, now});
+        members.emplace_back();  // no value views it
+      }
     }
     for (ir::ValueId id : node.outputs)
       if (id != ir::kNoValue) produced[static_cast<size_t>(id)] = now;
   }
   for (size_t b = 0; b < r.buffers.size(); ++b) {
+    if (members[b].empty()) continue;  // a workspace: released at its own step
     int32_t last = 0;
     for (ir::ValueId m : members[b]) {
       const int32_t d = death(m);

@@ -552,3 +552,30 @@ TEST_CASE("shapes known only when run fall back to a recorded arena", "[arena][s
   CHECK(s.last_run_stats().arena_bytes == 2048);  // recorded on the 2nd run, used on the 3rd
   CHECK(s.last_run_stats().arena_served == 2);
 }
+
+TEST_CASE("a kernel's workspace is planned into the arena with its step's lifetime",
+          "[arena][shapes]") {
+  // A 3x3 convolution over rows wide enough for the wide path: its padded input channels
+  // and wide product are the kernel's workspace (the only buffer of the run besides y).
+  GraphBuilder b;
+  b.input("x", DataType::Float, {1, 8, 6, 32});
+  std::vector<float> w(16 * 8 * 9);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.01f * static_cast<float>(i % 13) - 0.05f;
+  b.initializer("w", Tensor::from_vector<float>({16, 8, 3, 3}, w));
+  b.node("Conv", {"x", "w"}, {"y"}, {ints_attr("pads", {1, 1, 1, 1})});
+  b.output("y");
+  Session s = session_with(b.build(), true, false, false, true);
+  std::vector<float> x(8 * 6 * 32);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.125f * static_cast<float>(i % 5);
+  auto out = s.run({{"x", Tensor::from_vector<float>({1, 8, 6, 32}, x)}});
+  const RunStats first = s.last_run_stats();
+  CHECK(first.arena_from_shapes);
+  CHECK(first.arena_served == 1);  // the workspace
+  CHECK(first.arena_missed == 0);
+  CHECK(first.arena_bytes > 0);
+  const Tensor y1 = out[0].value.tensor();
+  out = s.run({{"x", Tensor::from_vector<float>({1, 8, 6, 32}, x)}});
+  CHECK(s.last_run_stats().arena_bytes == first.arena_bytes);  // the recorded plan agrees
+  CHECK(s.last_run_stats().arena_served == 1);
+  CHECK(out[0].value.tensor().to_vector<float>() == y1.to_vector<float>());
+}
