@@ -17,9 +17,9 @@
 #include "engine/runtime/executor.h"
 #include "engine/runtime/session_internal.h"
 #include "engine/runtime/weight_release.h"
-#include "engine/runtime/weights_cache.h"
 #include "kiln/error.h"
 #include "proto/loader.h"
+#include "proto/weights_cache.h"
 
 namespace kiln {
 
