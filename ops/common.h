@@ -11,11 +11,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "engine/util/tsan.h"
 #include "kiln/data_type.h"
 #include "kiln/error.h"
 #include "kiln/tensor.h"
 #include "ops/kernel.h"
-#include "ops/math/tsan.h"
 
 namespace kiln::ops {
 

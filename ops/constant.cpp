@@ -5,7 +5,7 @@
 #include <limits>
 #include <string>
 
-#include "engine/passes/passes.h"
+#include "engine/ir/graph.h"
 #include "ops/common.h"
 
 namespace kiln::ops {
@@ -70,7 +70,7 @@ void check_output_shape(const OpContext& ctx, const Shape& shape) {
 class Constant final : public Kernel {
  public:
   explicit Constant(const NodeInfo& info) {
-    std::optional<Tensor> v = passes::constant_node_value(info.node());
+    std::optional<Tensor> v = ir::constant_node_value(info.node());
     if (!v) info.fail("has no value attribute");
     value_ = *v;
     // Every run hands out the same tensor: nobody may write into it.

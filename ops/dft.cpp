@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/util/fft.h"
 #include "ops/common.h"
-#include "ops/math/fft.h"
 
 namespace kiln::ops {
 namespace {

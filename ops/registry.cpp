@@ -1,6 +1,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "kiln/ops.h"
 #include "ops/kernel.h"
 
 namespace kiln::ops {
@@ -47,3 +48,21 @@ const std::vector<OpRegistration>& all_ops() {
 }
 
 }  // namespace kiln::ops
+
+namespace kiln {
+
+std::vector<OpSupport> supported_ops() {
+  std::vector<OpSupport> out;
+  for (const ops::OpRegistration& r : ops::all_ops()) {
+    out.push_back({.domain = r.domain,
+                   .op = r.op,
+                   .since = r.since,
+                   .until = r.until == ops::kLatestOpset ? OpSupport::kLatestOpset : r.until,
+                   .types = r.types,
+                   .in_place = r.in_place,
+                   .strided_inputs = r.strided_inputs});
+  }
+  return out;
+}
+
+}  // namespace kiln

@@ -10,9 +10,9 @@
 #include <unordered_set>
 #include <vector>
 
+#include "engine/util/utf8.h"
 #include "ops/common.h"
 #include "ops/elementwise.h"
-#include "ops/utf8.h"
 
 namespace kiln::ops {
 namespace {

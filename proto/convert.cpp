@@ -8,13 +8,13 @@
 #include <map>
 #include <string>
 
-#include "engine/runtime/weights_cache.h"
 #include "kiln/error.h"
 #include "kiln/memory.h"
 #include "kiln/version.h"
 #include "proto/loader.h"
 #include "proto/mapped_file.h"
 #include "proto/tensor_convert.h"
+#include "proto/weights_cache.h"
 #include "proto/wire.h"
 
 namespace kiln::proto {

@@ -7,9 +7,9 @@
 #include <string>
 
 #include "engine/ir/graph.h"
-#include "engine/runtime/weights_cache.h"
 #include "kiln/session.h"
 #include "kiln/value.h"
+#include "proto/weights_cache.h"
 
 namespace kiln::proto {
 

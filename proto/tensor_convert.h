@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime/weights_cache.h"
 #include "kiln/session.h"
 #include "kiln/tensor.h"
 #include "proto/mapped_file.h"
+#include "proto/weights_cache.h"
 #include "proto/wire.h"
 
 namespace kiln::proto {

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "kiln/error.h"
+#include "kiln/tensor_file.h"
 #include "proto/loader.h"
 #include "proto/mapped_file.h"
 #include "proto/tensor_convert.h"
@@ -111,3 +112,14 @@ void write_tensor_file(const std::string& path, const Tensor& tensor, const std:
 }
 
 }  // namespace kiln::proto
+
+namespace kiln {
+
+Value read_value_file(const std::string& path, const IoInfo& expected, std::string* name) {
+  ir::TypeInfo type;
+  type.kind = expected.kind;
+  type.elem = expected.dtype;
+  return proto::read_value_file(path, type, name);
+}
+
+}  // namespace kiln

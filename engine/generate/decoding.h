@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/generate/json_file.h"
+#include "engine/util/json_file.h"
 #include "kiln/generate.h"
 #include "kiln/session.h"
 

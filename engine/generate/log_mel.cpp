@@ -12,9 +12,9 @@
 #include <limits>
 #include <numbers>
 
+#include "engine/util/fft.h"
 #include "kiln/audio.h"
 #include "kiln/error.h"
-#include "ops/math/fft.h"
 
 namespace kiln {
 namespace {

@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "engine/generate/unicode_classes.h"
-#include "ops/utf8.h"
+#include "engine/util/utf8.h"
 
 namespace kiln::text {
 

@@ -11,8 +11,8 @@
 
 #include "engine/generate/pretokenizer.h"
 #include "engine/generate/tokenizer_files.h"
+#include "engine/util/utf8.h"
 #include "kiln/error.h"
-#include "ops/utf8.h"
 
 namespace kiln {
 

@@ -9,7 +9,7 @@
 #include <map>
 #include <unordered_map>
 
-#include "engine/generate/json_file.h"
+#include "engine/util/json_file.h"
 #include "kiln/error.h"
 
 namespace kiln::tokenizer_files {

@@ -154,4 +154,25 @@ std::vector<int32_t> topological_order(const Graph& g) {
   return order;
 }
 
+std::optional<Tensor> constant_node_value(const Node& node) {
+  for (const Attribute& a : node.attributes) {
+    if (a.name == "value" || a.name == "sparse_value") {
+      if (a.t.defined()) return a.t;
+    } else if (a.name == "value_float") {
+      return Tensor::scalar<float>(a.f);
+    } else if (a.name == "value_floats") {
+      return Tensor::from_vector<float>({static_cast<int64_t>(a.floats.size())}, a.floats);
+    } else if (a.name == "value_int") {
+      return Tensor::scalar<int64_t>(a.i);
+    } else if (a.name == "value_ints") {
+      return Tensor::from_vector<int64_t>({static_cast<int64_t>(a.ints.size())}, a.ints);
+    } else if (a.name == "value_string") {
+      return Tensor::scalar<std::string>(a.s);
+    } else if (a.name == "value_strings") {
+      return Tensor::from_vector<std::string>({static_cast<int64_t>(a.strings.size())}, a.strings);
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace kiln::ir

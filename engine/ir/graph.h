@@ -155,4 +155,9 @@ void validate(const Model& model);
 // (implicit inputs included). Throws on a cycle, naming a node on it.
 std::vector<int32_t> topological_order(const Graph& graph);
 
+// The tensor a Constant node produces (value, value_float(s), value_int(s),
+// value_string(s), sparse_value), or nullopt when it has none of them. Read by the pass
+// folding Constant nodes and by the Constant kernel (graphs built without that pass).
+std::optional<Tensor> constant_node_value(const Node& node);
+
 }  // namespace kiln::ir

@@ -5,27 +5,6 @@
 
 namespace kiln::passes {
 
-std::optional<Tensor> constant_node_value(const ir::Node& node) {
-  for (const ir::Attribute& a : node.attributes) {
-    if (a.name == "value" || a.name == "sparse_value") {
-      if (a.t.defined()) return a.t;
-    } else if (a.name == "value_float") {
-      return Tensor::scalar<float>(a.f);
-    } else if (a.name == "value_floats") {
-      return Tensor::from_vector<float>({static_cast<int64_t>(a.floats.size())}, a.floats);
-    } else if (a.name == "value_int") {
-      return Tensor::scalar<int64_t>(a.i);
-    } else if (a.name == "value_ints") {
-      return Tensor::from_vector<int64_t>({static_cast<int64_t>(a.ints.size())}, a.ints);
-    } else if (a.name == "value_string") {
-      return Tensor::scalar<std::string>(a.s);
-    } else if (a.name == "value_strings") {
-      return Tensor::from_vector<std::string>({static_cast<int64_t>(a.strings.size())}, a.strings);
-    }
-  }
-  return std::nullopt;
-}
-
 int fold_constant_nodes(ir::Graph& g) {
   int folded = 0;
   std::vector<ir::Node> kept;
@@ -41,7 +20,7 @@ int fold_constant_nodes(ir::Graph& g) {
                              node.inputs.empty() && node.outputs.size() == 1 &&
                              node.outputs[0] != ir::kNoValue;
     if (is_constant) {
-      if (auto value = constant_node_value(node)) {
+      if (auto value = ir::constant_node_value(node)) {
         ir::ValueInfo& v = g.value(node.outputs[0]);
         v.origin = ir::ValueOrigin::Initializer;
         v.producer = -1;

@@ -3,9 +3,9 @@
 #include <tbb/info.h>
 #include <tbb/task_arena.h>
 
-#include "engine/runtime/weights_cache.h"
+#include "engine/util/tsan.h"
 #include "kiln/version.h"
-#include "ops/math/tsan.h"
+#include "proto/weights_cache.h"
 
 namespace kiln {
 

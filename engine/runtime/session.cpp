@@ -3,22 +3,23 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 
 #include "engine/ir/graph.h"
 #include "engine/passes/passes.h"
 #include "engine/plan/buffer_prediction.h"
-#include "engine/plan/memory_plan.h"
 #include "engine/plan/plan.h"
 #include "engine/plan/shape_inference.h"
+#include "engine/runtime/arena_state.h"
 #include "engine/runtime/buffer_pool.h"
 #include "engine/runtime/executor.h"
 #include "engine/runtime/session_internal.h"
 #include "engine/runtime/weight_release.h"
-#include "engine/runtime/weights_cache.h"
 #include "kiln/error.h"
 #include "proto/loader.h"
+#include "proto/weights_cache.h"
 
 namespace kiln {
 
@@ -157,10 +158,11 @@ struct Session::Impl {
   std::unique_ptr<plan::GraphPlan> plan;
   BufferPool pool;
   std::vector<IoInfo> inputs, outputs;
+  std::vector<std::string> input_names;  // of `inputs`
   LoadStats load_stats;
   bool profile = false;
-  // Guards what runs share below: the allocate_input cycle, the arena planning state, the
-  // free scratch and the last run's counters and profile. Never held while a run executes.
+  // Guards what runs share below: the free scratch and the last run's counters and profile
+  // (`arena` guards its own state). Never held while a run executes.
   std::mutex mutex;
   RunStats run_stats;             // of the last run to finish
   std::vector<NodeEvent> events;  // its profile
@@ -169,81 +171,13 @@ struct Session::Impl {
   std::vector<std::unique_ptr<ExecutorScratch>> free_scratch;
   // release_weights_after_use counts the readers of weights per run: such runs take turns.
   std::mutex weight_release_mutex;
-  bool memory_arena = true, reuse_inputs = false, inputs_in_arena = false;
-  // A run's signature is the shapes of its inputs, then (inputs_in_arena) the keys of the
-  // inputs it was given by move from allocate_input, in allocation order.
-  std::string last_signature;             // of the previous run
-  std::string arena_signature;            // of the run `arena` was planned from
-  std::string arena_shapes;               // the shapes part of arena_signature
-  std::vector<std::string> arena_inputs;  // keys of the layout's first entries (graph inputs)
-  std::shared_ptr<const detail::ArenaLayout> arena;
-  // Plan the arena from inferred shapes (SessionOptions::arena_from_shapes, and shape
-  // inference covers every node of the main graph, which has no nested graphs).
-  bool shape_planning = false;
-  std::string shapes_not_planned;  // the last input shapes shape planning failed for
+  bool reuse_inputs = false;
+  std::unique_ptr<detail::ArenaState> arena;  // made once the plan is known
 
-  // Inputs handed out by allocate_input since the last run (the next run's "cycle").
-  struct AllocatedInput {
-    std::string name, key;
-    std::weak_ptr<Storage> storage;  // weak: passing it by move must leave it uniquely owned
-    uint64_t bytes = 0;              // requested
-    // Bytes taken in the arena (0: a pool buffer). The i-th allocation of a cycle is placed
-    // at the layout's i-th entry.
-    uint64_t arena_bytes = 0;
-  };
-  std::vector<AllocatedInput> allocated;
-  bool cycle_open = false;
-  bool allocated_match = true;  // every allocation of the cycle matched arena_inputs so far
-  // The pool counters of the cycle's allocations: the run's counters include them.
-  detail::PoolRun cycle_counts;
-
-  // Called with `mutex` held.
-  void open_cycle() {
-    if (cycle_open) return;
-    cycle_open = true;
-    allocated.clear();
-    allocated_match = true;
-    cycle_counts.allocations = 0;
-    cycle_counts.bytes_allocated = 0;
-    cycle_counts.reuses = 0;
-  }
-
-  // Plans the arena from the buffers of a run (recorded, or predicted from shapes); the
-  // first `input_keys.size()` of them are the graph inputs with those keys.
-  void plan_arena(const std::vector<detail::RecordedBuffer>& recorded, std::string signature,
-                  std::string shapes, std::vector<std::string> input_keys) {
-    std::vector<plan::BufferLifetime> lifetimes;
-    std::vector<size_t> index;
-    for (size_t i = 0; i < recorded.size(); ++i) {
-      // Outlived the run, or empty (an empty range could not be told from a buffer at
-      // the same offset when released): stays in the pool.
-      if (recorded[i].last < 0 || recorded[i].bytes == 0) continue;
-      lifetimes.push_back({recorded[i].bytes, recorded[i].first, recorded[i].last});
-      index.push_back(i);
-    }
-    const plan::MemoryPlan mp = plan::plan_memory(lifetimes);
-    auto layout = std::make_shared<detail::ArenaLayout>();
-    layout->bytes.resize(recorded.size());
-    layout->offsets.resize(recorded.size());
-    layout->in_arena.assign(recorded.size(), false);
-    for (const detail::RecordedBuffer& b : recorded) layout->steps.push_back(b.first);
-    for (size_t k = 0; k < index.size(); ++k) {
-      layout->bytes[index[k]] = (lifetimes[k].bytes + 63) / 64 * 64;
-      layout->offsets[index[k]] = mp.offsets[k];
-      layout->in_arena[index[k]] = true;
-    }
-    layout->arena_bytes = mp.arena_bytes;
-    layout->lower_bound = mp.lower_bound;
-    arena = std::move(layout);
-    arena_signature = std::move(signature);
-    arena_shapes = std::move(shapes);
-    arena_inputs = std::move(input_keys);
-  }
-
-  // Plans the arena for a run on `ordered` before it starts, from the shapes inferred for
-  // its inputs. False when some shape or buffer cannot be known before the run.
-  bool plan_arena_from_shapes(const std::vector<Value>& ordered, const std::string& shapes) {
-    if (!shape_planning || shapes == shapes_not_planned) return false;
+  // The pool requests a run on `ordered` will make, predicted from the shapes inferred for
+  // its inputs (arena planning before the run), or nullopt when some cannot be known.
+  std::optional<std::vector<detail::RecordedBuffer>> predict_buffers(
+      const std::vector<Value>& ordered) const {
     const ir::Graph& g = *model.graph;
     std::vector<plan::InferredValue> given(g.inputs.size());
     for (size_t i = 0; i < g.inputs.size() && i < ordered.size(); ++i) {
@@ -258,15 +192,11 @@ struct Session::Impl {
     const plan::ShapeInference inferred = plan::infer_shapes(g, order, given);
     plan::BufferPrediction predicted;
     if (inferred.first_unknown.empty()) predicted = plan::predict_buffers(*plan, inferred.values);
-    if (!predicted.complete) {
-      shapes_not_planned = shapes;
-      return false;
-    }
+    if (!predicted.complete) return std::nullopt;
     std::vector<detail::RecordedBuffer> buffers;
     for (const plan::PredictedBuffer& b : predicted.buffers)
       buffers.push_back({b.bytes, b.first, b.last});
-    plan_arena(buffers, shapes + "|", shapes, {});
-    return true;
+    return buffers;
   }
   std::unique_ptr<WeightRelease> weight_release;  // release_weights_after_use only
   std::vector<ir::ValueId> hollow;                // main-graph hollow constants
@@ -330,16 +260,25 @@ struct Session::Impl {
     preparer->release_unread_originals(*plan);
     profile = options.profile;
     pool.core().memory_limit = options.memory_limit;
-    memory_arena = options.memory_arena;
-    shape_planning = memory_arena && options.arena_from_shapes;
+    // Plan the arena from inferred shapes (SessionOptions::arena_from_shapes) when shape
+    // inference covers every node of the main graph, which has no nested graphs.
+    bool shape_planning = options.memory_arena && options.arena_from_shapes;
     for (const plan::Step& step : plan->steps) {
       shape_planning =
           shape_planning && step.subgraphs.empty() && plan::shape_inference_covers(*step.node);
     }
+    detail::ArenaState::Predict predict;
+    if (shape_planning)
+      predict = [this](const std::vector<Value>& in) { return predict_buffers(in); };
+    arena = std::make_unique<detail::ArenaState>(
+        pool,
+        detail::ArenaState::Options{.enabled = options.memory_arena,
+                                    .inputs_in_arena = options.inputs_in_arena},
+        std::move(predict));
     reuse_inputs = options.reuse_input_buffers;
-    inputs_in_arena = options.inputs_in_arena;
     const ir::Graph& g = *model.graph;
     for (ir::ValueId id : g.inputs) inputs.push_back(io_info(g.value(id)));
+    for (const IoInfo& io : inputs) input_names.push_back(io.name);
     for (ir::ValueId id : g.outputs) outputs.push_back(io_info(g.value(id)));
     for (ir::ValueId id : g.initializers) {
       if (!g.value(id).hollow) continue;
@@ -387,6 +326,14 @@ struct Session::Impl {
                     names)
         .with_file(model.path);
   }
+
+  // A run's steps (Session::run): the caller's inputs in graph-input order, checked; the
+  // graph run on them; its outputs, named and checked against the declared types.
+  std::vector<Value> bind_inputs(std::vector<NamedValue> named) const;
+  std::vector<Value> execute(std::vector<Value> ordered, const RunOptions& options,
+                             detail::ArenaRun& arena_run, RunStats& run_stats,
+                             std::vector<NodeEvent>& events);
+  std::vector<NamedValue> hand_outputs(std::vector<Value> results) const;
 
   void check_input(const IoInfo& io, const Value& v) const {
     auto fail = [&](const std::string& why) {
@@ -617,24 +564,7 @@ Tensor Session::allocate_input(const std::string& name, DataType dtype, const Sh
   if (dtype == DataType::String) return Tensor::zeros(dtype, shape);  // strings are not pooled
   const uint64_t bytes = storage_bytes(dtype, count);
 
-  std::lock_guard<std::mutex> lock(s.mutex);
-  s.open_cycle();
-  const size_t position = s.allocated.size();
-  const std::string key = input_key(name, dtype, shape);
-  std::shared_ptr<Storage> storage;
-  if (s.inputs_in_arena && s.memory_arena && s.arena) {
-    // The layout's entry `position` is meant for this input only if every allocation of
-    // the cycle so far repeated the planned run's.
-    s.allocated_match =
-        s.allocated_match && position < s.arena_inputs.size() && s.arena_inputs[position] == key;
-    if (s.allocated_match) {
-      storage = s.pool.core().acquire_arena_input(s.arena, position, bytes, &s.cycle_counts);
-    }
-  }
-  const uint64_t arena_bytes = storage ? storage->capacity() : 0;
-  if (!storage) storage = s.pool.acquire(bytes, &s.cycle_counts);
-  s.allocated.push_back({name, key, storage, bytes, arena_bytes});
-  return Tensor(dtype, shape, std::move(storage));
+  return Tensor(dtype, shape, s.arena->allocate_input(name, input_key(name, dtype, shape), bytes));
 }
 
 std::vector<NamedValue> Session::run(std::initializer_list<NamedValue> inputs) {
@@ -651,210 +581,121 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
 
 namespace {
 
-// Ends what a run holds when it ends, normally or by an exception: its use of the pool's
-// recording and arena, and its scratch, given back to the session.
-struct RunHold {
-  detail::PoolCore& pool;
-  detail::PoolRun& run;
+// Gives a run's executor scratch back to the session when the run ends, normally or by an
+// exception.
+struct ScratchHold {
   std::mutex& mutex;
   std::vector<std::unique_ptr<ExecutorScratch>>& free_scratch;
   std::unique_ptr<ExecutorScratch> scratch;
-  ~RunHold() {
-    if (run.recording) pool.end_recording(run);
-    if (run.in_arena) pool.end_arena(run);
-    if (scratch) {
-      std::lock_guard<std::mutex> lock(mutex);
-      free_scratch.push_back(std::move(scratch));
-    }
+  ~ScratchHold() {
+    if (!scratch) return;
+    std::lock_guard<std::mutex> lock(mutex);
+    free_scratch.push_back(std::move(scratch));
   }
 };
 
 }  // namespace
 
-std::vector<NamedValue> Session::run(std::vector<NamedValue> named, const RunOptions& options,
-                                     RunStats* stats_out, std::vector<NodeEvent>* profile_out) {
-  Impl& s = *impl_;
-  detail::PoolCore& pool = s.pool.core();
-  // This run's counters, from the allocations of its inputs (allocate_input) on.
-  detail::PoolRun counts;
-  RunStats run_stats;
-  std::vector<Impl::AllocatedInput> allocated;
-  {
-    // The inputs allocated since the last run belong to this run, whatever becomes of it.
-    std::lock_guard<std::mutex> lock(s.mutex);
-    s.open_cycle();
-    s.cycle_open = false;
-    allocated = std::move(s.allocated);
-    s.allocated.clear();
-    counts.allocations = s.cycle_counts.allocations.load();
-    counts.bytes_allocated = s.cycle_counts.bytes_allocated.load();
-    counts.reuses = s.cycle_counts.reuses.load();
-  }
-
-  s.check_constants_given();
-  const ir::Graph& g = *s.model.graph;
+std::vector<Value> Session::Impl::bind_inputs(std::vector<NamedValue> named) const {
+  const ir::Graph& g = *model.graph;
   std::vector<Value> ordered(g.inputs.size());
   std::vector<bool> given(g.inputs.size(), false);
   for (NamedValue& nv : named) {
-    auto it = std::find_if(s.inputs.begin(), s.inputs.end(),
+    auto it = std::find_if(inputs.begin(), inputs.end(),
                            [&](const IoInfo& io) { return io.name == nv.name; });
-    if (it == s.inputs.end()) {
+    if (it == inputs.end()) {
       throw Error(ErrorKind::InvalidArgument,
-                  "unknown input '" + nv.name + "' (model inputs: " + names_of(s.inputs) + ")")
-          .with_file(s.model.path);
+                  "unknown input '" + nv.name + "' (model inputs: " + names_of(inputs) + ")")
+          .with_file(model.path);
     }
-    const auto i = static_cast<size_t>(it - s.inputs.begin());
+    const auto i = static_cast<size_t>(it - inputs.begin());
     if (given[i]) {
       throw Error(ErrorKind::InvalidArgument, "input '" + nv.name + "' given twice")
-          .with_file(s.model.path);
+          .with_file(model.path);
     }
-    s.check_input(*it, nv.value);
+    check_input(*it, nv.value);
     given[i] = true;
     ordered[i] = std::move(nv.value);
   }
-  named.clear();  // drop the caller's (moved-from) handles so moved inputs are owned here
   for (size_t i = 0; i < g.inputs.size(); ++i) {
     if (!given[i] && !g.value(g.inputs[i]).constant.defined()) {
-      throw Error(ErrorKind::InvalidArgument, "missing input '" + s.inputs[i].describe() + "'")
-          .with_file(s.model.path);
+      throw Error(ErrorKind::InvalidArgument, "missing input '" + inputs[i].describe() + "'")
+          .with_file(model.path);
     }
   }
+  return ordered;  // `named` (the caller's moved-from handles) goes: moved inputs are ours
+}
 
-  counts.peak_bytes_in_use = pool.bytes_in_use.load();
-  std::vector<NodeEvent> events;
-
-  // inputs_in_arena: the allocated inputs this run owns (given by move under their own
-  // name), in allocation order. Only they may join the recorded lifetimes.
-  std::vector<bool> held(allocated.size(), false);
-  std::vector<std::pair<const std::byte*, uint64_t>> held_buffers;
-  std::vector<std::string> held_keys;
-  if (s.memory_arena && s.inputs_in_arena) {
-    for (size_t j = 0; j < allocated.size(); ++j) {
-      const Impl::AllocatedInput& a = allocated[j];
-      for (size_t i = 0; i < ordered.size(); ++i) {
-        if (s.inputs[i].name != a.name || !ordered[i].is_tensor()) continue;
-        const std::shared_ptr<Storage>& st = ordered[i].tensor().storage();
-        const bool same = !a.storage.owner_before(st) && !st.owner_before(a.storage);
-        if (same && st && st.use_count() == 1) {
-          held[j] = true;
-          held_buffers.push_back({st->data(), a.bytes});
-          held_keys.push_back(a.key);
-        }
-      }
-    }
-  }
-
-  // A graph whose shapes follow from its input shapes gets its arena before the first run
-  // with those shapes; that run is recorded too, and the exact recorded layout serves the
-  // later ones. Otherwise the arena is planned from the second run with the same signature
-  // and used from the third, so a decode loop whose shapes change every step never pays
-  // for recording. One run at a time records or uses the arena: a run that finds either
-  // taken by a run on another thread is served by the pool.
-  RunHold hold{pool, counts, s.mutex, s.free_scratch, nullptr};
-  std::string shapes, signature;
-  bool from_shapes = false;
-  std::shared_ptr<const detail::ArenaLayout> used;
-  size_t arena_inputs = 0;
-  if (s.memory_arena) {
-    for (const Value& v : ordered) shapes += v.defined() ? v.describe() + ";" : "-;";
-    signature = shapes + "|";
-    for (const std::string& k : held_keys) signature += k;
-  }
-  {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    if (s.memory_arena) {
-      // Inputs are alive from before the first step (counts.step is 0).
-      if (s.arena && signature == s.arena_signature) {
-        if (pool.begin_arena(counts, s.arena, s.arena_inputs.size())) used = s.arena;
-      } else if (held_keys.empty() && s.plan_arena_from_shapes(ordered, shapes)) {
-        if (pool.begin_arena(counts, s.arena, 0)) {
-          used = s.arena;
-          from_shapes = true;
-        }
-        pool.begin_recording(counts);
-      } else if (signature == s.last_signature) {
-        pool.begin_recording(counts, held_buffers);
-      } else if (s.arena && shapes == s.arena_shapes) {
-        // Planned for other inputs from allocate_input: the intermediates may still use it.
-        if (pool.begin_arena(counts, s.arena, s.arena_inputs.size())) used = s.arena;
-      }
-      arena_inputs = used ? s.arena_inputs.size() : 0;
-    }
-    if (!s.free_scratch.empty()) {
-      hold.scratch = std::move(s.free_scratch.back());
-      s.free_scratch.pop_back();
-    }
-  }
-  if (!hold.scratch) hold.scratch = std::make_unique<ExecutorScratch>();
-  const bool recording = counts.recording;
-  for (size_t j = 0; j < allocated.size(); ++j) {
-    if (held[j] && allocated[j].arena_bytes > 0) {
-      ++run_stats.arena_served;
-      run_stats.arena_input_bytes += allocated[j].arena_bytes;
-    }
-  }
-  if (used) {
-    // Planned inputs not in their place: made otherwise, not given by move, or diverging.
-    for (size_t j = 0; j < arena_inputs; ++j) {
-      const bool placed = j < allocated.size() && held[j] && allocated[j].arena_bytes > 0;
-      if (used->in_arena[j] && !placed) ++run_stats.arena_missed;
-    }
-  }
-  std::vector<Value> results;
-  Executor ex(s.pool, run_stats, s.profile ? &events : nullptr, hold.scratch.get(), &counts);
-  ex.set_adopt_inputs(s.reuse_inputs);
-  ex.set_run_options(&options);
-  std::unique_lock<std::mutex> weight_turn;
-  if (s.weight_release) {
-    weight_turn = std::unique_lock<std::mutex>(s.weight_release_mutex);
-    s.weight_release->start_run(run_stats);
-    ex.set_weight_release(s.weight_release.get());
-  }
-  try {
-    s.env->execute([&] { results = ex.run(*s.plan, std::move(ordered), {}); });
-  } catch (Error& e) {
-    e.with_file(s.model.path);
-    throw;
-  }
-  std::vector<detail::RecordedBuffer> recorded;
-  if (recording) recorded = pool.end_recording(counts);
-  if (used) pool.end_arena(counts);
-  if (weight_turn.owns_lock()) weight_turn.unlock();
-  run_stats.arena_from_shapes = from_shapes;
-  run_stats.arena_served += counts.arena_served;
-  run_stats.arena_missed += counts.arena_missed;
-  run_stats.allocations = counts.allocations;
-  run_stats.bytes_allocated = counts.bytes_allocated;
-  run_stats.pool_reuses = counts.reuses;
-  run_stats.peak_bytes_in_use = counts.peak_bytes_in_use;
-
+std::vector<NamedValue> Session::Impl::hand_outputs(std::vector<Value> results) const {
   std::vector<NamedValue> out;
   out.reserve(results.size());
   for (size_t i = 0; i < results.size(); ++i) {
     // An output whose element type differs from the model's declaration is an error, never a
     // value handed over under the wrong type.
-    const IoInfo& io = s.outputs[i];
+    const IoInfo& io = outputs[i];
     if (io.kind == Value::Kind::Tensor && io.dtype != DataType::Undefined &&
         results[i].is_tensor() && results[i].tensor().dtype() != io.dtype) {
       throw Error(ErrorKind::Runtime, "graph output '" + io.name + "' is declared " +
                                           std::string(data_type_name(io.dtype)) + " but is " +
                                           results[i].tensor().describe())
-          .with_file(s.model.path);
+          .with_file(model.path);
     }
     out.push_back({io.name, std::move(results[i])});
   }
+  return out;
+}
 
-  std::lock_guard<std::mutex> lock(s.mutex);
-  if (recording) s.plan_arena(recorded, signature, shapes, std::move(held_keys));
-  if (s.memory_arena) s.last_signature = std::move(signature);
-  // The layout this run used, or the one it recorded.
-  const detail::ArenaLayout* layout = used ? used.get() : recording ? s.arena.get() : nullptr;
-  if (layout) {
-    run_stats.arena_bytes = layout->arena_bytes;
-    run_stats.arena_lower_bound = layout->lower_bound;
+std::vector<Value> Session::Impl::execute(std::vector<Value> ordered, const RunOptions& options,
+                                          detail::ArenaRun& arena_run, RunStats& run_stats,
+                                          std::vector<NodeEvent>& events) {
+  ScratchHold hold{mutex, free_scratch, nullptr};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!free_scratch.empty()) {
+      hold.scratch = std::move(free_scratch.back());
+      free_scratch.pop_back();
+    }
   }
+  if (!hold.scratch) hold.scratch = std::make_unique<ExecutorScratch>();
+  Executor ex(pool, run_stats, profile ? &events : nullptr, hold.scratch.get(), &arena_run.counts);
+  ex.set_adopt_inputs(reuse_inputs);
+  ex.set_run_options(&options);
+  std::unique_lock<std::mutex> weight_turn;
+  if (weight_release) {
+    weight_turn = std::unique_lock<std::mutex>(weight_release_mutex);
+    weight_release->start_run(run_stats);
+    ex.set_weight_release(weight_release.get());
+  }
+  std::vector<Value> results;
+  try {
+    env->execute([&] { results = ex.run(*plan, std::move(ordered), {}); });
+  } catch (Error& e) {
+    e.with_file(model.path);
+    throw;
+  }
+  arena->end(arena_run, run_stats);  // before the next run may take its turn with the weights
+  return results;
+}
+
+std::vector<NamedValue> Session::run(std::vector<NamedValue> named, const RunOptions& options,
+                                     RunStats* stats_out, std::vector<NodeEvent>* profile_out) {
+  Impl& s = *impl_;
+  // This run's pool counters and arena use, from the allocations of its inputs on.
+  detail::ArenaRun arena_run(s.pool.core());
+  s.arena->take_inputs(arena_run);
+  RunStats run_stats;
+  std::vector<NodeEvent> events;
+
+  s.check_constants_given();
+  std::vector<Value> ordered = s.bind_inputs(std::move(named));
+  s.arena->begin(arena_run, ordered, s.input_names, run_stats);
+  std::vector<Value> results = s.execute(std::move(ordered), options, arena_run, run_stats, events);
+  std::vector<NamedValue> out = s.hand_outputs(std::move(results));
+  s.arena->finish(arena_run, run_stats);
+
   if (stats_out) *stats_out = run_stats;
   if (profile_out) *profile_out = events;
+  std::lock_guard<std::mutex> lock(s.mutex);
   s.run_stats = std::move(run_stats);
   s.events = std::move(events);
   return out;

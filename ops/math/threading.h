@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "ops/math/tsan.h"
+#include "engine/util/tsan.h"
 
 namespace kiln::math {
 

@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include "engine/generate/json_file.h"
+#include "engine/util/json_file.h"
 #include "kiln/error.h"
 
 namespace {

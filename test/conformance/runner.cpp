@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/generate/json_file.h"
+#include "engine/util/json_file.h"
 #include "kiln/kiln.h"
 #include "proto/loader.h"
 #include "tools/common/cli.h"

@@ -9,8 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "engine/util/fft.h"
 #include "kiln/error.h"
-#include "ops/math/fft.h"
 
 using kiln::math::Fft;
 using cd = std::complex<double>;

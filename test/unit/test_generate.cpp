@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "engine/generate/json_file.h"
+#include "engine/util/json_file.h"
 #include "kiln/generate.h"
 #include "test/unit/op_test.h"
 #include "tools/common/npy.h"

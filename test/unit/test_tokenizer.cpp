@@ -9,10 +9,10 @@
 #include <fstream>
 #include <functional>
 
-#include "engine/generate/json_file.h"
+#include "engine/util/json_file.h"
+#include "engine/util/utf8.h"
 #include "kiln/error.h"
 #include "kiln/tokenizer.h"
-#include "ops/utf8.h"
 #include "test/unit/temp_dir.h"
 
 using namespace kiln;

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/generate/json_file.h"
+#include "engine/util/json_file.h"
 #include "kiln/audio.h"
 #include "kiln/error.h"
 #include "kiln/transcribe.h"

@@ -5,20 +5,19 @@
 #include <sstream>
 #include <vector>
 
-#include "ops/kernel.h"
+#include "kiln/ops.h"
 
 namespace kiln::tooling {
 
 std::string ops_markdown() {
-  std::vector<const ops::OpRegistration*> regs;
-  for (const auto& r : ops::all_ops()) regs.push_back(&r);
-  std::sort(regs.begin(), regs.end(), [](const auto* a, const auto* b) {
-    if (std::string(a->domain) != b->domain) return std::string(a->domain) < b->domain;
-    if (std::string(a->op) != b->op) return std::string(a->op) < b->op;
-    return a->since < b->since;
+  std::vector<OpSupport> regs = supported_ops();
+  std::sort(regs.begin(), regs.end(), [](const OpSupport& a, const OpSupport& b) {
+    if (a.domain != b.domain) return a.domain < b.domain;
+    if (a.op != b.op) return a.op < b.op;
+    return a.since < b.since;
   });
   std::map<std::string, int> per_domain;
-  for (const auto* r : regs) ++per_domain[*r->domain ? r->domain : "ai.onnx"];
+  for (const OpSupport& r : regs) ++per_domain[r.domain.empty() ? "ai.onnx" : r.domain];
   std::ostringstream out;
   out << "# Supported operators\n\n"
       << "Generated from kiln's op registry by `make ops-doc`; a unit test fails when this file\n"
@@ -27,18 +26,18 @@ std::string ops_markdown() {
   for (const auto& [domain, n] : per_domain) out << "- " << domain << ": " << n << " ops\n";
   out << "\n| domain | op | opsets | element types | writes in place | strided inputs |\n"
       << "|---|---|---|---|---|---|\n";
-  for (const auto* r : regs) {
-    std::string range = std::to_string(r->since) +
-                        (r->until == ops::kLatestOpset ? "+" : "-" + std::to_string(r->until));
+  for (const OpSupport& r : regs) {
+    std::string range = std::to_string(r.since) +
+                        (r.until == OpSupport::kLatestOpset ? "+" : "-" + std::to_string(r.until));
     std::string in_place;
     for (int i = 0; i < 32; ++i) {
-      if (r->in_place & (1u << i)) in_place += (in_place.empty() ? "" : ",") + std::to_string(i);
+      if (r.in_place & (1u << i)) in_place += (in_place.empty() ? "" : ",") + std::to_string(i);
     }
-    if (r->in_place == ~0u) in_place = "all";
-    if (r->in_place == ~3u) in_place = "2+";
-    out << "| " << (*r->domain ? r->domain : "ai.onnx") << " | " << r->op << " | " << range << " | "
-        << r->types << " | " << (in_place.empty() ? "-" : "input " + in_place) << " | "
-        << (r->strided_inputs ? "yes" : "-") << " |\n";
+    if (r.in_place == ~0u) in_place = "all";
+    if (r.in_place == ~3u) in_place = "2+";
+    out << "| " << (r.domain.empty() ? "ai.onnx" : r.domain) << " | " << r.op << " | " << range
+        << " | " << r.types << " | " << (in_place.empty() ? "-" : "input " + in_place) << " | "
+        << (r.strided_inputs ? "yes" : "-") << " |\n";
   }
   return out.str();
 }

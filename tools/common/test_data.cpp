@@ -3,7 +3,7 @@
 #include <filesystem>
 
 #include "kiln/error.h"
-#include "proto/loader.h"
+#include "kiln/tensor_file.h"
 
 namespace kiln::tooling {
 
@@ -18,17 +18,6 @@ std::vector<std::string> numbered_files(const std::string& dir, const std::strin
   }
   return files;
 }
-
-namespace {
-
-ir::TypeInfo type_of(const IoInfo& io) {
-  ir::TypeInfo t;
-  t.kind = io.kind;
-  t.elem = io.dtype;
-  return t;
-}
-
-}  // namespace
 
 TestDataSet read_test_data_set(const std::string& dir, const Session& session) {
   if (!fs::is_directory(dir)) {
@@ -46,7 +35,7 @@ TestDataSet read_test_data_set(const std::string& dir, const Session& session) {
   }
   for (size_t k = 0; k < input_files.size(); ++k) {
     std::string name;
-    Value v = proto::read_value_file(input_files[k], type_of(ins[k]), &name);
+    Value v = read_value_file(input_files[k], ins[k], &name);
     bool known = false;
     for (const auto& io : ins) known = known || io.name == name;
     if (!known) name = ins[k].name;
@@ -61,7 +50,7 @@ TestDataSet read_test_data_set(const std::string& dir, const Session& session) {
         .with_file(dir);
   }
   for (size_t k = 0; k < output_files.size(); ++k) {
-    set.outputs.push_back(proto::read_value_file(output_files[k], type_of(outs[k]), nullptr));
+    set.outputs.push_back(read_value_file(output_files[k], outs[k]));
   }
   return set;
 }

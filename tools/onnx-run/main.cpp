@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "kiln/kiln.h"
-#include "proto/loader.h"
 #include "tools/common/cli.h"
 #include "tools/common/compare.h"
 #include "tools/common/json_output.h"
@@ -102,10 +101,7 @@ void define_options(CLI::App& app, Options& o) {
 kiln::Value read_input_file(const std::string& path, const kiln::IoInfo& io) {
   if (path.size() >= 4 && path.substr(path.size() - 4) == ".npy")
     return kiln::tooling::read_npy(path);
-  kiln::ir::TypeInfo t;
-  t.kind = io.kind;
-  t.elem = io.dtype;
-  return kiln::proto::read_value_file(path, t, nullptr);
+  return kiln::read_value_file(path, io);
 }
 
 double percentile(std::vector<double> v, double p) {

@@ -1,4 +1,4 @@
-#include "engine/runtime/weights_cache.h"
+#include "proto/weights_cache.h"
 
 #include <algorithm>
 #include <cstring>

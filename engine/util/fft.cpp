@@ -1,4 +1,4 @@
-#include "ops/math/fft.h"
+#include "engine/util/fft.h"
 
 #include <cmath>
 #include <numbers>
