@@ -138,6 +138,18 @@ std::vector<int64_t> ShapeContext::ints_from(const char* name, int64_t input_sin
   return has(input) ? data(input) : std::vector<int64_t>{};
 }
 
+std::vector<ValueFacts> ShapeContext::subgraph_outputs(
+    const char* name, const std::vector<ValueFacts>& inputs) const {
+  const ir::Attribute* a = node_.attr(name);
+  if (!a || !a->g) unknown(std::string("no graph '") + name + "'");
+  if (!nested_) unknown("nested graphs are not inferred here");
+  std::vector<ValueFacts> outs = nested_->outputs(*a->g, inputs, graph_, values_);
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!outs[i].known) unknown(std::string(name) + " output " + std::to_string(i) + " is unknown");
+  }
+  return outs;
+}
+
 void same_shape(ShapeContext& c) {
   c.set(0, c.dtype(0), c.shape(0));
 }

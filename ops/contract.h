@@ -50,6 +50,18 @@ struct UnknownFacts {
 // numel of `s`, unknown when a dimension is negative or the product overflows.
 int64_t numel_or_unknown(const Shape& s);
 
+// Shape inference of nested graphs, provided by the planner to the rules of ops that own
+// graphs (If): the facts of `graph`'s outputs given those of its inputs, its captured values'
+// taken from `enclosing_values` (the facts of the enclosing graph, by value id).
+class NestedInference {
+ public:
+  virtual ~NestedInference() = default;
+  virtual std::vector<ValueFacts> outputs(const ir::Graph& graph,
+                                          const std::vector<ValueFacts>& inputs,
+                                          const ir::Graph& enclosing,
+                                          const std::vector<ValueFacts>& enclosing_values) = 0;
+};
+
 // A node as a shape rule sees it: the facts of its inputs, its attributes, and the facts it
 // sets for its outputs.
 class ShapeContext {
@@ -92,11 +104,18 @@ class ShapeContext {
   // (empty when the input is omitted).
   std::vector<int64_t> ints_from(const char* name, int64_t input_since, size_t input) const;
 
+  // The facts of the outputs of graph attribute `name` run on `inputs`; unknown() when the
+  // graph is absent, no nested inference is available or an output is unknown.
+  std::vector<ValueFacts> subgraph_outputs(const char* name,
+                                           const std::vector<ValueFacts>& inputs) const;
+  void set_nested(NestedInference* nested) { nested_ = nested; }
+
  private:
   const ir::Graph& graph_;
   const ir::Node& node_;
   const std::vector<ValueFacts>& values_;
   std::vector<ValueFacts>* out_;
+  NestedInference* nested_ = nullptr;
 };
 
 // Shape rules many ops share.

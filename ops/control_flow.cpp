@@ -6,6 +6,7 @@
 // the next, and scan outputs are written once into their final buffer.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "ops/common.h"
@@ -369,6 +370,38 @@ class Scan final : public Kernel {
   std::vector<int64_t> in_axes_, in_dirs_, out_axes_, out_dirs_;
 };
 
+// The taken branch's outputs when the condition is known before the run; else those both
+// branches agree on (their values only when equal too).
+void if_shape(ShapeContext& c) {
+  std::optional<bool> cond;  // known before the run?
+  try {
+    const ValueFacts& v = c.in(0);
+    if (v.has_data && v.data.size() == 1) cond = v.data[0] != 0;
+  } catch (const UnknownFacts&) {
+  }
+  auto set_all = [&](const std::vector<ValueFacts>& outs) {
+    if (outs.size() != c.num_outputs()) unknown("branch outputs do not match the node's");
+    for (size_t i = 0; i < outs.size(); ++i)
+      c.set(i, outs[i].dtype, outs[i].shape, outs[i].has_data ? &outs[i].data : nullptr);
+  };
+  if (cond) {
+    set_all(c.subgraph_outputs(*cond ? "then_branch" : "else_branch", {}));
+    return;
+  }
+  std::vector<ValueFacts> a = c.subgraph_outputs("then_branch", {});
+  const std::vector<ValueFacts> b = c.subgraph_outputs("else_branch", {});
+  if (a.size() != b.size()) unknown("branches differ in their outputs");
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].dtype != b[i].dtype || a[i].shape != b[i].shape)
+      unknown("branches differ in output " + std::to_string(i));
+    if (!b[i].has_data || a[i].data != b[i].data) {
+      a[i].has_data = false;
+      a[i].data.clear();
+    }
+  }
+  set_all(a);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "If",
@@ -377,6 +410,7 @@ KILN_REGISTER_OP({.op = "If",
                   .max_inputs = 1,
                   .strided_inputs = true,
                   .types = "any (branches may differ in shape)",
+                  .shape = if_shape,
                   .create = make<If>});
 // Loop-carried initial values (inputs 2..) move into the first iteration when owned.
 KILN_REGISTER_OP({.op = "Loop",

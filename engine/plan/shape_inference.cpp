@@ -23,6 +23,31 @@ InferredValue declared(const ir::ValueInfo& info) {
 
 using ShapeRule = void (*)(ops::ShapeContext&);
 
+ShapeInference infer(const ir::Graph& graph, const std::vector<int32_t>& order,
+                     const std::vector<InferredValue>& inputs,
+                     const std::vector<InferredValue>& captured);
+
+// Nested graphs (If branches) inferred like the main graph, their captured values known from
+// the enclosing graph's facts.
+class Nested final : public ops::NestedInference {
+ public:
+  std::vector<InferredValue> outputs(const ir::Graph& graph,
+                                     const std::vector<InferredValue>& inputs,
+                                     const ir::Graph& enclosing,
+                                     const std::vector<InferredValue>& enclosing_values) override {
+    std::vector<InferredValue> captured;
+    for (ir::ValueId id : graph.captures) {
+      const ir::ValueId outer = enclosing.find(graph.value(id).name);
+      captured.push_back(outer == ir::kNoValue ? InferredValue{}
+                                               : enclosing_values[static_cast<size_t>(outer)]);
+    }
+    const ShapeInference r = infer(graph, ir::topological_order(graph), inputs, captured);
+    std::vector<InferredValue> outs;
+    for (ir::ValueId id : graph.outputs) outs.push_back(r.values[static_cast<size_t>(id)]);
+    return outs;
+  }
+};
+
 ShapeRule shape_rule(const ir::Node& node) {
   const ops::OpRegistration* reg = ops::find_op(node.domain, node.op_type, node.opset);
   return reg ? reg->shape : nullptr;
@@ -30,14 +55,16 @@ ShapeRule shape_rule(const ir::Node& node) {
 
 }  // namespace
 
-bool shape_inference_covers(const ir::Node& node) {
-  return node.graph_attributes().empty() && shape_rule(node) != nullptr;
-}
+namespace {
 
-ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& order,
-                            const std::vector<InferredValue>& inputs) {
+ShapeInference infer(const ir::Graph& graph, const std::vector<int32_t>& order,
+                     const std::vector<InferredValue>& inputs,
+                     const std::vector<InferredValue>& captured) {
   ShapeInference r;
   r.values.assign(graph.values.size(), InferredValue{});
+  for (size_t k = 0; k < graph.captures.size() && k < captured.size(); ++k)
+    r.values[static_cast<size_t>(graph.captures[k])] = captured[k];
+  Nested nested;
   for (size_t i = 0; i < graph.inputs.size(); ++i) {
     const ir::ValueInfo& info = graph.value(graph.inputs[i]);
     InferredValue v = i < inputs.size() && inputs[i].known ? inputs[i]
@@ -56,10 +83,9 @@ ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& 
     const ShapeRule rule = shape_rule(node);
     if (!rule) {
       why = "its op has no shape rule";
-    } else if (!node.graph_attributes().empty()) {
-      why = "has nested graphs";
     } else {
       ops::ShapeContext c(graph, node, r.values);
+      c.set_nested(&nested);
       try {
         rule(c);
         for (size_t i = 0; i < node.outputs.size() && why.empty(); ++i) {
@@ -79,6 +105,17 @@ ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& 
     }
   }
   return r;
+}
+
+}  // namespace
+
+bool shape_inference_covers(const ir::Node& node) {
+  return shape_rule(node) != nullptr;
+}
+
+ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& order,
+                            const std::vector<InferredValue>& inputs) {
+  return infer(graph, order, inputs, {});
 }
 
 }  // namespace kiln::plan

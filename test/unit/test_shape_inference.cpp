@@ -5,6 +5,7 @@
 // expected ones.
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "test/unit/op_test.h"
 
 using namespace kiln;
+using namespace kiln::testing;
 namespace fs = std::filesystem;
 
 namespace {
@@ -97,4 +99,46 @@ TEST_CASE("inferred shapes equal the outputs of the ONNX backend node cases", "[
                   << outputs_inferred << ", integer values checked " << values_checked);
   CHECK(outputs_inferred >= 1100);
   CHECK(values_checked >= 20);
+}
+
+TEST_CASE("If is inferred through its branches", "[shapes]") {
+  // then: x captured, concatenated with itself; else: x doubled. The branches differ in
+  // shape, so the output is known only when the condition is.
+  auto build = [](bool same_shapes) {
+    GraphBuilder then_b("then");
+    if (same_shapes) {
+      then_b.node("Neg", {"x"}, {"t"});
+    } else {
+      then_b.node("Concat", {"x", "x"}, {"t"}, {int_attr("axis", 0)});
+    }
+    then_b.output("t");
+    GraphBuilder else_b("else");
+    else_b.node("Add", {"x", "x"}, {"e"});
+    else_b.output("e");
+    GraphBuilder b;
+    b.input("x", DataType::Float, {3, 4});
+    b.input("cond", DataType::Bool, {});
+    b.node("If", {"cond"}, {"y"},
+           {graph_attr("then_branch", then_b.build()), graph_attr("else_branch", else_b.build())});
+    b.output("y");
+    return make_model(b.build()).graph;  // nodes take the model's opset
+  };
+  auto infer = [](const ir::Graph& g, std::optional<bool> cond) {
+    std::vector<plan::InferredValue> given(2);
+    if (cond) given[1] = plan::inferred_from(Tensor::scalar<bool>(*cond));
+    return plan::infer_shapes(g, ir::topological_order(g), given);
+  };
+  const auto differ = build(false);
+  const ir::ValueId y = differ->outputs[0];
+  const auto taken = infer(*differ, true);
+  CHECK(taken.first_unknown.empty());
+  CHECK(taken.values[static_cast<size_t>(y)].shape == Shape{6, 4});
+  CHECK(infer(*differ, false).values[static_cast<size_t>(y)].shape == Shape{3, 4});
+  const auto open = infer(*differ, std::nullopt);
+  CHECK_FALSE(open.values[static_cast<size_t>(y)].known);
+  CHECK_THAT(open.first_unknown, Catch::Contains("branches differ"));
+  const auto same = build(true);
+  const auto agreed = infer(*same, std::nullopt);
+  CHECK(agreed.first_unknown.empty());
+  CHECK(agreed.values[static_cast<size_t>(same->outputs[0])].shape == Shape{3, 4});
 }
