@@ -638,17 +638,118 @@ class Resize final : public Kernel {
   std::vector<double> attr_scales_;
 };
 
+// The output shape Resize computes from integer `sizes` or Upsample's attribute scales, and
+// whether it is the input unchanged (the kernel then shares it). Float scales and roi inputs
+// are only known when run.
+struct ResizeTarget {
+  Shape shape;
+  bool unchanged = true;
+};
+
+ResizeTarget resize_target(const ir::Node& node, const Shape& x,
+                           const std::vector<int64_t>* sizes) {
+  const auto attr = [&](const char* name) { return node.attr(name); };
+  const auto r = static_cast<int64_t>(x.size());
+  ResizeTarget t{x, true};
+  if (node.op_type == "Upsample" && node.opset < 9) {
+    const ir::Attribute* a = attr("scales");
+    if (!a || a->floats.size() != x.size()) unknown("scales do not match the input");
+    for (size_t d = 0; d < x.size(); ++d) {
+      const double s = a->floats[d];
+      if (!(s >= 1) || !std::isfinite(s)) unknown("scale out of range");
+      const double o = std::floor(s * static_cast<double>(x[d]));
+      if (!(o < 9.0e15)) unknown("output too large");
+      t.shape[d] = static_cast<int64_t>(o);
+      t.unchanged = t.unchanged && s == 1;
+    }
+    return t;
+  }
+  if (!sizes) unknown("float scales are only known when run");
+  std::vector<size_t> axes;
+  const ir::Attribute* axes_attr = node.opset >= 18 ? attr("axes") : nullptr;
+  std::vector<bool> seen(x.size(), false);
+  for (int64_t a = 0; a < r; ++a) axes.push_back(static_cast<size_t>(a));
+  if (axes_attr && !axes_attr->ints.empty()) {
+    axes.clear();
+    for (int64_t a : axes_attr->ints) {
+      const auto d = static_cast<size_t>(normalize_axis(a, r));
+      if (seen[d]) unknown("repeated axis");
+      seen[d] = true;
+      axes.push_back(d);
+    }
+  }
+  if (sizes->size() != axes.size()) unknown("sizes do not match the axes");
+  std::vector<double> scale(x.size(), 1.0);
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const size_t d = axes[i];
+    const int64_t s = (*sizes)[i];
+    if (s < 0 || (x[d] == 0 && s != 0)) unknown("sizes out of range");
+    t.shape[d] = s;
+    scale[d] = x[d] == 0 ? 1.0 : static_cast<double>(s) / static_cast<double>(x[d]);
+  }
+  const ir::Attribute* policy = node.opset >= 18 ? attr("keep_aspect_ratio_policy") : nullptr;
+  if (policy && policy->s != "stretch" && !axes.empty()) {
+    const bool not_larger = policy->s == "not_larger";
+    if (!not_larger && policy->s != "not_smaller") unknown("unknown keep_aspect_ratio_policy");
+    double s = scale[axes[0]];
+    for (size_t d : axes) s = not_larger ? std::min(s, scale[d]) : std::max(s, scale[d]);
+    for (size_t d : axes) {
+      const double o = s * static_cast<double>(x[d]) + 0.5;
+      if (!(o < 9.0e15)) unknown("output too large");
+      scale[d] = s;
+      t.shape[d] = static_cast<int64_t>(o);
+    }
+  }
+  for (size_t d = 0; d < x.size(); ++d)
+    t.unchanged = t.unchanged && t.shape[d] == x[d] && scale[d] == 1;
+  // A crop by float roi values may change an unchanged-looking input.
+  const ir::Attribute* coord = attr("coordinate_transformation_mode");
+  if (t.unchanged && coord && coord->s == "tf_crop_and_resize" && node.inputs.size() > 1 &&
+      node.inputs[1] != ir::kNoValue) {
+    unknown("roi is only known when run");
+  }
+  return t;
+}
+
+// Resize (opset 11+) takes sizes as input 3; scales are floats.
+const std::vector<int64_t>* resize_sizes(const ir::Node& node, const ValueFacts* sizes) {
+  if (node.op_type == "Upsample" || node.opset < 11) return nullptr;
+  return sizes && sizes->has_data ? &sizes->data : nullptr;
+}
+
+void resize_shape(ShapeContext& c) {
+  const ValueFacts* sizes = c.has(3) ? &c.in(3) : nullptr;
+  if (sizes && !sizes->has_data) c.data(3);  // says why
+  c.set(0, c.dtype(0), resize_target(c.node(), c.shape(0), resize_sizes(c.node(), sizes)).shape);
+}
+
+void place_resize(Placement& p) {
+  const ir::Node& n = p.node();
+  const bool has_sizes = n.inputs.size() > 3 && n.inputs[3] != ir::kNoValue;
+  const ResizeTarget t =
+      resize_target(n, p.input(0).shape, resize_sizes(n, has_sizes ? &p.input(3) : nullptr));
+  if (t.unchanged) {
+    p.view(0, 0, p.strides(0));
+  } else {
+    p.allocate(0);
+  }
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Resize",
                   .since = 10,
                   .min_inputs = 1,
                   .types = "float, double, float16, bfloat16, integers (nearest: any fixed-width)",
+                  .shape = resize_shape,
+                  .place = place_resize,
                   .create = make<Resize>});
 KILN_REGISTER_OP({.op = "Upsample",
                   .since = 7,
                   .min_inputs = 1,
                   .types = "float, double, float16, bfloat16, integers (nearest: any fixed-width)",
+                  .shape = resize_shape,
+                  .place = place_resize,
                   .create = make<Resize>});
 
 }  // namespace kiln::ops
