@@ -175,6 +175,20 @@ class SoftmaxCrossEntropy final : public LossBase {
   }
 };
 
+// The loss per target element without a reduction, else a scalar; SoftmaxCrossEntropyLoss's
+// second output is the log-probabilities, of the scores' shape.
+void loss_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  if (x.size() < 2) unknown("input must have at least 2 dims");
+  Shape expected{x[0]};
+  expected.insert(expected.end(), x.begin() + 2, x.end());
+  if (c.shape(1) != expected) unknown("target does not fit the input");
+  const std::string r = c.attr_s("reduction", "mean");
+  if (r != "none" && r != "sum" && r != "mean") unknown("unknown reduction");
+  c.set(0, c.dtype(0), r == "none" ? expected : Shape{});
+  c.set(1, c.dtype(0), x);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "NegativeLogLikelihoodLoss",
@@ -184,6 +198,7 @@ KILN_REGISTER_OP({.op = "NegativeLogLikelihoodLoss",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16; int32/int64 targets",
+                  .shape = loss_shape,
                   .create = make<NllLoss>});
 KILN_REGISTER_OP({.op = "SoftmaxCrossEntropyLoss",
                   .since = 12,
@@ -192,6 +207,7 @@ KILN_REGISTER_OP({.op = "SoftmaxCrossEntropyLoss",
                   .min_outputs = 1,
                   .max_outputs = 2,
                   .types = "float, double, float16, bfloat16; int32/int64 labels",
+                  .shape = loss_shape,
                   .create = make<SoftmaxCrossEntropy>});
 
 }  // namespace kiln::ops
