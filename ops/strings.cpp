@@ -395,6 +395,11 @@ void string_concat_shape(ShapeContext& c) {
   broadcast_shape(c, DataType::String, 0, nullptr);
 }
 
+// The widest split of the strings sizes the last dimension.
+void string_split_shape(ShapeContext&) {
+  unknown("the number of substrings is only known when run");
+}
+
 void regex_full_match_shape(ShapeContext& c) {
   if (c.dtype(0) != DataType::String) unknown("not strings");
   c.set(0, DataType::Bool, c.shape(0));
@@ -428,6 +433,7 @@ KILN_REGISTER_OP({.op = "StringSplit",
                   .min_outputs = 1,
                   .max_outputs = 2,
                   .types = "string",
+                  .shape = string_split_shape,
                   .create = make<StringSplit>});
 KILN_REGISTER_OP({.op = "RegexFullMatch",
                   .since = 20,
