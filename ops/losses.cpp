@@ -137,15 +137,18 @@ class SoftmaxCrossEntropy final : public LossBase {
     const LossShape s = check_shapes(ctx, x, target, weight);
     dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
       using C = compute_t<T>;
-      Tensor lp = ctx.allocate(data_type_of<C>(), x.shape());
+      // The log-probabilities are computed into output 1 when it is wanted in their type
+      // (so it is the planned buffer of that output), else into scratch.
+      constexpr bool kSameType = std::is_same_v<T, C>;
+      const bool into_output = kSameType && ctx.has_output(1);
+      Tensor lp = into_output ? ctx.output(1, x.dtype(), x.shape())
+                              : ctx.allocate(data_type_of<C>(), x.shape());
       log_softmax<T, C>(x.data<const T>(), lp.data<C>(), s);
       const C* logp = lp.data<const C>();
       write_loss<T>(ctx, s, target, weight,
                     [&](int64_t i) { return static_cast<double>(logp[i]); });
-      if (!ctx.has_output(1)) return;
-      if constexpr (std::is_same_v<T, C>) {
-        ctx.set_output(1, Value(lp));
-      } else {
+      if constexpr (!kSameType) {
+        if (!ctx.has_output(1)) return;
         T* out = ctx.output(1, x.dtype(), x.shape()).data<T>();
         for (int64_t i = 0; i < lp.numel(); ++i) out[i] = T(logp[i]);
       }
@@ -189,6 +192,16 @@ void loss_shape(ShapeContext& c) {
   c.set(1, c.dtype(0), x);
 }
 
+// SoftmaxCrossEntropy requests the log-probabilities (output 1) first when they are computed
+// in place there (float, double), and after the loss otherwise.
+void place_softmax_cross_entropy(Placement& p) {
+  const DataType t = p.input(0).dtype;
+  const bool first = t == DataType::Float || t == DataType::Double;
+  if (first) p.allocate(1);
+  p.allocate(0);
+  if (!first) p.allocate(1);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "NegativeLogLikelihoodLoss",
@@ -208,6 +221,7 @@ KILN_REGISTER_OP({.op = "SoftmaxCrossEntropyLoss",
                   .max_outputs = 2,
                   .types = "float, double, float16, bfloat16; int32/int64 labels",
                   .shape = loss_shape,
+                  .place = place_softmax_cross_entropy,
                   .create = make<SoftmaxCrossEntropy>});
 
 }  // namespace kiln::ops
