@@ -48,6 +48,25 @@ class BitCast final : public Kernel {
   DataType to_;
 };
 
+void bitcast_shape(ShapeContext& c) {
+  const int64_t to = c.attr_i("to", 0);
+  if (to < INT32_MIN || to > INT32_MAX || !is_known_data_type(static_cast<int32_t>(to)) ||
+      !bitcastable(static_cast<DataType>(to)) || !bitcastable(c.dtype(0)) ||
+      bits_per_element(c.dtype(0)) != bits_per_element(static_cast<DataType>(to))) {
+    unknown("types BitCast does not take");
+  }
+  c.set(0, static_cast<DataType>(to), c.shape(0));
+}
+
+// The result views the input's bytes, except a cast to bool, which checks them into a copy.
+void place_bitcast(Placement& p) {
+  if (p.output(0).dtype == DataType::Bool) {
+    p.allocate(0);
+  } else {
+    p.view(0, 0, p.strides(0));
+  }
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "BitCast",
@@ -58,6 +77,8 @@ KILN_REGISTER_OP({.op = "BitCast",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "fixed-width types of 8 bits or more (not string)",
+                  .shape = bitcast_shape,
+                  .place = place_bitcast,
                   .create = make<BitCast>});
 
 }  // namespace kiln::ops

@@ -82,6 +82,18 @@ class CausalConvWithState final : public Kernel {
   bool silu_ = false;
 };
 
+// y has x's shape; the state is [batch, channels, k - 1].
+void causal_conv_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  const Shape& w = c.shape(1);
+  if (x.size() != 3 || w.size() != 3 || w[0] != x[1] || w[1] != 1 || w[2] < 1 ||
+      c.dtype(1) != c.dtype(0)) {
+    unknown("input or weight does not fit");
+  }
+  c.set(0, c.dtype(0), x);
+  c.set(1, c.dtype(0), {x[0], x[1], w[2] - 1});
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "CausalConvWithState",
@@ -91,6 +103,7 @@ KILN_REGISTER_OP({.op = "CausalConvWithState",
                   .min_outputs = 1,
                   .max_outputs = 2,
                   .types = "float, float16, bfloat16",
+                  .shape = causal_conv_shape,
                   .create = make<CausalConvWithState>});
 
 }  // namespace kiln::ops

@@ -86,6 +86,26 @@ class CenterCropPad final : public Kernel {
   bool has_axes_;
 };
 
+// The input's shape with each listed axis set to its target size.
+void center_crop_pad_shape(ShapeContext& c) {
+  Shape out = c.shape(0);
+  const auto rank = static_cast<int64_t>(out.size());
+  const std::vector<int64_t>& target = c.data(1);
+  std::vector<int64_t> axes = c.attr_ints("axes");
+  if (!c.has_attr("axes")) {
+    for (int64_t d = 0; d < rank; ++d) axes.push_back(d);
+  }
+  if (target.size() != axes.size()) unknown("one target size per axis");
+  std::vector<bool> seen(out.size(), false);
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const auto a = static_cast<size_t>(normalize_axis(axes[i], rank));
+    if (seen[a] || target[i] < 0) unknown("repeated axis or negative size");
+    seen[a] = true;
+    out[a] = target[i];
+  }
+  c.set(0, c.dtype(0), out);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "CenterCropPad",
@@ -96,6 +116,7 @@ KILN_REGISTER_OP({.op = "CenterCropPad",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "all types but sub-byte ones",
+                  .shape = center_crop_pad_shape,
                   .create = make<CenterCropPad>});
 
 }  // namespace kiln::ops

@@ -92,6 +92,12 @@ const std::vector<int64_t>& ShapeContext::data(size_t i) const {
   return v.data;
 }
 
+const Tensor* ShapeContext::constant(size_t i) const {
+  if (!has(i)) return nullptr;
+  const ir::ValueInfo& v = graph_.value(node_.inputs[i]);
+  return v.origin == ir::ValueOrigin::Initializer && v.constant.defined() ? &v.constant : nullptr;
+}
+
 void ShapeContext::set(size_t i, DataType dtype, Shape shape, const std::vector<int64_t>* data) {
   if (!has_out(i)) return;
   if (!out_) throw std::logic_error("a read-only shape context cannot set outputs");

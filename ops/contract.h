@@ -88,6 +88,9 @@ class ShapeContext {
   DataType dtype(size_t i) const { return in(i).dtype; }
   // Input i's values; unknown() unless they are known before the run.
   const std::vector<int64_t>& data(size_t i) const;
+  // Input i's tensor when it is an initializer of the graph, else null: the values of float
+  // inputs such as Resize's scales, which the facts do not keep.
+  const Tensor* constant(size_t i) const;
 
   // Sets output i (ignored when the node does not produce it); `data` is kept when it is a
   // small integer tensor's full contents.

@@ -93,6 +93,29 @@ class SpaceToDepth final : public Kernel {
   bool crd_;
 };
 
+// The kernels' output shapes, or unknown where they would fail.
+int64_t block_of(const ShapeContext& c) {
+  const int64_t b = c.attr_i("blocksize", 0);
+  if (b <= 0) unknown("blocksize must be positive");
+  return b;
+}
+
+void depth_to_space_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  if (x.size() != 4) unknown("input must be 4-D");
+  const int64_t b = block_of(c), bb = checked_mul(b, b);
+  if (x[1] % bb != 0) unknown("channels are not a multiple of blocksize^2");
+  c.set(0, c.dtype(0), {x[0], x[1] / bb, checked_mul(x[2], b), checked_mul(x[3], b)});
+}
+
+void space_to_depth_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  if (x.size() != 4) unknown("input must be 4-D");
+  const int64_t b = block_of(c);
+  if (x[2] % b != 0 || x[3] % b != 0) unknown("spatial dims are not multiples of the blocksize");
+  c.set(0, c.dtype(0), {x[0], checked_mul(x[1], checked_mul(b, b)), x[2] / b, x[3] / b});
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "DepthToSpace",
@@ -103,6 +126,7 @@ KILN_REGISTER_OP({.op = "DepthToSpace",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "all types but sub-byte ones",
+                  .shape = depth_to_space_shape,
                   .create = make<DepthToSpace>});
 KILN_REGISTER_OP({.op = "SpaceToDepth",
                   .since = 1,
@@ -112,6 +136,7 @@ KILN_REGISTER_OP({.op = "SpaceToDepth",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "all types but sub-byte ones",
+                  .shape = space_to_depth_shape,
                   .create = make<SpaceToDepth>});
 
 }  // namespace kiln::ops

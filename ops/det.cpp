@@ -50,6 +50,13 @@ class Det final : public Kernel {
   }
 };
 
+void det_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  const size_t r = x.size();
+  if (r < 2 || x[r - 1] != x[r - 2]) unknown("input must be [..., M, M]");
+  c.set(0, c.dtype(0), Shape(x.begin(), x.end() - 2));
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Det",
@@ -59,6 +66,7 @@ KILN_REGISTER_OP({.op = "Det",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
+                  .shape = det_shape,
                   .create = make<Det>});
 
 }  // namespace kiln::ops

@@ -362,14 +362,21 @@ View make_view(const std::vector<int>& dims, const Shape& shape, const Shape& st
   return v;
 }
 
-std::vector<int> parse_term(const std::string& s, const NodeInfo& info) {
+// A malformed equation or operands that do not fit it; the kernel reports it as a node
+// failure, the shape rule as unknown.
+struct EquationError {
+  std::string message;
+};
+
+std::vector<int> parse_term(const std::string& s) {
   std::vector<int> labels;
   bool ellipsis = false;
   for (size_t i = 0; i < s.size();) {
     const char c = s[i];
     if (c == '.') {
-      if (s.compare(i, 3, "...") != 0 || ellipsis)
-        info.fail("bad ellipsis in equation term '" + s + "'");
+      if (s.compare(i, 3, "...") != 0 || ellipsis) {
+        throw EquationError{"bad ellipsis in equation term '" + s + "'"};
+      }
       ellipsis = true;
       labels.push_back(kEllipsis);
       i += 3;
@@ -380,11 +387,120 @@ std::vector<int> parse_term(const std::string& s, const NodeInfo& info) {
     } else if (c >= 'a' && c <= 'z') {
       labels.push_back(c - 'a' + 26);
     } else {
-      info.fail(std::string("unexpected character '") + c + "' in equation");
+      throw EquationError{std::string("unexpected character '") + c + "' in equation"};
     }
     ++i;
   }
   return labels;
+}
+
+// The operands' labels and the output's (kEllipsis where an ellipsis stands).
+struct Equation {
+  std::vector<std::vector<int>> terms;
+  std::vector<int> output;
+};
+
+Equation parse_equation(const std::string& text, size_t num_inputs) {
+  std::string eq;
+  for (char c : text) {
+    if (c != ' ' && c != '\t' && c != '\n') eq += c;
+  }
+  Equation r;
+  const size_t arrow = eq.find("->");
+  const std::string lhs = eq.substr(0, arrow);
+  size_t start = 0;
+  while (true) {
+    const size_t comma = lhs.find(',', start);
+    r.terms.push_back(parse_term(lhs.substr(start, comma - start)));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (r.terms.size() != num_inputs) {
+    throw EquationError{"equation has " + std::to_string(r.terms.size()) + " operands, node has " +
+                        std::to_string(num_inputs) + " inputs"};
+  }
+  if (arrow != std::string::npos) {
+    r.output = parse_term(eq.substr(arrow + 2));
+    std::vector<bool> seen(kLetters, false);
+    for (int l : r.output) {
+      if (l == kEllipsis) continue;
+      if (seen[l]) throw EquationError{"output label repeated in equation '" + eq + "'"};
+      seen[l] = true;
+      bool found = false;
+      for (const auto& t : r.terms) found = found || std::find(t.begin(), t.end(), l) != t.end();
+      if (!found) throw EquationError{"output label not among the inputs in '" + eq + "'"};
+    }
+  } else {  // implicit: the ellipsis, then labels seen exactly once, in ASCII order
+    std::vector<int> count(kLetters, 0);
+    bool ellipsis = false;
+    for (const auto& t : r.terms) {
+      for (int l : t) (l == kEllipsis ? (void)(ellipsis = true) : (void)++count[l]);
+    }
+    if (ellipsis) r.output.push_back(kEllipsis);
+    for (int l = 0; l < kLetters; ++l) {
+      if (count[l] == 1) r.output.push_back(l);
+    }
+  }
+  return r;
+}
+
+// The equation applied to operands of these shapes: the extent of every label (ellipsis
+// dimensions are labels kLetters.. kLetters+E-1, right-aligned across operands), the label
+// of each operand dimension, and the output's labels and shape.
+struct LabelSizes {
+  std::vector<int64_t> size;
+  std::vector<std::vector<int>> dims;
+  std::vector<int> out_labels;
+  Shape out_shape;
+};
+
+LabelSizes label_sizes(const Equation& eq, const std::vector<Shape>& shapes) {
+  const size_t n = eq.terms.size();
+  int64_t e = 0;
+  std::vector<int64_t> ell(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const auto& term = eq.terms[i];
+    const auto letters = static_cast<int64_t>(
+        std::count_if(term.begin(), term.end(), [](int l) { return l != kEllipsis; }));
+    const bool has_ell = letters != static_cast<int64_t>(term.size());
+    ell[i] = static_cast<int64_t>(shapes[i].size()) - letters;
+    if (ell[i] < 0 || (!has_ell && ell[i] != 0)) {
+      throw EquationError{"operand " + std::to_string(i) + " " + shape_to_string(shapes[i]) +
+                          " does not match its " + std::to_string(letters) + " equation labels"};
+    }
+    e = std::max(e, ell[i]);
+  }
+  LabelSizes r;
+  r.size.assign(static_cast<size_t>(kLetters + e), -1);
+  r.dims.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    for (int l : eq.terms[i]) {
+      if (l != kEllipsis) {
+        r.dims[i].push_back(l);
+        continue;
+      }
+      for (int64_t j = e - ell[i]; j < e; ++j) r.dims[i].push_back(kLetters + static_cast<int>(j));
+    }
+    for (size_t d = 0; d < r.dims[i].size(); ++d) {
+      int64_t& s = r.size[static_cast<size_t>(r.dims[i][d])];
+      const int64_t extent = shapes[i][d];
+      if (s == -1 || s == 1) {
+        s = extent;
+      } else if (extent != 1 && extent != s) {
+        throw EquationError{"label dimension " + std::to_string(extent) + " of operand " +
+                            std::to_string(i) + " does not match " + std::to_string(s)};
+      }
+    }
+  }
+  for (int l : eq.output) {
+    if (l != kEllipsis) {
+      r.out_labels.push_back(l);
+      continue;
+    }
+    for (int64_t j = 0; j < e; ++j) r.out_labels.push_back(kLetters + static_cast<int>(j));
+  }
+  for (int l : r.out_labels) r.out_shape.push_back(r.size[static_cast<size_t>(l)]);
+  return r;
 }
 
 // Integers compute on the unsigned type of the same width; floats on compute_t.
@@ -403,99 +519,32 @@ using EinsumTypes =
 class Einsum final : public Kernel {
  public:
   explicit Einsum(const NodeInfo& info) {
-    std::string eq;
-    for (char c : info.attr_string("equation")) {
-      if (c != ' ' && c != '\t' && c != '\n') eq += c;
-    }
-    const size_t arrow = eq.find("->");
-    const std::string lhs = eq.substr(0, arrow);
-    size_t start = 0;
-    while (true) {
-      const size_t comma = lhs.find(',', start);
-      terms_.push_back(parse_term(lhs.substr(start, comma - start), info));
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
-    if (terms_.size() != info.num_inputs()) {
-      info.fail("equation has " + std::to_string(terms_.size()) + " operands, node has " +
-                std::to_string(info.num_inputs()) + " inputs");
-    }
-    if (arrow != std::string::npos) {
-      output_ = parse_term(eq.substr(arrow + 2), info);
-      std::vector<bool> seen(kLetters, false);
-      for (int l : output_) {
-        if (l == kEllipsis) continue;
-        if (seen[l]) info.fail("output label repeated in equation '" + eq + "'");
-        seen[l] = true;
-        bool found = false;
-        for (const auto& t : terms_) found = found || std::find(t.begin(), t.end(), l) != t.end();
-        if (!found) info.fail("output label not among the inputs in '" + eq + "'");
-      }
-    } else {  // implicit: the ellipsis, then labels seen exactly once, in ASCII order
-      std::vector<int> count(kLetters, 0);
-      bool ellipsis = false;
-      for (const auto& t : terms_) {
-        for (int l : t) (l == kEllipsis ? (void)(ellipsis = true) : (void)++count[l]);
-      }
-      if (ellipsis) output_.push_back(kEllipsis);
-      for (int l = 0; l < kLetters; ++l) {
-        if (count[l] == 1) output_.push_back(l);
-      }
+    try {
+      eq_ = parse_equation(info.attr_string("equation"), info.num_inputs());
+    } catch (const EquationError& e) {
+      info.fail(e.message);
     }
   }
 
   void run(OpContext& ctx) override {
-    const size_t n = terms_.size();
+    const size_t n = eq_.terms.size();
     if (ctx.num_inputs() != n) ctx.fail("wrong number of inputs");
     const DataType dtype = ctx.input(0).dtype();
-    // Ellipsis dimensions are labels kLetters.. kLetters+E-1, right-aligned across operands.
-    int64_t e = 0;
-    std::vector<int64_t> ell(n, 0);
+    std::vector<Shape> shapes;
     for (size_t i = 0; i < n; ++i) {
-      const Tensor& t = ctx.input(i);
-      if (t.dtype() != dtype) ctx.fail("inputs have different element types");
-      const int64_t letters = static_cast<int64_t>(
-          std::count_if(terms_[i].begin(), terms_[i].end(), [](int l) { return l != kEllipsis; }));
-      const bool has_ell = letters != static_cast<int64_t>(terms_[i].size());
-      ell[i] = static_cast<int64_t>(t.rank()) - letters;
-      if (ell[i] < 0 || (!has_ell && ell[i] != 0)) {
-        ctx.fail("operand " + std::to_string(i) + " " + t.describe() + " does not match its " +
-                 std::to_string(letters) + " equation labels");
-      }
-      e = std::max(e, ell[i]);
+      if (ctx.input(i).dtype() != dtype) ctx.fail("inputs have different element types");
+      shapes.push_back(ctx.input(i).shape());
     }
-    std::vector<int64_t> size(kLetters + e, -1);
-    std::vector<std::vector<int>> dims(n);  // the label of each dimension of each operand
-    for (size_t i = 0; i < n; ++i) {
-      const Tensor& t = ctx.input(i);
-      for (int l : terms_[i]) {
-        if (l != kEllipsis) {
-          dims[i].push_back(l);
-          continue;
-        }
-        for (int64_t j = e - ell[i]; j < e; ++j) dims[i].push_back(kLetters + static_cast<int>(j));
-      }
-      for (size_t d = 0; d < dims[i].size(); ++d) {
-        int64_t& s = size[dims[i][d]];
-        const int64_t extent = t.dim(d);
-        if (s == -1 || s == 1) {
-          s = extent;
-        } else if (extent != 1 && extent != s) {
-          ctx.fail("label dimension " + std::to_string(extent) + " of operand " +
-                   std::to_string(i) + " does not match " + std::to_string(s));
-        }
-      }
+    LabelSizes labels;
+    try {
+      labels = label_sizes(eq_, shapes);
+    } catch (const EquationError& e) {
+      ctx.fail(e.message);
     }
-    std::vector<int> out_labels;
-    for (int l : output_) {
-      if (l != kEllipsis) {
-        out_labels.push_back(l);
-        continue;
-      }
-      for (int64_t j = 0; j < e; ++j) out_labels.push_back(kLetters + static_cast<int>(j));
-    }
-    Shape out_shape;
-    for (int l : out_labels) out_shape.push_back(size[l]);
+    const std::vector<int64_t>& size = labels.size;
+    const std::vector<std::vector<int>>& dims = labels.dims;
+    const std::vector<int>& out_labels = labels.out_labels;
+    const Shape& out_shape = labels.out_shape;
     Tensor& y = ctx.output(0, dtype, out_shape);
     // An empty label empties the output or every sum: the result is all zeros.
     const bool empty = std::find(size.begin(), size.end(), 0) != size.end();
@@ -530,9 +579,22 @@ class Einsum final : public Kernel {
   }
 
  private:
-  std::vector<std::vector<int>> terms_;
-  std::vector<int> output_;
+  Equation eq_;
 };
+
+void einsum_shape(ShapeContext& c) {
+  std::vector<Shape> shapes;
+  for (size_t i = 0; i < c.num_inputs(); ++i) {
+    if (c.dtype(i) != c.dtype(0)) unknown("inputs have different element types");
+    shapes.push_back(c.shape(i));
+  }
+  try {
+    const Equation eq = parse_equation(c.attr_s("equation", ""), c.num_inputs());
+    c.set(0, c.dtype(0), label_sizes(eq, shapes).out_shape);
+  } catch (const EquationError& e) {
+    unknown(e.message);
+  }
+}
 
 }  // namespace
 
@@ -543,6 +605,7 @@ KILN_REGISTER_OP({.op = "Einsum",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "float types, int32, int64, uint32, uint64",
+                  .shape = einsum_shape,
                   .create = make<Einsum>});
 
 }  // namespace kiln::ops

@@ -236,6 +236,22 @@ class FlexAttention final : public Kernel {
   int score_mod_ = -1, prob_mod_ = -1;
 };
 
+// [batch, q_heads, q_len, v_dim].
+void flex_attention_shape(ShapeContext& c) {
+  const Shape& q = c.shape(0);
+  const Shape& k = c.shape(1);
+  const Shape& v = c.shape(2);
+  if (q.size() != 4 || k.size() != 4 || v.size() != 4 || !type_in(FloatTypes{}, c.dtype(0)) ||
+      c.dtype(1) != c.dtype(0) || c.dtype(2) != c.dtype(0)) {
+    unknown("Q, K and V must be rank 4 of one float type");
+  }
+  if (k[0] != q[0] || v[0] != q[0] || v[1] != k[1] || v[2] != k[2] || k[3] != q[3] || k[1] <= 0 ||
+      q[1] % k[1]) {
+    unknown("Q, K and V shapes disagree");
+  }
+  c.set(0, c.dtype(0), {q[0], q[1], q[2], v[3]});
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.domain = "ai.onnx.preview",
@@ -247,6 +263,7 @@ KILN_REGISTER_OP({.domain = "ai.onnx.preview",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16",
+                  .shape = flex_attention_shape,
                   .create = make<FlexAttention>});
 
 }  // namespace kiln::ops

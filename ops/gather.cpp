@@ -256,6 +256,27 @@ void gather_shape(ShapeContext& c) {
   c.set(0, x.dtype, out);
 }
 
+void gather_elements_shape(ShapeContext& c) {
+  if (c.shape(0).empty() || c.shape(1).size() != c.shape(0).size()) unknown("ranks differ");
+  c.set(0, c.dtype(0), c.shape(1));
+}
+
+// indices[:-1] + data[batch_dims + k:], k the last dimension of the indices.
+void gather_nd_shape(ShapeContext& c) {
+  const Shape& data = c.shape(0);
+  const Shape& idx = c.shape(1);
+  const int64_t b = c.attr_i("batch_dims", 0);
+  const auto r = static_cast<int64_t>(data.size()), q = static_cast<int64_t>(idx.size());
+  if (c.dtype(1) != DataType::Int64 || r < 1 || q < 1 || b < 0 || b >= std::min(r, q)) {
+    unknown("indices or batch_dims GatherND does not take");
+  }
+  const int64_t k = idx.back();
+  if (k < 1 || k > r - b) unknown("last dimension of indices out of range");
+  Shape out(idx.begin(), idx.end() - 1);
+  out.insert(out.end(), data.begin() + b + k, data.end());
+  c.set(0, c.dtype(0), out);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Gather",
@@ -274,6 +295,7 @@ KILN_REGISTER_OP({.op = "GatherElements",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "all types (int32/int64 indices)",
+                  .shape = gather_elements_shape,
                   .create = make<GatherElements>});
 KILN_REGISTER_OP({.op = "GatherND",
                   .since = 11,
@@ -282,6 +304,7 @@ KILN_REGISTER_OP({.op = "GatherND",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "all types (int64 indices)",
+                  .shape = gather_nd_shape,
                   .create = make<GatherND>});
 
 }  // namespace kiln::ops

@@ -354,6 +354,38 @@ class AffineGrid final : public Kernel {
   bool align_corners_;
 };
 
+// [N, C] then the grid's spatial dims.
+void grid_sample_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  const Shape& grid = c.shape(1);
+  const size_t rank = x.size();
+  if (rank < 3 || rank > 2 + kMaxSpatial || (c.opset() < 20 && rank != 4)) unknown("X's rank");
+  if (grid.size() != rank || grid[0] != x[0] || grid[rank - 1] != static_cast<int64_t>(rank - 2)) {
+    unknown("grid does not match X");
+  }
+  Shape out{x[0], x[1]};
+  out.insert(out.end(), grid.begin() + 1, grid.end() - 1);
+  for (size_t d = 2; d < rank; ++d) {
+    if (x[d] == 0 && numel_or_unknown(out) != 0) unknown("cannot sample an empty image");
+  }
+  c.set(0, c.dtype(0), out);
+}
+
+// [N, spatial..., k] from size = [N, C, spatial...].
+void affine_grid_shape(ShapeContext& c) {
+  const std::vector<int64_t>& size = c.data(1);
+  if (size.size() != 4 && size.size() != 5) unknown("size must hold 4 or 5 values");
+  const auto k = static_cast<int64_t>(size.size()) - 2;
+  if (c.shape(0) != Shape{size[0], k, k + 1}) unknown("theta does not match size");
+  for (int64_t s : size) {
+    if (s < 0) unknown("size has a negative value");
+  }
+  Shape out{size[0]};
+  out.insert(out.end(), size.begin() + 2, size.end());
+  out.push_back(k);
+  c.set(0, c.dtype(0), out);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "GridSample",
@@ -361,12 +393,14 @@ KILN_REGISTER_OP({.op = "GridSample",
                   .min_inputs = 2,
                   .max_inputs = 2,
                   .types = "float, double, float16, bfloat16",
+                  .shape = grid_sample_shape,
                   .create = make<GridSample>});
 KILN_REGISTER_OP({.op = "AffineGrid",
                   .since = 20,
                   .min_inputs = 2,
                   .max_inputs = 2,
                   .types = "float, double, float16, bfloat16",
+                  .shape = affine_grid_shape,
                   .create = make<AffineGrid>});
 
 }  // namespace kiln::ops

@@ -116,6 +116,11 @@ class GroupNorm final : public Kernel {
   float epsilon_;
 };
 
+void group_norm_shape(ShapeContext& c) {
+  if (c.shape(0).size() < 2) unknown("X must have at least 2 dims");
+  same_shape(c);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "GroupNormalization",
@@ -126,6 +131,7 @@ KILN_REGISTER_OP({.op = "GroupNormalization",
                   .max_outputs = 1,
                   .in_place = inputs(0),
                   .types = "float, double, float16, bfloat16",
+                  .shape = group_norm_shape,
                   .create = make<GroupNorm>});
 
 }  // namespace kiln::ops

@@ -223,6 +223,32 @@ class LinearAttention final : public Kernel {
   bool gated_ = false, delta_ = false;
 };
 
+// The output [batch, seq, q_heads * d_v] and the state [batch, kv_heads, d_k, d_v], of
+// past_state's type when given.
+void linear_attention_shape(ShapeContext& c) {
+  const Shape& q = c.shape(0);
+  const Shape& k = c.shape(1);
+  const Shape& v = c.shape(2);
+  const int64_t hq = c.attr_i("q_num_heads", 0), hk = c.attr_i("kv_num_heads", 0);
+  if (hq <= 0 || hk <= 0 || hq % hk || q.size() != 3 || v.size() != 3 || c.dtype(1) != c.dtype(0) ||
+      c.dtype(2) != c.dtype(0) || q[2] % hq || v[2] % hk) {
+    unknown("query, key and value do not fit the head counts");
+  }
+  const int64_t dk = q[2] / hq, dv = v[2] / hk;
+  if (k != Shape{q[0], q[1], hk * dk} || v[0] != q[0] || v[1] != q[1]) {
+    unknown("key or value does not match query");
+  }
+  const std::string rule = c.attr_s("update_rule", "gated_delta");
+  if (c.has(4) != (rule == "gated" || rule == "gated_delta") ||
+      c.has(5) != (rule == "delta" || rule == "gated_delta")) {
+    unknown("decay or beta does not fit update_rule");
+  }
+  const Shape state{q[0], hk, dk, dv};
+  if (c.has(3) && c.shape(3) != state) unknown("past_state does not fit");
+  c.set(0, c.dtype(0), {q[0], q[1], hq * dv});
+  c.set(1, c.has(3) ? c.dtype(3) : c.dtype(0), state);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "LinearAttention",
@@ -232,6 +258,7 @@ KILN_REGISTER_OP({.op = "LinearAttention",
                   .min_outputs = 1,
                   .max_outputs = 2,
                   .types = "float, float16, bfloat16",
+                  .shape = linear_attention_shape,
                   .create = make<LinearAttention>});
 
 }  // namespace kiln::ops

@@ -137,15 +137,18 @@ class SoftmaxCrossEntropy final : public LossBase {
     const LossShape s = check_shapes(ctx, x, target, weight);
     dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
       using C = compute_t<T>;
-      Tensor lp = ctx.allocate(data_type_of<C>(), x.shape());
+      // The log-probabilities are computed into output 1 when it is wanted in their type
+      // (so it is the planned buffer of that output), else into scratch.
+      constexpr bool kSameType = std::is_same_v<T, C>;
+      const bool into_output = kSameType && ctx.has_output(1);
+      Tensor lp = into_output ? ctx.output(1, x.dtype(), x.shape())
+                              : ctx.allocate(data_type_of<C>(), x.shape());
       log_softmax<T, C>(x.data<const T>(), lp.data<C>(), s);
       const C* logp = lp.data<const C>();
       write_loss<T>(ctx, s, target, weight,
                     [&](int64_t i) { return static_cast<double>(logp[i]); });
-      if (!ctx.has_output(1)) return;
-      if constexpr (std::is_same_v<T, C>) {
-        ctx.set_output(1, Value(lp));
-      } else {
+      if constexpr (!kSameType) {
+        if (!ctx.has_output(1)) return;
         T* out = ctx.output(1, x.dtype(), x.shape()).data<T>();
         for (int64_t i = 0; i < lp.numel(); ++i) out[i] = T(logp[i]);
       }
@@ -175,6 +178,30 @@ class SoftmaxCrossEntropy final : public LossBase {
   }
 };
 
+// The loss per target element without a reduction, else a scalar; SoftmaxCrossEntropyLoss's
+// second output is the log-probabilities, of the scores' shape.
+void loss_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  if (x.size() < 2) unknown("input must have at least 2 dims");
+  Shape expected{x[0]};
+  expected.insert(expected.end(), x.begin() + 2, x.end());
+  if (c.shape(1) != expected) unknown("target does not fit the input");
+  const std::string r = c.attr_s("reduction", "mean");
+  if (r != "none" && r != "sum" && r != "mean") unknown("unknown reduction");
+  c.set(0, c.dtype(0), r == "none" ? expected : Shape{});
+  c.set(1, c.dtype(0), x);
+}
+
+// SoftmaxCrossEntropy requests the log-probabilities (output 1) first when they are computed
+// in place there (float, double), and after the loss otherwise.
+void place_softmax_cross_entropy(Placement& p) {
+  const DataType t = p.input(0).dtype;
+  const bool first = t == DataType::Float || t == DataType::Double;
+  if (first) p.allocate(1);
+  p.allocate(0);
+  if (!first) p.allocate(1);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "NegativeLogLikelihoodLoss",
@@ -184,6 +211,7 @@ KILN_REGISTER_OP({.op = "NegativeLogLikelihoodLoss",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16; int32/int64 targets",
+                  .shape = loss_shape,
                   .create = make<NllLoss>});
 KILN_REGISTER_OP({.op = "SoftmaxCrossEntropyLoss",
                   .since = 12,
@@ -192,6 +220,8 @@ KILN_REGISTER_OP({.op = "SoftmaxCrossEntropyLoss",
                   .min_outputs = 1,
                   .max_outputs = 2,
                   .types = "float, double, float16, bfloat16; int32/int64 labels",
+                  .shape = loss_shape,
+                  .place = place_softmax_cross_entropy,
                   .create = make<SoftmaxCrossEntropy>});
 
 }  // namespace kiln::ops

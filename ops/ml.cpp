@@ -491,6 +491,54 @@ class ArrayFeatureExtractor final : public Kernel {
   }
 };
 
+// ---- Shape rules ----
+
+// The type of LabelEncoder's one values_* attribute (see LabelEncoder::pick).
+DataType picked_type(const ShapeContext& c, const std::string& what) {
+  std::vector<DataType> found;
+  const ir::Attribute* t = c.opset() >= 4 ? c.node().attr(what + "_tensor") : nullptr;
+  if (t) found.push_back(t->t.dtype());
+  if (c.has_attr((what + "_strings").c_str())) found.push_back(DataType::String);
+  if (c.has_attr((what + "_int64s").c_str())) found.push_back(DataType::Int64);
+  if (c.has_attr((what + "_floats").c_str())) found.push_back(DataType::Float);
+  if (found.size() != 1) unknown("exactly one " + what + "_* attribute must be given");
+  return found[0];
+}
+
+// Each input element mapped to a value: the input's shape, the values' type.
+void label_encoder_shape(ShapeContext& c) {
+  const DataType keys = picked_type(c, "keys"), values = picked_type(c, "values");
+  if (!type_in(LabelTypes{}, keys) || !type_in(LabelTypes{}, values) ||
+      !type_in(LabelTypes{}, c.dtype(0)) || kind_of(c.dtype(0)) != kind_of(keys)) {
+    unknown("types LabelEncoder does not take");
+  }
+  c.set(0, values, c.shape(0));
+}
+
+// [N, n_targets].
+void tree_ensemble_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  const int64_t targets = c.attr_i("n_targets", 0);
+  int64_t max_feature = -1;
+  for (int64_t f : c.attr_ints("nodes_featureids")) max_feature = std::max(max_feature, f);
+  if (x.size() != 2 || max_feature >= x[1] || targets < 1) unknown("X does not fit the trees");
+  c.set(0, c.dtype(0), {x[0], targets});
+}
+
+// X with its last dimension replaced by the selected features (a vector becomes one row).
+void array_feature_extractor_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  const std::vector<int64_t>& idx = c.data(1);
+  if (x.empty() || c.dtype(1) != DataType::Int64) unknown("X or Y does not fit");
+  for (int64_t i : idx) {
+    if (i < 0 || i >= x.back()) unknown("index out of range");
+  }
+  const auto k = static_cast<int64_t>(idx.size());
+  Shape shape = x.size() == 1 ? Shape{1, k} : x;
+  shape.back() = k;
+  c.set(0, c.dtype(0), shape);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.domain = "ai.onnx.ml",
@@ -501,6 +549,7 @@ KILN_REGISTER_OP({.domain = "ai.onnx.ml",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "string, int16, int32, int64, float, double",
+                  .shape = label_encoder_shape,
                   .create = make<LabelEncoder>});
 KILN_REGISTER_OP({.domain = "ai.onnx.ml",
                   .op = "TreeEnsemble",
@@ -510,6 +559,7 @@ KILN_REGISTER_OP({.domain = "ai.onnx.ml",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16",
+                  .shape = tree_ensemble_shape,
                   .create = make<TreeEnsemble>});
 KILN_REGISTER_OP({.domain = "ai.onnx.ml",
                   .op = "Binarizer",
@@ -521,6 +571,7 @@ KILN_REGISTER_OP({.domain = "ai.onnx.ml",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "float, double, int64, int32",
+                  .shape = same_shape,
                   .create = make<Binarizer>});
 KILN_REGISTER_OP({.domain = "ai.onnx.ml",
                   .op = "ArrayFeatureExtractor",
@@ -530,6 +581,7 @@ KILN_REGISTER_OP({.domain = "ai.onnx.ml",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, int64, int32, string",
+                  .shape = array_feature_extractor_shape,
                   .create = make<ArrayFeatureExtractor>});
 
 }  // namespace kiln::ops

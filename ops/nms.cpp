@@ -140,6 +140,11 @@ class NonMaxSuppression final : public Kernel {
   int64_t center_;
 };
 
+// How many boxes survive depends on their scores and overlaps.
+void nms_shape(ShapeContext&) {
+  unknown("the number of selected boxes is only known when run");
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "NonMaxSuppression",
@@ -147,6 +152,7 @@ KILN_REGISTER_OP({.op = "NonMaxSuppression",
                   .min_inputs = 2,
                   .max_inputs = 5,
                   .types = "float",
+                  .shape = nms_shape,
                   .create = make<NonMaxSuppression>});
 
 }  // namespace kiln::ops

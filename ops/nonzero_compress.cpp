@@ -140,6 +140,51 @@ class Compress final : public Kernel {
   int64_t axis_;
 };
 
+// Known only when the input's values are (a small integer or bool tensor): [rank, count]
+// with the coordinates of each non-zero element.
+void nonzero_shape(ShapeContext& c) {
+  const ValueFacts& x = c.in(0);
+  if (!x.has_data) unknown("the number of non-zero elements is only known when run");
+  const Shape shape = x.shape.empty() ? Shape{1} : x.shape;
+  const auto rank = static_cast<int64_t>(shape.size());
+  std::vector<int64_t> pos;
+  for (size_t i = 0; i < x.data.size(); ++i) {
+    if (x.data[i] != 0) pos.push_back(static_cast<int64_t>(i));
+  }
+  const auto count = static_cast<int64_t>(pos.size());
+  std::vector<int64_t> out(static_cast<size_t>(rank * count));
+  for (int64_t j = 0; j < count; ++j) {
+    int64_t rem = pos[static_cast<size_t>(j)];
+    for (int64_t d = rank; d-- > 0;) {
+      out[static_cast<size_t>(d * count + j)] = rem % shape[static_cast<size_t>(d)];
+      rem /= shape[static_cast<size_t>(d)];
+    }
+  }
+  c.set(0, DataType::Int64, {rank, count}, &out);
+}
+
+// Known when the condition's values are: as many elements (or slices along `axis`) as it
+// selects within the input.
+void compress_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  if (c.dtype(1) != DataType::Bool || c.shape(1).size() != 1) unknown("condition must be 1-D bool");
+  const std::vector<int64_t>& cond = c.data(1);
+  Shape out{0};
+  size_t axis = 0;
+  int64_t n = numel_or_unknown(x);
+  if (c.has_attr("axis")) {
+    axis = static_cast<size_t>(normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(x.size())));
+    out = x;
+    n = x[axis];
+  }
+  int64_t count = 0;
+  for (int64_t i = 0; i < std::min(n, static_cast<int64_t>(cond.size())); ++i) {
+    count += cond[static_cast<size_t>(i)] != 0 ? 1 : 0;
+  }
+  out[axis] = count;
+  c.set(0, c.dtype(0), out);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "NonZero",
@@ -149,6 +194,7 @@ KILN_REGISTER_OP({.op = "NonZero",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "all numeric, bool",
+                  .shape = nonzero_shape,
                   .create = make<NonZero>});
 KILN_REGISTER_OP({.op = "Compress",
                   .since = 9,
@@ -157,6 +203,7 @@ KILN_REGISTER_OP({.op = "Compress",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "all types",
+                  .shape = compress_shape,
                   .create = make<Compress>});
 
 }  // namespace kiln::ops

@@ -107,6 +107,19 @@ class OneHot final : public Kernel {
   int64_t axis_;
 };
 
+// The indices' shape with `depth` inserted at `axis`; known when depth is an integer constant.
+void onehot_shape(ShapeContext& c) {
+  const std::vector<int64_t>& depth = c.data(1);
+  if (depth.size() != 1 || depth[0] < 1 || depth[0] > std::numeric_limits<int32_t>::max()) {
+    unknown("depth must be one positive integer");
+  }
+  if (c.shape(2).size() != 1 || c.shape(2)[0] != 2) unknown("values must hold [off, on]");
+  Shape out = c.shape(0);
+  const int64_t axis = normalize_axis(c.attr_i("axis", -1), static_cast<int64_t>(out.size()) + 1);
+  out.insert(out.begin() + axis, depth[0]);
+  c.set(0, c.dtype(2), out);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "OneHot",
@@ -116,6 +129,7 @@ KILN_REGISTER_OP({.op = "OneHot",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "numeric indices and depth; values of any type",
+                  .shape = onehot_shape,
                   .create = make<OneHot>});
 
 }  // namespace kiln::ops

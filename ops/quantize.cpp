@@ -403,6 +403,38 @@ class DynamicQuantizeLinear final : public Kernel {
   }
 };
 
+// y has x's shape; its type is the zero point's, else output_dtype, else uint8.
+void quantize_shape(ShapeContext& c) {
+  const auto od = static_cast<DataType>(c.attr_i("output_dtype", 0));
+  DataType out = od == DataType::Undefined ? DataType::UInt8 : od;
+  if (c.has(2)) {
+    if (od != DataType::Undefined && c.dtype(2) != od) unknown("output_dtype differs from zp's");
+    out = c.dtype(2);
+  }
+  if (!is_quant_type(out) || !is_scale_type(c.dtype(1)))
+    unknown("types QuantizeLinear does not take");
+  c.set(0, out, c.shape(0));
+}
+
+// y has x's shape; its type is output_dtype, else the scale's.
+void dequantize_shape(ShapeContext& c) {
+  const auto od = static_cast<DataType>(c.attr_i("output_dtype", 0));
+  const DataType out = od != DataType::Undefined ? od : c.dtype(1);
+  if ((!is_quant_type(c.dtype(0)) && c.dtype(0) != DataType::Int32) || !is_scale_type(c.dtype(1)) ||
+      out == DataType::Float8E8M0) {
+    unknown("types DequantizeLinear does not take");
+  }
+  c.set(0, out, c.shape(0));
+}
+
+// y (uint8, x's shape), its float scale and uint8 zero point as scalars.
+void dynamic_quantize_shape(ShapeContext& c) {
+  if (c.dtype(0) != DataType::Float) unknown("x must be float");
+  c.set(0, DataType::UInt8, c.shape(0));
+  c.set(1, DataType::Float, {});
+  c.set(2, DataType::UInt8, {});
+}
+
 }  // namespace
 
 constexpr const char* kQuantTypes =
@@ -415,6 +447,7 @@ KILN_REGISTER_OP({.op = "QuantizeLinear",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = kQuantTypes,
+                  .shape = quantize_shape,
                   .create = make<QuantizeLinear>});
 KILN_REGISTER_OP({.op = "DequantizeLinear",
                   .since = 10,
@@ -423,6 +456,7 @@ KILN_REGISTER_OP({.op = "DequantizeLinear",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "all quantized types and int32 -> float, float16, bfloat16",
+                  .shape = dequantize_shape,
                   .create = make<DequantizeLinear>});
 KILN_REGISTER_OP({.op = "DynamicQuantizeLinear",
                   .since = 11,
@@ -431,6 +465,7 @@ KILN_REGISTER_OP({.op = "DynamicQuantizeLinear",
                   .min_outputs = 3,
                   .max_outputs = 3,
                   .types = "float -> uint8",
+                  .shape = dynamic_quantize_shape,
                   .create = make<DynamicQuantizeLinear>});
 
 }  // namespace kiln::ops

@@ -206,6 +206,49 @@ class Multinomial final : public Kernel {
   int64_t samples_;
 };
 
+// dtype_attr as a shape rule reads it.
+template <typename... Ts>
+DataType dtype_attr(const ShapeContext& c, DataType fallback, TypeList<Ts...> allowed) {
+  if (!c.has_attr("dtype")) return fallback;
+  const int64_t code = c.attr_i("dtype", 0);
+  if (code < 0 || code > INT32_MAX || !is_known_data_type(static_cast<int32_t>(code)) ||
+      !type_in(allowed, static_cast<DataType>(code))) {
+    unknown("dtype is not supported");
+  }
+  return static_cast<DataType>(code);
+}
+
+void random_fill_shape(ShapeContext& c) {
+  const std::vector<int64_t> shape = c.attr_ints("shape");
+  for (int64_t d : shape) {
+    if (d < 0) unknown("negative dimension");
+  }
+  c.set(0, dtype_attr(c, DataType::Float, FloatTypes{}), shape);
+}
+
+void random_like_shape(ShapeContext& c) {
+  DataType dt = dtype_attr(c, DataType::Undefined, FloatTypes{});
+  if (dt == DataType::Undefined) dt = c.dtype(0);
+  if (!type_in(FloatTypes{}, dt)) unknown("output type is not a float type");
+  c.set(0, dt, c.shape(0));
+}
+
+void bernoulli_shape(ShapeContext& c) {
+  if (!type_in(FloatTypes{}, c.dtype(0))) unknown("input is not a float type");
+  const DataType dt = dtype_attr(c, DataType::Undefined, PodTypes{});
+  c.set(0, dt == DataType::Undefined ? c.dtype(0) : dt, c.shape(0));
+}
+
+// sample_size draws per batch row.
+void multinomial_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  const int64_t samples = c.attr_i("sample_size", 1);
+  if (x.size() != 2 || !type_in(FloatTypes{}, c.dtype(0)) || samples < 0) {
+    unknown("input must be float [batch, classes]");
+  }
+  c.set(0, dtype_attr(c, DataType::Int32, TypeList<int32_t, int64_t>{}), {x[0], samples});
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "RandomUniform",
@@ -215,6 +258,7 @@ KILN_REGISTER_OP({.op = "RandomUniform",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
+                  .shape = random_fill_shape,
                   .create = make<RandomFill<Dist::Uniform, false>>});
 KILN_REGISTER_OP({.op = "RandomNormal",
                   .since = 1,
@@ -223,6 +267,7 @@ KILN_REGISTER_OP({.op = "RandomNormal",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
+                  .shape = random_fill_shape,
                   .create = make<RandomFill<Dist::Normal, false>>});
 KILN_REGISTER_OP({.op = "RandomUniformLike",
                   .since = 1,
@@ -231,6 +276,7 @@ KILN_REGISTER_OP({.op = "RandomUniformLike",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
+                  .shape = random_like_shape,
                   .create = make<RandomFill<Dist::Uniform, true>>});
 KILN_REGISTER_OP({.op = "RandomNormalLike",
                   .since = 1,
@@ -239,6 +285,7 @@ KILN_REGISTER_OP({.op = "RandomNormalLike",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
+                  .shape = random_like_shape,
                   .create = make<RandomFill<Dist::Normal, true>>});
 KILN_REGISTER_OP({.op = "Bernoulli",
                   .since = 15,
@@ -247,6 +294,7 @@ KILN_REGISTER_OP({.op = "Bernoulli",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float types in; numeric or bool out",
+                  .shape = bernoulli_shape,
                   .create = make<Bernoulli>});
 KILN_REGISTER_OP({.op = "Multinomial",
                   .since = 7,
@@ -255,6 +303,7 @@ KILN_REGISTER_OP({.op = "Multinomial",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float types in; int32, int64 out",
+                  .shape = multinomial_shape,
                   .create = make<Multinomial>});
 
 }  // namespace kiln::ops

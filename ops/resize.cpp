@@ -638,17 +638,172 @@ class Resize final : public Kernel {
   std::vector<double> attr_scales_;
 };
 
+// Resize's scales or sizes as a shape rule knows them: Upsample's attribute scales, float
+// scales from an initializer, integer sizes from the facts. An empty input counts as
+// omitted, as in the kernel.
+struct ResizeArgs {
+  std::vector<double> scales;
+  std::vector<int64_t> sizes;
+  bool scales_from_input = false;
+};
+
+// Whether input i is omitted or holds no values.
+bool resize_input_empty(const ir::Node& node, size_t i, const ValueFacts* facts) {
+  if (i >= node.inputs.size() || node.inputs[i] == ir::kNoValue) return true;
+  return facts && facts->known && numel_or_unknown(facts->shape) == 0;
+}
+
+std::vector<double> constant_doubles(const ShapeContext& c, size_t i) {
+  const Tensor* t = c.constant(i);
+  if (!t) unknown("float scales are only known when run unless they are an initializer");
+  return read_doubles(*t, "scales");
+}
+
+ResizeArgs resize_args(const ShapeContext& c) {
+  const ir::Node& node = c.node();
+  ResizeArgs a;
+  if (node.op_type == "Upsample" && node.opset < 9) {
+    const ir::Attribute* s = node.attr("scales");
+    if (!s) unknown("missing scales");
+    a.scales.assign(s->floats.begin(), s->floats.end());
+    return a;
+  }
+  a.scales_from_input = true;
+  if (node.op_type == "Upsample" || node.opset < 11) {
+    a.scales = constant_doubles(c, 1);
+    return a;
+  }
+  if (!resize_input_empty(node, 2, c.has(2) ? &c.in(2) : nullptr))
+    a.scales = constant_doubles(c, 2);
+  if (!resize_input_empty(node, 3, c.has(3) ? &c.in(3) : nullptr)) a.sizes = c.data(3);
+  if (a.scales.empty() == a.sizes.empty()) unknown("exactly one of scales and sizes is needed");
+  return a;
+}
+
+// The output shape the kernel computes, and whether it is the input unchanged (the kernel
+// then shares it).
+struct ResizeTarget {
+  Shape shape;
+  bool unchanged = true;
+};
+
+// The axes scales and sizes refer to (opset 18's `axes`, else all).
+std::vector<size_t> resize_axes(const ir::Node& node, int64_t rank) {
+  std::vector<size_t> axes;
+  const ir::Attribute* a = node.opset >= 18 ? node.attr("axes") : nullptr;
+  if (!a || a->ints.empty()) {
+    for (int64_t d = 0; d < rank; ++d) axes.push_back(static_cast<size_t>(d));
+    return axes;
+  }
+  std::vector<bool> seen(static_cast<size_t>(rank), false);
+  for (int64_t v : a->ints) {
+    const auto d = static_cast<size_t>(normalize_axis(v, rank));
+    if (seen[d]) unknown("repeated axis");
+    seen[d] = true;
+    axes.push_back(d);
+  }
+  return axes;
+}
+
+ResizeTarget resize_target(const ir::Node& node, const Shape& x, const ResizeArgs& args) {
+  const std::vector<size_t> axes = resize_axes(node, static_cast<int64_t>(x.size()));
+  const bool upsample = node.op_type == "Upsample";
+  ResizeTarget t{x, true};
+  std::vector<double> scale(x.size(), 1.0);
+  if (!args.sizes.empty()) {
+    if (args.sizes.size() != axes.size()) unknown("sizes do not match the axes");
+    for (size_t i = 0; i < axes.size(); ++i) {
+      const size_t d = axes[i];
+      const int64_t s = args.sizes[i];
+      if (s < 0 || (x[d] == 0 && s != 0)) unknown("sizes out of range");
+      t.shape[d] = s;
+      scale[d] = x[d] == 0 ? 1.0 : static_cast<double>(s) / static_cast<double>(x[d]);
+    }
+    const ir::Attribute* policy =
+        node.opset >= 18 ? node.attr("keep_aspect_ratio_policy") : nullptr;
+    if (policy && policy->s != "stretch" && !axes.empty()) {
+      const bool not_larger = policy->s == "not_larger";
+      if (!not_larger && policy->s != "not_smaller") unknown("unknown keep_aspect_ratio_policy");
+      double s = scale[axes[0]];
+      for (size_t d : axes) s = not_larger ? std::min(s, scale[d]) : std::max(s, scale[d]);
+      for (size_t d : axes) {
+        const double o = s * static_cast<double>(x[d]) + 0.5;
+        if (!(o < 9.0e15)) unknown("output too large");
+        scale[d] = s;
+        t.shape[d] = static_cast<int64_t>(o);
+      }
+    }
+  } else {
+    if (args.scales.size() != axes.size()) unknown("scales do not match the axes");
+    for (size_t i = 0; i < axes.size(); ++i) {
+      const size_t d = axes[i];
+      const double s = args.scales[i];
+      if (!(s > 0) || !std::isfinite(s) || (upsample && s < 1)) unknown("scale out of range");
+      const double o = std::floor(s * static_cast<double>(x[d]));
+      if (!(o < 9.0e15)) unknown("output too large");
+      scale[d] = s;
+      t.shape[d] = static_cast<int64_t>(o);
+    }
+  }
+  for (size_t d = 0; d < x.size(); ++d) {
+    t.unchanged = t.unchanged && t.shape[d] == x[d] && scale[d] == 1;
+  }
+  // A crop by float roi values may change an unchanged-looking input.
+  const ir::Attribute* coord = node.attr("coordinate_transformation_mode");
+  if (t.unchanged && coord && coord->s == "tf_crop_and_resize" && node.opset >= 11 && !upsample &&
+      node.inputs.size() > 1 && node.inputs[1] != ir::kNoValue) {
+    unknown("roi is only known when run");
+  }
+  return t;
+}
+
+void resize_shape(ShapeContext& c) {
+  const ResizeArgs args = resize_args(c);
+  const ResizeTarget t = resize_target(c.node(), c.shape(0), args);
+  // Buffer prediction cannot read float scales again: leave out the one case where they
+  // decide between sharing the input and a fresh output of the same shape.
+  if (args.scales_from_input && args.sizes.empty() && t.shape == c.shape(0) && !t.unchanged) {
+    unknown("scales that resample without changing the shape");
+  }
+  c.set(0, c.dtype(0), t.shape);
+}
+
+// The kernel shares the input when nothing is resampled. With integer sizes (Resize opset
+// 11+ with a non-empty sizes input) that is recomputed here; with scales, resize_shape
+// leaves an output of the input's shape known only when every scale is 1.
+void place_resize(Placement& p) {
+  const ir::Node& n = p.node();
+  const Shape& x = p.input(0).shape;
+  bool unchanged = p.output(0).shape == x;
+  if (unchanged && n.op_type == "Resize" && n.opset >= 11 &&
+      !resize_input_empty(
+          n, 3, n.inputs.size() > 3 && n.inputs[3] != ir::kNoValue ? &p.input(3) : nullptr)) {
+    ResizeArgs args;
+    args.sizes = p.input(3).data;
+    unchanged = resize_target(n, x, args).unchanged;
+  }
+  if (unchanged) {
+    p.view(0, 0, p.strides(0));
+  } else {
+    p.allocate(0);
+  }
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Resize",
                   .since = 10,
                   .min_inputs = 1,
                   .types = "float, double, float16, bfloat16, integers (nearest: any fixed-width)",
+                  .shape = resize_shape,
+                  .place = place_resize,
                   .create = make<Resize>});
 KILN_REGISTER_OP({.op = "Upsample",
                   .since = 7,
                   .min_inputs = 1,
                   .types = "float, double, float16, bfloat16, integers (nearest: any fixed-width)",
+                  .shape = resize_shape,
+                  .place = place_resize,
                   .create = make<Resize>});
 
 }  // namespace kiln::ops

@@ -84,6 +84,11 @@ class ReverseSequence final : public Kernel {
   int64_t time_axis_, batch_axis_;
 };
 
+void reverse_sequence_shape(ShapeContext& c) {
+  if (c.shape(0).size() < 2) unknown("input must have rank >= 2");
+  same_shape(c);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "ReverseSequence",
@@ -93,6 +98,7 @@ KILN_REGISTER_OP({.op = "ReverseSequence",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "all types",
+                  .shape = reverse_sequence_shape,
                   .create = make<ReverseSequence>});
 
 }  // namespace kiln::ops

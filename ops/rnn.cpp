@@ -630,6 +630,35 @@ std::unique_ptr<Kernel> make_lstm(const NodeInfo& info) {
   return std::make_unique<Recurrent>(info, Cell::Lstm);
 }
 
+// Y [seq, dirs, batch, hidden] (batch first with layout 1) and the final states Y_h (and
+// LSTM's Y_c) [dirs, batch, hidden] ([batch, dirs, hidden]).
+void recurrent_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  const Shape& w = c.shape(1);
+  const Shape& r = c.shape(2);
+  if (x.size() != 3) unknown("X must be 3-D");
+  const std::string dir = c.attr_s("direction", "forward");
+  if (dir != "forward" && dir != "reverse" && dir != "bidirectional") unknown("bad direction");
+  const int64_t dirs = dir == "bidirectional" ? 2 : 1;
+  const std::string& op = c.node().op_type;
+  const int64_t gates = op == "LSTM" ? 4 : op == "GRU" ? 3 : 1;
+  const bool bm = c.opset() >= 14 && c.attr_i("layout", 0) == 1;
+  const int64_t seq = x[bm ? 1 : 0], batch = x[bm ? 0 : 1];
+  const int64_t hidden = c.attr_i("hidden_size", 0) > 0 ? c.attr_i("hidden_size", 0)
+                         : r.size() == 3                ? r[2]
+                                                        : 0;
+  if (hidden <= 0 || hidden > kMaxHidden) unknown("hidden size out of range");
+  const int64_t gh = checked_mul(gates, hidden);
+  if (c.dtype(1) != c.dtype(0) || c.dtype(2) != c.dtype(0) || w != Shape{dirs, gh, x[2]} ||
+      r != Shape{dirs, gh, hidden}) {
+    unknown("W or R does not fit X");
+  }
+  c.set(0, c.dtype(0), bm ? Shape{batch, seq, dirs, hidden} : Shape{seq, dirs, batch, hidden});
+  const Shape state = bm ? Shape{batch, dirs, hidden} : Shape{dirs, batch, hidden};
+  c.set(1, c.dtype(0), state);
+  if (gates == 4) c.set(2, c.dtype(0), state);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "RNN",
@@ -638,6 +667,7 @@ KILN_REGISTER_OP({.op = "RNN",
                   .max_inputs = 6,
                   .max_outputs = 2,
                   .types = "float, double, float16, bfloat16",
+                  .shape = recurrent_shape,
                   .create = make_rnn});
 KILN_REGISTER_OP({.op = "GRU",
                   .since = 7,
@@ -645,6 +675,7 @@ KILN_REGISTER_OP({.op = "GRU",
                   .max_inputs = 6,
                   .max_outputs = 2,
                   .types = "float, double, float16, bfloat16",
+                  .shape = recurrent_shape,
                   .create = make_gru});
 KILN_REGISTER_OP({.op = "LSTM",
                   .since = 7,
@@ -652,6 +683,7 @@ KILN_REGISTER_OP({.op = "LSTM",
                   .max_inputs = 8,
                   .max_outputs = 3,
                   .types = "float, double, float16, bfloat16",
+                  .shape = recurrent_shape,
                   .create = make_lstm});
 
 }  // namespace kiln::ops

@@ -193,6 +193,18 @@ class RoiAlign final : public Kernel {
   bool half_pixel_ = true;
 };
 
+// [num_rois, C, output_height, output_width].
+void roi_align_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  const Shape& rois = c.shape(1);
+  const int64_t h = c.attr_i("output_height", 1), w = c.attr_i("output_width", 1);
+  if (x.size() != 4 || rois.size() != 2 || rois[1] != 4 || c.dtype(1) != c.dtype(0) ||
+      c.shape(2) != Shape{rois[0]} || h < 1 || w < 1) {
+    unknown("X, rois and batch_indices do not fit");
+  }
+  c.set(0, c.dtype(0), {rois[0], x[1], h, w});
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "RoiAlign",
@@ -200,6 +212,7 @@ KILN_REGISTER_OP({.op = "RoiAlign",
                   .min_inputs = 3,
                   .max_inputs = 3,
                   .types = "float, double, float16, bfloat16",
+                  .shape = roi_align_shape,
                   .create = make<RoiAlign>});
 
 }  // namespace kiln::ops

@@ -122,6 +122,12 @@ class RotaryEmbedding final : public Kernel {
   int64_t rotary_dim_, num_heads_;
 };
 
+void rotary_embedding_shape(ShapeContext& c) {
+  const size_t rank = c.shape(0).size();
+  if (rank != 3 && rank != 4) unknown("input must be 3-D or 4-D");
+  same_shape(c);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "RotaryEmbedding",
@@ -132,6 +138,7 @@ KILN_REGISTER_OP({.op = "RotaryEmbedding",
                   .max_outputs = 1,
                   .in_place = inputs(0),
                   .types = "float, float16, bfloat16",
+                  .shape = rotary_embedding_shape,
                   .create = make<RotaryEmbedding>});
 
 }  // namespace kiln::ops

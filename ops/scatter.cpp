@@ -318,6 +318,17 @@ class TensorScatter final : public Kernel {
   bool circular_ = false;
 };
 
+// The output is data with some elements replaced.
+void scatter_shape(ShapeContext& c) {
+  if (c.dtype(2) != c.dtype(0)) unknown("updates and data have different types");
+  same_shape(c);
+}
+
+void tensor_scatter_shape(ShapeContext& c) {
+  if (c.dtype(1) != c.dtype(0) || c.shape(0).size() < 2) unknown("update does not match the cache");
+  same_shape(c);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Scatter",
@@ -328,6 +339,7 @@ KILN_REGISTER_OP({.op = "Scatter",
                   .max_outputs = 1,
                   .in_place = inputs(0),
                   .types = "all types (deprecated since opset 11; same as ScatterElements)",
+                  .shape = scatter_shape,
                   .create = make<ScatterElements>});
 KILN_REGISTER_OP({.op = "ScatterElements",
                   .since = 11,
@@ -337,6 +349,7 @@ KILN_REGISTER_OP({.op = "ScatterElements",
                   .max_outputs = 1,
                   .in_place = inputs(0),
                   .types = "all types; numeric with a reduction",
+                  .shape = scatter_shape,
                   .create = make<ScatterElements>});
 KILN_REGISTER_OP({.op = "ScatterND",
                   .since = 11,
@@ -346,6 +359,7 @@ KILN_REGISTER_OP({.op = "ScatterND",
                   .max_outputs = 1,
                   .in_place = inputs(0),
                   .types = "all types; numeric with a reduction",
+                  .shape = scatter_shape,
                   .create = make<ScatterND>});
 KILN_REGISTER_OP({.op = "TensorScatter",
                   .since = 24,
@@ -355,6 +369,7 @@ KILN_REGISTER_OP({.op = "TensorScatter",
                   .max_outputs = 1,
                   .in_place = inputs(0),
                   .types = "all types",
+                  .shape = tensor_scatter_shape,
                   .create = make<TensorScatter>});
 
 }  // namespace kiln::ops

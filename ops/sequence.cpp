@@ -318,30 +318,66 @@ class OptionalGetElement final : public Kernel {
   }
 };
 
+// ---- Shape rules ----
+// Static shape inference follows tensors only: what a sequence or optional holds is known
+// when run.
+
+void sequence_shape(ShapeContext&) {
+  unknown("a sequence is not a tensor");
+}
+
+void sequence_element_shape(ShapeContext&) {
+  unknown("the elements of a sequence are only known when run");
+}
+
+void sequence_length_shape(ShapeContext& c) {
+  c.set(0, DataType::Int64, {});
+}
+
+void optional_shape(ShapeContext&) {
+  unknown("an optional is not a tensor");
+}
+
+// An omitted input has no element; a tensor whose facts are known is one.
+void optional_has_element_shape(ShapeContext& c) {
+  if (c.has(0) && !c.in(0).known) unknown("an optional's element is only known when run");
+  const std::vector<int64_t> has{c.has(0) ? 1 : 0};
+  c.set(0, DataType::Bool, {}, &has);
+}
+
+// A plain tensor passes through (opset 18); an optional's element is only known when run.
+void optional_get_element_shape(ShapeContext& c) {
+  c.same(0, 0);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "SequenceEmpty",
                   .since = 11,
                   .max_inputs = 0,
                   .types = "any",
+                  .shape = sequence_shape,
                   .create = make<SequenceEmpty>});
 KILN_REGISTER_OP({.op = "SequenceConstruct",
                   .since = 11,
                   .min_inputs = 1,
                   .strided_inputs = true,
                   .types = "any",
+                  .shape = sequence_shape,
                   .create = make<SequenceConstruct>});
 KILN_REGISTER_OP({.op = "SequenceAt",
                   .since = 11,
                   .min_inputs = 2,
                   .max_inputs = 2,
                   .types = "any",
+                  .shape = sequence_element_shape,
                   .create = make<SequenceAt>});
 KILN_REGISTER_OP({.op = "SequenceLength",
                   .since = 11,
                   .min_inputs = 1,
                   .max_inputs = 1,
                   .types = "any",
+                  .shape = sequence_length_shape,
                   .create = make<SequenceLength>});
 KILN_REGISTER_OP({.op = "SequenceInsert",
                   .since = 11,
@@ -349,18 +385,21 @@ KILN_REGISTER_OP({.op = "SequenceInsert",
                   .max_inputs = 3,
                   .strided_inputs = true,
                   .types = "any",
+                  .shape = sequence_shape,
                   .create = make<SequenceInsert>});
 KILN_REGISTER_OP({.op = "SequenceErase",
                   .since = 11,
                   .min_inputs = 1,
                   .max_inputs = 2,
                   .types = "any",
+                  .shape = sequence_shape,
                   .create = make<SequenceErase>});
 KILN_REGISTER_OP({.op = "ConcatFromSequence",
                   .since = 11,
                   .min_inputs = 1,
                   .max_inputs = 1,
                   .types = "all fixed-width types",
+                  .shape = sequence_element_shape,
                   .create = make<ConcatFromSequence>});
 KILN_REGISTER_OP({.op = "SplitToSequence",
                   .since = 11,
@@ -368,6 +407,7 @@ KILN_REGISTER_OP({.op = "SplitToSequence",
                   .max_inputs = 2,
                   .strided_inputs = true,
                   .types = "all fixed-width types",
+                  .shape = sequence_shape,
                   .create = make<SplitToSequence>});
 KILN_REGISTER_OP({.op = "SequenceMap",
                   .since = 17,
@@ -380,12 +420,14 @@ KILN_REGISTER_OP({.op = "Optional",
                   .max_inputs = 1,
                   .strided_inputs = true,
                   .types = "any",
+                  .shape = optional_shape,
                   .create = make<OptionalOp>});
 KILN_REGISTER_OP({.op = "OptionalHasElement",
                   .since = 15,
                   .max_inputs = 1,
                   .strided_inputs = true,
                   .types = "any",
+                  .shape = optional_has_element_shape,
                   .create = make<OptionalHasElement>});
 KILN_REGISTER_OP({.op = "OptionalGetElement",
                   .since = 15,
@@ -393,6 +435,8 @@ KILN_REGISTER_OP({.op = "OptionalGetElement",
                   .max_inputs = 1,
                   .strided_inputs = true,
                   .types = "any",
+                  .shape = optional_get_element_shape,
+                  .place = place_alias,
                   .create = make<OptionalGetElement>});
 
 }  // namespace kiln::ops

@@ -373,6 +373,38 @@ class RegexFullMatch final : public Kernel {
   std::regex regex_;
 };
 
+// ---- Shape rules ----
+
+// Without stopwords every string is kept (none still gives one empty string); which ones a
+// stopword removes is only known when run.
+void string_normalizer_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  if (c.dtype(0) != DataType::String || !(x.size() == 1 || (x.size() == 2 && x[0] == 1))) {
+    unknown("input must be string [C] or [1, C]");
+  }
+  const ir::Attribute* stopwords = c.node().attr("stopwords");
+  if (stopwords && !stopwords->strings.empty()) {
+    unknown("the strings a stopword removes are only known when run");
+  }
+  const int64_t n = std::max<int64_t>(x.back(), 1);
+  c.set(0, DataType::String, x.size() == 2 ? Shape{1, n} : Shape{n});
+}
+
+void string_concat_shape(ShapeContext& c) {
+  if (c.dtype(0) != DataType::String || c.dtype(1) != DataType::String) unknown("not strings");
+  broadcast_shape(c, DataType::String, 0, nullptr);
+}
+
+// The widest split of the strings sizes the last dimension.
+void string_split_shape(ShapeContext&) {
+  unknown("the number of substrings is only known when run");
+}
+
+void regex_full_match_shape(ShapeContext& c) {
+  if (c.dtype(0) != DataType::String) unknown("not strings");
+  c.set(0, DataType::Bool, c.shape(0));
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "StringNormalizer",
@@ -382,6 +414,7 @@ KILN_REGISTER_OP({.op = "StringNormalizer",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "string",
+                  .shape = string_normalizer_shape,
                   .create = make<StringNormalizer>});
 KILN_REGISTER_OP({.op = "StringConcat",
                   .since = 20,
@@ -391,6 +424,7 @@ KILN_REGISTER_OP({.op = "StringConcat",
                   .max_outputs = 1,
                   .strided_inputs = true,
                   .types = "string",
+                  .shape = string_concat_shape,
                   .create = make<StringConcat>});
 KILN_REGISTER_OP({.op = "StringSplit",
                   .since = 20,
@@ -399,6 +433,7 @@ KILN_REGISTER_OP({.op = "StringSplit",
                   .min_outputs = 1,
                   .max_outputs = 2,
                   .types = "string",
+                  .shape = string_split_shape,
                   .create = make<StringSplit>});
 KILN_REGISTER_OP({.op = "RegexFullMatch",
                   .since = 20,
@@ -407,6 +442,7 @@ KILN_REGISTER_OP({.op = "RegexFullMatch",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "string",
+                  .shape = regex_full_match_shape,
                   .create = make<RegexFullMatch>});
 
 }  // namespace kiln::ops

@@ -83,6 +83,12 @@ class SwiGLU final : public Kernel {
   float alpha_;
 };
 
+// SwiGLU does not broadcast.
+void swiglu_shape(ShapeContext& c) {
+  if (c.dtype(0) != c.dtype(1) || c.shape(0) != c.shape(1)) unknown("A and B differ");
+  same_shape(c);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Swish",
@@ -94,6 +100,7 @@ KILN_REGISTER_OP({.op = "Swish",
                   .in_place = inputs(0),
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16",
+                  .shape = same_shape,
                   .create = make<Swish>});
 KILN_REGISTER_OP({.op = "SwiGLU",
                   .since = 28,
@@ -104,6 +111,7 @@ KILN_REGISTER_OP({.op = "SwiGLU",
                   .in_place = inputs(0, 1),
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16",
+                  .shape = swiglu_shape,
                   .create = make<SwiGLU>});
 
 }  // namespace kiln::ops

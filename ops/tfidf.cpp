@@ -182,6 +182,18 @@ class TfIdfVectorizer final : public Kernel {
   Trie<std::string> str_trie_;
 };
 
+// [B, largest ngram index + 1] for a [B, C] input, else one row.
+void tfidf_shape(ShapeContext& c) {
+  const size_t rank = c.shape(0).size();
+  if (rank > 2) unknown("input must be [C] or [B, C]");
+  int64_t output = 0;
+  for (int64_t v : c.attr_ints("ngram_indexes")) {
+    if (v < 0 || v >= (int64_t{1} << 31)) unknown("ngram_indexes out of range");
+    output = std::max(output, v + 1);
+  }
+  c.set(0, DataType::Float, rank == 2 ? Shape{c.shape(0)[0], output} : Shape{output});
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "TfIdfVectorizer",
@@ -191,6 +203,7 @@ KILN_REGISTER_OP({.op = "TfIdfVectorizer",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "int32, int64, string input; float output",
+                  .shape = tfidf_shape,
                   .create = make<TfIdfVectorizer>});
 
 }  // namespace kiln::ops

@@ -127,6 +127,24 @@ class TopK final : public Kernel {
   int64_t k_attr_;
 };
 
+// The input's shape with k along the axis: the values and their int64 indices.
+void topk_shape(ShapeContext& c) {
+  int64_t k = c.attr_i("k", -1);
+  if (c.opset() >= 10) {
+    const std::vector<int64_t>& kt = c.data(1);
+    if (kt.size() != 1) unknown("K must hold one value");
+    k = kt[0];
+  }
+  Shape shape = c.shape(0);
+  if (shape.empty()) unknown("input must have rank >= 1");
+  const auto axis =
+      static_cast<size_t>(normalize_axis(c.attr_i("axis", -1), static_cast<int64_t>(shape.size())));
+  if (k < 0 || k > shape[axis]) unknown("k is outside the axis");
+  shape[axis] = k;
+  c.set(0, c.dtype(0), shape);
+  c.set(1, DataType::Int64, shape);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "TopK",
@@ -136,6 +154,7 @@ KILN_REGISTER_OP({.op = "TopK",
                   .min_outputs = 2,
                   .max_outputs = 2,
                   .types = "all numeric",
+                  .shape = topk_shape,
                   .create = make<TopK>});
 
 }  // namespace kiln::ops

@@ -133,6 +133,27 @@ std::unique_ptr<Kernel> make_optimizer(const NodeInfo& info) {
   return std::make_unique<OptimizerStep>(info, kKind);
 }
 
+// Outputs k * tensors + i (the new X, then each state) have the shape of X_i.
+void optimizer_shape(ShapeContext& c) {
+  const size_t states = c.node().op_type == "Adam" ? 2 : 1, per = 2 + states;
+  if (c.num_inputs() < 2 + per || (c.num_inputs() - 2) % per != 0) unknown("input count");
+  const size_t tensors = (c.num_inputs() - 2) / per;
+  if (numel_or_unknown(c.shape(0)) != 1 || !type_in(TypeList<float, double>{}, c.dtype(0)) ||
+      numel_or_unknown(c.shape(1)) != 1 || c.dtype(1) != DataType::Int64) {
+    unknown("R must be a float scalar and T an int64 one");
+  }
+  for (size_t i = 0; i < tensors; ++i) {
+    if (!type_in(TypeList<float, double>{}, c.dtype(2 + i))) unknown("X must be float or double");
+    for (size_t k = 1; k <= states + 1; ++k) {
+      if (c.shape(2 + k * tensors + i) != c.shape(2 + i) ||
+          c.dtype(2 + k * tensors + i) != c.dtype(2 + i)) {
+        unknown("an input does not match X");
+      }
+    }
+    for (size_t k = 0; k <= states; ++k) c.set(k * tensors + i, c.dtype(2 + i), c.shape(2 + i));
+  }
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.domain = "ai.onnx.preview.training",
@@ -141,6 +162,7 @@ KILN_REGISTER_OP({.domain = "ai.onnx.preview.training",
                   .min_inputs = 5,
                   .min_outputs = 1,
                   .types = "float, double",
+                  .shape = optimizer_shape,
                   .create = make_optimizer<Optimizer::Adagrad>});
 KILN_REGISTER_OP({.domain = "ai.onnx.preview.training",
                   .op = "Adam",
@@ -148,6 +170,7 @@ KILN_REGISTER_OP({.domain = "ai.onnx.preview.training",
                   .min_inputs = 6,
                   .min_outputs = 1,
                   .types = "float, double",
+                  .shape = optimizer_shape,
                   .create = make_optimizer<Optimizer::Adam>});
 KILN_REGISTER_OP({.domain = "ai.onnx.preview.training",
                   .op = "Momentum",
@@ -155,6 +178,7 @@ KILN_REGISTER_OP({.domain = "ai.onnx.preview.training",
                   .min_inputs = 5,
                   .min_outputs = 1,
                   .types = "float, double",
+                  .shape = optimizer_shape,
                   .create = make_optimizer<Optimizer::Momentum>});
 
 }  // namespace kiln::ops

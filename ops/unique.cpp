@@ -5,7 +5,9 @@
 // sort itself is instantiated once rather than once per element type.
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "ops/common.h"
 
@@ -147,6 +149,42 @@ class Unique final : public Kernel {
   bool sorted_;
 };
 
+// Known when the input's values are (a small integer or bool tensor): the number of
+// distinct elements (or slices along `axis`) sizes Y, indices and counts; inverse_indices
+// has one entry per element (slice).
+void unique_shape(ShapeContext& c) {
+  const ValueFacts& x = c.in(0);
+  if (!x.has_data) unknown("the number of distinct elements is only known when run");
+  int64_t outer = 1, n = static_cast<int64_t>(x.data.size()), inner = 1;
+  size_t axis = 0;
+  if (c.has_attr("axis")) {
+    axis = static_cast<size_t>(
+        normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(x.shape.size())));
+    outer = numel_or_unknown(Shape(x.shape.begin(), x.shape.begin() + axis));
+    n = x.shape[axis];
+    inner = numel_or_unknown(Shape(x.shape.begin() + axis + 1, x.shape.end()));
+  }
+  std::set<std::vector<int64_t>> items;
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<int64_t> item;
+    for (int64_t o = 0; o < outer; ++o) {
+      const auto* at = x.data.data() + (o * n + i) * inner;
+      item.insert(item.end(), at, at + inner);
+    }
+    items.insert(std::move(item));
+  }
+  const auto groups = static_cast<int64_t>(items.size());
+  Shape y{groups};
+  if (c.has_attr("axis")) {
+    y = x.shape;
+    y[axis] = groups;
+  }
+  c.set(0, x.dtype, y);
+  c.set(1, DataType::Int64, {groups});
+  c.set(2, DataType::Int64, {n});
+  c.set(3, DataType::Int64, {groups});
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Unique",
@@ -156,6 +194,7 @@ KILN_REGISTER_OP({.op = "Unique",
                   .min_outputs = 1,
                   .max_outputs = 4,
                   .types = "all numeric, bool, string",
+                  .shape = unique_shape,
                   .create = make<Unique>});
 
 }  // namespace kiln::ops

@@ -158,6 +158,40 @@ class MelWeightMatrix final : public Kernel {
   DataType dtype_;
 };
 
+// output_type as a shape rule reads it.
+DataType output_type(const ShapeContext& c) {
+  const int64_t code = c.attr_i("output_datatype", 1);
+  if (code > INT32_MAX || code < 0 || !is_known_data_type(static_cast<int32_t>(code)) ||
+      !type_in(NumericTypes{}, static_cast<DataType>(code))) {
+    unknown("output_datatype is not a numeric type");
+  }
+  return static_cast<DataType>(code);
+}
+
+int64_t scalar_of(const ShapeContext& c, size_t i) {
+  const std::vector<int64_t>& v = c.data(i);
+  if (v.size() != 1) unknown("input " + std::to_string(i) + " must hold one value");
+  return v[0];
+}
+
+// [size].
+void window_shape(ShapeContext& c) {
+  const int64_t size = scalar_of(c, 0);
+  if (size < 0) unknown("negative size");
+  c.set(0, output_type(c), {size});
+}
+
+// [dft_length / 2 + 1, num_mel_bins]; whether the float band edges fit the sample rate is
+// only known when run.
+void mel_weight_matrix_shape(ShapeContext& c) {
+  const int64_t mels = scalar_of(c, 0), dft = scalar_of(c, 1), rate = scalar_of(c, 2);
+  if (mels < 1 || dft < 1 || rate < 1 || mels > (int64_t{1} << 24) || dft > (int64_t{1} << 30) ||
+      dft / 2 + 1 > (int64_t{1} << 40) / mels) {
+    unknown("num_mel_bins, dft_length or sample_rate out of range");
+  }
+  c.set(0, output_type(c), {dft / 2 + 1, mels});
+}
+
 }  // namespace
 
 #define KILN_WINDOW(op_name, kind)                                \
@@ -168,6 +202,7 @@ class MelWeightMatrix final : public Kernel {
                     .min_outputs = 1,                             \
                     .max_outputs = 1,                             \
                     .types = "int32, int64 size; numeric output", \
+                    .shape = window_shape,                        \
                     .create = make<Window<kind>>})
 KILN_WINDOW("HannWindow", WindowKind::Hann);
 KILN_WINDOW("HammingWindow", WindowKind::Hamming);
@@ -181,6 +216,7 @@ KILN_REGISTER_OP({.op = "MelWeightMatrix",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "int32, int64 sizes; float edges; numeric output",
+                  .shape = mel_weight_matrix_shape,
                   .create = make<MelWeightMatrix>});
 
 }  // namespace kiln::ops
