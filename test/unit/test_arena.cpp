@@ -578,40 +578,40 @@ TEST_CASE("a kernel's workspace is planned into the arena with its step's lifeti
   CHECK(s.last_run_stats().arena_bytes == first.arena_bytes);  // the recorded plan agrees
   CHECK(s.last_run_stats().arena_served == 1);
   CHECK(out[0].value.tensor().to_vector<float>() == y1.to_vector<float>());
+}
 
-  TEST_CASE(
-      "Resize with initializer scales is planned from shapes, and shares its input at scale 1",
-      "[arena][shapes]") {
-    // a = x*x, r = Resize(a, scales) (nearest), y = r*r; scales 2 give a fresh [1, 1, 8, 8],
-    // scales 1 give `a` itself (the kernel shares it), and both are known before the run.
-    for (const float scale : {2.0f, 1.0f}) {
-      INFO("scale " << scale);
-      GraphBuilder b;
-      b.input("x", DataType::Float, {1, 1, 4, 4});
-      b.initializer("scales", Tensor::from_vector<float>({4}, {1, 1, scale, scale}));
-      b.node("Mul", {"x", "x"}, {"a"});
-      b.node("Resize", {"a", "", "scales"}, {"r"}, {string_attr("mode", "nearest")});
-      b.node("Mul", {"r", "r"}, {"y"});
-      b.output("y");
-      Session s = session_with(b.build(), true, false, false, true);
-      std::vector<float> x(16);
-      for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
-      auto out = s.run({{"x", Tensor::from_vector<float>({1, 1, 4, 4}, x)}});
-      const auto n = static_cast<int64_t>(4 * scale);
-      const Tensor& y = out[0].value.tensor();
-      REQUIRE(y.shape() == Shape{1, 1, n, n});
-      const std::vector<float> got = y.to_vector<float>();
-      for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < n; ++j) {
-          // Nearest with half_pixel coordinates: output i reads input floor(i / scale).
-          const float v = x[static_cast<size_t>(i * 4 / n * 4 + j * 4 / n)];
-          CHECK(got[static_cast<size_t>(i * n + j)] == v * v * v * v);
-        }
+TEST_CASE("Resize with initializer scales is planned from shapes, and shares its input at scale 1",
+          "[arena][shapes]") {
+  // a = x*x, r = Resize(a, scales) (nearest), y = r*r; scales 2 give a fresh [1, 1, 8, 8],
+  // scales 1 give `a` itself (the kernel shares it), and both are known before the run.
+  for (const float scale : {2.0f, 1.0f}) {
+    INFO("scale " << scale);
+    GraphBuilder b;
+    b.input("x", DataType::Float, {1, 1, 4, 4});
+    b.initializer("scales", Tensor::from_vector<float>({4}, {1, 1, scale, scale}));
+    b.node("Mul", {"x", "x"}, {"a"});
+    b.node("Resize", {"a", "", "scales"}, {"r"}, {string_attr("mode", "nearest")});
+    b.node("Mul", {"r", "r"}, {"y"});
+    b.output("y");
+    Session s = session_with(b.build(), true, false, false, true);
+    std::vector<float> x(16);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
+    auto out = s.run({{"x", Tensor::from_vector<float>({1, 1, 4, 4}, x)}});
+    const auto n = static_cast<int64_t>(4 * scale);
+    const Tensor& y = out[0].value.tensor();
+    REQUIRE(y.shape() == Shape{1, 1, n, n});
+    const std::vector<float> got = y.to_vector<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        // Nearest with half_pixel coordinates: output i reads input floor(i / scale).
+        const float v = x[static_cast<size_t>(i * 4 / n * 4 + j * 4 / n)];
+        CHECK(got[static_cast<size_t>(i * n + j)] == v * v * v * v);
       }
-      const RunStats& st = s.last_run_stats();
-      CHECK(st.arena_from_shapes);
-      CHECK(st.arena_missed == 0);
-      // a (64 bytes) and, at scale 2, r (256 bytes); at scale 1 r is a, with no bytes of its own.
-      CHECK(st.arena_bytes == (scale == 2.0f ? 320u : 64u));
     }
+    const RunStats& st = s.last_run_stats();
+    CHECK(st.arena_from_shapes);
+    CHECK(st.arena_missed == 0);
+    // a (64 bytes) and, at scale 2, r (256 bytes); at scale 1 r is a, with no bytes of its own.
+    CHECK(st.arena_bytes == (scale == 2.0f ? 320u : 64u));
   }
+}
