@@ -494,6 +494,7 @@ KILN_REGISTER_OP({.op = "CastLike",
                   .max_outputs = 1,
                   .types = "all but complex (float8, float4, int4, int2, string included)",
                   .shape = cast_like_shape,
+                  .place = place_cast,
                   .create = make<CastLike>});
 
 }  // namespace kiln::ops

@@ -15,8 +15,9 @@ namespace {
 struct Place {
   int32_t buffer = -1;
   Shape strides;
-  bool temporary = false;  // the executor's contiguous copy for this step
-  bool at_start = true;    // the view starts where the buffer does
+  bool temporary = false;    // the executor's contiguous copy for this step
+  bool at_start = true;      // the view starts where the buffer does
+  bool owned_input = false;  // a graph input the run owns alone (outside the pool's buffers)
 };
 
 Shape strides_of(const Place& p, const Shape& shape) {
@@ -77,9 +78,12 @@ class StepPlacement final : public ops::Placement {
     if (in_[i].temporary) return true;
     const int32_t b = in_[i].buffer;
     const ir::ValueId id = node_.inputs[i];
-    if (b < 0 || last_read_[static_cast<size_t>(id)] != now_ || outlives_[static_cast<size_t>(id)])
+    if ((b < 0 && !in_[i].owned_input) || last_read_[static_cast<size_t>(id)] != now_ ||
+        outlives_[static_cast<size_t>(id)]) {
       return false;
+    }
     if (std::count(node_.inputs.begin(), node_.inputs.end(), id) != 1) return false;
+    if (b < 0) return true;  // an owned graph input: its only handle is this one
     for (ir::ValueId m : members_[static_cast<size_t>(b)]) {
       if (m == id) continue;
       const int32_t d = death_(m);
@@ -142,7 +146,8 @@ class StepPlacement final : public ops::Placement {
 
 }  // namespace
 
-BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<InferredValue>& values) {
+BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<InferredValue>& values,
+                                 const std::vector<bool>& owned_inputs) {
   const ir::Graph& g = *plan.graph;
   BufferPrediction r;
   const size_t nv = g.values.size();
@@ -167,6 +172,8 @@ BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<Inferr
   };
 
   std::vector<Place> place(nv);
+  for (size_t i = 0; i < owned_inputs.size() && i < g.inputs.size(); ++i)
+    place[static_cast<size_t>(g.inputs[i])].owned_input = owned_inputs[i];
   std::vector<std::vector<ir::ValueId>> members;  // per buffer: the values viewing it
   for (size_t s = 0; s < plan.steps.size(); ++s) {
     const Step& step = plan.steps[s];

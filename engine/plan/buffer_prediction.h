@@ -31,7 +31,10 @@ struct BufferPrediction {
 };
 
 // Predicts the buffers of one run of `plan` (a graph without nested graphs) from the
-// inferred values of its graph.
-BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<InferredValue>& values);
+// inferred values of its graph. `owned_inputs` (by graph input, may be shorter) marks the
+// graph inputs the run owns alone (given by move): kernels may write over them at their
+// last use, as over the run's own buffers.
+BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<InferredValue>& values,
+                                 const std::vector<bool>& owned_inputs = {});
 
 }  // namespace kiln::plan

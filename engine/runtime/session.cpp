@@ -180,8 +180,13 @@ struct Session::Impl {
       const std::vector<Value>& ordered) const {
     const ir::Graph& g = *model.graph;
     std::vector<plan::InferredValue> given(g.inputs.size());
+    std::vector<bool> owned(g.inputs.size(), false);
     for (size_t i = 0; i < g.inputs.size() && i < ordered.size(); ++i) {
       if (!ordered[i].is_tensor() || !ordered[i].tensor().defined()) continue;
+      // Given by move and held by nothing else: kernels may write over it (the executor's
+      // can_overwrite), so the plan must say so.
+      const Tensor& t = ordered[i].tensor();
+      owned[i] = t.storage()->writable() && t.storage().use_count() == 1;
       // Shapes only: the plan must hold for any data of these shapes.
       given[i].known = true;
       given[i].dtype = ordered[i].tensor().dtype();
@@ -191,7 +196,8 @@ struct Session::Impl {
     for (const plan::Step& step : plan->steps) order.push_back(step.node_index);
     const plan::ShapeInference inferred = plan::infer_shapes(g, order, given);
     plan::BufferPrediction predicted;
-    if (inferred.first_unknown.empty()) predicted = plan::predict_buffers(*plan, inferred.values);
+    if (inferred.first_unknown.empty())
+      predicted = plan::predict_buffers(*plan, inferred.values, owned);
     if (!predicted.complete) return std::nullopt;
     std::vector<detail::RecordedBuffer> buffers;
     for (const plan::PredictedBuffer& b : predicted.buffers)

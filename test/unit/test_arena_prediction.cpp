@@ -27,8 +27,10 @@ std::vector<fs::path> models(const fs::path& root) {
   std::vector<fs::path> found;
   for (const auto& e : fs::directory_iterator(root / "light"))
     if (e.path().extension() == ".onnx") found.push_back(e.path());
-  for (const auto& e : fs::directory_iterator(root / "pytorch-converted"))
-    if (fs::exists(e.path() / "model.onnx")) found.push_back(e.path() / "model.onnx");
+  for (const char* folder : {"pytorch-converted"}) {
+    for (const auto& e : fs::directory_iterator(root / folder))
+      if (fs::exists(e.path() / "model.onnx")) found.push_back(e.path() / "model.onnx");
+  }
   std::sort(found.begin(), found.end());
   return found;
 }
