@@ -31,13 +31,7 @@ namespace {
 
 // Spatial sizes of one convolution, always three dimensions: 1-D and 2-D problems get
 // leading dimensions of size 1.
-struct Geometry {
-  std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, k{1, 1, 1}, stride{1, 1, 1}, dil{1, 1, 1},
-      pad{0, 0, 0};
-  int64_t in_size() const { return in[0] * in[1] * in[2]; }
-  int64_t out_size() const { return out[0] * out[1] * out[2]; }
-  int64_t k_size() const { return k[0] * k[1] * k[2]; }
-};
+using Geometry = Windows3;
 
 // Fills zeros at j < lo and j >= hi and dst[j] = src[base + j * stride] in between.
 template <typename T>
@@ -397,18 +391,6 @@ void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, 
   }
 }
 
-// The kernel's geometry from the shared window helper's axes (1 to 3, right-aligned).
-Geometry window_geometry(const std::vector<WindowAxis>& axes) {
-  Geometry g;
-  const size_t off = 3 - axes.size();
-  for (size_t d = 0; d < axes.size(); ++d) {
-    const WindowAxis& a = axes[d];
-    const size_t i = off + d;
-    g.in[i] = a.in, g.k[i] = a.kernel, g.out[i] = a.out;
-    g.stride[i] = a.stride, g.dil[i] = a.dilation, g.pad[i] = a.pad_begin;
-  }
-  return g;
-}
 class Conv final : public Kernel {
  public:
   Conv(const NodeInfo& info, bool fused)
@@ -459,7 +441,7 @@ class Conv final : public Kernel {
     }
     const std::vector<WindowAxis> axes = forward_windows(
         spatial_dims(x.shape()), conv_kernel(window_, spatial_dims(w.shape())), window_);
-    const Geometry g = window_geometry(axes);
+    const Geometry g = right_aligned(axes);
     const Shape out_shape = windowed_shape(s.n, s.m, axes);
     if (fused_) {
       run_fused(ctx, s, g, out_shape);
@@ -613,7 +595,7 @@ uint64_t conv_workspace(const ShapeContext& c) {
   const Sizes s{x[0], x[1], w[0], groups, w[1], w[0] / groups};
   const WindowAttrs a = window_attrs(c.node());
   const Geometry g =
-      window_geometry(forward_windows(spatial_dims(x), conv_kernel(a, spatial_dims(w)), a));
+      right_aligned(forward_windows(spatial_dims(x), conv_kernel(a, spatial_dims(w)), a));
   return static_cast<uint64_t>(wide_floats(s, g)) * sizeof(float);
 }
 

@@ -28,13 +28,7 @@ namespace {
 
 // Sizes of one transposed convolution in three dimensions (1-D and 2-D get leading 1s).
 // `pad` is the leading padding and may be negative when output_shape asks for more.
-struct Geometry {
-  std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, k{1, 1, 1}, stride{1, 1, 1}, dil{1, 1, 1},
-      pad{0, 0, 0};
-  int64_t in_size() const { return in[0] * in[1] * in[2]; }
-  int64_t out_size() const { return out[0] * out[1] * out[2]; }
-  int64_t k_size() const { return k[0] * k[1] * k[2]; }
-};
+using Geometry = Windows3;
 
 // First j >= 0 with base + j * s >= limit (s > 0).
 inline int64_t first_at_least(int64_t base, int64_t s, int64_t limit) {
@@ -237,7 +231,7 @@ class ConvTranspose final : public Kernel {
     }
     const std::vector<WindowAxis> axes = transposed_windows(
         spatial_dims(x.shape()), conv_kernel(window_, spatial_dims(w.shape())), window_);
-    const Geometry g = geometry(axes);
+    const Geometry g = right_aligned(axes);
     const Shape out_shape = windowed_shape(s.n, s.m, axes);
 
     dispatch(TypeList<float, double, float16, bfloat16>{}, x.dtype(), [&]<typename T>() {
@@ -277,19 +271,6 @@ class ConvTranspose final : public Kernel {
   }
 
  private:
-  // The spatial axes right-aligned in three dimensions.
-  static Geometry geometry(const std::vector<WindowAxis>& axes) {
-    Geometry g;
-    const size_t off = 3 - axes.size();
-    for (size_t d = 0; d < axes.size(); ++d) {
-      const WindowAxis& a = axes[d];
-      const size_t i = off + d;
-      g.in[i] = a.in, g.k[i] = a.kernel, g.out[i] = a.out;
-      g.stride[i] = a.stride, g.dil[i] = a.dilation, g.pad[i] = a.pad_begin;
-    }
-    return g;
-  }
-
   int64_t group_;
   WindowAttrs window_;
   std::shared_ptr<const Tensor> packed_;  // the weights cache's packed filter

@@ -267,4 +267,16 @@ void check_output_elements(const Shape& shape) {
   }
 }
 
+Windows3 right_aligned(const std::vector<WindowAxis>& axes) {
+  Windows3 g;
+  const size_t off = 3 - std::min<size_t>(axes.size(), 3);
+  for (size_t d = 0; d < axes.size() && d < 3; ++d) {
+    const WindowAxis& a = axes[d];
+    const size_t i = off + d;
+    g.in[i] = a.in, g.k[i] = a.kernel, g.out[i] = a.out;
+    g.stride[i] = a.stride, g.dil[i] = a.dilation, g.pad[i] = a.pad_begin;
+  }
+  return g;
+}
+
 }  // namespace kiln::ops

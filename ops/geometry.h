@@ -17,6 +17,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -95,6 +96,18 @@ std::vector<WindowAxis> forward_windows(std::span<const int64_t> in,
 // (VALID: none). output_padding must be smaller than the stride or the dilation.
 std::vector<WindowAxis> transposed_windows(std::span<const int64_t> in,
                                            std::span<const int64_t> kernel, const WindowAttrs& a);
+
+// The spatial axes of a convolution right-aligned in three dimensions (leading axes of size
+// 1), as the convolution kernels index them.
+struct Windows3 {
+  std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, k{1, 1, 1}, stride{1, 1, 1}, dil{1, 1, 1},
+      pad{0, 0, 0};  // pad: before each axis
+  int64_t in_size() const { return in[0] * in[1] * in[2]; }
+  int64_t out_size() const { return out[0] * out[1] * out[2]; }
+  int64_t k_size() const { return k[0] * k[1] * k[2]; }
+};
+// `axes` (1 to 3 of them) as a Windows3.
+Windows3 right_aligned(const std::vector<WindowAxis>& axes);
 
 // [batch, channels, out...], its element count checked with check_output_elements.
 Shape windowed_shape(int64_t batch, int64_t channels, const std::vector<WindowAxis>& axes);

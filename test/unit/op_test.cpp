@@ -1,5 +1,8 @@
 #include "test/unit/op_test.h"
 
+#include <cstdlib>
+#include <filesystem>
+
 #include "engine/runtime/session_internal.h"
 #include "tools/common/compare.h"
 
@@ -404,6 +407,13 @@ double element(const Tensor& t, int64_t i) {
       FAIL("element: unsupported type");
       return 0;
   }
+}
+
+std::string backend_test_data() {
+  namespace fs = std::filesystem;
+  if (const char* env = std::getenv("ONNX_BACKEND_TEST_DATA")) return env;
+  const fs::path beside = fs::path(KILN_SOURCE_DIR) / ".." / "shared" / "onnx-backend-tests";
+  return fs::is_directory(beside) ? fs::canonical(beside).string() : std::string();
 }
 
 }  // namespace kiln::testing

@@ -115,4 +115,8 @@ void require_close(const Tensor& actual, const Tensor& expected, double rtol = 1
 // Element i of any numeric tensor as double (any layout, i in row-major order).
 double element(const Tensor& t, int64_t i);
 
+// The ONNX backend test data: $ONNX_BACKEND_TEST_DATA, else ../shared/onnx-backend-tests
+// beside the checkout, else empty (tests then skip, saying so).
+std::string backend_test_data();
+
 }  // namespace kiln::testing

@@ -17,12 +17,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path backend_data() {
-  if (const char* env = std::getenv("ONNX_BACKEND_TEST_DATA")) return env;
-  const fs::path beside = fs::path(KILN_SOURCE_DIR) / ".." / "shared" / "onnx-backend-tests";
-  return fs::is_directory(beside) ? fs::canonical(beside) : fs::path();
-}
-
 std::vector<fs::path> models(const fs::path& root) {
   std::vector<fs::path> found;
   for (const auto& e : fs::directory_iterator(root / "light"))
@@ -51,7 +45,7 @@ std::vector<NamedValue> zero_inputs(const Session& s) {
 
 TEST_CASE("arenas planned from the op contracts equal the recorded ones on the backend models",
           "[arena][prediction]") {
-  const fs::path root = backend_data();
+  const fs::path root = testing::backend_test_data();
   if (root.empty() || !fs::is_directory(root / "light")) {
     WARN(
         "KILN-SKIP: no ONNX backend test data (set ONNX_BACKEND_TEST_DATA or put it in "

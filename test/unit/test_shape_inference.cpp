@@ -22,12 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path backend_data() {
-  if (const char* env = std::getenv("ONNX_BACKEND_TEST_DATA")) return env;
-  const fs::path beside = fs::path(KILN_SOURCE_DIR) / ".." / "shared" / "onnx-backend-tests";
-  return fs::is_directory(beside) ? fs::canonical(beside) : fs::path();
-}
-
 std::string describe(const plan::InferredValue& v) {
   return std::string(data_type_name(v.dtype)) + shape_to_string(v.shape);
 }
@@ -35,7 +29,7 @@ std::string describe(const plan::InferredValue& v) {
 }  // namespace
 
 TEST_CASE("inferred shapes equal the outputs of the ONNX backend node cases", "[shapes]") {
-  const fs::path root = backend_data();
+  const fs::path root = testing::backend_test_data();
   if (root.empty() || !fs::is_directory(root / "node")) {
     WARN(
         "SKIPPED: no ONNX backend test data (set ONNX_BACKEND_TEST_DATA or put it in "
