@@ -97,7 +97,7 @@ class SkipSimplifiedLayerNorm final : public Kernel {
     if (a.rank() < 2 || a.rank() > 3) ctx.fail("input " + a.describe() + " must be 2-D or 3-D");
     // onnxruntime's skip is the input's shape, or [S, H] / [1, S, H] repeated over the batch.
     const int64_t n = a.dim(a.rank() - 1), rows = n == 0 ? 0 : a.numel() / n;
-    const bool repeats = b.numel() != a.numel() && b.rank() >= 2 && b.dim(b.rank() - 1) == n &&
+    const bool repeats = b.rank() >= 2 && b.dim(b.rank() - 1) == n &&
                          b.dim(b.rank() - 2) == a.dim(a.rank() - 2) &&
                          (b.rank() == 2 || b.dim(0) == 1);
     if (!(b.shape() == a.shape() || repeats)) {
