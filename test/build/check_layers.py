@@ -49,9 +49,6 @@ ALLOWED = {
 EXCEPTIONS = {
     # `kiln-bench gemm` measures the GEMM layer itself, beside Eigen (docs/benchmarks.md).
     ("tools/bench/kiln-bench/gemm_case.cpp", "ops/math/gemm.h"),
-    # TEMPORARY: shape inference is being rewritten onto ops/contract.h and ops/kernel.h
-    # only; remove this entry with that change (a stale entry fails the check).
-    ("engine/plan/shape_inference.cpp", "ops/common.h"),
 }
 
 # Include roots: the repository, and engine/include for the public headers ("kiln/...").
