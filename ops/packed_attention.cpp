@@ -11,7 +11,8 @@
 // row masked throughout still has a softmax; `unidirectional` masks keys after the query's
 // position the same way.
 //
-// The projection is one GEMM; each (batch, head) task then computes its scores with one GEMM
+// The projection is one GEMM (constant weights packed once, shared through the weights
+// cache); each (batch, head) task then computes its scores with one GEMM
 // reading Q and K in place from the projection (K^T as a column-major view), softmaxes rows
 // with the vector kernels and multiplies by V straight into the output.
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "ops/common.h"
 #include "ops/math/gemm.h"
 #include "ops/math/kernels.h"
+#include "ops/packed_weights.h"
 
 namespace kiln::ops {
 namespace {
@@ -41,7 +43,8 @@ class PackedAttention final : public Kernel {
         unidirectional_(info.attr_int("unidirectional", 0) != 0),
         scale_(info.attr_float("scale", 0.0f)),
         filter_(info.attr_float("mask_filter_value", -10000.0f)),
-        qkv_sizes_(info.attr_ints("qkv_hidden_sizes")) {
+        qkv_sizes_(info.attr_ints("qkv_hidden_sizes")),
+        packed_(pack_constant_b(info, 1, false)) {
     if (heads_ <= 0) info.fail("num_heads must be positive");
     if (info.attr_int("do_rotary", 0) != 0)
       info.fail("do_rotary is not supported", ErrorKind::Unsupported);
@@ -102,9 +105,14 @@ class PackedAttention final : public Kernel {
     Tensor qkv = ctx.allocate(DataType::Float, {z.batch * z.seq, cols});
     math::GemmOptions opt;
     opt.bias = bias;
-    math::sgemm(math::MatrixView::row_major(x.data<const float>(), z.batch * z.seq, z.in, z.in),
-                math::MatrixView::row_major(w.data<const float>(), z.in, cols, cols),
-                qkv.data<float>(), cols, opt);
+    const math::MatrixView a =
+        math::MatrixView::row_major(x.data<const float>(), z.batch * z.seq, z.in, z.in);
+    if (packed_ && packed_.view.k() == z.in && packed_.view.n() == cols) {
+      math::sgemm(a, packed_.view, qkv.data<float>(), cols, opt);
+    } else {
+      math::sgemm(a, math::MatrixView::row_major(w.data<const float>(), z.in, cols, cols),
+                  qkv.data<float>(), cols, opt);
+    }
 
     // K and V of every key: in the projection, or in present (past followed by this step's).
     const float* pq = qkv.data<const float>();
@@ -270,6 +278,7 @@ class PackedAttention final : public Kernel {
   bool unidirectional_;
   float scale_, filter_;
   std::vector<int64_t> qkv_sizes_;
+  PackedWeight packed_;  // the weights when constant
 };
 
 // output [B, S, Dv]; present [2, B, N, P + S, H].
