@@ -156,7 +156,7 @@ class Norm final : public Kernel {
           if constexpr (std::is_same_v<C, float>) {
             const math::VecMathKernels& vm = math::kernels().vec;
             if constexpr (kRms) {
-              vm.rms_norm(xr, yr, n, s.row(r, n), eps);
+              vm.rms_norm(xr, yr, n, s.row(r, n), eps, nullptr);
             } else {
               vm.layer_norm(xr, yr, n, s.row(r, n), has_bias ? b.row(r, n) : nullptr, eps, &mu,
                             &inv);

@@ -178,9 +178,10 @@ struct VecMathKernels {
   void (*skip_layer_norm)(const float* a, const float* b, const float* bias, float* sum, float* y,
                           int64_t n, const float* scale, const float* beta, float epsilon,
                           float* mean, float* inv_std) = nullptr;
-  // One row of n: y = x / sqrt(mean(x^2) + epsilon) * scale (scale may be null).
-  void (*rms_norm)(const float* x, float* y, int64_t n, const float* scale,
-                   float epsilon) = nullptr;
+  // One row of n: y = x * inv_std * scale, inv_std = 1 / sqrt(mean(x^2) + epsilon) (scale
+  // and inv_std may be null).
+  void (*rms_norm)(const float* x, float* y, int64_t n, const float* scale, float epsilon,
+                   float* inv_std) = nullptr;
   float (*sum)(const float* x, int64_t n) = nullptr;
   float (*max)(const float* x, int64_t n) = nullptr;  // NaN if any is; -inf when n == 0
 };

@@ -320,9 +320,12 @@ void write_report(const std::string& path, const std::vector<Case>& cases,
   out << "| **all** | " << total["total"] << " | " << total["pass"] << " | " << total["fail"]
       << " | " << total["unsupported"] << " | " << total["error"] << " | " << total["crash"]
       << " | " << total["timeout"] << " |\n\n";
-  // The Python harness's counts (kept by hand beside the Python test that produces them).
-  if (std::ifstream py(std::string(KILN_SOURCE_DIR) + "/test/conformance/python_backend.md"); py)
-    out << py.rdbuf();
+  // Sections kept by hand beside the tests that produce them: the Python harness's counts and
+  // the files onnxruntime's transformer optimizer wrote.
+  for (const char* part : {"python_backend.md", "ort_optimized.md"}) {
+    if (std::ifstream in(std::string(KILN_SOURCE_DIR) + "/test/conformance/" + part); in)
+      out << in.rdbuf();
+  }
   out << "## Cases that do not pass\n\n| case | status | reason |\n|---|---|---|\n";
   for (size_t i = 0; i < cases.size(); ++i) {
     if (results[i].status == "pass") continue;

@@ -170,14 +170,15 @@ KILN_ISA_TEST_CASE("vector layer and RMS normalisation match a double reference"
       var /= double(n);
       const double inv = 1 / std::sqrt(var + eps), inv_rms = 1 / std::sqrt(sq / double(n) + eps);
       std::vector<float> y(x.size() + 1, 99.0f), r(x.size() + 1, 99.0f);
-      float mean_out = 0, inv_out = 0;
+      float mean_out = 0, inv_out = 0, inv_rms_out = 0;
       v.layer_norm(x.data(), y.data(), n, has_scale ? scale.data() : nullptr,
                    has_bias ? bias.data() : nullptr, eps, &mean_out, &inv_out);
-      v.rms_norm(x.data(), r.data(), n, has_scale ? scale.data() : nullptr, eps);
+      v.rms_norm(x.data(), r.data(), n, has_scale ? scale.data() : nullptr, eps, &inv_rms_out);
       REQUIRE(y.back() == 99.0f);
       REQUIRE(r.back() == 99.0f);
       worst_stat = std::max(worst_stat, std::fabs(mean_out - mu) / (abs_sum / double(n)) / 2);
       worst_stat = std::max(worst_stat, std::fabs(inv_out - inv) / inv);
+      worst_stat = std::max(worst_stat, std::fabs(inv_rms_out - inv_rms) / inv_rms);
       for (size_t i = 0; i < x.size(); ++i) {
         const double s = has_scale ? scale[i] : 1.0, b = has_bias ? bias[i] : 0.0;
         const double want = (x[i] - mu) * inv * s + b, want_r = x[i] * inv_rms * s;

@@ -287,8 +287,10 @@ void vec_skip_layer_norm(const float* a, const float* b, const float* bias, floa
 }
 
 // One row of RMSNormalization: x / sqrt(mean(x^2) + epsilon) * scale.
-void vec_rms_norm(const float* x, float* y, int64_t n, const float* scale, float epsilon) {
+void vec_rms_norm(const float* x, float* y, int64_t n, const float* scale, float epsilon,
+                  float* inv_std) {
   const float inv = vm_inv_sqrt(vm_row_sum<VmSum::Sq>(x, n) / static_cast<float>(n) + epsilon);
+  if (inv_std) *inv_std = inv;
   vm_affine_any(x, y, n, 0.0f, inv, scale, nullptr);
 }
 

@@ -1,0 +1,320 @@
+// com.microsoft.Attention: the multi-head self-attention block with one packed QKV projection,
+// as onnxruntime's transformer optimizer writes it for BERT- and GPT-2-style models.
+//
+//   QKV = input [B, S, D] x weights [D, Dq + Dk + Dv] (+ bias), split into heads
+//   K, V = past (2 x [B, N, P, Hk/Hv]) followed by this step's; present = [K; V] when asked
+//   out[b, s, n] = softmax(scale Q K^T + mask + attention_bias) V, scale 1/sqrt(Hq) by default
+//
+// mask_index: 1-D [B] (keys from that end position masked) or [2B] (ends, then starts), 2-D
+// [B, T] or 3-D [B, S, T] of 1 (attend) / 0 (masked). A masked key's score gets
+// mask_filter_value (-10000 unless given) added, as onnxruntime does, rather than -inf, so a
+// row masked throughout still has a softmax; `unidirectional` masks keys after the query's
+// position the same way.
+//
+// The projection is one GEMM (constant weights packed once, shared through the weights
+// cache); each (batch, head) task then computes its scores with one GEMM
+// reading Q and K in place from the projection (K^T as a column-major view), softmaxes rows
+// with the vector kernels and multiplies by V straight into the output.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ops/common.h"
+#include "ops/math/gemm.h"
+#include "ops/math/kernels.h"
+#include "ops/packed_weights.h"
+
+namespace kiln::ops {
+namespace {
+
+struct Sizes {
+  int64_t batch = 0, seq = 0, in = 0, heads = 0, past = 0, total = 0;
+  int64_t dq = 0, dk = 0, dv = 0;  // hidden sizes of Q, K and V
+  int64_t hq() const { return dq / heads; }
+  int64_t hv() const { return dv / heads; }
+};
+
+class PackedAttention final : public Kernel {
+ public:
+  explicit PackedAttention(const NodeInfo& info)
+      : heads_(info.attr_int("num_heads")),
+        unidirectional_(info.attr_int("unidirectional", 0) != 0),
+        scale_(info.attr_float("scale", 0.0f)),
+        filter_(info.attr_float("mask_filter_value", -10000.0f)),
+        qkv_sizes_(info.attr_ints("qkv_hidden_sizes")),
+        packed_(pack_constant_b(info, 1, false)) {
+    if (heads_ <= 0) info.fail("num_heads must be positive");
+    if (info.attr_int("do_rotary", 0) != 0)
+      info.fail("do_rotary is not supported", ErrorKind::Unsupported);
+    if (!qkv_sizes_.empty() && qkv_sizes_.size() != 3)
+      info.fail("qkv_hidden_sizes must hold 3 sizes");
+    if (info.has_input(6))
+      info.fail("past_sequence_length is not supported", ErrorKind::Unsupported);
+  }
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& w = ctx.input(1);
+    for (const Tensor* t : {&x, &w}) {
+      if (t->dtype() != DataType::Float) {
+        ctx.fail("takes float input and weights, got " + t->describe(), ErrorKind::Unsupported);
+      }
+    }
+    if (x.rank() != 3) ctx.fail("input " + x.describe() + " must be 3-D [batch, sequence, hidden]");
+    Sizes z;
+    z.batch = x.dim(0), z.seq = x.dim(1), z.in = x.dim(2), z.heads = heads_;
+    if (w.rank() != 2 || w.dim(0) != z.in) {
+      ctx.fail("weights " + w.describe() + " must be 2-D [" + std::to_string(z.in) + ", 3 hidden]");
+    }
+    if (qkv_sizes_.empty()) {
+      if (w.dim(1) % 3 != 0) ctx.fail("weights " + w.describe() + " must have 3 x hidden columns");
+      z.dq = z.dk = z.dv = w.dim(1) / 3;
+    } else {
+      z.dq = qkv_sizes_[0], z.dk = qkv_sizes_[1], z.dv = qkv_sizes_[2];
+    }
+    if (z.dq != z.dk || z.dq <= 0 || z.dv <= 0 || z.dq % heads_ != 0 || z.dv % heads_ != 0 ||
+        z.dq + z.dk + z.dv != w.dim(1)) {
+      ctx.fail("weights " + w.describe() + " do not split into Q, K and V of " +
+               std::to_string(heads_) + " heads");
+    }
+    const int64_t cols = w.dim(1);
+    const float* bias = nullptr;
+    if (ctx.has_input(2)) {
+      const Tensor& b = ctx.input(2);
+      if (b.dtype() != DataType::Float || b.rank() != 1 || b.dim(0) != cols) {
+        ctx.fail("bias " + b.describe() + " must be 1-D float of " + std::to_string(cols));
+      }
+      bias = b.data<const float>();
+    }
+    const Tensor* past = ctx.has_input(4) ? &ctx.input(4) : nullptr;
+    if (past) {
+      if (past->dtype() != DataType::Float || past->rank() != 5 || past->dim(0) != 2 ||
+          past->dim(1) != z.batch || past->dim(2) != heads_ || past->dim(4) != z.hq() ||
+          z.dk != z.dv) {
+        ctx.fail("past " + past->describe() + " must be [2, batch, heads, past, head size]");
+      }
+      z.past = past->dim(3);
+    }
+    z.total = z.past + z.seq;
+    const Mask mask = mask_of(ctx, z);
+    const BiasPlanes attn_bias = attention_bias(ctx, z);
+
+    // The projection, [B*S, Dq+Dk+Dv].
+    Tensor qkv = ctx.allocate(DataType::Float, {z.batch * z.seq, cols});
+    math::GemmOptions opt;
+    opt.bias = bias;
+    const math::MatrixView a =
+        math::MatrixView::row_major(x.data<const float>(), z.batch * z.seq, z.in, z.in);
+    if (packed_ && packed_.view.k() == z.in && packed_.view.n() == cols) {
+      math::sgemm(a, packed_.view, qkv.data<float>(), cols, opt);
+    } else {
+      math::sgemm(a, math::MatrixView::row_major(w.data<const float>(), z.in, cols, cols),
+                  qkv.data<float>(), cols, opt);
+    }
+
+    // K and V of every key: in the projection, or in present (past followed by this step's).
+    const float* pq = qkv.data<const float>();
+    KeyValues kv{pq + z.dq, pq + z.dq + z.dk, cols, z.seq * cols, z.hq(), 0};
+    Tensor present;
+    if (past || ctx.has_output(1)) kv = with_past(ctx, z, past, pq, cols, present);
+
+    Tensor& out = ctx.output(0, DataType::Float, {z.batch, z.seq, z.dv});
+    if (z.batch * z.seq == 0) return;
+    const float scale = scale_ != 0 ? scale_ : 1.0f / std::sqrt(static_cast<float>(z.hq()));
+    float* po = out.data<float>();
+    parallel_for(z.batch * heads_, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<float> scores(static_cast<size_t>(z.seq * z.total));
+      std::vector<float> row_bias(static_cast<size_t>(z.total));
+      for (int64_t t = t0; t < t1; ++t) {
+        head(z, t / heads_, t % heads_, pq, cols, kv, mask, attn_bias, scale, scores.data(),
+             row_bias.data(), po);
+      }
+    });
+  }
+
+ private:
+  // Where the keys and values of (b, h) are: rows of `row` floats, a batch `batch` apart,
+  // head h at column h * head (values), plus the head offset for present's layout.
+  struct KeyValues {
+    const float* k;
+    const float* v;
+    int64_t row, batch, head_k;
+    int64_t head_stride;  // 0: heads side by side in a row; else present's [B, N, T, H]
+    const float* key(int64_t b, int64_t h) const {
+      return k + b * batch + (head_stride ? h * head_stride : h * head_k);
+    }
+    const float* value(int64_t b, int64_t h, int64_t hv) const {
+      return v + b * batch + (head_stride ? h * head_stride : h * hv);
+    }
+  };
+
+  struct Mask {
+    const Tensor* t = nullptr;  // int32 mask_index
+    int kind = 0;               // 0 none, 1 ends [B], 2 ends and starts [2B], 3 [B, T], 4 [B, S, T]
+  };
+
+  Mask mask_of(OpContext& ctx, const Sizes& z) const {
+    if (!ctx.has_input(3)) return {};
+    const Tensor& m = ctx.input(3);
+    if (m.dtype() != DataType::Int32) ctx.fail("mask_index " + m.describe() + " must be int32");
+    if (m.rank() == 1 && m.dim(0) == z.batch) return {&m, 1};
+    if (m.rank() == 1 && m.dim(0) == 2 * z.batch) return {&m, 2};
+    if (m.rank() == 2 && m.dim(0) == z.batch && m.dim(1) == z.total) return {&m, 3};
+    if (m.rank() == 3 && m.dim(0) == z.batch && m.dim(1) == z.seq && m.dim(2) == z.total) {
+      return {&m, 4};
+    }
+    ctx.fail("mask_index " + m.describe() + " must be [B], [2B], [B, T] or [B, S, T] with B " +
+             std::to_string(z.batch) + ", S " + std::to_string(z.seq) + ", T " +
+             std::to_string(z.total));
+  }
+
+  // attention_bias [B or 1, N or 1, S, T]: its data and the strides of batch and head (0 where
+  // it broadcasts).
+  struct BiasPlanes {
+    const float* data = nullptr;
+    int64_t batch = 0, head = 0;
+    const float* row(int64_t b, int64_t h, int64_t i, int64_t t) const {
+      return data ? data + b * batch + h * head + i * t : nullptr;
+    }
+  };
+
+  BiasPlanes attention_bias(OpContext& ctx, const Sizes& z) const {
+    if (!ctx.has_input(5)) return {};
+    const Tensor& a = ctx.input(5);
+    if (a.dtype() != DataType::Float || a.rank() != 4 || (a.dim(0) != 1 && a.dim(0) != z.batch) ||
+        (a.dim(1) != 1 && a.dim(1) != heads_) || a.dim(2) != z.seq || a.dim(3) != z.total) {
+      ctx.fail("attention_bias " + a.describe() + " must be float [B or 1, N or 1, S, T]");
+    }
+    const int64_t plane = z.seq * z.total;
+    return {a.data<const float>(), a.dim(0) == 1 ? 0 : a.dim(1) * plane, a.dim(1) == 1 ? 0 : plane};
+  }
+
+  // present = past followed by this step's K and V ([2, B, N, T, H]); an output when asked.
+  KeyValues with_past(OpContext& ctx, const Sizes& z, const Tensor* past, const float* pq,
+                      int64_t cols, Tensor& present) const {
+    const int64_t hk = z.hq();
+    const Shape shape{2, z.batch, heads_, z.total, hk};
+    present = ctx.has_output(1) ? ctx.output(1, DataType::Float, shape)
+                                : ctx.allocate(DataType::Float, shape);
+    float* pp = present.data<float>();
+    const float* old = past ? past->data<const float>() : nullptr;
+    const int64_t plane = z.total * hk, half = z.batch * heads_ * plane;
+    for (int64_t kvi = 0; kvi < 2; ++kvi) {
+      for (int64_t b = 0; b < z.batch; ++b) {
+        for (int64_t h = 0; h < heads_; ++h) {
+          float* dst = pp + kvi * half + (b * heads_ + h) * plane;
+          if (z.past > 0) {
+            std::memcpy(dst,
+                        old + kvi * z.batch * heads_ * z.past * hk + (b * heads_ + h) * z.past * hk,
+                        static_cast<size_t>(z.past * hk) * sizeof(float));
+          }
+          const float* src = pq + b * z.seq * cols + z.dq + kvi * z.dk + h * hk;
+          for (int64_t s = 0; s < z.seq; ++s) {
+            std::memcpy(dst + (z.past + s) * hk, src + s * cols,
+                        static_cast<size_t>(hk) * sizeof(float));
+          }
+        }
+      }
+    }
+    return {pp, pp + half, hk, heads_ * plane, hk, plane};
+  }
+
+  // The additive mask of query row i of batch b over the T keys, into `out`.
+  void mask_row(const Sizes& z, const Mask& m, int64_t b, int64_t i, float* out) const {
+    std::fill(out, out + z.total, 0.0f);
+    if (m.kind == 1 || m.kind == 2) {
+      const int32_t* e = m.t->data<const int32_t>();
+      const int64_t end = std::clamp<int64_t>(e[b], 0, z.total);
+      std::fill(out + end, out + z.total, filter_);
+      if (m.kind == 2) {
+        const int64_t start = std::clamp<int64_t>(e[z.batch + b], 0, z.total);
+        std::fill(out, out + start, filter_);
+      }
+    } else if (m.kind == 3 || m.kind == 4) {
+      const int32_t* v =
+          m.t->data<const int32_t>() + (m.kind == 3 ? b * z.total : (b * z.seq + i) * z.total);
+      for (int64_t j = 0; j < z.total; ++j) {
+        if (v[j] == 0) out[j] = filter_;
+      }
+    }
+    if (unidirectional_) std::fill(out + std::min(z.total, z.past + i + 1), out + z.total, filter_);
+  }
+
+  void head(const Sizes& z, int64_t b, int64_t h, const float* pq, int64_t cols,
+            const KeyValues& kv, const Mask& m, const BiasPlanes& attn_bias, float scale, float* s,
+            float* rb, float* out) const {
+    const int64_t hq = z.hq(), hv = z.hv(), T = z.total;
+    const float* q = pq + b * z.seq * cols + h * hq;
+    math::GemmOptions one;
+    one.alpha = scale;
+    one.max_threads = 1;
+    // scores [S, T] = scale Q K^T (K^T read as a column-major view of K's rows).
+    math::sgemm(math::MatrixView::row_major(q, z.seq, hq, cols),
+                math::MatrixView::col_major(kv.key(b, h), hq, T, kv.row), s, T, one);
+    const math::VecMathKernels& vm = math::kernels().vec;
+    const bool masked = m.kind != 0 || unidirectional_;
+    for (int64_t i = 0; i < z.seq; ++i) {
+      float* row = s + i * T;
+      const float* add = attn_bias.row(b, h, i, T);
+      if (masked) {
+        mask_row(z, m, b, i, rb);
+        if (add) math::kernels().binary.add(rb, 1, add, 1, rb, T);
+        add = rb;
+      }
+      const float sum = vm.softmax_numerators(row, add, T);
+      const float inv = 1.0f / sum;
+      for (int64_t j = 0; j < T; ++j) row[j] *= inv;
+    }
+    math::GemmOptions pv;
+    pv.max_threads = 1;
+    math::sgemm(math::MatrixView::row_major(s, z.seq, T, T),
+                math::MatrixView::row_major(kv.value(b, h, hv), T, hv, kv.row),
+                out + b * z.seq * z.dv + h * hv, z.dv, pv);
+  }
+
+  int64_t heads_;
+  bool unidirectional_;
+  float scale_, filter_;
+  std::vector<int64_t> qkv_sizes_;
+  PackedWeight packed_;  // the weights when constant
+};
+
+// output [B, S, Dv]; present [2, B, N, P + S, H].
+void packed_attention_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  const Shape& w = c.shape(1);
+  if (x.size() != 3 || w.size() != 2 || w[1] < 0) unknown("input or weights of another rank");
+  const int64_t heads = c.attr_i("num_heads", 0);
+  if (heads <= 0) unknown("num_heads");
+  const std::vector<int64_t> sizes = c.attr_ints("qkv_hidden_sizes");
+  const int64_t dv = sizes.size() == 3 ? sizes[2] : w[1] / 3;
+  const int64_t dk = sizes.size() == 3 ? sizes[1] : w[1] / 3;
+  c.set(0, c.dtype(0), {x[0], x[1], dv});
+  if (c.has_out(1)) {
+    int64_t past = 0;
+    if (c.has(4)) {
+      const Shape& p = c.shape(4);
+      if (p.size() != 5) unknown("past of another rank");
+      past = p[3];
+    }
+    const int64_t total = past < 0 || x[1] < 0 ? -1 : past + x[1];
+    c.set(1, c.dtype(0), {2, x[0], heads, total, dk / heads});
+  }
+}
+
+}  // namespace
+
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "Attention",
+                  .since = 1,
+                  .min_inputs = 2,
+                  .max_inputs = 7,
+                  .min_outputs = 1,
+                  .max_outputs = 2,
+                  .types = "float",
+                  .shape = packed_attention_shape,
+                  .create = make<PackedAttention>});
+
+}  // namespace kiln::ops
