@@ -402,6 +402,49 @@ void if_shape(ShapeContext& c) {
   set_all(a);
 }
 
+// Scan (opset 9+): the body inferred on the initial states and one slice of each scan input
+// (their values dropped: they change every iteration). The final states are known when the
+// body keeps each state's type and shape; scan outputs stack the items along their axis.
+void scan_shape(ShapeContext& c) {
+  if (c.opset() < 9) unknown("opset 8 Scan's batch form");
+  const int64_t m = c.attr_i("num_scan_inputs", 0);
+  if (m < 1 || static_cast<size_t>(m) > c.num_inputs()) unknown("bad num_scan_inputs");
+  const size_t scans = static_cast<size_t>(m), states = c.num_inputs() - scans;
+  std::vector<int64_t> in_axes = c.attr_ints("scan_input_axes");
+  if (in_axes.empty()) in_axes.assign(scans, 0);
+  if (in_axes.size() != scans) unknown("scan_input_axes does not match the scan inputs");
+  std::vector<ValueFacts> body_in;
+  for (size_t i = 0; i < states; ++i) body_in.push_back({true, c.dtype(i), c.shape(i), false, {}});
+  int64_t length = -1;
+  for (size_t j = 0; j < scans; ++j) {
+    Shape slice = c.shape(states + j);
+    const auto axis =
+        static_cast<size_t>(normalize_axis(in_axes[j], static_cast<int64_t>(slice.size())));
+    if (length >= 0 && slice[axis] != length) unknown("scan inputs differ in length");
+    length = slice[axis];
+    slice.erase(slice.begin() + static_cast<std::ptrdiff_t>(axis));
+    body_in.push_back({true, c.dtype(states + j), slice, false, {}});
+  }
+  const std::vector<ValueFacts> outs = c.subgraph_outputs("body", body_in);
+  if (outs.size() != c.num_outputs() || outs.size() < states)
+    unknown("the body's outputs do not match the node's");
+  for (size_t i = 0; i < states; ++i) {
+    if (outs[i].dtype != body_in[i].dtype || outs[i].shape != body_in[i].shape)
+      unknown("state " + std::to_string(i) + " changes type or shape in the body");
+    c.set(i, outs[i].dtype, outs[i].shape);
+  }
+  std::vector<int64_t> out_axes = c.attr_ints("scan_output_axes");
+  if (out_axes.empty()) out_axes.assign(outs.size() - states, 0);
+  if (out_axes.size() != outs.size() - states) unknown("scan_output_axes does not match");
+  for (size_t k = 0; k < out_axes.size(); ++k) {
+    Shape shape = outs[states + k].shape;
+    const auto axis =
+        static_cast<size_t>(normalize_axis(out_axes[k], static_cast<int64_t>(shape.size()) + 1));
+    shape.insert(shape.begin() + static_cast<std::ptrdiff_t>(axis), length);
+    c.set(states + k, outs[states + k].dtype, shape);
+  }
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "If",
@@ -426,6 +469,7 @@ KILN_REGISTER_OP({.op = "Scan",
                   .in_place = ~0u,
                   .strided_inputs = true,
                   .types = "any",
+                  .shape = scan_shape,
                   .create = make<Scan>});
 
 }  // namespace kiln::ops
