@@ -320,7 +320,15 @@ class Pow final : public Kernel {
           [&]<typename E>() {
             binary_loop<T, E, T>(a, b, out, [](T x, E y) {
               if constexpr (std::is_integral_v<T>) {
-                return static_cast<T>(std::pow(static_cast<double>(x), static_cast<double>(y)));
+                // Out of T's range (or NaN, 0 to a negative power): saturated, never the
+                // undefined float-to-integer conversion.
+                const double r = std::pow(static_cast<double>(x), static_cast<double>(y));
+                if (std::isnan(r)) return T(0);
+                if (r >= static_cast<double>(std::numeric_limits<T>::max()))
+                  return std::numeric_limits<T>::max();
+                if (r <= static_cast<double>(std::numeric_limits<T>::min()))
+                  return std::numeric_limits<T>::min();
+                return static_cast<T>(r);
               } else {
                 using C = compute_t<T>;
                 return from_compute<T>(static_cast<C>(

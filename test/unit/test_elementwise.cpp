@@ -1,5 +1,6 @@
 // Elementwise kernels against naive references over random broadcast shapes.
 #include <cmath>
+#include <limits>
 
 #include "test/unit/op_test.h"
 
@@ -156,4 +157,14 @@ TEST_CASE("opset 6 Add broadcasts B along A's dimensions from `axis`", "[ops][el
   // Without `broadcast` the shapes must match.
   REQUIRE_THROWS_AS(OpTest("Add", 6).input(a).input(row).run(), Error);
   REQUIRE_THROWS_AS(OpTest("Add", 6).input(a).input(col).attr("broadcast", 1).run(), Error);
+}
+
+TEST_CASE("integer Pow saturates results out of range instead of overflowing",
+          "[ops][elementwise]") {
+  const Tensor base = Tensor::from_vector<int64_t>({4}, {10, -10, 0, 3});
+  const Tensor exponent = Tensor::from_vector<int64_t>({4}, {400, 401, -1, 4});
+  const auto y = OpTest("Pow", 15).input(base).input(exponent).run1().to_vector<int64_t>();
+  CHECK(y == std::vector<int64_t>{std::numeric_limits<int64_t>::max(),
+                                  std::numeric_limits<int64_t>::min(),
+                                  std::numeric_limits<int64_t>::max(), 81});
 }
