@@ -51,7 +51,7 @@ struct UnknownFacts {
 int64_t numel_or_unknown(const Shape& s);
 
 // Shape inference of nested graphs, provided by the planner to the rules of ops that own
-// graphs (If): the facts of `graph`'s outputs given those of its inputs, its captured values'
+// graphs (If, Scan): the facts of `graph`'s outputs given those of its inputs, its captured values'
 // taken from `enclosing_values` (the facts of the enclosing graph, by value id).
 class NestedInference {
  public:

@@ -195,19 +195,25 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
 // too many discarded positions: (kernel width - 1) per row).
 constexpr int64_t kMinWideWidth = 12;
 
-// The wide path's layout for one geometry, the same for every (image, group): the padded
-// planes' extents, the wide positions, and each patch-matrix row's offset in the padded
-// channels.
-struct WideLayout {
+// The wide path's extents for one geometry: the padded planes' rows and lengths, the floats
+// of one padded channel and the wide output positions, up to the last valid one.
+struct WideExtent {
   int64_t rows[3] = {}, len[3] = {};
-  int64_t plane = 0;   // floats of one padded channel
-  int64_t wide_n = 0;  // wide output positions, up to the last valid one
-  std::vector<int64_t> row_offsets;
+  int64_t plane = 0, wide_n = 0;
 
-  WideLayout(const math::ConvGeometry& cg, int64_t channels) {
+  explicit WideExtent(const math::ConvGeometry& cg) {
     math::conv_padded_extent(cg, rows, len);
     plane = math::conv_padded_floats(cg);
     wide_n = ((cg.out[0] - 1) * rows[1] + cg.out[1] - 1) * len[2] + cg.out[2];
+  }
+};
+
+// The wide path's layout, the same for every (image, group): the extents and each
+// patch-matrix row's offset in the padded channels.
+struct WideLayout : WideExtent {
+  std::vector<int64_t> row_offsets;
+
+  WideLayout(const math::ConvGeometry& cg, int64_t channels) : WideExtent(cg) {
     const int64_t kp = cg.k[0] * cg.k[1] * cg.k[2];
     std::vector<int64_t> taps(static_cast<size_t>(kp));
     math::conv_tap_offsets(cg, taps.data());
@@ -273,11 +279,8 @@ int64_t wide_floats(const Sizes& s, const Geometry& g) {
       g.stride != std::array<int64_t, 3>{1, 1, 1} || g.out[2] < kMinWideWidth) {
     return 0;
   }
-  const math::ConvGeometry cg = conv_geometry(g);
-  int64_t rows[3] = {}, len[3] = {};
-  math::conv_padded_extent(cg, rows, len);
-  const int64_t wide_n = ((cg.out[0] - 1) * rows[1] + cg.out[1] - 1) * len[2] + cg.out[2];
-  return s.cg * math::conv_padded_floats(cg) + s.mg * wide_n;
+  const WideExtent w(conv_geometry(g));
+  return s.cg * w.plane + s.mg * w.wide_n;
 }
 
 // Float convolution through the GEMM layer; `packed` is pack_filter's form of the filter.

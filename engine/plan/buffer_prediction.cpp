@@ -1,7 +1,8 @@
 #include "engine/plan/buffer_prediction.h"
 
 #include <algorithm>
-#include <functional>
+#include <exception>
+#include <utility>
 
 #include "ops/kernel.h"
 
@@ -34,38 +35,42 @@ bool is_contiguous(const Shape& shape, const Shape& strides) {
   return true;
 }
 
+// The state of one prediction, shared by the steps' placements.
+struct Prediction {
+  const std::vector<InferredValue>& values;
+  BufferPrediction& r;
+  std::vector<int32_t> last_read, produced;       // per value: the steps that read it last, made it
+  std::vector<bool> outlives;                     // per value: handed to the caller
+  std::vector<Place> place;                       // per value
+  std::vector<std::vector<ir::ValueId>> members;  // per buffer: the values viewing it
+
+  // The step at which a value's handle is dropped (-1: handed to the caller). A value never
+  // read stays in the step's outputs until the next step starts.
+  int32_t death(ir::ValueId id) const {
+    const auto v = static_cast<size_t>(id);
+    if (outlives[v]) return -1;
+    return last_read[v] > 0 ? last_read[v] : produced[v] + 1;
+  }
+};
+
 // One step's placement rule at work: views and fresh buffers recorded in the prediction.
 class StepPlacement final : public ops::Placement {
  public:
-  StepPlacement(const std::vector<InferredValue>& values, const ir::Node& node, uint32_t in_place,
-                const std::vector<Place>& in, int32_t now, BufferPrediction& r,
-                std::vector<Place>& place, std::vector<std::vector<ir::ValueId>>& members,
-                const std::vector<int32_t>& last_read, const std::vector<bool>& outlives,
-                const std::function<int32_t(ir::ValueId)>& death)
-      : values_(values),
-        node_(node),
-        in_place_(in_place),
-        in_(in),
-        now_(now),
-        r_(r),
-        place_(place),
-        members_(members),
-        last_read_(last_read),
-        outlives_(outlives),
-        death_(death) {}
+  StepPlacement(Prediction& p, const Step& step, std::vector<Place> in, int32_t now)
+      : p_(p), node_(*step.node), in_place_(step.op->in_place), in_(std::move(in)), now_(now) {}
 
   const ir::Node& node() const override { return node_; }
   const ops::ValueFacts& input(size_t i) const override {
-    return values_[static_cast<size_t>(node_.inputs.at(i))];
+    return p_.values[static_cast<size_t>(node_.inputs.at(i))];
   }
   const ops::ValueFacts& output(size_t o) const override {
-    return values_[static_cast<size_t>(node_.outputs.at(o))];
+    return p_.values[static_cast<size_t>(node_.outputs.at(o))];
   }
   Shape strides(size_t i) const override { return strides_of(in_[i], input(i).shape); }
   bool contiguous(size_t i) const override { return is_contiguous(input(i).shape, in_[i].strides); }
   uint64_t room(size_t i) const override {
     const int32_t b = in_[i].buffer;
-    return b >= 0 && in_[i].at_start ? r_.buffers[static_cast<size_t>(b)].bytes : 0;
+    return b >= 0 && in_[i].at_start ? p_.r.buffers[static_cast<size_t>(b)].bytes : 0;
   }
 
   // ExecutionHooks::can_overwrite: the input is owned by the run, read for the last time
@@ -78,15 +83,15 @@ class StepPlacement final : public ops::Placement {
     if (in_[i].temporary) return true;
     const int32_t b = in_[i].buffer;
     const ir::ValueId id = node_.inputs[i];
-    if ((b < 0 && !in_[i].owned_input) || last_read_[static_cast<size_t>(id)] != now_ ||
-        outlives_[static_cast<size_t>(id)]) {
+    if ((b < 0 && !in_[i].owned_input) || p_.last_read[static_cast<size_t>(id)] != now_ ||
+        p_.outlives[static_cast<size_t>(id)]) {
       return false;
     }
     if (std::count(node_.inputs.begin(), node_.inputs.end(), id) != 1) return false;
     if (b < 0) return true;  // an owned graph input: its only handle is this one
-    for (ir::ValueId m : members_[static_cast<size_t>(b)]) {
+    for (ir::ValueId m : p_.members[static_cast<size_t>(b)]) {
       if (m == id) continue;
-      const int32_t d = death_(m);
+      const int32_t d = p_.death(m);
       if (d < 0 || d >= now_) return false;  // another handle on the storage is alive
     }
     return true;
@@ -97,23 +102,23 @@ class StepPlacement final : public ops::Placement {
     const ir::ValueId id = node_.outputs[o];
     const Place& of = in_.at(i);
     if (!strides.empty() && is_contiguous(output(o).shape, strides)) strides.clear();
-    place_[static_cast<size_t>(id)] =
+    p_.place[static_cast<size_t>(id)] =
         Place{of.buffer, std::move(strides), false, of.at_start && at_start};
-    if (of.buffer >= 0) members_[static_cast<size_t>(of.buffer)].push_back(id);
+    if (of.buffer >= 0) p_.members[static_cast<size_t>(of.buffer)].push_back(id);
   }
 
   void allocate(size_t o) override {
     if (o >= node_.outputs.size() || node_.outputs[o] == ir::kNoValue) return;
     const ir::ValueId id = node_.outputs[o];
-    const InferredValue& v = values_[static_cast<size_t>(id)];
+    const InferredValue& v = output(o);
     if (v.dtype == DataType::String) {
-      place_[static_cast<size_t>(id)] = Place{};
+      p_.place[static_cast<size_t>(id)] = Place{};
       return;
     }
-    const auto buffer = static_cast<int32_t>(r_.buffers.size());
-    r_.buffers.push_back({storage_bytes(v.dtype, shape_numel(v.shape)), now_, -1});
-    members_.push_back({id});
-    place_[static_cast<size_t>(id)] = Place{buffer, {}, false, true};
+    const auto buffer = static_cast<int32_t>(p_.r.buffers.size());
+    p_.r.buffers.push_back({storage_bytes(v.dtype, shape_numel(v.shape)), now_, -1});
+    p_.members.push_back({id});
+    p_.place[static_cast<size_t>(id)] = Place{buffer, {}, false, true};
   }
 
   void reuse_or_allocate(size_t o, uint32_t candidates) override {
@@ -131,17 +136,11 @@ class StepPlacement final : public ops::Placement {
   }
 
  private:
-  const std::vector<InferredValue>& values_;
+  Prediction& p_;
   const ir::Node& node_;
   const uint32_t in_place_;  // the inputs the kernel may overwrite (OpRegistration::in_place)
-  const std::vector<Place>& in_;
+  const std::vector<Place> in_;
   const int32_t now_;
-  BufferPrediction& r_;
-  std::vector<Place>& place_;
-  std::vector<std::vector<ir::ValueId>>& members_;
-  const std::vector<int32_t>& last_read_;
-  const std::vector<bool>& outlives_;
-  const std::function<int32_t(ir::ValueId)>& death_;
 };
 
 }  // namespace
@@ -149,11 +148,16 @@ class StepPlacement final : public ops::Placement {
 BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<InferredValue>& values,
                                  const std::vector<bool>& owned_inputs) {
   const ir::Graph& g = *plan.graph;
-  BufferPrediction r;
   const size_t nv = g.values.size();
-  std::vector<int32_t> last_read(nv, 0), produced(nv, 0);
-  std::vector<bool> outlives(nv, false);
-  for (ir::ValueId id : g.outputs) outlives[static_cast<size_t>(id)] = true;
+  BufferPrediction r;
+  Prediction p{values,
+               r,
+               std::vector<int32_t>(nv, 0),
+               std::vector<int32_t>(nv, 0),
+               std::vector<bool>(nv, false),
+               std::vector<Place>(nv),
+               {}};
+  for (ir::ValueId id : g.outputs) p.outlives[static_cast<size_t>(id)] = true;
   for (size_t s = 0; s < plan.steps.size(); ++s) {
     const ir::Node& n = *plan.steps[s].node;
     if (!plan.steps[s].subgraphs.empty()) {
@@ -161,20 +165,10 @@ BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<Inferr
       return r;
     }
     for (ir::ValueId id : n.inputs)
-      if (id != ir::kNoValue) last_read[static_cast<size_t>(id)] = static_cast<int32_t>(s + 1);
+      if (id != ir::kNoValue) p.last_read[static_cast<size_t>(id)] = static_cast<int32_t>(s + 1);
   }
-  // The step at which a value's handle is dropped (-1: handed to the caller). A value never
-  // read stays in the step's outputs until the next step starts.
-  const std::function<int32_t(ir::ValueId)> death = [&](ir::ValueId id) -> int32_t {
-    const auto v = static_cast<size_t>(id);
-    if (outlives[v]) return -1;
-    return last_read[v] > 0 ? last_read[v] : produced[v] + 1;
-  };
-
-  std::vector<Place> place(nv);
   for (size_t i = 0; i < owned_inputs.size() && i < g.inputs.size(); ++i)
-    place[static_cast<size_t>(g.inputs[i])].owned_input = owned_inputs[i];
-  std::vector<std::vector<ir::ValueId>> members;  // per buffer: the values viewing it
+    p.place[static_cast<size_t>(g.inputs[i])].owned_input = owned_inputs[i];
   for (size_t s = 0; s < plan.steps.size(); ++s) {
     const Step& step = plan.steps[s];
     const ir::Node& node = *step.node;
@@ -194,20 +188,21 @@ BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<Inferr
         r.why = node.label() + ": input '" + g.value(id).name + "' has no inferred shape";
         return r;
       }
-      in[i] = place[static_cast<size_t>(id)];
+      in[i] = p.place[static_cast<size_t>(id)];
       if (!step.op->strided_inputs && !is_contiguous(v.shape, in[i].strides)) {
         in[i] = Place{-1, {}, true, true};  // copied outside the pool before the kernel runs
       }
     }
-    StepPlacement placement(values, node, step.op->in_place, in, now, r, place, members, last_read,
-                            outlives, death);
+    StepPlacement placement(p, step, std::move(in), now);
     if (step.op->place) {
       step.op->place(placement);
     } else {
       placement.reuse_or_allocate(0, step.op->in_place);
       for (size_t o = 1; o < node.outputs.size(); ++o) placement.allocate(o);
     }
-    // The kernel's workspace: requested after its outputs, released when it returns.
+    // The kernel's workspace: requested after its outputs, released when it returns. A rule
+    // that fails (as shape rules may, on attributes the kernel rejects) leaves the run to be
+    // recorded, as an unknown shape does.
     if (step.op->workspace) {
       uint64_t bytes = 0;
       try {
@@ -215,20 +210,23 @@ BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<Inferr
       } catch (const ops::UnknownFacts& u) {
         r.why = node.label() + ": workspace: " + u.why;
         return r;
+      } catch (const std::exception& e) {
+        r.why = node.label() + ": workspace: " + e.what();
+        return r;
       }
       if (bytes > 0) {
         r.buffers.push_back({bytes, now, now});
-        members.emplace_back();  // no value views it
+        p.members.emplace_back();  // no value views it
       }
     }
     for (ir::ValueId id : node.outputs)
-      if (id != ir::kNoValue) produced[static_cast<size_t>(id)] = now;
+      if (id != ir::kNoValue) p.produced[static_cast<size_t>(id)] = now;
   }
   for (size_t b = 0; b < r.buffers.size(); ++b) {
-    if (members[b].empty()) continue;  // a workspace: released at its own step
+    if (p.members[b].empty()) continue;  // a workspace: released at its own step
     int32_t last = 0;
-    for (ir::ValueId m : members[b]) {
-      const int32_t d = death(m);
+    for (ir::ValueId m : p.members[b]) {
+      const int32_t d = p.death(m);
       if (d < 0) {
         last = -1;
         break;

@@ -27,8 +27,8 @@ ShapeInference infer(const ir::Graph& graph, const std::vector<int32_t>& order,
                      const std::vector<InferredValue>& inputs,
                      const std::vector<InferredValue>& captured);
 
-// Nested graphs (If branches) inferred like the main graph, their captured values known from
-// the enclosing graph's facts.
+// Nested graphs (If branches, Scan bodies) inferred like the main graph, their captured values
+// known from the enclosing graph's facts.
 class Nested final : public ops::NestedInference {
  public:
   std::vector<InferredValue> outputs(const ir::Graph& graph,
@@ -52,10 +52,6 @@ ShapeRule shape_rule(const ir::Node& node) {
   const ops::OpRegistration* reg = ops::find_op(node.domain, node.op_type, node.opset);
   return reg ? reg->shape : nullptr;
 }
-
-}  // namespace
-
-namespace {
 
 ShapeInference infer(const ir::Graph& graph, const std::vector<int32_t>& order,
                      const std::vector<InferredValue>& inputs,

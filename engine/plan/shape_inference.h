@@ -29,7 +29,7 @@ struct ShapeInference {
 // Infers the values of `graph`, visiting nodes in `order` (a topological order). `inputs`
 // gives graph.inputs in order (an unknown entry takes the input's declared fixed shape, or
 // its default value). Initializers are known from their data (or a hollow constant's
-// declared shape). Nested graphs are inferred where their op's rule asks (If).
+// declared shape). Nested graphs are inferred where their op's rule asks (If, Scan).
 ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& order,
                             const std::vector<InferredValue>& inputs);
 
