@@ -628,6 +628,7 @@ class Converter {
         node.inputs.push_back(id);
       }
       for (const auto& ap : np.attribute()) node.attributes.push_back(convert_attribute(ap, scope));
+      if (node.domain == "kiln") restore_onnx_node(node);
       // Nested graphs' captures become this node's implicit inputs.
       for (const auto& a : node.attributes) {
         std::vector<const ir::Graph*> subs;
@@ -646,6 +647,19 @@ class Converter {
       e.with_node(node.name, node.op_type);
       throw;
     }
+  }
+
+  // A node saved from a kiln session at a newer ai.onnx version than its file imports
+  // (save_model) is an ai.onnx node again.
+  static void restore_onnx_node(ir::Node& node) {
+    auto it = std::find_if(node.attributes.begin(), node.attributes.end(),
+                           [](const ir::Attribute& a) { return a.name == kOnnxOpsetAttribute; });
+    if (it == node.attributes.end()) return;
+    if (it->kind != ir::AttrKind::Int || it->i < 1 || it->i > kMaxOnnxOpset)
+      invalid(std::string("attribute '") + kOnnxOpsetAttribute + "' must be an ai.onnx opset");
+    node.domain.clear();
+    node.opset = it->i;
+    node.attributes.erase(it);
   }
 
   ir::Attribute convert_attribute(const onnx::AttributeProto& ap, Scope& scope) {

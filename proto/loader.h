@@ -37,6 +37,19 @@ ir::Model load_model_buffer(const void* data, size_t size, const std::string& ba
 // layout). `expected` picks which; kind None means TensorProto. Sets `name` from the proto.
 Value read_value_file(const std::string& path, const ir::TypeInfo& expected, std::string* name);
 
+// A saved node of the ai.onnx domain at a newer version than its file imports (a pass made
+// it) is written in the kiln domain with this attribute giving its ai.onnx version; loading
+// turns it back.
+inline constexpr const char* kOnnxOpsetAttribute = "onnx_opset";
+
+// Writes `model` as an ONNX file at `path`, nodes in dependency order. Weights are embedded,
+// unless they exceed `embedded_limit` bytes (protobuf's limit is 2 GiB): then those of 1 KiB
+// or more go to `path`.data beside it, each at a 4096-byte aligned offset, so a reload maps
+// them in place. Throws kiln::Error naming the file (and node) on failure, e.g. a hollow
+// constant without data.
+void save_model(const ir::Model& model, const std::string& path,
+                uint64_t embedded_limit = uint64_t{1} << 30);
+
 // Serializes a tensor as a TensorProto file.
 void write_tensor_file(const std::string& path, const Tensor& tensor, const std::string& name);
 

@@ -258,6 +258,8 @@ struct Session::Impl {
         load_stats.fusions += static_cast<uint64_t>(opt.fused);
       }
       load_stats.nodes_planned = count_nodes(*model.graph);
+      if (!options.optimized_model_path.empty())
+        proto::save_model(model, options.optimized_model_path);
       plan = plan::build_plan(*model.graph, preparer.get());
     } catch (Error& e) {
       e.with_file(model.path);

@@ -47,6 +47,10 @@ void bind_options(py::module_& m) {
                      "Threads of the session's kernels (0: one per core).")
       .def_readwrite("graph_optimization_level", &O::graph_optimization_level)
       .def_property(
+          "optimized_model_filepath", [](const O& o) { return o.kiln.optimized_model_path; },
+          [](O& o, const std::string& v) { o.kiln.optimized_model_path = v; },
+          "Write the graph as the session runs it (after optimisation) to this ONNX file.")
+      .def_property(
           "enable_profiling", [](const O& o) { return o.kiln.profile; },
           [](O& o, bool v) { o.kiln.profile = v; },
           "Record one event per node per run; InferenceSession.end_profiling() writes them.")

@@ -173,6 +173,26 @@ def test_every_optimisation_level_gives_onnxruntimes_outputs(level):
         assert stats["fusions"] > 0
 
 
+def test_optimized_model_filepath_writes_the_graph_kiln_runs(tmp_path):
+    # onnxruntime's optimized_model_filepath: the saved file is valid ONNX (the checker
+    # passes), carries the fused nodes, and runs unoptimised to the same outputs.
+    path, feed = gpt2_case()
+    saved = tmp_path / "optimized.onnx"
+    options = kiln.SessionOptions()
+    options.optimized_model_filepath = str(saved)
+    assert options.optimized_model_filepath == str(saved)
+    session = kiln.InferenceSession(str(path), options)
+    model = onnx.load(str(saved))
+    onnx.checker.check_model(model)
+    assert len(model.graph.node) == session.load_stats()["nodes_planned"]
+    assert any(n.domain in ("com.microsoft", "kiln") for n in model.graph.node)
+    options = kiln.SessionOptions()
+    options.graph_optimization_level = kiln.GraphOptimizationLevel.ORT_DISABLE_ALL
+    reloaded = kiln.InferenceSession(str(saved), options)
+    for g, w in zip(reloaded.run(None, feed), session.run(None, feed)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
 def test_kilns_own_options():
     path, feed = gpt2_case()
     want = kiln.InferenceSession(str(path)).run(["logits"], feed)[0]

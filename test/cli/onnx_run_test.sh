@@ -56,6 +56,11 @@ expect 2 'timeout needs a number' -- "$model" --timeout -1
 expect 1 "MISMATCH" -- "$model" --test-data "$data" --rtol 0 --atol 0
 
 # Bad files: status 2 with a message naming the file.
+# --save-optimized writes the graph as run; the file runs unoptimised to the same outputs.
+expect 0 "PASSED" -- "$model" --test-data "$data" --save-optimized "$tmp/optimized.onnx"
+expect 0 "PASSED" -- "$tmp/optimized.onnx" --test-data "$data" --optimize none
+expect 2 "no-such-dir/optimized.onnx" -- "$model" --save-optimized "$tmp/no-such-dir/optimized.onnx"
+
 head -c 1000 /dev/urandom > "$tmp/garbage.onnx"
 expect 2 "garbage.onnx" -- "$tmp/garbage.onnx"
 head -c 2000 "$model" > "$tmp/truncated.onnx"

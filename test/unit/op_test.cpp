@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "engine/runtime/session_internal.h"
+#include "engine/util/json_file.h"
 #include "tools/common/compare.h"
 
 namespace kiln::testing {
@@ -414,6 +415,13 @@ std::string backend_test_data() {
   if (const char* env = std::getenv("ONNX_BACKEND_TEST_DATA")) return env;
   const fs::path beside = fs::path(KILN_SOURCE_DIR) / ".." / "shared" / "onnx-backend-tests";
   return fs::is_directory(beside) ? fs::canonical(beside).string() : std::string();
+}
+
+std::vector<int64_t> json_ints(const std::string& file, const std::string& key) {
+  const json::Json doc = json::read_file(file);
+  std::vector<int64_t> out;
+  for (const auto& v : doc.at(key)) out.push_back(json::to_int(v, file, key));
+  return out;
 }
 
 }  // namespace kiln::testing

@@ -119,4 +119,7 @@ double element(const Tensor& t, int64_t i);
 // beside the checkout, else empty (tests then skip, saying so).
 std::string backend_test_data();
 
+// The integers of array `key` in a JSON file (expected_tokens.json and the like).
+std::vector<int64_t> json_ints(const std::string& file, const std::string& key);
+
 }  // namespace kiln::testing

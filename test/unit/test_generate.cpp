@@ -17,13 +17,6 @@ namespace {
 const std::string kWhisper = std::string(KILN_SOURCE_DIR) + "/models/whisper-tiny-random";
 const std::string kGpt2 = std::string(KILN_SOURCE_DIR) + "/models/gpt2-tiny-random";
 
-std::vector<int64_t> json_ints(const std::string& file, const std::string& key) {
-  const json::Json doc = json::read_file(file);
-  std::vector<int64_t> out;
-  for (const auto& v : doc.at(key)) out.push_back(json::to_int(v, file, key));
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("log-mel features match transformers' WhisperFeatureExtractor within 1e-4",

@@ -43,6 +43,7 @@ struct Options {
   bool json = false;
   bool version = false;
   bool dump_graph = false;
+  std::string save_optimized;
   kiln::WeightPrecision gemm_weights = kiln::WeightPrecision::Float32;
   kiln::GraphOptimization optimization = kiln::GraphOptimization::All;
   bool arena = true, reuse_inputs = false, inputs_in_arena = false, arena_from_shapes = true;
@@ -91,6 +92,9 @@ void define_options(CLI::App& app, Options& o) {
   add_choice(app, "--optimize", o.optimization, parse_optimization, "none, basic or all",
              "graph optimisation: none, basic or all (default)");
   app.add_flag("--dump-graph", o.dump_graph, "print the optimised graph on stderr");
+  app.add_option("--save-optimized", o.save_optimized,
+                 "write the optimised graph to this ONNX file (weights embedded, or in FILE.data "
+                 "beyond 1 GiB)");
   add_number(app, "--timeout", o.timeout_s, 0,
              "stop any run taking longer than this many seconds (default 0: no limit)");
   add_int(app, "--memory-limit", o.memory_limit_mb, int64_t{0},
@@ -221,6 +225,7 @@ int run(const Options& o) {
   so.arena_from_shapes = o.arena_from_shapes;
   so.gemm_weights = o.gemm_weights;
   so.optimization = o.optimization;
+  so.optimized_model_path = o.save_optimized;
   so.memory_limit = o.memory_limit_mb < 0 ? physical_memory_bytes()
                                           : static_cast<uint64_t>(o.memory_limit_mb) << 20;
   kiln::Session session(o.model, so);

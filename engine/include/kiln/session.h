@@ -229,6 +229,11 @@ struct SessionOptions {
   // (Float32) by default.
   WeightPrecision gemm_weights = WeightPrecision::Float32;
   GraphOptimization optimization = GraphOptimization::All;
+  // When set, the graph as the session runs it (after the passes of `optimization`; fused
+  // nodes in the com.microsoft and kiln domains) is written there as an ONNX file at
+  // creation, as onnxruntime's optimized_model_filepath does. Weights are embedded unless
+  // they exceed 1 GiB (then large ones go to PATH.data beside it).
+  std::string optimized_model_path;
   // The most bytes a run's tensors may hold at once (0: no limit). An output that would go
   // over it fails the run with a kiln::Error (Memory) naming the node, the output's shape and
   // the bytes, before anything is allocated.
