@@ -132,7 +132,7 @@ class GroupQueryAttention final : public Kernel {
     p.scale = scale_ != 0 ? scale_ : 1.0f / std::sqrt(static_cast<float>(H));
     p.softcap = softcap_;
     p.causal = true;
-    p.left = window_ > 0 ? window_ : -1;
+    p.left = window_ > 0 ? window_ - 1 : -1;
     p.nonpad = z.totals.data();
     p.first_pos = z.pasts.data();
     if (ctx.has_input(kAttentionBias)) add_bias(ctx, ctx.input(kAttentionBias), z, p);
@@ -187,8 +187,8 @@ class GroupQueryAttention final : public Kernel {
     }
     const Tensor& seqlens = ctx.input(kSeqlensK);
     const Tensor& total = ctx.input(kTotalSeqLen);
-    if (seqlens.dtype() != DataType::Int32 || seqlens.shape() != Shape{z.B}) {
-      ctx.fail("seqlens_k " + seqlens.describe() + " must be int32 [batch]");
+    if (seqlens.dtype() != DataType::Int32 || seqlens.numel() != z.B || seqlens.rank() > 2) {
+      ctx.fail("seqlens_k " + seqlens.describe() + " must be int32 [batch] (or [batch, 1])");
     }
     if (total.dtype() != DataType::Int32 || total.numel() != 1) {
       ctx.fail("total_sequence_length " + total.describe() + " must be one int32");
