@@ -116,8 +116,13 @@ class GroupQueryAttention final : public Kernel {
     const float* value =
         packed ? query.data<const float>() + (N + Nk) * H : ctx.input(kValue).data<const float>();
     const int64_t kv_row = packed ? z.row : Nk * H;
+    const bool has_past = ctx.has_input(kPastKey);
     Tensor pk = present(ctx, 1, kPastKey, shape, z);
     Tensor pv = present(ctx, 2, kPastValue, shape, z);
+    if ((has_past && pk.raw_data() == ctx.input(kPastKey).raw_data()) ||
+        (has_past && pv.raw_data() == ctx.input(kPastValue).raw_data())) {
+      ctx.count_in_place();
+    }
     const Rotation rot{rotary_ ? rd : 0, cos, sin, &pos};
     append(pk, key, kv_row, z, rot);
     append(pv, value, kv_row, z, {});
@@ -271,7 +276,6 @@ class GroupQueryAttention final : public Kernel {
         ctx.can_overwrite(in)) {
       Tensor shared = ctx.input(in);
       ctx.set_output(out, shared);
-      ctx.count_in_place();
       return shared;
     }
     Tensor t = ctx.has_output(out) ? ctx.output(out, DataType::Float, shape)
