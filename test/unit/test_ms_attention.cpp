@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "kiln/tensor_file.h"
 #include "test/unit/op_test.h"
 
 using namespace kiln;
@@ -319,4 +320,60 @@ TEST_CASE("com.microsoft.RotaryEmbedding", "[ops][contrib]") {
                           .input(Tensor::zeros(DataType::Float, {10, 4}))
                           .run(),
                       Catch::Contains("RotaryEmbedding") && Catch::Contains("outside the cache"));
+}
+
+// onnxruntime-genai's tiny Llama (tools/export/make_ort_attention.py), one decoding step with
+// the caches passed by move: each GroupQueryAttention writes this step's rows into the past
+// buffer (16 positions) and returns it as present, so the caches cost no copy at all.
+TEST_CASE("GroupQueryAttention updates onnxruntime-genai's shared KV buffers in place",
+          "[ops][contrib][attention]") {
+  const std::string dir = std::string(KILN_SOURCE_DIR) + "/models/llama-tiny-genai/";
+  Session session(dir + "model.onnx");
+  auto feeds = [&] {
+    std::vector<NamedValue> v;
+    for (size_t k = 0; k < session.inputs().size(); ++k) {
+      const std::string file = dir + "test_data_set_1/input_" + std::to_string(k) + ".pb";
+      // A copy the run may own (the file's tensor may be a read-only view of its bytes).
+      v.push_back(
+          {session.inputs()[k].name, read_value_file(file, session.inputs()[k]).tensor().clone()});
+    }
+    return v;
+  };
+  // Shared handles: the caches may not be written, so present is a new buffer.
+  const std::vector<NamedValue> kept = feeds();
+  const auto copied = session.run(kept);
+  const uint64_t copied_bytes = session.last_run_stats().bytes_copied;
+  std::vector<NamedValue> moved = feeds();
+  std::vector<const std::byte*> past;
+  for (const NamedValue& nv : moved) past.push_back(nv.value.tensor().raw_data());
+  const auto shared = session.run(std::move(moved));
+  const RunStats& stats = session.last_run_stats();
+  CHECK(stats.in_place_ops >= 2);
+  // Batch 0 keeps 5 past rows and batch 1 keeps 3, of 2 KV heads of 16 floats, in K and V of
+  // both layers: exactly what the copying run copied more.
+  CHECK(copied_bytes - stats.bytes_copied == 2 * 2 * (5 + 3) * 2 * 16 * sizeof(float));
+  for (size_t o = 0; o < shared.size(); ++o) {
+    const std::string file = dir + "test_data_set_1/output_" + std::to_string(o) + ".pb";
+    const Value want = read_value_file(file, session.outputs()[o]);
+    require_close(copied[o].value.tensor(), want.tensor(), 1e-3, 1e-5);
+    // Rows past each sequence's keys (6 and 4) are left as the buffer held them (onnxruntime's
+    // new buffer has zeros there): compared up to those.
+    Tensor got = shared[o].value.tensor().clone();
+    if (o > 0) {
+      for (int64_t b = 0; b < 2; ++b) {
+        for (int64_t h = 0; h < 2; ++h) {
+          float* plane = got.data<float>() + (b * 2 + h) * 16 * 16;
+          std::fill(plane + (b == 0 ? 6 : 4) * 16, plane + 16 * 16, 0.0f);
+        }
+      }
+    }
+    require_close(got, want.tensor(), 1e-3, 1e-5);
+    if (o == 0) continue;
+    // present.N.key / present.N.value are the inputs past_key_values.N.key / .value.
+    const auto in = std::find_if(
+        session.inputs().begin(), session.inputs().end(),
+        [&](const IoInfo& i) { return i.name == "past_key_values" + shared[o].name.substr(7); });
+    REQUIRE(in != session.inputs().end());
+    CHECK(shared[o].value.tensor().raw_data() == past[in - session.inputs().begin()]);
+  }
 }
