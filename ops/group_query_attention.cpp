@@ -7,7 +7,7 @@
 //   present_key/present_value [B, Nkv, max(P, total), H]: batch b's past rows [0, T_b - S)
 //   followed by this step's S rows (the first prompt has no past rows)
 //   out[b, s] = softmax(scale Q K^T (+ softcap) + attention_bias) V over keys
-//               [pos - local_window_size, pos], pos = (T_b - S) + s (s on the first prompt)
+//               (pos - local_window_size, pos], pos = (T_b - S) + s (s on the first prompt)
 //
 // do_rotary rotates Q and K (cos_cache/sin_cache [max position, rotary dim / 2]) at those
 // positions. When the past buffer has room for the whole step (the decoder's max-length
