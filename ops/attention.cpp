@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/attention_core.h"
 #include "ops/common.h"
 #include "ops/elementwise.h"
 #include "ops/math/gemm.h"
@@ -28,6 +29,7 @@
 #include <tbb/task_arena.h>
 
 namespace kiln::ops {
+namespace sdpa {
 namespace {
 
 // Query rows per task: a multiple of every level's GEMM tile height (12, 6), so no block ends
@@ -44,117 +46,6 @@ using RowMat = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>
 template <typename C>
 using MutMap = Eigen::Map<RowMat<C>, 0, Eigen::OuterStride<>>;
 
-// Element strides of a [batch, heads, rows, cols] tensor whose cols have unit stride.
-struct Layout {
-  int64_t batch = 0, head = 0, row = 0;
-  int64_t at(int64_t b, int64_t h) const { return b * batch + h * head; }
-};
-
-Layout layout_of(const Tensor& t4) {
-  return {t4.strides()[0], t4.strides()[1], t4.strides()[2]};
-}
-
-// [B, L, H*d] seen as [B, H, L, d] without moving data.
-Tensor heads_view(const Tensor& t, int64_t heads) {
-  const int64_t d = t.dim(2) / heads;
-  const Shape& s = t.strides();
-  return t.view({t.dim(0), heads, t.dim(1), d}, {s[0], d * s[2], s[1], s[2]}, t.byte_offset());
-}
-
-template <typename D, typename S>
-D convert_value(S v) {
-  if constexpr (std::is_same_v<D, float16> || std::is_same_v<D, bfloat16>) {
-    return D(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<S, float16> || std::is_same_v<S, bfloat16>) {
-    return static_cast<D>(static_cast<float>(v));
-  } else {
-    return static_cast<D>(v);
-  }
-}
-
-// dst = src with element conversion between float types (same shape, any layouts).
-void convert_into(const Tensor& src, const Tensor& dst) {
-  dispatch(FloatTypes{}, src.dtype(), [&]<typename S>() {
-    dispatch(FloatTypes{}, dst.dtype(), [&]<typename D>() {
-      unary_loop<S, D>(src, dst, [](S v) { return convert_value<D>(v); });
-    });
-  });
-}
-
-// A 4-D tensor the GEMMs can map: element type `want`, unit stride along the last axis and a
-// positive row stride. Returns `t` itself when it already is one.
-Tensor mappable(OpContext& ctx, const Tensor& t, DataType want) {
-  const Shape& s = t.strides();
-  const bool layout_ok = (t.dim(3) <= 1 || s[3] == 1) && (t.dim(2) <= 1 || s[2] > 0);
-  if (t.dtype() == want && layout_ok) return t;
-  Tensor c = ctx.allocate(want, t.shape());
-  if (t.dtype() == want) {
-    copy_elements(t, c);
-    ctx.count_copy(c.nbytes(), CopyCause::Contiguous);
-  } else {
-    convert_into(t, c);
-  }
-  return c;
-}
-
-// dst = src for [B, H, L, d] tensors of one type whose rows are dense (unit stride along d):
-// one memcpy per (batch, head) when the rows are back to back, else one per row.
-void copy_heads(const Tensor& src, const Tensor& dst) {
-  const Shape& ss = src.strides();
-  const Shape& ds = dst.strides();
-  const int64_t H = src.dim(1), L = src.dim(2), d = src.dim(3);
-  if (d > 1 && (ss[3] != 1 || ds[3] != 1)) {
-    copy_elements(src, dst);
-    return;
-  }
-  const auto es = static_cast<int64_t>(bits_per_element(src.dtype()) / 8);
-  const std::byte* sp = src.raw_data();
-  std::byte* dp = dst.raw_data();
-  parallel_for(src.dim(0) * H, grain_for(L * d * es, 1 << 16), [&](int64_t begin, int64_t end) {
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const std::byte* from = sp + (b * ss[0] + h * ss[1]) * es;
-      std::byte* to = dp + (b * ds[0] + h * ds[1]) * es;
-      if (L <= 1 || (ss[2] == d && ds[2] == d)) {
-        std::memcpy(to, from, static_cast<size_t>(L * d * es));
-        continue;
-      }
-      for (int64_t l = 0; l < L; ++l) {
-        std::memcpy(to + l * ds[2] * es, from + l * ss[2] * es, static_cast<size_t>(d * es));
-      }
-    }
-  });
-}
-
-enum class MaskKind { None, Bool, Additive };
-
-template <typename C>
-struct Problem {
-  int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, T = 0, D = 0, Dv = 0;
-  const C* q = nullptr;
-  const C* k = nullptr;
-  const C* v = nullptr;
-  C* y = nullptr;
-  Layout lq, lk, lv, ly;
-  C* qk = nullptr;  // [B, Hq, Sq, T] contiguous, or null
-  int mode = 0;
-  C scale = 1, softcap = 0;
-  bool causal = false;
-  int64_t left = -1, right = -1;  // window sizes, -1 = unbounded
-  int64_t past = 0;               // causal offset for the internal cache
-  const int64_t* nonpad = nullptr;
-  MaskKind mask = MaskKind::None;
-  const uint8_t* mask_bool = nullptr;
-  const C* mask_add = nullptr;
-  int64_t ms[4] = {0, 0, 0, 0};  // mask strides aligned to [B, Hq, Sq, len] (0 = broadcast)
-  int64_t mask_len = 0;
-  // Float with long query blocks: K^T and V of each (batch, KV head) packed once for the
-  // GEMM (panels), so no block packs them again.
-  const float* kpack = nullptr;
-  const float* vpack = nullptr;
-  int64_t kpack_size = 0, vpack_size = 0;  // floats per (batch, KV head)
-};
-
 // Keys [lo, hi) query row i of batch b may attend before the mask is consulted.
 template <typename C>
 void key_range(const Problem<C>& p, int64_t b, int64_t i, int64_t* lo, int64_t* hi) {
@@ -165,6 +56,7 @@ void key_range(const Problem<C>& p, int64_t b, int64_t i, int64_t* lo, int64_t* 
     h = std::min(h, std::max<int64_t>(n, 0));
     offset = n - p.Sq;
   }
+  if (p.first_pos) offset = std::clamp(p.first_pos[b], -kPosLimit, kPosLimit);
   const int64_t pos = i + offset;
   if (p.causal) h = std::min(h, pos + 1);
   if (p.right >= 0) h = std::min(h, pos + p.right + 1);
@@ -454,6 +346,108 @@ void run_problem(const Problem<C>& p) {
   });
 }
 
+}  // namespace
+
+// One memcpy per (batch, head) when the rows are back to back, else one per row.
+void copy_heads(const Tensor& src, const Tensor& dst) {
+  const Shape& ss = src.strides();
+  const Shape& ds = dst.strides();
+  const int64_t H = src.dim(1), L = src.dim(2), d = src.dim(3);
+  if (d > 1 && (ss[3] != 1 || ds[3] != 1)) {
+    copy_elements(src, dst);
+    return;
+  }
+  const auto es = static_cast<int64_t>(bits_per_element(src.dtype()) / 8);
+  const std::byte* sp = src.raw_data();
+  std::byte* dp = dst.raw_data();
+  parallel_for(src.dim(0) * H, grain_for(L * d * es, 1 << 16), [&](int64_t begin, int64_t end) {
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const std::byte* from = sp + (b * ss[0] + h * ss[1]) * es;
+      std::byte* to = dp + (b * ds[0] + h * ds[1]) * es;
+      if (L <= 1 || (ss[2] == d && ds[2] == d)) {
+        std::memcpy(to, from, static_cast<size_t>(L * d * es));
+        continue;
+      }
+      for (int64_t l = 0; l < L; ++l) {
+        std::memcpy(to + l * ds[2] * es, from + l * ss[2] * es, static_cast<size_t>(d * es));
+      }
+    }
+  });
+}
+
+// present = concat(past, cur) along axis 2, into output `out` when requested.
+Tensor append_cache(OpContext& ctx, size_t out, const Tensor& past, const Tensor& cur) {
+  Shape shape = past.shape();
+  shape[2] += cur.dim(2);
+  Tensor present = ctx.has_output(out) ? ctx.output(out, past.dtype(), shape)
+                                       : ctx.allocate(past.dtype(), shape);
+  const auto es = static_cast<size_t>(bits_per_element(present.dtype()) / 8);
+  const size_t split = static_cast<size_t>(past.dim(2) * present.strides()[2]) * es;
+  copy_heads(past, present.view(past.shape(), present.strides(), present.byte_offset()));
+  copy_heads(cur, present.view(cur.shape(), present.strides(), present.byte_offset() + split));
+  ctx.count_copy(present.nbytes(), CopyCause::Concat);
+  return present;
+}
+
+void solve(OpContext& ctx, Problem<float>& p) {
+  Tensor packed_kv;
+  pack_kv(ctx, p, packed_kv);
+  run_problem(p);
+}
+
+void solve(OpContext&, Problem<double>& p) {
+  run_problem(p);
+}
+
+}  // namespace sdpa
+
+namespace {
+
+using sdpa::append_cache;
+using sdpa::heads_view;
+using sdpa::kPosLimit;
+using sdpa::Layout;
+using sdpa::layout_of;
+using sdpa::MaskKind;
+using sdpa::Problem;
+
+template <typename D, typename S>
+D convert_value(S v) {
+  if constexpr (std::is_same_v<D, float16> || std::is_same_v<D, bfloat16>) {
+    return D(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<S, float16> || std::is_same_v<S, bfloat16>) {
+    return static_cast<D>(static_cast<float>(v));
+  } else {
+    return static_cast<D>(v);
+  }
+}
+
+// dst = src with element conversion between float types (same shape, any layouts).
+void convert_into(const Tensor& src, const Tensor& dst) {
+  dispatch(FloatTypes{}, src.dtype(), [&]<typename S>() {
+    dispatch(FloatTypes{}, dst.dtype(), [&]<typename D>() {
+      unary_loop<S, D>(src, dst, [](S v) { return convert_value<D>(v); });
+    });
+  });
+}
+
+// A 4-D tensor the GEMMs can map: element type `want`, unit stride along the last axis and a
+// positive row stride. Returns `t` itself when it already is one.
+Tensor mappable(OpContext& ctx, const Tensor& t, DataType want) {
+  const Shape& s = t.strides();
+  const bool layout_ok = (t.dim(3) <= 1 || s[3] == 1) && (t.dim(2) <= 1 || s[2] > 0);
+  if (t.dtype() == want && layout_ok) return t;
+  Tensor c = ctx.allocate(want, t.shape());
+  if (t.dtype() == want) {
+    copy_elements(t, c);
+    ctx.count_copy(c.nbytes(), CopyCause::Contiguous);
+  } else {
+    convert_into(t, c);
+  }
+  return c;
+}
+
 class Attention final : public Kernel {
  public:
   explicit Attention(const NodeInfo& info)
@@ -586,9 +580,7 @@ class Attention final : public Kernel {
       p.past = past, p.nonpad = nonpad;
       Tensor mask_c;
       if (ctx.has_input(3)) setup_mask(ctx, ctx.input(3), ct, &mask_c, &p);
-      Tensor packed_kv;
-      if constexpr (std::is_same_v<C, float>) pack_kv(ctx, p, packed_kv);
-      run_problem(p);
+      sdpa::solve(ctx, p);
     };
     if (ct == DataType::Double) {
       solve.template operator()<double>();
@@ -600,20 +592,6 @@ class Attention final : public Kernel {
   }
 
  private:
-  // present = concat(past, cur) along axis 2, into output `out` when requested.
-  static Tensor append_cache(OpContext& ctx, size_t out, const Tensor& past, const Tensor& cur) {
-    Shape shape = past.shape();
-    shape[2] += cur.dim(2);
-    Tensor present = ctx.has_output(out) ? ctx.output(out, past.dtype(), shape)
-                                         : ctx.allocate(past.dtype(), shape);
-    const auto es = static_cast<size_t>(bits_per_element(present.dtype()) / 8);
-    const size_t split = static_cast<size_t>(past.dim(2) * present.strides()[2]) * es;
-    copy_heads(past, present.view(past.shape(), present.strides(), present.byte_offset()));
-    copy_heads(cur, present.view(cur.shape(), present.strides(), present.byte_offset() + split));
-    ctx.count_copy(present.nbytes(), CopyCause::Concat);
-    return present;
-  }
-
   template <typename C>
   static void setup_mask(OpContext& ctx, const Tensor& m, DataType ct, Tensor* keep,
                          Problem<C>* p) {

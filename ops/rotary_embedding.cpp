@@ -3,10 +3,15 @@
 // (x[i], x[i + d/2]) or adjacent features (x[2i], x[2i + 1]) when `interleaved`; features past
 // `rotary_embedding_dim` are passed through. cos/sin come from caches indexed by position_ids
 // ([max_pos, d/2]) or are given per (batch, position) ([batch, seq, d/2]).
+//
+// com.microsoft.RotaryEmbedding is the same rotation with onnxruntime's inputs: (input,
+// position_ids, cos_cache, sin_cache), the caches always indexed by position, position_ids
+// either [batch, seq] or one start position [1] (position s is start + s).
 #include <string>
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/rotary.h"
 
 namespace kiln::ops {
 namespace {
@@ -84,7 +89,6 @@ class RotaryEmbedding final : public Kernel {
 
     Tensor& y = ctx.output_reusing(0, 0, x.dtype(), x.shape());
     dispatch(TypeList<float, float16, bfloat16>{}, x.dtype(), [&]<typename T>() {
-      using C = compute_t<T>;
       const T* src = x.data<const T>();
       T* dst = y.data<T>();
       const T* pc = cos.data<const T>();
@@ -97,20 +101,7 @@ class RotaryEmbedding final : public Kernel {
           const T* n = ps + rows[static_cast<size_t>(bs)] * half;
           for (int64_t h = 0; h < H; ++h) {
             const int64_t off = b * sb + s * ss + h * sh;
-            const T* in = src + off;
-            T* out = dst + off;
-            // Each pair is read before either element is written, so `out` may alias `in`.
-            for (int64_t i = 0; i < half; ++i) {
-              const int64_t i1 = interleaved_ ? 2 * i : i;
-              const int64_t i2 = interleaved_ ? 2 * i + 1 : i + half;
-              const C x1 = static_cast<C>(in[i1]), x2 = static_cast<C>(in[i2]);
-              const C cv = static_cast<C>(c[i]), sv = static_cast<C>(n[i]);
-              out[i1] = from_compute<T>(cv * x1 - sv * x2);
-              out[i2] = from_compute<T>(sv * x1 + cv * x2);
-            }
-            if (out != in) {
-              for (int64_t i = rd; i < Dh; ++i) out[i] = in[i];
-            }
+            rotate_head(src + off, dst + off, Dh, rd, c, n, interleaved_);
           }
         }
       });
@@ -118,6 +109,101 @@ class RotaryEmbedding final : public Kernel {
   }
 
  private:
+  bool interleaved_;
+  int64_t rotary_dim_, num_heads_;
+};
+
+class MsRotaryEmbedding final : public Kernel {
+ public:
+  explicit MsRotaryEmbedding(const NodeInfo& info)
+      : interleaved_(info.attr_int("interleaved", 0) != 0),
+        rotary_dim_(info.attr_int("rotary_embedding_dim", 0)),
+        num_heads_(info.attr_int("num_heads", 0)) {
+    if (rotary_dim_ < 0 || rotary_dim_ % 2) {
+      info.fail("rotary_embedding_dim must be even and non-negative");
+    }
+    if (num_heads_ < 0) info.fail("num_heads must be positive");
+    if (rotary_dim_ > 0 && num_heads_ == 0) info.fail("rotary_embedding_dim needs num_heads");
+    if (info.attr_int("is_packed_batching", 0) != 0) {
+      info.fail("is_packed_batching is not supported", ErrorKind::Unsupported);
+    }
+  }
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& pos = ctx.input(1);
+    const Tensor& cos = ctx.input(2);
+    const Tensor& sin = ctx.input(3);
+    if (x.rank() != 3 && x.rank() != 4) ctx.fail("input must be 3-D or 4-D, got " + x.describe());
+    if (cos.dtype() != x.dtype() || sin.dtype() != x.dtype() || cos.rank() != 2 ||
+        cos.shape() != sin.shape() || cos.dim(1) <= 0) {
+      ctx.fail("cos_cache and sin_cache must be 2-D [max_position, rotary dim / 2] of the " +
+               std::string("input's type, got ") + cos.describe() + " and " + sin.describe());
+    }
+    // Element strides of x as [batch, seq, heads, head_size]; 4-D input is [B, N, S, H].
+    const int64_t B = x.dim(0);
+    int64_t S, H, Dh, sb, ss, sh;
+    if (x.rank() == 4) {
+      H = x.dim(1), S = x.dim(2), Dh = x.dim(3);
+      sb = H * S * Dh, sh = S * Dh, ss = Dh;
+    } else {
+      S = x.dim(1);
+      Dh = num_heads_ > 0 ? x.dim(2) / num_heads_ : cos.dim(1) * 2;
+      if (Dh <= 0 || x.dim(2) % Dh) {
+        ctx.fail("hidden size of " + x.describe() + " does not split into heads of " +
+                 std::to_string(Dh));
+      }
+      H = x.dim(2) / Dh;
+      sb = S * H * Dh, ss = H * Dh, sh = Dh;
+    }
+    const int64_t rd = rotary_dim_ > 0 ? rotary_dim_ : Dh;
+    if (rd > Dh || cos.dim(1) * 2 != rd) {
+      ctx.fail("caches " + cos.describe() + " do not match rotary dimension " + std::to_string(rd) +
+               " of heads of " + std::to_string(Dh));
+    }
+    const std::vector<int64_t> rows = positions(ctx, pos, B, S, cos.dim(0));
+    Tensor& y = ctx.output_reusing(0, 0, x.dtype(), x.shape());
+    dispatch(TypeList<float, float16>{}, x.dtype(), [&]<typename T>() {
+      const T* src = x.data<const T>();
+      T* dst = y.data<T>();
+      const int64_t half = rd / 2;
+      parallel_for(B * S, grain_for(H * Dh * 4), [&](int64_t begin, int64_t end) {
+        for (int64_t bs = begin; bs < end; ++bs) {
+          const int64_t b = bs / S, s = bs % S, row = rows[static_cast<size_t>(bs)];
+          for (int64_t h = 0; h < H; ++h) {
+            const int64_t off = b * sb + s * ss + h * sh;
+            rotate_head(src + off, dst + off, Dh, rd, cos.data<const T>() + row * half,
+                        sin.data<const T>() + row * half, interleaved_);
+          }
+        }
+      });
+    });
+  }
+
+ private:
+  // The cache row of each (batch, position).
+  static std::vector<int64_t> positions(const OpContext& ctx, const Tensor& pos, int64_t B,
+                                        int64_t S, int64_t max_pos) {
+    std::vector<int64_t> rows(static_cast<size_t>(B * S));
+    if (pos.dtype() != DataType::Int64)
+      ctx.fail("position_ids must be int64, got " + pos.describe());
+    const auto ids = pos.to_vector<int64_t>();
+    if (pos.shape() == Shape{B, S}) {
+      rows = ids;
+    } else if (pos.numel() == 1 && pos.rank() <= 1) {
+      for (int64_t i = 0; i < B * S; ++i) rows[static_cast<size_t>(i)] = ids[0] + i % S;
+    } else {
+      ctx.fail("position_ids must be [1] or [batch, seq], got " + pos.describe());
+    }
+    for (const int64_t r : rows) {
+      if (r < 0 || r >= max_pos) {
+        ctx.fail("position " + std::to_string(r) + " is outside the cache of " +
+                 std::to_string(max_pos) + " positions");
+      }
+    }
+    return rows;
+  }
+
   bool interleaved_;
   int64_t rotary_dim_, num_heads_;
 };
@@ -140,5 +226,16 @@ KILN_REGISTER_OP({.op = "RotaryEmbedding",
                   .types = "float, float16, bfloat16",
                   .shape = rotary_embedding_shape,
                   .create = make<RotaryEmbedding>});
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "RotaryEmbedding",
+                  .since = 1,
+                  .min_inputs = 4,
+                  .max_inputs = 4,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .in_place = inputs(0),
+                  .types = "float, float16",
+                  .shape = rotary_embedding_shape,
+                  .create = make<MsRotaryEmbedding>});
 
 }  // namespace kiln::ops
