@@ -28,7 +28,8 @@ struct FoldStats {
 // shares equal ones between sessions through the weights cache).
 FoldStats fold_constants(ir::Graph& graph, const std::function<Tensor(Tensor)>& keep = {});
 
-// Shape-aware folding of the main graph (fold_constants runs it): shapes are tracked with
+// Shape-aware folding of the graph and then of each nested graph, which sees what the
+// enclosing one found of the values it captures (fold_constants runs it): shapes are tracked with
 // the dimensions the graph fixes (declared input dimensions, constants, op rules) and the
 // others unknown, with the elements of small integer tensors computed from them (Shape,
 // Gather, Slice, Concat, Unsqueeze, Cast, integer Add/Sub/Mul, ...). An integer output

@@ -113,6 +113,22 @@ std::optional<int64_t> normalize(int64_t axis, size_t rank) {
   return axis < 0 ? axis + r : axis;
 }
 
+// What a nested graph knows of a value it reads from an enclosing graph: the constant when
+// the enclosing value is one, else its type (the enclosing graph's folding wrote what it
+// found into the types of its undeclared values first).
+Partial captured(const ir::Graph& g, const ir::ValueInfo& v) {
+  for (const ir::Graph* outer = g.parent; outer; outer = outer->parent) {
+    const ir::ValueId id = outer->find(v.name);
+    if (id == ir::kNoValue) continue;
+    const ir::ValueInfo& o = outer->value(id);
+    if (o.origin == ir::ValueOrigin::Capture) continue;  // defined further out
+    if (o.origin == ir::ValueOrigin::Initializer && !o.hollow && o.constant.defined())
+      return from_tensor(o.constant);
+    return from_type(o.type.kind != Value::Kind::None ? o.type : v.type);
+  }
+  return from_type(v.type);
+}
+
 class Analysis {
  public:
   explicit Analysis(const ir::Graph& g) : g_(g), parts_(g.values.size()) {
@@ -120,6 +136,8 @@ class Analysis {
       const ir::ValueInfo& v = g.values[id];
       if (v.origin == ir::ValueOrigin::Initializer && !v.hollow && v.constant.defined()) {
         parts_[id] = from_tensor(v.constant);
+      } else if (v.origin == ir::ValueOrigin::Capture) {
+        parts_[id] = captured(g, v);
       } else if (v.origin == ir::ValueOrigin::GraphInput ||
                  (v.origin == ir::ValueOrigin::Initializer && v.hollow)) {
         parts_[id] = from_type(v.type);
@@ -566,9 +584,8 @@ Tensor to_tensor(const Partial& p) {
                         : Tensor::from_vector<int32_t>({p.dims[0]}, v);
 }
 
-}  // namespace
-
-FoldStats fold_static_shapes(ir::Graph& g, const std::function<Tensor(Tensor)>& keep) {
+// One graph's folding (nested graphs are left to the caller).
+FoldStats fold_graph_shapes(ir::Graph& g, const std::function<Tensor(Tensor)>& keep) {
   FoldStats stats;
   Analysis a(g);
   std::vector<bool> graph_output(g.values.size(), false);
@@ -659,6 +676,27 @@ FoldStats fold_static_shapes(ir::Graph& g, const std::function<Tensor(Tensor)>& 
   }
   remove_nodes(g, folded);
   drop_unused_initializers(g);
+  return stats;
+}
+
+}  // namespace
+
+FoldStats fold_static_shapes(ir::Graph& g, const std::function<Tensor(Tensor)>& keep) {
+  // This graph first: what it finds (types of its values, new initializers) is what its
+  // nested graphs then see of the values they capture.
+  FoldStats stats = fold_graph_shapes(g, keep);
+  for (ir::Node& node : g.nodes) {
+    for (ir::Attribute& a : node.attributes) {
+      std::vector<ir::Graph*> subs;
+      if (a.g) subs.push_back(a.g.get());
+      for (auto& sub : a.graphs) subs.push_back(sub.get());
+      for (ir::Graph* sub : subs) {
+        const FoldStats inner = fold_static_shapes(*sub, keep);
+        stats.nodes += inner.nodes;
+        stats.bytes += inner.bytes;
+      }
+    }
+  }
   return stats;
 }
 

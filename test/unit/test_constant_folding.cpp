@@ -261,3 +261,56 @@ TEST_CASE("shape folding follows Concat, Unsqueeze and integer arithmetic on sha
     CHECK(b[0].value.tensor().shape() == (axis == 1 ? Shape{12, 2} : Shape{8, 3}));
   }
 }
+
+TEST_CASE("shape folding reaches into If branches through the values they capture",
+          "[passes][folding]") {
+  // The branch computes Reshape(x, [Gather(Shape(x), 1) * 2, -1]) on the captured x [n?, 6]:
+  // 12 follows from x's fixed dimension, as in the main graph (merged decoders keep their
+  // whole step inside such a branch). With axis 0 (n?) nothing may fold.
+  for (const int64_t axis : {int64_t{1}, int64_t{0}}) {
+    auto make = [axis] {
+      GraphBuilder then_b("then");
+      then_b.node("Shape", {"x"}, {"shape"});
+      then_b.node("Gather", {"shape", "axis"}, {"d"}, {int_attr("axis", 0)});
+      then_b.node("Mul", {"d", "two"}, {"d2"});
+      then_b.node("Unsqueeze", {"d2", "axes"}, {"d2v"});
+      then_b.node("Concat", {"d2v", "minus1"}, {"target"}, {int_attr("axis", 0)});
+      then_b.node("Reshape", {"x", "target"}, {"t_out"});
+      then_b.output("t_out");
+      GraphBuilder else_b("else");
+      else_b.node("Reshape", {"x", "flat"}, {"e_out"});
+      else_b.output("e_out");
+      GraphBuilder b;
+      b.input("x", DataType::Float, {-1, 6}, true);
+      b.input("cond", DataType::Bool, {}, true);
+      b.initializer("axis", Tensor::scalar<int64_t>(axis));
+      b.initializer("two", Tensor::scalar<int64_t>(2));
+      b.initializer("axes", Tensor::from_vector<int64_t>({1}, {0}));
+      b.initializer("minus1", Tensor::from_vector<int64_t>({1}, {-1}));
+      b.initializer("flat", Tensor::from_vector<int64_t>({2}, {-1, 12}));
+      auto parent = std::make_shared<ir::Graph>();
+      b.node("If", {"cond"}, {"y"},
+             {graph_attr("then_branch", then_b.build(parent.get())),
+              graph_attr("else_branch", else_b.build(parent.get()))});
+      b.output("y");
+      auto g = b.build();
+      for (auto& a : g->nodes[0].attributes) {
+        if (a.g) a.g->parent = g.get();
+      }
+      return g;
+    };
+    INFO("axis " << axis);
+    Session none = session(make(), GraphOptimization::None);
+    Session basic = session(make(), GraphOptimization::Basic);
+    CHECK(basic.load_stats().folded_nodes == (axis == 1 ? 4 : 0));
+    CHECK(basic.load_stats().nodes_planned == (axis == 1 ? 3u : 8u));  // If + branches
+    const Tensor x = Tensor::from_vector<float>({4, 6}, std::vector<float>(24, 1.5f));
+    for (const bool cond : {true, false}) {
+      const auto a = none.run({{"x", x}, {"cond", Tensor::scalar<bool>(cond)}});
+      const auto b = basic.run({{"x", x}, {"cond", Tensor::scalar<bool>(cond)}});
+      CHECK(a[0].value.tensor().shape() == b[0].value.tensor().shape());
+      const Shape want = !cond ? Shape{2, 12} : axis == 1 ? Shape{12, 2} : Shape{8, 3};
+      CHECK(a[0].value.tensor().shape() == want);
+    }
+  }
+}
