@@ -69,7 +69,8 @@ class Writer {
 
   void tensor(const Tensor& t, const std::string& name, onnx::TensorProto& tp) {
     if (!t.defined()) {
-      fail("constant '" + name + "' has no data yet (a hollow constant): give it with "
+      fail("constant '" + name +
+           "' has no data yet (a hollow constant): give it with "
            "Session::set_constant before saving, or save the model it came from");
     }
     tp.set_name(name);
