@@ -326,3 +326,174 @@ TEST_CASE("the dynamically quantized matmuls reject bad inputs naming the node",
                           .run(),
                       Catch::Contains("QGemm") && Catch::Contains("C"));
 }
+
+namespace {
+
+double sigmoid(double v) {
+  return 1 / (1 + std::exp(-v));
+}
+
+// DynamicQuantizeLSTM's reference for one direction (gate order i, o, f, c): the projection of
+// X and each step's H quantized per tensor (in float, as onnxruntime does), the integer sums
+// exact, the cell arithmetic in double. Returns Y [seq, batch, hidden] of the direction.
+std::vector<double> lstm_reference(const Tensor& x, const Tensor& w, const Tensor& r,
+                                   const std::vector<float>& ws, const std::vector<int>& wz,
+                                   const std::vector<float>& rs, const std::vector<int>& rz,
+                                   const Tensor& bias, const Tensor& h0, const Tensor& c0,
+                                   int64_t d, bool reverse) {
+  const int64_t seq = x.dim(0), batch = x.dim(1), in = x.dim(2), hs = r.dim(1), gh = 4 * hs;
+  auto weight = [](const Tensor& t, int64_t d, int64_t k, int64_t j) {
+    return element(t, (d * t.dim(1) + k) * t.dim(2) + j);
+  };
+  auto pick = [](const auto& v, int64_t d, int64_t j, int64_t n) {
+    return v.size() == 2 || v.size() == 1 ? v[static_cast<size_t>(v.size() == 1 ? 0 : d)]
+                                          : v[static_cast<size_t>(d * n + j)];
+  };
+  const Quantized qx = quantize(x);
+  std::vector<double> h(static_cast<size_t>(batch * hs)), c(h.size()), y;
+  for (int64_t i = 0; i < batch * hs; ++i) {
+    h[static_cast<size_t>(i)] = element(h0, d * batch * hs + i);
+    c[static_cast<size_t>(i)] = element(c0, d * batch * hs + i);
+  }
+  y.assign(static_cast<size_t>(seq * batch * hs), 0.0);
+  for (int64_t s = 0; s < seq; ++s) {
+    const int64_t t = reverse ? seq - 1 - s : s;
+    Tensor hf = Tensor::zeros(DataType::Float, {batch, hs});
+    for (size_t i = 0; i < h.size(); ++i) hf.data<float>()[i] = static_cast<float>(h[i]);
+    const Quantized qh = quantize(hf);
+    for (int64_t b = 0; b < batch; ++b) {
+      std::vector<double> g(static_cast<size_t>(gh));
+      for (int64_t j = 0; j < gh; ++j) {
+        double sx = 0, sh = 0;
+        for (int64_t k = 0; k < in; ++k) {
+          sx += (qx.q[static_cast<size_t>((t * batch + b) * in + k)] - qx.zero) *
+                (weight(w, d, k, j) - pick(wz, d, j, gh));
+        }
+        for (int64_t k = 0; k < hs; ++k) {
+          sh += (qh.q[static_cast<size_t>(b * hs + k)] - qh.zero) *
+                (weight(r, d, k, j) - pick(rz, d, j, gh));
+        }
+        g[static_cast<size_t>(j)] = sx * static_cast<double>(qx.scale * pick(ws, d, j, gh)) +
+                                    sh * static_cast<double>(qh.scale * pick(rs, d, j, gh)) +
+                                    element(bias, d * 2 * gh + j) +
+                                    element(bias, d * 2 * gh + gh + j);
+      }
+      for (int64_t j = 0; j < hs; ++j) {
+        const size_t at = static_cast<size_t>(b * hs + j);
+        const double gi = sigmoid(g[static_cast<size_t>(j)]);
+        const double go = sigmoid(g[static_cast<size_t>(hs + j)]);
+        const double gf = sigmoid(g[static_cast<size_t>(2 * hs + j)]);
+        const double gc = std::tanh(g[static_cast<size_t>(3 * hs + j)]);
+        c[at] = gf * c[at] + gi * gc;
+        h[at] = go * std::tanh(c[at]);
+        y[static_cast<size_t>((t * batch + b) * hs + j)] = h[at];
+      }
+    }
+  }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("DynamicQuantizeLSTM matches a double reference", "[ops][contrib][quant]") {
+  std::mt19937 rng(29);
+  const char* directions[] = {"forward", "reverse", "bidirectional"};
+  for (int trial = 0; trial < 9; ++trial) {
+    const int64_t seq = 1 + trial % 4, batch = 1 + (trial * 3) % 4, in = 3 + (trial * 5) % 11,
+                  hs = 2 + (trial * 7) % 13;
+    const std::string dir = directions[trial % 3];
+    const int64_t dirs = dir == "bidirectional" ? 2 : 1, gh = 4 * hs;
+    const bool is_signed = trial % 2 == 0, per_col = trial % 4 < 2;
+    INFO("trial " << trial << " " << dir << " seq " << seq << " batch " << batch << " input " << in
+                  << " hidden " << hs << " signed " << is_signed << " per column " << per_col);
+    const DataType wt = is_signed ? DataType::Int8 : DataType::UInt8;
+    const double lo = is_signed ? -128 : 0, hi = is_signed ? 127 : 255;
+    const Tensor x = random_tensor(DataType::Float, {seq, batch, in}, rng, -2, 2);
+    const Tensor w = random_tensor(wt, {dirs, in, gh}, rng, lo, hi);
+    const Tensor r = random_tensor(wt, {dirs, hs, gh}, rng, lo, hi);
+    const Tensor bias = random_tensor(DataType::Float, {dirs, 8 * hs}, rng, -0.5, 0.5);
+    const Tensor h0 = random_tensor(DataType::Float, {dirs, batch, hs}, rng, -0.5, 0.5);
+    const Tensor c0 = random_tensor(DataType::Float, {dirs, batch, hs}, rng, -0.5, 0.5);
+    const Shape qshape = per_col ? Shape{dirs, gh} : Shape{dirs};
+    const int64_t count = shape_numel(qshape);
+    std::vector<float> ws, rs;
+    std::vector<int> wz, rz;
+    std::uniform_real_distribution<float> sd(0.002f, 0.02f);
+    std::uniform_int_distribution<int> zd(is_signed ? -10 : 110, is_signed ? 10 : 140);
+    for (int64_t i = 0; i < count; ++i) {
+      ws.push_back(sd(rng));
+      rs.push_back(sd(rng));
+      wz.push_back(zd(rng));
+      rz.push_back(zd(rng));
+    }
+    auto floats = [&](const std::vector<float>& v) {
+      Tensor t = Tensor::zeros(DataType::Float, qshape);
+      std::copy(v.begin(), v.end(), t.data<float>());
+      return t;
+    };
+    OpTest op("DynamicQuantizeLSTM", 1, kMs);
+    op.attr("hidden_size", hs).attr("direction", dir).outputs(3);
+    op.input(x);
+    if (trial % 3 == 1) {
+      op.input(w).input(r);
+    } else {
+      op.constant_input(w).constant_input(r);
+    }
+    op.input(bias).no_input().input(h0).input(c0).no_input();
+    op.input(floats(ws))
+        .input(int_tensor(wt, qshape, wz))
+        .input(floats(rs))
+        .input(int_tensor(wt, qshape, rz));
+    const std::vector<Value> out = op.run();
+    const Tensor& y = out[0].tensor();
+    REQUIRE(y.shape() == Shape{seq, dirs, batch, hs});
+    for (int64_t d = 0; d < dirs; ++d) {
+      const std::vector<double> want =
+          lstm_reference(x, w, r, ws, wz, rs, rz, bias, h0, c0, d, dir == "reverse" || d == 1);
+      for (int64_t t = 0; t < seq; ++t) {
+        for (int64_t i = 0; i < batch * hs; ++i) {
+          INFO("direction " << d << " step " << t << " element " << i);
+          // H is quantized from float state: a value on a rounding edge may land one step
+          // over, so the tolerance allows a little of one quantum.
+          REQUIRE(std::fabs(element(y, (t * dirs + d) * batch * hs + i) -
+                            want[static_cast<size_t>(t * batch * hs + i)]) <= 2e-3);
+        }
+      }
+    }
+  }
+  // Bad inputs: float weights, a scale of the wrong shape.
+  const Tensor x = Tensor::zeros(DataType::Float, {2, 1, 3});
+  auto scale = [](Shape s) { return Tensor::zeros(DataType::Float, std::move(s)); };
+  REQUIRE_THROWS_WITH(OpTest("DynamicQuantizeLSTM", 1, kMs)
+                          .attr("hidden_size", 2)
+                          .input(x)
+                          .input(Tensor::zeros(DataType::Float, {1, 3, 8}))
+                          .input(Tensor::zeros(DataType::Int8, {1, 2, 8}))
+                          .no_input()
+                          .no_input()
+                          .no_input()
+                          .no_input()
+                          .no_input()
+                          .input(scale({1}))
+                          .input(Tensor::zeros(DataType::Int8, {1}))
+                          .input(scale({1}))
+                          .input(Tensor::zeros(DataType::Int8, {1}))
+                          .run(),
+                      Catch::Contains("DynamicQuantizeLSTM") && Catch::Contains("int8"));
+  REQUIRE_THROWS_WITH(OpTest("DynamicQuantizeLSTM", 1, kMs)
+                          .attr("hidden_size", 2)
+                          .input(x)
+                          .input(Tensor::zeros(DataType::Int8, {1, 3, 8}))
+                          .input(Tensor::zeros(DataType::Int8, {1, 2, 8}))
+                          .no_input()
+                          .no_input()
+                          .no_input()
+                          .no_input()
+                          .no_input()
+                          .input(scale({1, 5}))
+                          .input(Tensor::zeros(DataType::Int8, {1}))
+                          .input(scale({1}))
+                          .input(Tensor::zeros(DataType::Int8, {1}))
+                          .run(),
+                      Catch::Contains("DynamicQuantizeLSTM") && Catch::Contains("W_scale"));
+}

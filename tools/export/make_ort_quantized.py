@@ -2,7 +2,7 @@
 com.microsoft ops (DynamicQuantizeMatMul, MatMulIntegerToFloat, QGemm, DynamicQuantizeLSTM,
 QAttention). Every model has random weights (built from a config, nothing downloaded) and goes
 to OUT/<name>/model.onnx with test_data_set_0: inputs and onnxruntime's outputs for them, run
-on the file as written (no further onnxruntime fusion).
+on the file as written (no further onnxruntime fusion) on one thread.
 
 - bert-avx512-vnni, bert-avx2: the 2-layer BERT of make_ort_optimized.py (MiniLM-shaped:
   hidden 64, 4 heads) exported by Optimum and quantized by Optimum's ORTQuantizer with
@@ -61,6 +61,10 @@ def save(model_path: str, out: str, name: str, feed=None) -> None:
 def write_reference(model_path: str, folder: str, feed) -> None:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    # One thread: onnxruntime's LSTM splits the batch rows across its threads and quantizes each
+    # part of H on its own, so its quantized recurrent products depend on the thread count. On
+    # one thread H is quantized per tensor at each step, which is the operator's meaning.
+    options.intra_op_num_threads = 1
     sess = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
     feed = feed if feed is not None else base.inputs(sess)
     outputs = sess.run(None, feed)
