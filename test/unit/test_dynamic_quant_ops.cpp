@@ -497,3 +497,94 @@ TEST_CASE("DynamicQuantizeLSTM matches a double reference", "[ops][contrib][quan
                           .run(),
                       Catch::Contains("DynamicQuantizeLSTM") && Catch::Contains("W_scale"));
 }
+
+TEST_CASE("QAttention matches a double reference", "[ops][contrib][quant]") {
+  std::mt19937 rng(31);
+  for (int trial = 0; trial < 8; ++trial) {
+    const int64_t batch = 1 + trial % 2, seq = 1 + (trial * 3) % 6, heads = 1 + trial % 3;
+    const int64_t head = 2 + (trial * 5) % 7, hidden = heads * head, in = 3 + (trial * 7) % 13;
+    const int64_t cols = 3 * hidden;
+    const bool is_signed = trial % 2 == 1, per_col = trial % 4 >= 2, masked = trial % 3 != 0;
+    INFO("trial " << trial << " batch " << batch << " seq " << seq << " heads " << heads << " head "
+                  << head << " input " << in);
+    const Weights w = random_weights(rng, in, cols, is_signed, per_col);
+    const Tensor x = random_tensor(DataType::UInt8, {batch, seq, in}, rng, 0, 255);
+    const Tensor bias = random_tensor(DataType::Float, {cols}, rng, -0.5, 0.5);
+    const float sx = 0.02f;
+    const int zx = 120;
+    std::vector<int> xv;
+    for (int64_t i = 0; i < x.numel(); ++i) xv.push_back(static_cast<int>(element(x, i)));
+    std::vector<double> proj = int_product(xv, zx, w.b, w.zeros, batch * seq, in, cols);
+    for (size_t i = 0; i < proj.size(); ++i) {
+      const size_t j = i % static_cast<size_t>(cols);
+      proj[i] = proj[i] * static_cast<double>(sx * w.scales[per_col ? j : 0]) +
+                element(bias, static_cast<int64_t>(j));
+    }
+    std::vector<int> ends;
+    for (int64_t b = 0; b < batch; ++b)
+      ends.push_back(static_cast<int>(masked ? 1 + b % seq : seq));
+    std::vector<double> want(static_cast<size_t>(batch * seq * hidden), 0.0);
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t i = 0; i < seq; ++i) {
+          std::vector<double> p(static_cast<size_t>(seq));
+          double top = -1e300, sum = 0;
+          for (int64_t t = 0; t < seq; ++t) {
+            double s = 0;
+            for (int64_t e = 0; e < head; ++e) {
+              s += proj[static_cast<size_t>((b * seq + i) * cols + h * head + e)] *
+                   proj[static_cast<size_t>((b * seq + t) * cols + hidden + h * head + e)];
+            }
+            s = s / std::sqrt(static_cast<double>(head)) + (t >= ends[b] ? -10000.0 : 0.0);
+            p[static_cast<size_t>(t)] = s;
+            top = std::max(top, s);
+          }
+          for (double& v : p) sum += (v = std::exp(v - top));
+          for (int64_t e = 0; e < head; ++e) {
+            double acc = 0;
+            for (int64_t t = 0; t < seq; ++t) {
+              acc += p[static_cast<size_t>(t)] / sum *
+                     proj[static_cast<size_t>((b * seq + t) * cols + 2 * hidden + h * head + e)];
+            }
+            want[static_cast<size_t>((b * seq + i) * hidden + h * head + e)] = acc;
+          }
+        }
+      }
+    }
+    OpTest op("QAttention", 1, kMs);
+    op.attr("num_heads", heads).input(x);
+    if (trial % 2 == 0) {
+      op.constant_input(w.b);
+    } else {
+      op.input(w.b);
+    }
+    op.input(bias).input(scalar_f(sx)).input(w.scale);
+    if (masked) {
+      op.input(int_tensor(DataType::Int32, {batch}, ends));
+    } else {
+      op.no_input();
+    }
+    op.input(int_tensor(DataType::UInt8, {}, {zx})).input(w.zero);
+    require_near(op.run1(), want, 1e-4);
+  }
+  // A float input, and a weight scale of the wrong length: errors naming the node.
+  const Tensor w = Tensor::zeros(DataType::Int8, {4, 6});
+  REQUIRE_THROWS_WITH(OpTest("QAttention", 1, kMs)
+                          .attr("num_heads", 1)
+                          .input(Tensor::zeros(DataType::Float, {1, 2, 4}))
+                          .input(w)
+                          .input(Tensor::zeros(DataType::Float, {6}))
+                          .input(scalar_f(1))
+                          .input(scalar_f(1))
+                          .run(),
+                      Catch::Contains("QAttention") && Catch::Contains("uint8"));
+  REQUIRE_THROWS_WITH(OpTest("QAttention", 1, kMs)
+                          .attr("num_heads", 1)
+                          .input(Tensor::zeros(DataType::UInt8, {1, 2, 4}))
+                          .input(w)
+                          .input(Tensor::zeros(DataType::Float, {6}))
+                          .input(scalar_f(1))
+                          .input(Tensor::zeros(DataType::Float, {5}))
+                          .run(),
+                      Catch::Contains("QAttention") && Catch::Contains("weight_scale"));
+}
