@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "ops/math/qgemm.h"
 #include "test/unit/op_test.h"
 
 using namespace kiln;
@@ -587,4 +588,55 @@ TEST_CASE("QAttention matches a double reference", "[ops][contrib][quant]") {
                           .input(Tensor::zeros(DataType::Float, {5}))
                           .run(),
                       Catch::Contains("QAttention") && Catch::Contains("weight_scale"));
+}
+
+TEST_CASE("the dynamically quantized ops pack constant weights once, at session creation",
+          "[ops][contrib][quant]") {
+  std::mt19937 rng(37);
+  const Weights w = random_weights(rng, 24, 36, true, true);
+  const Tensor x = random_tensor(DataType::Float, {5, 24}, rng, -1, 1);
+  const Tensor xq = random_tensor(DataType::UInt8, {1, 5, 24}, rng, 0, 255);
+  const Tensor bias = random_tensor(DataType::Float, {36}, rng, -1, 1);
+  const Tensor lstm_w = random_tensor(DataType::Int8, {1, 24, 16}, rng, -128, 127);
+  const Tensor lstm_r = random_tensor(DataType::Int8, {1, 4, 16}, rng, -128, 127);
+  auto run_all = [&](bool constant) {
+    auto weight = [&](OpTest& op, const Tensor& t) -> OpTest& {
+      return constant ? op.constant_input(t) : op.input(t);
+    };
+    OpTest dq("DynamicQuantizeMatMul", 1, kMs);
+    weight(dq.input(x), w.b).input(w.scale).input(w.zero).run();
+    OpTest mi("MatMulIntegerToFloat", 1, kMs);
+    weight(mi.input(Tensor::zeros(DataType::UInt8, {5, 24})), w.b)
+        .input(scalar_f(0.1f))
+        .input(w.scale)
+        .run();
+    OpTest qg("QGemm", 1, kMs);
+    weight(qg.input(Tensor::zeros(DataType::UInt8, {5, 24}))
+               .input(scalar_f(0.1f))
+               .input(Tensor::zeros(DataType::UInt8, {})),
+           w.b)
+        .input(w.scale)
+        .input(w.zero)
+        .run();
+    OpTest qa("QAttention", 1, kMs);
+    weight(qa.attr("num_heads", 2).input(xq), w.b)
+        .input(bias)
+        .input(scalar_f(0.1f))
+        .input(w.scale)
+        .run();
+    OpTest ls("DynamicQuantizeLSTM", 1, kMs);
+    ls.attr("hidden_size", 4).input(Tensor::zeros(DataType::Float, {3, 2, 24}));
+    weight(weight(ls, lstm_w), lstm_r).no_input().no_input().no_input().no_input().no_input();
+    ls.input(scalar_f(0.1f).reshaped({1}))
+        .input(Tensor::zeros(DataType::Int8, {1}))
+        .input(scalar_f(0.1f).reshaped({1}))
+        .input(Tensor::zeros(DataType::Int8, {1}))
+        .run();
+  };
+  const uint64_t before = math::qgemm_b_packs();
+  run_all(true);
+  REQUIRE(math::qgemm_b_packs() == before);
+  // Weights fed at run time are packed as the products run: the counter sees them.
+  run_all(false);
+  REQUIRE(math::qgemm_b_packs() >= before + 3);
 }
