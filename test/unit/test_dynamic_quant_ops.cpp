@@ -6,10 +6,12 @@
 // suite again at every instruction-set level (KILN_ISA), so each int8 tile is covered.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "ops/math/qgemm.h"
+#include "test/unit/isa_test.h"
 #include "test/unit/op_test.h"
 
 using namespace kiln;
@@ -639,4 +641,37 @@ TEST_CASE("the dynamically quantized ops pack constant weights once, at session 
   // Weights fed at run time are packed as the products run: the counter sees them.
   run_all(false);
   REQUIRE(math::qgemm_b_packs() >= before + 3);
+}
+
+KILN_ISA_TEST_CASE("dynamic quantization's range and rounding kernels match the scalar rule",
+                   "[math][quant]") {
+  KILN_REQUIRE_ISA();
+  const math::Int8GemmKernels& k = isa_kernels.int8_gemm;
+  std::mt19937 rng(41);
+  for (int64_t n : {0, 1, 5, 16, 17, 63, 64, 100}) {
+    Tensor t = random_tensor(DataType::Float, {n}, rng, -3, 5);
+    float* x = t.data<float>();
+    const float scale = 0.03125f, zero = 96.0f;
+    // Ties (half-way between steps), values past both ends, infinities and NaNs.
+    for (int64_t i = 0; i < n; ++i) {
+      if (i % 7 == 1) x[i] = (static_cast<float>(i % 11) - 5.5f) * scale;
+      if (i % 13 == 2) x[i] = std::numeric_limits<float>::quiet_NaN();
+      if (i % 17 == 3) x[i] = -std::numeric_limits<float>::infinity();
+      if (i % 19 == 4) x[i] = 1e9f;
+    }
+    float lo = 1, hi = -1, want_lo = 0, want_hi = 0;
+    k.quant_range(x, n, &lo, &hi);
+    std::vector<uint8_t> y(static_cast<size_t>(n) + 1, 7);
+    k.quantize_u8(x, n, scale, zero, y.data());
+    for (int64_t i = 0; i < n; ++i) {
+      INFO("n " << n << " element " << i << " = " << x[i]);
+      if (!std::isnan(x[i])) want_lo = std::min(want_lo, x[i]), want_hi = std::max(want_hi, x[i]);
+      const float q = std::nearbyint(x[i] / scale) + zero;
+      const int want = std::isnan(q) ? 0 : static_cast<int>(std::clamp(q, 0.0f, 255.0f));
+      REQUIRE(static_cast<int>(y[static_cast<size_t>(i)]) == want);
+    }
+    REQUIRE(y[static_cast<size_t>(n)] == 7);  // nothing written past the end
+    REQUIRE(lo == want_lo);
+    REQUIRE(hi == want_hi);
+  }
 }
