@@ -15,6 +15,12 @@
 // cache); each (batch, head) task then computes its scores with one GEMM
 // reading Q and K in place from the projection (K^T as a column-major view), softmaxes rows
 // with the vector kernels and multiplies by V straight into the output.
+//
+// com.microsoft QAttention (what onnxruntime's quantize_dynamic makes of Attention) is the same
+// block with a quantized projection: uint8 input and 8-bit weights with their scales and zero
+// points (the weights' per tensor or per column), multiplied in the int8 GEMM layer and scaled
+// back to float with the bias added, as onnxruntime does; its mask_index and past are inputs
+// 5 and 8, and it takes no attention_bias.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -24,6 +30,7 @@
 #include "ops/common.h"
 #include "ops/math/gemm.h"
 #include "ops/math/kernels.h"
+#include "ops/math/qgemm.h"
 #include "ops/packed_weights.h"
 
 namespace kiln::ops {
@@ -36,30 +43,49 @@ struct Sizes {
   int64_t hv() const { return dv / heads; }
 };
 
+// Where Attention and QAttention keep their optional inputs.
+struct InputSlots {
+  size_t mask = 3, past = 4, attention_bias = 5;
+};
+constexpr InputSlots kAttentionSlots{3, 4, 5};
+constexpr InputSlots kQAttentionSlots{5, 8, 0};
+
 class PackedAttention final : public Kernel {
  public:
-  explicit PackedAttention(const NodeInfo& info)
-      : heads_(info.attr_int("num_heads")),
+  explicit PackedAttention(const NodeInfo& info, bool quantized = false)
+      : quantized_(quantized),
+        slots_(quantized ? kQAttentionSlots : kAttentionSlots),
+        heads_(info.attr_int("num_heads")),
         unidirectional_(info.attr_int("unidirectional", 0) != 0),
         scale_(info.attr_float("scale", 0.0f)),
         filter_(info.attr_float("mask_filter_value", -10000.0f)),
         qkv_sizes_(info.attr_ints("qkv_hidden_sizes")),
-        packed_(pack_constant_b(info, 1, false)) {
+        packed_(quantized ? PackedWeight{} : pack_constant_b(info, 1, false)),
+        qpacked_(quantized ? pack_constant_qb(info, 1, false) : QPackedWeight{}) {
     if (heads_ <= 0) info.fail("num_heads must be positive");
     if (info.attr_int("do_rotary", 0) != 0)
       info.fail("do_rotary is not supported", ErrorKind::Unsupported);
     if (!qkv_sizes_.empty() && qkv_sizes_.size() != 3)
       info.fail("qkv_hidden_sizes must hold 3 sizes");
-    if (info.has_input(6))
+    if (!quantized && info.has_input(6))
       info.fail("past_sequence_length is not supported", ErrorKind::Unsupported);
   }
 
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Tensor& w = ctx.input(1);
-    for (const Tensor* t : {&x, &w}) {
-      if (t->dtype() != DataType::Float) {
-        ctx.fail("takes float input and weights, got " + t->describe(), ErrorKind::Unsupported);
+    if (quantized_) {
+      if (x.dtype() != DataType::UInt8 ||
+          (w.dtype() != DataType::UInt8 && w.dtype() != DataType::Int8)) {
+        ctx.fail("takes uint8 input and uint8 or int8 weights, got " + x.describe() + " and " +
+                     w.describe(),
+                 ErrorKind::Unsupported);
+      }
+    } else {
+      for (const Tensor* t : {&x, &w}) {
+        if (t->dtype() != DataType::Float) {
+          ctx.fail("takes float input and weights, got " + t->describe(), ErrorKind::Unsupported);
+        }
       }
     }
     if (x.rank() != 3) ctx.fail("input " + x.describe() + " must be 3-D [batch, sequence, hidden]");
@@ -88,7 +114,8 @@ class PackedAttention final : public Kernel {
       }
       bias = b.data<const float>();
     }
-    const Tensor* past = ctx.has_input(4) ? &ctx.input(4) : nullptr;
+    if (quantized_ && !bias) ctx.fail("QAttention needs its bias (input 2)");
+    const Tensor* past = ctx.has_input(slots_.past) ? &ctx.input(slots_.past) : nullptr;
     if (past) {
       if (past->dtype() != DataType::Float || past->rank() != 5 || past->dim(0) != 2 ||
           past->dim(1) != z.batch || past->dim(2) != heads_ || past->dim(4) != z.hq() ||
@@ -105,9 +132,11 @@ class PackedAttention final : public Kernel {
     Tensor qkv = ctx.allocate(DataType::Float, {z.batch * z.seq, cols});
     math::GemmOptions opt;
     opt.bias = bias;
-    const math::MatrixView a =
-        math::MatrixView::row_major(x.data<const float>(), z.batch * z.seq, z.in, z.in);
-    if (packed_ && packed_.view.k() == z.in && packed_.view.n() == cols) {
+    if (quantized_) {
+      quantized_projection(ctx, x, w, bias, z, qkv.data<float>(), cols);
+    } else if (const math::MatrixView a =
+                   math::MatrixView::row_major(x.data<const float>(), z.batch * z.seq, z.in, z.in);
+               packed_ && packed_.view.k() == z.in && packed_.view.n() == cols) {
       math::sgemm(a, packed_.view, qkv.data<float>(), cols, opt);
     } else {
       math::sgemm(a, math::MatrixView::row_major(w.data<const float>(), z.in, cols, cols),
@@ -135,6 +164,69 @@ class PackedAttention final : public Kernel {
   }
 
  private:
+  // QAttention's projection: float((x - x_zero) (w - w_zero_j)) * x_scale * w_scale_j + bias_j.
+  void quantized_projection(OpContext& ctx, const Tensor& x, const Tensor& w, const float* bias,
+                            const Sizes& z, float* qkv, int64_t cols) const {
+    auto scalar = [&](size_t i, const char* what) -> const Tensor& {
+      const Tensor& t = ctx.input(i);
+      if (t.numel() != 1 || t.rank() > 1) {
+        ctx.fail(std::string(what) + " " + t.describe() + " must be a scalar");
+      }
+      return t;
+    };
+    auto per_column = [&](const Tensor& t, const char* what) {
+      if (!(t.numel() == 1 && t.rank() <= 1) && !(t.rank() == 1 && t.dim(0) == cols)) {
+        ctx.fail(std::string(what) + " " + t.describe() + " must be a scalar or 1-D of " +
+                 std::to_string(cols));
+      }
+      return t.numel() > 1;
+    };
+    const Tensor& xs = scalar(3, "input_scale");
+    const Tensor& ws = ctx.input(4);
+    for (const Tensor* s : {&xs, &ws}) {
+      if (s->dtype() != DataType::Float) ctx.fail("scales must be float, got " + s->describe());
+    }
+    const bool scale_cols = per_column(ws, "weight_scale");
+    std::vector<float> mult(static_cast<size_t>(ws.numel()));
+    for (size_t j = 0; j < mult.size(); ++j) {
+      mult[j] = ws.data<const float>()[j] * xs.data<const float>()[0];
+    }
+    math::QGemmOptions o;
+    if (ctx.has_input(6)) {
+      const Tensor& zx = scalar(6, "input_zero_point");
+      if (zx.dtype() != DataType::UInt8) ctx.fail("input_zero_point must be uint8");
+      o.a_zero = zx.data<const uint8_t>()[0];
+    }
+    std::vector<int32_t> zw;
+    if (ctx.has_input(7)) {
+      const Tensor& t = ctx.input(7);
+      if (t.dtype() != w.dtype())
+        ctx.fail("weight_zero_point " + t.describe() + " must have the weights' type");
+      per_column(t, "weight_zero_point");
+      for (int64_t j = 0; j < t.numel(); ++j) {
+        zw.push_back(w.dtype() == DataType::Int8 ? t.data<const int8_t>()[j]
+                                                 : t.data<const uint8_t>()[j]);
+      }
+      if (zw.size() > 1) {
+        o.b_zeros = zw.data();
+      } else {
+        o.b_zero = zw[0];
+      }
+    }
+    const math::QMatrixView a =
+        math::QMatrixView::row_major(x.raw_data(), z.batch * z.seq, z.in, z.in, false);
+    const math::QGemmOutput out =
+        math::QGemmOutput::to_float(qkv, cols, mult.data(), scale_cols, bias);
+    if (qpacked_ && qpacked_.view.k() == z.in && qpacked_.view.n() == cols) {
+      math::qgemm(a, qpacked_.view, out, o);
+    } else {
+      math::qgemm(
+          a,
+          math::QMatrixView::row_major(w.raw_data(), z.in, cols, cols, w.dtype() == DataType::Int8),
+          out, o);
+    }
+  }
+
   // Where the keys and values of (b, h) are: rows of `row` floats, a batch `batch` apart,
   // head h at column h * head (values), plus the head offset for present's layout.
   struct KeyValues {
@@ -156,8 +248,8 @@ class PackedAttention final : public Kernel {
   };
 
   Mask mask_of(OpContext& ctx, const Sizes& z) const {
-    if (!ctx.has_input(3)) return {};
-    const Tensor& m = ctx.input(3);
+    if (!ctx.has_input(slots_.mask)) return {};
+    const Tensor& m = ctx.input(slots_.mask);
     if (m.dtype() != DataType::Int32) ctx.fail("mask_index " + m.describe() + " must be int32");
     if (m.rank() == 1 && m.dim(0) == z.batch) return {&m, 1};
     if (m.rank() == 1 && m.dim(0) == 2 * z.batch) return {&m, 2};
@@ -181,8 +273,8 @@ class PackedAttention final : public Kernel {
   };
 
   BiasPlanes attention_bias(OpContext& ctx, const Sizes& z) const {
-    if (!ctx.has_input(5)) return {};
-    const Tensor& a = ctx.input(5);
+    if (quantized_ || !ctx.has_input(slots_.attention_bias)) return {};
+    const Tensor& a = ctx.input(slots_.attention_bias);
     if (a.dtype() != DataType::Float || a.rank() != 4 || (a.dim(0) != 1 && a.dim(0) != z.batch) ||
         (a.dim(1) != 1 && a.dim(1) != heads_) || a.dim(2) != z.seq || a.dim(3) != z.total) {
       ctx.fail("attention_bias " + a.describe() + " must be float [B or 1, N or 1, S, T]");
@@ -274,12 +366,19 @@ class PackedAttention final : public Kernel {
                 out + b * z.seq * z.dv + h * hv, z.dv, pv);
   }
 
+  bool quantized_;
+  InputSlots slots_;
   int64_t heads_;
   bool unidirectional_;
   float scale_, filter_;
   std::vector<int64_t> qkv_sizes_;
-  PackedWeight packed_;  // the weights when constant
+  PackedWeight packed_;    // the weights when constant
+  QPackedWeight qpacked_;  // QAttention's, likewise
 };
+
+std::unique_ptr<Kernel> make_qattention(const NodeInfo& info) {
+  return std::make_unique<PackedAttention>(info, true);
+}
 
 // output [B, S, Dv]; present [2, B, N, P + S, H].
 void packed_attention_shape(ShapeContext& c) {
@@ -291,16 +390,20 @@ void packed_attention_shape(ShapeContext& c) {
   const std::vector<int64_t> sizes = c.attr_ints("qkv_hidden_sizes");
   const int64_t dv = sizes.size() == 3 ? sizes[2] : w[1] / 3;
   const int64_t dk = sizes.size() == 3 ? sizes[1] : w[1] / 3;
-  c.set(0, c.dtype(0), {x[0], x[1], dv});
+  // QAttention's outputs are float; its past is input 8.
+  const bool quantized = c.node().op_type == "QAttention";
+  const DataType out = quantized ? DataType::Float : c.dtype(0);
+  const size_t past_input = quantized ? 8 : 4;
+  c.set(0, out, {x[0], x[1], dv});
   if (c.has_out(1)) {
     int64_t past = 0;
-    if (c.has(4)) {
-      const Shape& p = c.shape(4);
+    if (c.has(past_input)) {
+      const Shape& p = c.shape(past_input);
       if (p.size() != 5) unknown("past of another rank");
       past = p[3];
     }
     const int64_t total = past < 0 || x[1] < 0 ? -1 : past + x[1];
-    c.set(1, c.dtype(0), {2, x[0], heads, total, dk / heads});
+    c.set(1, out, {2, x[0], heads, total, dk / heads});
   }
 }
 
@@ -316,5 +419,16 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .types = "float",
                   .shape = packed_attention_shape,
                   .create = make<PackedAttention>});
+
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "QAttention",
+                  .since = 1,
+                  .min_inputs = 5,
+                  .max_inputs = 9,
+                  .min_outputs = 1,
+                  .max_outputs = 2,
+                  .types = "uint8 input; uint8, int8 weights -> float",
+                  .shape = packed_attention_shape,
+                  .create = make_qattention});
 
 }  // namespace kiln::ops

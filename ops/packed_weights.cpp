@@ -66,4 +66,35 @@ PackedWeight pack_constant_b(const NodeInfo& info, size_t i, bool transpose) {
   return out;
 }
 
+QPackedWeight pack_constant_qb(const NodeInfo& info, size_t i, bool transpose) {
+  const Tensor* b = info.constant_input(i);
+  if (!b || b->rank() != 2 || b->numel() == 0 ||
+      (b->dtype() != DataType::UInt8 && b->dtype() != DataType::Int8)) {
+    return {};
+  }
+  const math::MathKernels& t = math::kernels();
+  const bool is_signed = b->dtype() == DataType::Int8;
+  const int64_t k = transpose ? b->dim(1) : b->dim(0), n = transpose ? b->dim(0) : b->dim(1);
+  // The same name as MatMulInteger's packing when not transposed: the layouts are the same.
+  const std::string packing = std::string("qgemm-b") + (transpose ? "t-" : "-") +
+                              math::isa_name(t.isa) + "-" + t.int8_gemm.layout + "-nr" +
+                              std::to_string(t.int8_gemm.nr);
+  QPackedWeight out;
+  out.storage = info.prepared_input(i, packing, [&](const Tensor& w) {
+    const Tensor c = w.contiguous();
+    const int64_t bytes = math::QPackedB::packed_bytes(k, n, t.int8_gemm);
+    Tensor packed(DataType::UInt8, Shape{bytes},
+                  Storage::heap_uninitialized(static_cast<size_t>(bytes)));
+    const int64_t ld = c.dim(1);
+    const math::QMatrixView v =
+        transpose ? math::QMatrixView{c.raw_data(), k, n, 1, ld, is_signed}
+                  : math::QMatrixView::row_major(c.raw_data(), k, n, ld, is_signed);
+    math::QPackedB::pack_into(v, packed.raw_data(), t);
+    packed.storage()->set_read_only();
+    return packed;
+  });
+  out.view = math::QPackedB(out.storage->raw_data(), k, n, is_signed);
+  return out;
+}
+
 }  // namespace kiln::ops

@@ -7,6 +7,7 @@
 #include "kiln/session.h"
 #include "ops/kernel.h"
 #include "ops/math/gemm.h"
+#include "ops/math/qgemm.h"
 
 namespace kiln::ops {
 
@@ -21,5 +22,16 @@ struct PackedWeight {
 // `transpose`) once per Environment in NodeInfo::gemm_weights() precision. Empty when input
 // i is not such a constant.
 PackedWeight pack_constant_b(const NodeInfo& info, size_t i, bool transpose);
+
+// A packed constant 8-bit B: the weights cache's tensor and a view of it for qgemm.
+struct QPackedWeight {
+  std::shared_ptr<const Tensor> storage;
+  math::QPackedB view;
+  explicit operator bool() const { return storage != nullptr; }
+};
+
+// Packs constant input `i` (a 2-D uint8 or int8 tensor; op(B) = B^T when `transpose`) once per
+// Environment for the active level's int8 tile. Empty when input i is not such a constant.
+QPackedWeight pack_constant_qb(const NodeInfo& info, size_t i, bool transpose);
 
 }  // namespace kiln::ops

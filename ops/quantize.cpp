@@ -13,6 +13,8 @@
 
 #include "ops/common.h"
 #include "ops/float8.h"
+#include "ops/math/kernels.h"
+#include "ops/quantize.h"
 
 namespace kiln::ops {
 namespace {
@@ -366,40 +368,10 @@ class DynamicQuantizeLinear final : public Kernel {
     const Tensor& x = ctx.input(0);
     if (x.dtype() != DataType::Float)
       throw_unsupported_type(x.dtype(), "DynamicQuantizeLinear input");
-    const float* px = x.data<const float>();
-    const int64_t n = x.numel();
-    constexpr int64_t kPart = 1 << 16;
-    const int64_t parts = (n + kPart - 1) / kPart;
-    // One slot even for an empty x, whose range is then [0, 0].
-    const size_t slots = static_cast<size_t>(std::max<int64_t>(parts, 1));
-    std::vector<float> mins(slots, 0.0f), maxs(slots, 0.0f);
-    parallel_for(parts, 1, [&](int64_t b, int64_t e) {
-      for (int64_t p = b; p < e; ++p) {
-        float mn = 0.0f, mx = 0.0f;  // the range always includes 0; NaNs are skipped
-        for (int64_t i = p * kPart; i < std::min(n, (p + 1) * kPart); ++i) {
-          mn = std::min(mn, px[i]);
-          mx = std::max(mx, px[i]);
-        }
-        mins[static_cast<size_t>(p)] = mn, maxs[static_cast<size_t>(p)] = mx;
-      }
-    });
-    const float mn = *std::min_element(mins.begin(), mins.end());
-    const float mx = *std::max_element(maxs.begin(), maxs.end());
-    const float scale = (mx == mn ? 1.0f : mx - mn) / 255.0f;
-    const float zp_f = std::clamp(0.0f - mn / scale, 0.0f, 255.0f);
-    const float zp = std::isnan(zp_f) ? 0.0f : std::nearbyint(zp_f);
     Tensor& y = ctx.output(0, DataType::UInt8, x.shape());
-    uint8_t* py = y.data<uint8_t>();
-    parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const float q = std::nearbyint(px[i] / scale) + zp;
-        py[i] = std::isnan(q) ? uint8_t{0} : static_cast<uint8_t>(std::clamp(q, 0.0f, 255.0f));
-      }
-    });
-    if (ctx.has_output(1)) ctx.output(1, DataType::Float, {}).data<float>()[0] = scale;
-    if (ctx.has_output(2)) {
-      ctx.output(2, DataType::UInt8, {}).data<uint8_t>()[0] = static_cast<uint8_t>(zp);
-    }
+    const DynamicQuant q = dynamic_quantize_u8(x.data<const float>(), x.numel(), y.data<uint8_t>());
+    if (ctx.has_output(1)) ctx.output(1, DataType::Float, {}).data<float>()[0] = q.scale;
+    if (ctx.has_output(2)) ctx.output(2, DataType::UInt8, {}).data<uint8_t>()[0] = q.zero_point;
   }
 };
 
@@ -467,5 +439,29 @@ KILN_REGISTER_OP({.op = "DynamicQuantizeLinear",
                   .types = "float -> uint8",
                   .shape = dynamic_quantize_shape,
                   .create = make<DynamicQuantizeLinear>});
+
+DynamicQuant dynamic_quantize_u8(const float* px, int64_t n, uint8_t* py) {
+  const math::Int8GemmKernels& k = math::kernels().int8_gemm;
+  constexpr int64_t kPart = 1 << 16;
+  const int64_t parts = (n + kPart - 1) / kPart;
+  // One slot even for an empty x, whose range is then [0, 0].
+  const size_t slots = static_cast<size_t>(std::max<int64_t>(parts, 1));
+  std::vector<float> mins(slots, 0.0f), maxs(slots, 0.0f);
+  parallel_for(parts, 1, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      const int64_t at = p * kPart;
+      k.quant_range(px + at, std::min(n - at, kPart), &mins[static_cast<size_t>(p)],
+                    &maxs[static_cast<size_t>(p)]);
+    }
+  });
+  const float mn = *std::min_element(mins.begin(), mins.end());
+  const float mx = *std::max_element(maxs.begin(), maxs.end());
+  const float scale = (mx == mn ? 1.0f : mx - mn) / 255.0f;
+  const float zp_f = std::clamp(0.0f - mn / scale, 0.0f, 255.0f);
+  const float zp = std::isnan(zp_f) ? 0.0f : std::nearbyint(zp_f);
+  parallel_for(n, 1 << 14,
+               [&](int64_t b, int64_t e) { k.quantize_u8(px + b, e - b, scale, zp, py + b); });
+  return {scale, static_cast<uint8_t>(zp)};
+}
 
 }  // namespace kiln::ops

@@ -10,6 +10,13 @@
 // reverse direction starts at len-1); later Y rows are zero, and Y_h / Y_c hold the state
 // after the row's last step (zero when len is 0). Half types compute in float; double uses
 // plain-loop products; the two directions run in parallel, sharing the threads.
+//
+// com.microsoft DynamicQuantizeLSTM is the LSTM with 8-bit W [dirs, input, 4H] and R [dirs,
+// H, 4H] (already transposed) and their scales and zero points per direction or per gate
+// column: each product's left operand (X for the projection, H at each step) is quantized
+// per tensor to uint8 as onnxruntime does (ops/quantize.h) and multiplied in the int8 GEMM
+// layer, which scales the sums back to float by x_scale * w_scale[column]. W and R are packed
+// once per direction at session creation; the cell arithmetic is the float LSTM's.
 #include <tbb/task_arena.h>
 
 #include <Eigen/Core>
@@ -23,7 +30,9 @@
 
 #include "ops/common.h"
 #include "ops/math/gemm.h"
+#include "ops/math/qgemm.h"
 #include "ops/math/threading.h"
+#include "ops/quantize.h"
 
 namespace kiln::ops {
 namespace {
@@ -195,6 +204,63 @@ Activation parse_activation(const NodeInfo& info, const std::string& name,
   info.fail("unknown activation '" + name + "'", ErrorKind::Unsupported);
 }
 
+// DynamicQuantizeLSTM's packed 8-bit weight of one direction (W or R, k x 4H) with its scales
+// (one or 4H) and zero points (one or 4H).
+struct QuantWeight {
+  math::QPackedB packed;
+  const float* scales = nullptr;
+  bool per_column = false;
+  std::vector<int32_t> zeros;  // one, or one per column
+};
+
+// The bytes of one direction of a [dirs, k, n] 8-bit weight packed for the active level.
+int64_t qweight_bytes(const Tensor& w) {
+  return math::QPackedB::packed_bytes(w.dim(1), w.dim(2), math::kernels().int8_gemm);
+}
+
+// A [dirs, k, n] 8-bit weight packed per direction, one after another.
+Tensor pack_qweight(const Tensor& w) {
+  const Tensor c = w.contiguous();
+  const int64_t k = c.dim(1), n = c.dim(2), bytes = qweight_bytes(c);
+  Tensor packed(DataType::UInt8, Shape{c.dim(0) * bytes},
+                Storage::heap_uninitialized(static_cast<size_t>(c.dim(0) * bytes)));
+  for (int64_t d = 0; d < c.dim(0); ++d) {
+    math::QPackedB::pack_into(
+        math::QMatrixView::row_major(reinterpret_cast<const uint8_t*>(c.raw_data()) + d * k * n, k,
+                                     n, n, c.dtype() == DataType::Int8),
+        packed.data<uint8_t>() + d * bytes, math::kernels());
+  }
+  packed.storage()->set_read_only();
+  return packed;
+}
+
+std::string qpacking_name() {
+  const math::MathKernels& t = math::kernels();
+  return std::string("recurrent-q-") + math::isa_name(t.isa) + "-" + t.int8_gemm.layout + "-nr" +
+         std::to_string(t.int8_gemm.nr);
+}
+
+// dst [rows x n] (row stride ld) (+)= quantize(src [rows x k]) * w, scaled back to float (plus
+// `bias` per column when given): one product of DynamicQuantizeLSTM.
+void quantized_product(const float* src, int64_t rows, int64_t k, const QuantWeight& w, float* dst,
+                       int64_t ld, const float* bias, bool accumulate, int max_threads) {
+  std::vector<uint8_t> q(static_cast<size_t>(rows * k));
+  const DynamicQuant dq = dynamic_quantize_u8(src, rows * k, q.data());
+  const int64_t n = w.packed.n();
+  std::vector<float> mult(w.per_column ? static_cast<size_t>(n) : 1);
+  for (size_t j = 0; j < mult.size(); ++j) mult[j] = dq.scale * w.scales[j];
+  math::QGemmOptions o;
+  o.a_zero = dq.zero_point;
+  o.max_threads = max_threads;
+  if (w.zeros.size() > 1) {
+    o.b_zeros = w.zeros.data();
+  } else {
+    o.b_zero = w.zeros[0];
+  }
+  math::qgemm(math::QMatrixView::row_major(q.data(), rows, k, k, false), w.packed,
+              math::QGemmOutput::to_float(dst, ld, mult.data(), w.per_column, bias, accumulate), o);
+}
+
 // Pointers to the (compute-type) inputs and outputs of one run. Optional ones are null.
 template <typename C>
 struct Problem {
@@ -206,6 +272,8 @@ struct Problem {
   // Float: W and R packed by pack_weight (w and r are then unused).
   const float *wpack = nullptr, *rpack = nullptr;
   WeightLayout wl{}, rl{};
+  // DynamicQuantizeLSTM: per direction, W and R (null otherwise).
+  const QuantWeight *qw = nullptr, *qr = nullptr;
   int max_threads = 0;  // for each direction's products
 
   int64_t x_row(int64_t t, int64_t bi) const { return batch_major ? bi * seq + t : t * batch + bi; }
@@ -234,7 +302,8 @@ constexpr int64_t kMaxHidden = int64_t{1} << 40;
 
 class Recurrent final : public Kernel {
  public:
-  Recurrent(const NodeInfo& info, Cell cell) : cell_(cell) {
+  Recurrent(const NodeInfo& info, Cell cell, bool quantized = false)
+      : cell_(cell), quantized_(quantized) {
     gates_ = cell == Cell::Lstm ? 4 : cell == Cell::Gru ? 3 : 1;
     const int per_dir = cell == Cell::Lstm ? 3 : cell == Cell::Gru ? 2 : 1;
     const std::string dir = info.attr_string("direction", "forward");
@@ -284,6 +353,19 @@ class Recurrent final : public Kernel {
              (t->dtype() == DataType::Float || t->dtype() == DataType::Float16 ||
               t->dtype() == DataType::BFloat16);
     };
+    if (quantized_) {
+      auto qpackable = [&](const Tensor* t) {
+        return t && t->rank() == 3 && t->numel() > 0 && t->dim(0) == dirs_ &&
+               t->dim(2) % gates_ == 0 &&
+               (t->dtype() == DataType::Int8 || t->dtype() == DataType::UInt8);
+      };
+      for (size_t i : {size_t{1}, size_t{2}}) {
+        if (qpackable(info.constant_input(i))) {
+          (i == 1 ? packed_w_ : packed_r_) = info.prepared_input(i, qpacking_name(), pack_qweight);
+        }
+      }
+      return;
+    }
     if (packable(info.constant_input(1))) {
       packed_w_ = info.prepared_input(1, packing_name(false),
                                       [](const Tensor& w) { return pack_weight(w, false); });
@@ -307,14 +389,22 @@ class Recurrent final : public Kernel {
     const Tensor* c0 = cell_ == Cell::Lstm ? optional(6) : nullptr;
     const Tensor* p = cell_ == Cell::Lstm ? optional(7) : nullptr;
     if (x.rank() != 3) ctx.fail("X must be 3-D, got " + x.describe());
-    for (const Tensor* t : {&w, &r, b, h0, c0, p}) {
+    if (quantized_) {
+      if (x.dtype() != DataType::Float) ctx.fail("X must be float, got " + x.describe());
+      for (const Tensor* t : {&w, &r}) {
+        if (t->dtype() != DataType::Int8 && t->dtype() != DataType::UInt8) {
+          ctx.fail("W and R must be int8 or uint8, got " + t->describe());
+        }
+      }
+    }
+    for (const Tensor* t : {quantized_ ? nullptr : &w, quantized_ ? nullptr : &r, b, h0, c0, p}) {
       if (t && t->dtype() != x.dtype()) {
         ctx.fail("inputs must all have X's type " + x.describe() + ", got " + t->describe());
       }
     }
     const bool bm = layout_ == 1;
     const int64_t seq = x.dim(bm ? 1 : 0), batch = x.dim(bm ? 0 : 1), in = x.dim(2);
-    const int64_t hidden = hidden_ > 0 ? hidden_ : (r.rank() == 3 ? r.dim(2) : 0);
+    const int64_t hidden = hidden_ > 0 ? hidden_ : (r.rank() == 3 ? r.dim(quantized_ ? 1 : 2) : 0);
     if (hidden <= 0 || hidden > kMaxHidden) {
       ctx.fail("hidden size " + std::to_string(hidden) + " is out of range (R is " + r.describe() +
                ")");
@@ -326,8 +416,11 @@ class Recurrent final : public Kernel {
                  t->describe());
       }
     };
-    expect(&w, {dirs_, gh, in}, "W");
-    expect(&r, {dirs_, gh, hidden}, "R");
+    expect(&w, quantized_ ? Shape{dirs_, in, gh} : Shape{dirs_, gh, in}, "W");
+    expect(&r, quantized_ ? Shape{dirs_, hidden, gh} : Shape{dirs_, gh, hidden}, "R");
+    // DynamicQuantizeLSTM's scales and zero points, checked before any output is made.
+    std::vector<QuantWeight> qweights;
+    if (quantized_) qweights = quant_weights(ctx, w, r, gh);
     expect(b, {dirs_, 2 * gh}, "B");
     expect(lens, {batch}, "sequence_lens");
     const Shape state_shape = bm ? Shape{batch, dirs_, hidden} : Shape{dirs_, batch, hidden};
@@ -366,6 +459,11 @@ class Recurrent final : public Kernel {
       if constexpr (kPacked) {
         wp = packed_w_;
         rp = packed_r_;
+        if (quantized_) {
+          if (!wp && in > 0) wp = std::make_shared<const Tensor>(pack_qweight(w));
+          if (!rp) rp = std::make_shared<const Tensor>(pack_qweight(r));
+          bind_quant_weights(qweights, w, r, wp.get(), rp.get());
+        }
         if (!wp && in > 0) wp = std::make_shared<const Tensor>(pack_weight(w, false));
         if (!rp) rp = std::make_shared<const Tensor>(pack_weight(r, cell_ == Cell::Gru));
       }
@@ -377,8 +475,8 @@ class Recurrent final : public Kernel {
                     dirs_,
                     bm,
                     widen<T, C>(&x, bx),
-                    kPacked ? nullptr : widen<T, C>(&w, bw),
-                    kPacked ? nullptr : widen<T, C>(&r, br),
+                    kPacked || quantized_ ? nullptr : widen<T, C>(&w, bw),
+                    kPacked || quantized_ ? nullptr : widen<T, C>(&r, br),
                     widen<T, C>(b, bb),
                     widen<T, C>(p, bp),
                     widen<T, C>(h0, bh0),
@@ -388,12 +486,17 @@ class Recurrent final : public Kernel {
                     nullptr,
                     nullptr};
       if constexpr (kPacked) {
-        if (wp) {
+        if (quantized_) {
+          pr.qw = qweights.data();
+          pr.qr = qweights.data() + dirs_;
+        } else if (wp) {
           pr.wpack = wp->data<const float>();
           pr.wl = layout_of(w, false);
         }
-        pr.rpack = rp->data<const float>();
-        pr.rl = layout_of(r, cell_ == Cell::Gru);
+        if (!quantized_) {
+          pr.rpack = rp->data<const float>();
+          pr.rl = layout_of(r, cell_ == Cell::Gru);
+        }
       }
       // The directions run in parallel, each product on its share of the threads.
       if (dirs_ > 1) pr.max_threads = std::max(1, tbb::this_task_arena::max_concurrency() / 2);
@@ -451,9 +554,14 @@ class Recurrent final : public Kernel {
     if (pr.input == 0) {
       for (int64_t i = 0; i < rows; ++i) std::copy(bias.begin(), bias.end(), xw.begin() + i * gh);
     } else if constexpr (std::is_same_v<C, float>) {
-      po.bias = bias.data();
-      math::sgemm(math::MatrixView::row_major(pr.x, rows, pr.input, pr.input),
-                  pr.wl.segment(pr.wpack, d, 0), xw.data(), gh, po);
+      if (pr.qw) {
+        quantized_product(pr.x, rows, pr.input, pr.qw[d], xw.data(), gh, bias.data(), false,
+                          pr.max_threads);
+      } else {
+        po.bias = bias.data();
+        math::sgemm(math::MatrixView::row_major(pr.x, rows, pr.input, pr.input),
+                    pr.wl.segment(pr.wpack, d, 0), xw.data(), gh, po);
+      }
     } else {
       math::gemm<C>(pr.x, rows, pr.input, pr.input, 1, pr.w + d * gh * pr.input, gh, 1, pr.input,
                     xw.data(), gh, po);
@@ -478,6 +586,10 @@ class Recurrent final : public Kernel {
       ro.accumulate = accumulate;
       ro.max_threads = pr.max_threads;
       if constexpr (std::is_same_v<C, float>) {
+        if (pr.qr) {
+          quantized_product(src, batch, hs, pr.qr[d], dst, ld, nullptr, accumulate, pr.max_threads);
+          return;
+        }
         math::sgemm(math::MatrixView::row_major(src, batch, hs, hs),
                     pr.rl.segment(pr.rpack, d, segment), dst, ld, ro);
       } else {
@@ -611,7 +723,67 @@ class Recurrent final : public Kernel {
     }
   }
 
+  // DynamicQuantizeLSTM's scales and zero points (inputs 8-11): per direction W then R, each
+  // [dirs] or [dirs, 4H]; zero points of the weight's type. The packed weights are bound later.
+  std::vector<QuantWeight> quant_weights(OpContext& ctx, const Tensor& w, const Tensor& r,
+                                         int64_t gh) const {
+    std::vector<QuantWeight> q(static_cast<size_t>(2 * dirs_));
+    const char* names[] = {"W_scale", "W_zero_point", "R_scale", "R_zero_point"};
+    for (int which = 0; which < 2; ++which) {
+      const Tensor& weight = which == 0 ? w : r;
+      const Tensor& scale = ctx.input(8 + 2 * which);
+      const Tensor* zero = ctx.has_input(9 + 2 * which) ? &ctx.input(9 + 2 * which) : nullptr;
+      for (const Tensor* t : {&scale, zero}) {
+        if (t && !(t->shape() == Shape{dirs_} || t->shape() == Shape{dirs_, gh})) {
+          ctx.fail(std::string(names[2 * which + (t == zero)]) + " " + t->describe() +
+                   " must be [" + std::to_string(dirs_) + "] or [" + std::to_string(dirs_) + ", " +
+                   std::to_string(gh) + "]");
+        }
+      }
+      if (scale.dtype() != DataType::Float) {
+        ctx.fail(std::string(names[2 * which]) + " must be float, got " + scale.describe());
+      }
+      if (zero && zero->dtype() != weight.dtype()) {
+        ctx.fail(std::string(names[2 * which + 1]) + " " + zero->describe() + " must have " +
+                 (which == 0 ? "W" : "R") + "'s type");
+      }
+      const bool scale_cols = scale.rank() == 2;
+      const int64_t z_per_dir = zero && zero->rank() == 2 ? gh : 1;
+      const Tensor zc = zero ? zero->contiguous() : Tensor();
+      for (int64_t d = 0; d < dirs_; ++d) {
+        QuantWeight& qw = q[static_cast<size_t>(which * dirs_ + d)];
+        qw.scales = scale.data<const float>() + d * (scale_cols ? gh : 1);
+        qw.per_column = scale_cols;
+        qw.zeros.assign(static_cast<size_t>(z_per_dir), 0);
+        for (int64_t j = 0; zero && j < z_per_dir; ++j) {
+          const int64_t at = d * z_per_dir + j;
+          qw.zeros[static_cast<size_t>(j)] = zero->dtype() == DataType::Int8
+                                                 ? zc.data<const int8_t>()[at]
+                                                 : zc.data<const uint8_t>()[at];
+        }
+      }
+    }
+    return q;
+  }
+
+  // Points each direction's QuantWeight at its packed W and R (w_packed null: no input).
+  void bind_quant_weights(std::vector<QuantWeight>& q, const Tensor& w, const Tensor& r,
+                          const Tensor* w_packed, const Tensor* r_packed) const {
+    for (int which = 0; which < 2; ++which) {
+      const Tensor& weight = which == 0 ? w : r;
+      const Tensor* packed = which == 0 ? w_packed : r_packed;
+      if (!packed) continue;
+      const int64_t bytes = qweight_bytes(weight);
+      for (int64_t d = 0; d < dirs_; ++d) {
+        q[static_cast<size_t>(which * dirs_ + d)].packed =
+            math::QPackedB(packed->data<const uint8_t>() + d * bytes, weight.dim(1), weight.dim(2),
+                           weight.dtype() == DataType::Int8);
+      }
+    }
+  }
+
   Cell cell_;
+  bool quantized_ = false;
   int64_t gates_ = 1, hidden_ = 0, dirs_ = 1, layout_ = 0;
   bool reverse_ = false, input_forget_ = false, linear_before_reset_ = false;
   float clip_ = 0;
@@ -629,6 +801,9 @@ std::unique_ptr<Kernel> make_gru(const NodeInfo& info) {
 std::unique_ptr<Kernel> make_lstm(const NodeInfo& info) {
   return std::make_unique<Recurrent>(info, Cell::Lstm);
 }
+std::unique_ptr<Kernel> make_dynamic_quantize_lstm(const NodeInfo& info) {
+  return std::make_unique<Recurrent>(info, Cell::Lstm, true);
+}
 
 // Y [seq, dirs, batch, hidden] (batch first with layout 1) and the final states Y_h (and
 // LSTM's Y_c) [dirs, batch, hidden] ([batch, dirs, hidden]).
@@ -641,16 +816,20 @@ void recurrent_shape(ShapeContext& c) {
   if (dir != "forward" && dir != "reverse" && dir != "bidirectional") unknown("bad direction");
   const int64_t dirs = dir == "bidirectional" ? 2 : 1;
   const std::string& op = c.node().op_type;
-  const int64_t gates = op == "LSTM" ? 4 : op == "GRU" ? 3 : 1;
+  const bool quantized = op == "DynamicQuantizeLSTM";
+  const int64_t gates = op == "LSTM" || quantized ? 4 : op == "GRU" ? 3 : 1;
   const bool bm = c.opset() >= 14 && c.attr_i("layout", 0) == 1;
   const int64_t seq = x[bm ? 1 : 0], batch = x[bm ? 0 : 1];
   const int64_t hidden = c.attr_i("hidden_size", 0) > 0 ? c.attr_i("hidden_size", 0)
-                         : r.size() == 3                ? r[2]
+                         : r.size() == 3                ? r[quantized ? 1 : 2]
                                                         : 0;
   if (hidden <= 0 || hidden > kMaxHidden) unknown("hidden size out of range");
   const int64_t gh = checked_mul(gates, hidden);
-  if (c.dtype(1) != c.dtype(0) || c.dtype(2) != c.dtype(0) || w != Shape{dirs, gh, x[2]} ||
-      r != Shape{dirs, gh, hidden}) {
+  if (quantized) {
+    if (w != Shape{dirs, x[2], gh} || r != Shape{dirs, hidden, gh})
+      unknown("W or R does not fit X");
+  } else if (c.dtype(1) != c.dtype(0) || c.dtype(2) != c.dtype(0) || w != Shape{dirs, gh, x[2]} ||
+             r != Shape{dirs, gh, hidden}) {
     unknown("W or R does not fit X");
   }
   c.set(0, c.dtype(0), bm ? Shape{batch, seq, dirs, hidden} : Shape{seq, dirs, batch, hidden});
@@ -685,5 +864,15 @@ KILN_REGISTER_OP({.op = "LSTM",
                   .types = "float, double, float16, bfloat16",
                   .shape = recurrent_shape,
                   .create = make_lstm});
+
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "DynamicQuantizeLSTM",
+                  .since = 1,
+                  .min_inputs = 12,
+                  .max_inputs = 12,
+                  .max_outputs = 3,
+                  .types = "float X; uint8, int8 W and R",
+                  .shape = recurrent_shape,
+                  .create = make_dynamic_quantize_lstm});
 
 }  // namespace kiln::ops

@@ -223,6 +223,12 @@ struct Int8GemmKernels {
   // j < n, as int8 when out_signed, else uint8; scale_step is 0 or 1, products in float.
   void (*requantize)(const int32_t* acc, int64_t n, const float* scale, int scale_step,
                      int32_t zero_point, bool out_signed, uint8_t* y) = nullptr;
+  // Dynamic quantization of float activations to uint8 (ops/quantize.h): the smallest and
+  // largest of x[0, n) and 0, NaNs skipped; and y[i] = saturate(round_half_even(x[i] / scale)
+  // + zero_point), a NaN giving 0.
+  void (*quant_range)(const float* x, int64_t n, float* lo, float* hi) = nullptr;
+  void (*quantize_u8)(const float* x, int64_t n, float scale, float zero_point,
+                      uint8_t* y) = nullptr;
 };
 
 struct MathKernels {

@@ -103,7 +103,11 @@ Plan make_plan(const Int8GemmKernels& t, int64_t m, int64_t n, int64_t k, bool a
   if (t.mr > kMaxMr || t.nr > kMaxNr) {
     throw Error(ErrorKind::Runtime, "qgemm: the int8 tile is larger than the driver supports");
   }
-  if (!out.c && !out.y) throw Error(ErrorKind::Runtime, "qgemm: no output given");
+  if (!out.c && !out.y && !out.f) throw Error(ErrorKind::Runtime, "qgemm: no output given");
+  if (out.f && (!out.f_scales || (out.f_scale_cs != 0 && out.f_scale_cs != 1))) {
+    throw Error(ErrorKind::Runtime,
+                "qgemm: float output needs scales with a column step of 0 or 1");
+  }
   if (out.y && (!out.scales || (out.scale_cs != 0 && out.scale_cs != 1))) {
     throw Error(ErrorKind::Runtime,
                 "qgemm: requantized output needs scales with a column step of 0 or 1");
@@ -166,6 +170,23 @@ ColumnTerms column_terms(const Plan& p, int64_t j0, int64_t count, int64_t padde
   return t;
 }
 
+// The float output of a finished tile (dst, row stride ld) at rows [i, i + rows) x columns
+// [j, j + cols).
+void to_float(const QGemmOutput& out, const int32_t* dst, int64_t ld, int64_t i, int64_t j,
+              int rows, int cols) {
+  const float* scale = out.f_scales + j * out.f_scale_cs;
+  const float* bias = out.f_bias ? out.f_bias + j : nullptr;
+  for (int r = 0; r < rows; ++r) {
+    const int32_t* src = dst + r * ld;
+    float* f = out.f + (i + r) * out.ldf + j;
+    for (int c = 0; c < cols; ++c) {
+      float v = static_cast<float>(src[c]) * scale[c * out.f_scale_cs];
+      if (bias) v += bias[c];
+      f[c] = out.f_accumulate ? f[c] + v : v;
+    }
+  }
+}
+
 // One register tile: rows [i, i + rows) x columns [j, j + cols), with `rs` the row sums of
 // those rows (null when the plan needs none), `ct` the column terms at column j.
 void tile(const Plan& p, const int32_t* a, const uint8_t* b, int64_t i, int64_t j, int rows,
@@ -213,6 +234,7 @@ void tile(const Plan& p, const int32_t* a, const uint8_t* b, int64_t i, int64_t 
                       out.scale_cs ? 1 : 0, zp, out.y_signed, out.y + row * out.ldy + j);
     }
   }
+  if (out.f) to_float(out, dst, ld, i, j, rows, cols);
 }
 
 // Rows of A packed at once: a multiple of the tile rows, mc x k within kABlockBytes.

@@ -110,7 +110,9 @@ class QPackedA {
 
 // Where the result goes: int32 (c), or 8-bit (y) requantized with the scale
 // scales[i * scale_rs + j * scale_cs] (scale_cs 0 or 1) and the zero point
-// y_zero_points[i * y_zero_rs] (none: 0).
+// y_zero_points[i * y_zero_rs] (none: 0), or float (f) scaled back as the dynamically
+// quantized ops do: f = float(R) * f_scales[j * f_scale_cs] + f_bias[j] (no bias when null),
+// added to what f holds when f_accumulate.
 struct QGemmOutput {
   int32_t* c = nullptr;
   int64_t ldc = 0;
@@ -121,7 +123,24 @@ struct QGemmOutput {
   int64_t scale_rs = 0, scale_cs = 0;
   const int32_t* y_zero_points = nullptr;
   int64_t y_zero_rs = 0;
+  float* f = nullptr;
+  int64_t ldf = 0;
+  const float* f_scales = nullptr;
+  int64_t f_scale_cs = 0;
+  const float* f_bias = nullptr;
+  bool f_accumulate = false;
 
+  static QGemmOutput to_float(float* f, int64_t ldf, const float* scales, bool per_column,
+                              const float* bias = nullptr, bool accumulate = false) {
+    QGemmOutput o;
+    o.f = f;
+    o.ldf = ldf;
+    o.f_scales = scales;
+    o.f_scale_cs = per_column ? 1 : 0;
+    o.f_bias = bias;
+    o.f_accumulate = accumulate;
+    return o;
+  }
   static QGemmOutput int32(int32_t* c, int64_t ldc) {
     QGemmOutput o;
     o.c = c;

@@ -355,6 +355,46 @@ void qgemm_requantize(const int32_t* acc, int64_t n, const float* scale, int sca
   }
 }
 
+void qgemm_quant_range(const float* x, int64_t n, float* lo, float* hi) {
+  // vmin/vmax return their second operand when the first is NaN: NaNs are skipped.
+  VF vlo = vzero(), vhi = vzero();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const VF v = vload(x + i);
+    vlo = vmin(v, vlo);
+    vhi = vmax(v, vhi);
+  }
+  alignas(64) float los[kLanes], his[kLanes];
+  vstore(los, vlo);
+  vstore(his, vhi);
+  float mn = 0.0f, mx = 0.0f;
+  for (int l = 0; l < kLanes; ++l) {
+    mn = std::min(mn, los[l]);
+    mx = std::max(mx, his[l]);
+  }
+  for (; i < n; ++i) {
+    mn = std::min(mn, x[i]);
+    mx = std::max(mx, x[i]);
+  }
+  *lo = mn;
+  *hi = mx;
+}
+
+void qgemm_quantize_u8(const float* x, int64_t n, float scale, float zero_point, uint8_t* y) {
+  const VF s = vset1(scale), z = vset1(zero_point), top = vset1(255.0f), bottom = vzero();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    // x / scale rounded to float, then half to even; a NaN leaves vmax as 0.
+    const VF q = vadd(vround(vdiv(vload(x + i), s)), z);
+    vstore_lo8(y + i, vcvt_int(vmin(vmax(q, bottom), top)));
+  }
+  if (i < n) {
+    const int left = static_cast<int>(n - i);
+    const VF q = vadd(vround(vdiv(vload_partial(x + i, left), s)), z);
+    vstore_lo8_partial(y + i, vcvt_int(vmin(vmax(q, bottom), top)), left);
+  }
+}
+
 constexpr Int8GemmKernels kInt8GemmKernels{.layout = QDot::kName,
                                            .mr = kQgemmMr,
                                            .nr = kQgemmNr,
@@ -362,4 +402,6 @@ constexpr Int8GemmKernels kInt8GemmKernels{.layout = QDot::kName,
                                            .pack_a = qgemm_pack_a,
                                            .pack_b = qgemm_pack_b,
                                            .kernel = qgemm_kernel,
-                                           .requantize = qgemm_requantize};
+                                           .requantize = qgemm_requantize,
+                                           .quant_range = qgemm_quant_range,
+                                           .quantize_u8 = qgemm_quantize_u8};
