@@ -1,5 +1,7 @@
 #include "test/unit/op_test.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
@@ -422,6 +424,21 @@ std::vector<int64_t> json_ints(const std::string& file, const std::string& key) 
   std::vector<int64_t> out;
   for (const auto& v : doc.at(key)) out.push_back(json::to_int(v, file, key));
   return out;
+}
+
+void require_near(const Tensor& t, const std::vector<double>& want, double tol) {
+  REQUIRE(t.numel() == static_cast<int64_t>(want.size()));
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double got = element(t, static_cast<int64_t>(i));
+    INFO("element " << i << " want " << want[i] << " got " << got);
+    REQUIRE(std::fabs(got - want[i]) <= tol * (1 + std::fabs(want[i])));
+  }
+}
+
+Tensor int32_tensor(Shape shape, const std::vector<int32_t>& v) {
+  Tensor t = Tensor::zeros(DataType::Int32, std::move(shape));
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
 }
 
 }  // namespace kiln::testing

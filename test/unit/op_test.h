@@ -119,6 +119,13 @@ double element(const Tensor& t, int64_t i);
 // beside the checkout, else empty (tests then skip, saying so).
 std::string backend_test_data();
 
+// Every element of `t` within tol * (1 + |want|) of `want` (read as double), naming the first
+// that is not.
+void require_near(const Tensor& t, const std::vector<double>& want, double tol);
+
+// An int32 tensor of this shape holding `v`.
+Tensor int32_tensor(Shape shape, const std::vector<int32_t>& v);
+
 // The integers of array `key` in a JSON file (expected_tokens.json and the like).
 std::vector<int64_t> json_ints(const std::string& file, const std::string& key);
 

@@ -24,21 +24,6 @@ double gelu_tanh(double x) {
   return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
 }
 
-void require_near(const Tensor& t, const std::vector<double>& want, double tol) {
-  REQUIRE(t.numel() == static_cast<int64_t>(want.size()));
-  for (size_t i = 0; i < want.size(); ++i) {
-    INFO("element " << i);
-    REQUIRE(std::fabs(element(t, static_cast<int64_t>(i)) - want[i]) <=
-            tol * (1 + std::fabs(want[i])));
-  }
-}
-
-Tensor int32_tensor(Shape shape, const std::vector<int32_t>& v) {
-  Tensor t = Tensor::zeros(DataType::Int32, std::move(shape));
-  std::copy(v.begin(), v.end(), t.data<int32_t>());
-  return t;
-}
-
 }  // namespace
 
 TEST_CASE("com.microsoft Gelu, FastGelu, BiasGelu, QuickGelu, BiasAdd and BiasSplitGelu",

@@ -21,15 +21,6 @@ namespace {
 
 constexpr const char* kMs = "com.microsoft";
 
-void require_near(const Tensor& t, const std::vector<double>& want, double tol) {
-  REQUIRE(t.numel() == static_cast<int64_t>(want.size()));
-  for (size_t i = 0; i < want.size(); ++i) {
-    INFO("element " << i << " want " << want[i] << " got " << element(t, static_cast<int64_t>(i)));
-    REQUIRE(std::fabs(element(t, static_cast<int64_t>(i)) - want[i]) <=
-            tol * (1 + std::fabs(want[i])));
-  }
-}
-
 Tensor scalar_f(float v) {
   Tensor t = Tensor::zeros(DataType::Float, {});
   t.data<float>()[0] = v;

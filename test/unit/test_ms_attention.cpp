@@ -17,21 +17,6 @@ namespace {
 
 constexpr const char* kMs = "com.microsoft";
 
-void require_near(const Tensor& t, const std::vector<double>& want, double tol) {
-  REQUIRE(t.numel() == static_cast<int64_t>(want.size()));
-  for (size_t i = 0; i < want.size(); ++i) {
-    INFO("element " << i);
-    REQUIRE(std::fabs(element(t, static_cast<int64_t>(i)) - want[i]) <=
-            tol * (1 + std::fabs(want[i])));
-  }
-}
-
-Tensor int32_tensor(Shape shape, const std::vector<int32_t>& v) {
-  Tensor t = Tensor::zeros(DataType::Int32, std::move(shape));
-  std::copy(v.begin(), v.end(), t.data<int32_t>());
-  return t;
-}
-
 // softmax(scores + bias) . values for one query row; bias of -inf excludes a key.
 std::vector<double> attend(const std::vector<double>& scores, const std::vector<double>& bias,
                            const std::vector<std::vector<double>>& values) {

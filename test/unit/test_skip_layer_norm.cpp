@@ -43,14 +43,6 @@ Reference reference(const Tensor& x, const Tensor& skip, const Tensor& gamma, co
   return r;
 }
 
-void require_near(const Tensor& t, const std::vector<double>& want, double tol) {
-  REQUIRE(t.numel() == static_cast<int64_t>(want.size()));
-  for (size_t i = 0; i < want.size(); ++i) {
-    REQUIRE(std::fabs(element(t, static_cast<int64_t>(i)) - want[i]) <=
-            tol * (1 + std::fabs(want[i])));
-  }
-}
-
 }  // namespace
 
 TEST_CASE("SkipLayerNormalization matches a naive reference", "[ops][norm]") {
