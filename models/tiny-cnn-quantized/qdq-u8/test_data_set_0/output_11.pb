@@ -1,0 +1,1 @@
+Bf_QuantizeLinear_OutputJ0ÒÀÙñ¶­×¯Ú± ÄÈö½À­Y3Èv?OÏ½Ïş¹®Ú·Ñ¸ŸÈÌõ½½¬P1ÊtAX

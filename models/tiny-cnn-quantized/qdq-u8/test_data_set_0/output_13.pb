@@ -1,0 +1,2 @@
+
+Blogits_QuantizeLinear_OutputJD¸‡İÅ;CşI²’Ñº;Hó

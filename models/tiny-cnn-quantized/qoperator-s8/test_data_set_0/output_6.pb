@@ -1,0 +1,1 @@
+Bg_quantizedJ0R@Yq6-W/Z1 DHv=@-ыЁ├HЖ©оO=O~9.Z7Q8HLu==,п╠░JТаь

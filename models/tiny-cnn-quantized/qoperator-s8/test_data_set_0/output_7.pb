@@ -1,0 +1,2 @@
+
+Blogits_quantizedJฤ8]E‘ปร~ษ2Q:ปศs

@@ -1,0 +1,2 @@
+
+Blogits_quantizedJDธÝล;CþIฒ’ับ;H๓

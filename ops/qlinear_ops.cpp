@@ -1,0 +1,477 @@
+// onnxruntime's QOperator-format contrib ops (domain com.microsoft), which its static
+// quantization writes for the element-wise, pooling and concatenation nodes of CNNs:
+//
+//   QLinearAdd / QLinearMul (A, A_scale, A_zp?, B, B_scale, B_zp?, C_scale, C_zp?)
+//   QLinearSigmoid / QLinearLeakyRelu (X, X_scale, X_zp?, Y_scale, Y_zp?)
+//   QLinearGlobalAveragePool (X, x_scale, x_zp, y_scale, y_zp), channels_last
+//   QLinearConcat (Y_scale, Y_zp, (X, X_scale, X_zp)...), axis
+//
+// 8-bit tensors (uint8 or int8) with per-tensor scales (float) and zero points (the data's
+// type, 0 when omitted). The arithmetic follows onnxruntime's x86 kernels so that outputs
+// agree exactly (or, where onnxruntime's vector code sums in another order, within one
+// unit):
+//   Add: fixed = zc - (sa/sc * za + sb/sc * zb), c = fixed + a * sa/sc + b * sb/sc in float;
+//   Mul: c = (a - za)(b - zb) as int32, times sa * sb / sc in float, plus zc;
+//   Sigmoid, LeakyRelu, Concat: a table of the 256 inputs, each dequantized in float,
+//     mapped, and quantized as QuantizeLinear does (x / scale, rounded, plus zero point);
+//   GlobalAveragePool: the int32 sum minus zx * size, times sx / (sy * size) in float.
+// Every result is rounded half to even and saturated to the output type.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "ops/common.h"
+
+namespace kiln::ops {
+namespace {
+
+bool is_8bit(DataType t) {
+  return t == DataType::UInt8 || t == DataType::Int8;
+}
+
+// Element 0 of a uint8 or int8 tensor.
+int32_t first_int(const Tensor& t) {
+  return t.dtype() == DataType::UInt8 ? t.data<const uint8_t>()[0] : t.data<const int8_t>()[0];
+}
+
+// A per-tensor scale and zero point.
+struct QParam {
+  float scale = 1;
+  int32_t zero_point = 0;
+};
+
+// Reads the scale at input `s` and the zero point at input `z` (optional when `zp_optional`)
+// of 8-bit data of type `t`.
+QParam read_qparam(const OpContext& ctx, size_t s, size_t z, DataType t, const char* what,
+                   bool zp_optional = true) {
+  QParam q;
+  const Tensor& scale = ctx.input(s);
+  if (scale.dtype() != DataType::Float || scale.numel() != 1 || scale.rank() > 1) {
+    ctx.fail(std::string(what) + " scale must be a float scalar or 1-element vector, got " +
+             scale.describe());
+  }
+  q.scale = scale.data<const float>()[0];
+  if (!ctx.has_input(z)) {
+    if (!zp_optional) ctx.fail(std::string(what) + " zero point is required");
+    return q;
+  }
+  const Tensor& zp = ctx.input(z);
+  if (zp.dtype() != t || zp.numel() != 1 || zp.rank() > 1) {
+    ctx.fail(std::string(what) + " zero point must be a scalar or 1-element vector of the " +
+             "data's type " + std::string(data_type_name(t)) + ", got " + zp.describe());
+  }
+  q.zero_point = first_int(zp);
+  return q;
+}
+
+void require_8bit(const OpContext& ctx, const Tensor& x, const char* what) {
+  if (!is_8bit(x.dtype())) {
+    ctx.fail(std::string(what) + " must be uint8 or int8, got " + x.describe(),
+             ErrorKind::Unsupported);
+  }
+}
+
+// Rounds half to even (the default rounding mode) and saturates to T.
+template <typename T>
+T saturate_round(float v) {
+  const float r = std::nearbyint(v);
+  const float lo = std::numeric_limits<T>::min(), hi = std::numeric_limits<T>::max();
+  return static_cast<T>(r < lo ? lo : (r > hi ? hi : r));
+}
+
+// QuantizeLinear of one float as onnxruntime's MlasQuantizeLinear: x / scale, clamped to
+// the range the zero point leaves, rounded, plus the zero point.
+template <typename T>
+T quantize(float x, QParam q) {
+  const float lo = static_cast<float>(std::numeric_limits<T>::min() - q.zero_point);
+  const float hi = static_cast<float>(std::numeric_limits<T>::max() - q.zero_point);
+  const float v = std::min(std::max(x / q.scale, lo), hi);
+  return static_cast<T>(static_cast<int32_t>(std::nearbyint(v)) + q.zero_point);
+}
+
+// The table of f over the 256 values of T (indexed by their bytes): dequantized with `x`,
+// mapped, quantized with `y`.
+using Table = std::array<uint8_t, 256>;
+template <typename T, typename F>
+Table build_table(QParam x, QParam y, F&& f) {
+  Table t{};
+  for (int i = 0; i < 256; ++i) {
+    const auto v = static_cast<T>(static_cast<uint8_t>(i));
+    const float deq = x.scale * static_cast<float>(static_cast<int32_t>(v) - x.zero_point);
+    const T q = quantize<T>(f(deq), y);
+    std::memcpy(&t[static_cast<size_t>(i)], &q, 1);
+  }
+  return t;
+}
+
+void apply_table(const Table& t, const uint8_t* x, uint8_t* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = t[x[i]];
+}
+
+// ---- QLinearAdd, QLinearMul ------------------------------------------------------------
+
+enum class BinaryKind { Add, Mul };
+
+// One row of the broadcast output: `n` elements, a and b read with strides `sa`, `sb`
+// (0 where broadcast).
+template <typename T>
+struct BinaryRow {
+  const T* a;
+  int64_t sa;
+  const T* b;
+  int64_t sb;
+  T* c;
+  int64_t n;
+};
+
+template <typename T>
+void add_row(const BinaryRow<T>& r, QParam qa, QParam qb, QParam qc) {
+  const float rac = qa.scale / qc.scale, rbc = qb.scale / qc.scale;
+  float fixed = static_cast<float>(qc.zero_point) -
+                (rac * static_cast<float>(qa.zero_point) + rbc * static_cast<float>(qb.zero_point));
+  if (r.sb == 0 || r.sa == 0) {
+    // onnxruntime folds the broadcast operand into the constant part, with its own ratio.
+    const bool b_scalar = r.sb == 0;
+    const T* span = b_scalar ? r.a : r.b;
+    const int64_t step = b_scalar ? r.sa : r.sb;
+    const float span_ratio = b_scalar ? rac : rbc;
+    fixed += static_cast<float>(b_scalar ? r.b[0] : r.a[0]) * (b_scalar ? rbc : rac);
+    for (int64_t i = 0; i < r.n; ++i) {
+      r.c[i] = saturate_round<T>(fixed + static_cast<float>(span[i * step]) * span_ratio);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < r.n; ++i) {
+    const float v = fixed + static_cast<float>(r.a[i * r.sa]) * rac;
+    r.c[i] = saturate_round<T>(v + static_cast<float>(r.b[i * r.sb]) * rbc);
+  }
+}
+
+template <typename T>
+void mul_row(const BinaryRow<T>& r, QParam qa, QParam qb, QParam qc) {
+  const float ratio = qa.scale * qb.scale / qc.scale;
+  const auto zc = static_cast<float>(qc.zero_point);
+  for (int64_t i = 0; i < r.n; ++i) {
+    const int32_t prod = (static_cast<int32_t>(r.a[i * r.sa]) - qa.zero_point) *
+                         (static_cast<int32_t>(r.b[i * r.sb]) - qb.zero_point);
+    r.c[i] = saturate_round<T>(static_cast<float>(prod) * ratio + zc);
+  }
+}
+
+template <BinaryKind kKind>
+class QLinearBinary final : public Kernel {
+ public:
+  explicit QLinearBinary(const NodeInfo&) {}
+
+  void run(OpContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(3);
+    require_8bit(ctx, a, "A");
+    if (b.dtype() != a.dtype()) ctx.fail("B " + b.describe() + " differs in type from A");
+    const QParam qa = read_qparam(ctx, 1, 2, a.dtype(), "A");
+    const QParam qb = read_qparam(ctx, 4, 5, a.dtype(), "B");
+    const QParam qc = read_qparam(ctx, 6, 7, a.dtype(), "C");
+    const Shape out_shape = broadcast_shapes(a.shape(), b.shape());
+    Tensor& c = ctx.output(0, a.dtype(), out_shape);
+    if (c.numel() == 0) return;
+    dispatch(TypeList<uint8_t, int8_t>{}, a.dtype(),
+             [&]<typename T>() { run_typed<T>(a, b, c, qa, qb, qc); });
+  }
+
+ private:
+  template <typename T>
+  static void run_typed(const Tensor& a, const Tensor& b, Tensor& c, QParam qa, QParam qb,
+                        QParam qc) {
+    const Shape& shape = c.shape();
+    const Shape sa = broadcast_strides(a, shape), sb = broadcast_strides(b, shape);
+    const int64_t n = shape.empty() ? 1 : shape.back();
+    const int64_t rows = c.numel() / n;
+    const size_t last = shape.empty() ? 0 : shape.size() - 1;
+    const T* pa = a.data<const T>();
+    const T* pb = b.data<const T>();
+    T* pc = c.data<T>();
+    parallel_for(rows, grain_for(n, 16384), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        // The offsets of row r's first elements in a and b.
+        int64_t oa = 0, ob = 0, rest = r;
+        for (size_t d = last; d-- > 0;) {
+          const int64_t i = rest % shape[d];
+          rest /= shape[d];
+          oa += i * sa[d];
+          ob += i * sb[d];
+        }
+        const BinaryRow<T> row{pa + oa,    shape.empty() ? 0 : sa[last],
+                               pb + ob,    shape.empty() ? 0 : sb[last],
+                               pc + r * n, n};
+        if constexpr (kKind == BinaryKind::Add) {
+          add_row(row, qa, qb, qc);
+        } else {
+          mul_row(row, qa, qb, qc);
+        }
+      }
+    });
+  }
+};
+
+void qlinear_binary_shape(ShapeContext& c) {
+  if (!is_8bit(c.dtype(0))) unknown("an input type the op does not take");
+  c.set(0, c.dtype(0), broadcast_shapes(c.shape(0), c.shape(3)));
+}
+
+// ---- QLinearSigmoid, QLinearLeakyRelu ----------------------------------------------------
+
+enum class LookupKind { Sigmoid, LeakyRelu };
+
+template <LookupKind kKind>
+class QLinearLookup final : public Kernel {
+ public:
+  explicit QLinearLookup(const NodeInfo& info) : alpha_(info.attr_float("alpha", 0.01f)) {}
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    require_8bit(ctx, x, "X");
+    const QParam qx = read_qparam(ctx, 1, 2, x.dtype(), "X");
+    const QParam qy = read_qparam(ctx, 3, 4, x.dtype(), "Y");
+    Table table{};
+    const float alpha = alpha_;
+    auto f = [alpha](float v) {
+      if constexpr (kKind == LookupKind::Sigmoid) {
+        return 1.0f / (1.0f + std::exp(-v));
+      } else {
+        return v >= 0.0f ? v : alpha * v;
+      }
+    };
+    dispatch(TypeList<uint8_t, int8_t>{}, x.dtype(),
+             [&]<typename T>() { table = build_table<T>(qx, qy, f); });
+    Tensor& y = ctx.output_reusing(0, 0, x.dtype(), x.shape());
+    const auto* px = reinterpret_cast<const uint8_t*>(x.raw_data());
+    auto* py = reinterpret_cast<uint8_t*>(y.raw_data());
+    parallel_for(x.numel(), 65536,
+                 [&](int64_t lo, int64_t hi) { apply_table(table, px + lo, py + lo, hi - lo); });
+  }
+
+ private:
+  float alpha_;
+};
+
+// ---- QLinearGlobalAveragePool ------------------------------------------------------------
+
+class QLinearGlobalAveragePool final : public Kernel {
+ public:
+  explicit QLinearGlobalAveragePool(const NodeInfo& info)
+      : channels_last_(info.attr_int("channels_last", 0) != 0) {}
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    require_8bit(ctx, x, "X");
+    if (x.rank() < 3) ctx.fail("X " + x.describe() + " must have rank >= 3");
+    const QParam qx = read_qparam(ctx, 1, 2, x.dtype(), "x", false);
+    const QParam qy = read_qparam(ctx, 3, 4, x.dtype(), "y", false);
+    const int64_t batch = x.dim(0);
+    const int64_t channels = channels_last_ ? x.dim(x.rank() - 1) : x.dim(1);
+    const int64_t image = channels == 0 || batch == 0 ? 0 : x.numel() / (batch * channels);
+    Tensor& y = ctx.output(0, x.dtype(), pooled_shape(x.shape(), channels_last_));
+    if (y.numel() == 0) return;
+    // onnxruntime's bounds: the int32 sum cannot overflow and the scale stays in range.
+    const float scale = qx.scale / (qy.scale * static_cast<float>(image));
+    if (image >= (int64_t{1} << 24) || !(scale >= 0x1.0p-32f && scale < 256.0f)) {
+      ctx.fail("image size " + std::to_string(image) + " or scale ratio " + std::to_string(scale) +
+                   " outside the computable range",
+               ErrorKind::Unsupported);
+    }
+    const int64_t cstride = channels_last_ ? 1 : image;
+    const int64_t istride = channels_last_ ? channels : 1;
+    dispatch(TypeList<uint8_t, int8_t>{}, x.dtype(), [&]<typename T>() {
+      const T* px = x.data<const T>();
+      T* py = y.data<T>();
+      const auto bias = static_cast<int32_t>(-qx.zero_point * image);
+      parallel_for(batch * channels, grain_for(image), [&](int64_t lo, int64_t hi) {
+        for (int64_t p = lo; p < hi; ++p) {
+          const T* in = px + (p / channels) * channels * image + (p % channels) * cstride;
+          int32_t acc = bias;
+          for (int64_t i = 0; i < image; ++i) acc += in[i * istride];
+          py[p] = saturate_round<T>(static_cast<float>(acc) * scale +
+                                    static_cast<float>(qy.zero_point));
+        }
+      });
+    });
+  }
+
+  // The input's shape with every spatial axis 1.
+  static Shape pooled_shape(Shape s, bool channels_last) {
+    const size_t begin = channels_last ? 1 : 2, end = s.size() - (channels_last ? 1 : 0);
+    for (size_t d = begin; d < end; ++d) s[d] = 1;
+    return s;
+  }
+
+ private:
+  bool channels_last_;
+};
+
+void qlinear_global_pool_shape(ShapeContext& c) {
+  const Shape& s = c.shape(0);
+  if (s.size() < 3 || !is_8bit(c.dtype(0))) unknown("an input the op does not take");
+  c.set(0, c.dtype(0),
+        QLinearGlobalAveragePool::pooled_shape(s, c.attr_i("channels_last", 0) != 0));
+}
+
+// ---- QLinearConcat ---------------------------------------------------------------------
+
+class QLinearConcat final : public Kernel {
+ public:
+  explicit QLinearConcat(const NodeInfo& info) : axis_(info.attr_int("axis")) {}
+
+  void run(OpContext& ctx) override {
+    const size_t n_in = ctx.num_inputs();
+    if (n_in < 5 || (n_in - 2) % 3 != 0) {
+      ctx.fail("inputs must be Y_scale, Y_zero_point and (X, X_scale, X_zero_point) triples, got " +
+               std::to_string(n_in) + " inputs");
+    }
+    const DataType t = ctx.input(1).dtype();
+    if (!is_8bit(t)) {
+      ctx.fail("Y_zero_point must be uint8 or int8, got " + ctx.input(1).describe(),
+               ErrorKind::Unsupported);
+    }
+    const QParam qy = read_qparam(ctx, 0, 1, t, "Y", false);
+    const size_t count = (n_in - 2) / 3;
+    const Tensor& first = ctx.input(2);
+    const auto rank = static_cast<int64_t>(first.rank());
+    if (rank == 0) ctx.fail("inputs must have rank >= 1, got " + first.describe());
+    const auto axis = static_cast<size_t>(normalize_axis(axis_, rank));
+    Shape out_shape = first.shape();
+    out_shape[axis] = 0;
+    for (size_t k = 0; k < count; ++k) {
+      const Tensor& x = ctx.input(2 + 3 * k);
+      if (x.dtype() != t) ctx.fail("input " + x.describe() + " differs in type from Y");
+      bool fits = x.rank() == first.rank();
+      for (size_t d = 0; fits && d < x.rank(); ++d) fits = d == axis || x.dim(d) == first.dim(d);
+      if (!fits) {
+        ctx.fail("input " + x.describe() + " does not match " + first.describe() +
+                 " outside axis " + std::to_string(axis));
+      }
+      out_shape[axis] += x.dim(axis);
+    }
+    Tensor& y = ctx.output(0, t, out_shape);
+    if (y.numel() == 0) return;
+    const int64_t outer = shape_numel(Shape(out_shape.begin(), out_shape.begin() + axis));
+    const int64_t out_pitch = y.numel() / outer;
+    auto* py = reinterpret_cast<uint8_t*>(y.raw_data());
+    int64_t offset = 0;
+    for (size_t k = 0; k < count; ++k) {
+      const Tensor& x = ctx.input(2 + 3 * k);
+      const int64_t pitch = x.numel() / outer;
+      const QParam qx = read_qparam(ctx, 3 + 3 * k, 4 + 3 * k, t, "X", false);
+      const bool copy = qx.scale == qy.scale && qx.zero_point == qy.zero_point;
+      Table table{};
+      if (!copy) {
+        dispatch(TypeList<uint8_t, int8_t>{}, t,
+                 [&]<typename T>() { table = build_table<T>(qx, qy, [](float v) { return v; }); });
+      }
+      const auto* px = reinterpret_cast<const uint8_t*>(x.raw_data());
+      parallel_for(outer, grain_for(pitch), [&](int64_t lo, int64_t hi) {
+        for (int64_t o = lo; o < hi; ++o) {
+          uint8_t* dst = py + o * out_pitch + offset;
+          if (copy) {
+            std::memcpy(dst, px + o * pitch, static_cast<size_t>(pitch));
+          } else {
+            apply_table(table, px + o * pitch, dst, pitch);
+          }
+        }
+      });
+      offset += pitch;
+    }
+  }
+
+ private:
+  int64_t axis_;
+};
+
+void qlinear_concat_shape(ShapeContext& c) {
+  const size_t n_in = c.num_inputs();
+  if (n_in < 5 || (n_in - 2) % 3 != 0) unknown("inputs that are not triples");
+  const DataType t = c.dtype(1);
+  if (!is_8bit(t)) unknown("a type the op does not take");
+  const Shape& first = c.shape(2);
+  if (first.empty()) unknown("a scalar input");
+  const auto axis =
+      static_cast<size_t>(normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(first.size())));
+  Shape out = first;
+  out[axis] = 0;
+  for (size_t i = 2; i < n_in; i += 3) {
+    const Shape& s = c.shape(i);
+    if (s.size() != out.size()) unknown("ranks differ");
+    for (size_t d = 0; d < out.size(); ++d) {
+      if (d != axis && s[d] != out[d]) unknown("shapes differ outside the axis");
+    }
+    if (s[axis] < 0 || out[axis] < 0) {
+      out[axis] = -1;
+    } else {
+      out[axis] = checked_add(out[axis], s[axis]);
+    }
+  }
+  c.set(0, t, out);
+}
+
+}  // namespace
+
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "QLinearAdd",
+                  .min_inputs = 7,
+                  .max_inputs = 8,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "uint8, int8",
+                  .shape = qlinear_binary_shape,
+                  .create = make<QLinearBinary<BinaryKind::Add>>});
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "QLinearMul",
+                  .min_inputs = 7,
+                  .max_inputs = 8,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "uint8, int8",
+                  .shape = qlinear_binary_shape,
+                  .create = make<QLinearBinary<BinaryKind::Mul>>});
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "QLinearSigmoid",
+                  .min_inputs = 4,
+                  .max_inputs = 5,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .in_place = inputs(0),
+                  .types = "uint8, int8",
+                  .shape = same_shape,
+                  .create = make<QLinearLookup<LookupKind::Sigmoid>>});
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "QLinearLeakyRelu",
+                  .min_inputs = 4,
+                  .max_inputs = 5,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .in_place = inputs(0),
+                  .types = "uint8, int8",
+                  .shape = same_shape,
+                  .create = make<QLinearLookup<LookupKind::LeakyRelu>>});
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "QLinearGlobalAveragePool",
+                  .min_inputs = 5,
+                  .max_inputs = 5,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "uint8, int8",
+                  .shape = qlinear_global_pool_shape,
+                  .create = make<QLinearGlobalAveragePool>});
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "QLinearConcat",
+                  .min_inputs = 5,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "uint8, int8",
+                  .shape = qlinear_concat_shape,
+                  .create = make<QLinearConcat>});
+
+}  // namespace kiln::ops
