@@ -4,6 +4,8 @@
 //   QLinearAdd / QLinearMul (A, A_scale, A_zp?, B, B_scale, B_zp?, C_scale, C_zp?)
 //   QLinearSigmoid / QLinearLeakyRelu (X, X_scale, X_zp?, Y_scale, Y_zp?)
 //   QLinearGlobalAveragePool (X, x_scale, x_zp, y_scale, y_zp), channels_last
+//   QLinearAveragePool (X, x_scale, x_zp?, y_scale, y_zp?), the window attributes of
+//     AveragePool (no dilations) and channels_last
 //   QLinearConcat (Y_scale, Y_zp, (X, X_scale, X_zp)...), axis
 //
 // 8-bit tensors (uint8 or int8) with per-tensor scales (float) and zero points (the data's
@@ -14,7 +16,9 @@
 //   Mul: c = (a - za)(b - zb) as int32, times sa * sb / sc in float, plus zc;
 //   Sigmoid, LeakyRelu, Concat: a table of the 256 inputs, each dequantized in float,
 //     mapped, and quantized as QuantizeLinear does (x / scale, rounded, plus zero point);
-//   GlobalAveragePool: the int32 sum minus zx * size, times sx / (sy * size) in float.
+//   GlobalAveragePool: the int32 sum minus zx * size, times sx / (sy * size) in float;
+//   AveragePool: the float sum of the dequantized window over its count, / sy + zy (a
+//     window covering the whole unpadded image is GlobalAveragePool's sum).
 // Every result is rounded half to even and saturated to the output type.
 #include <algorithm>
 #include <array>
@@ -25,6 +29,7 @@
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/geometry.h"
 
 namespace kiln::ops {
 namespace {
@@ -260,6 +265,37 @@ class QLinearLookup final : public Kernel {
 
 // ---- QLinearGlobalAveragePool ------------------------------------------------------------
 
+// The scale of GlobalAveragePool's int32 sums, failing outside onnxruntime's bounds (the sum
+// cannot overflow and the scale stays in range).
+float global_pool_scale(const OpContext& ctx, QParam qx, QParam qy, int64_t image) {
+  const float scale = qx.scale / (qy.scale * static_cast<float>(image));
+  if (image >= (int64_t{1} << 24) || !(scale >= 0x1.0p-32f && scale < 256.0f)) {
+    ctx.fail("image size " + std::to_string(image) + " or scale ratio " + std::to_string(scale) +
+                 " outside the computable range",
+             ErrorKind::Unsupported);
+  }
+  return scale;
+}
+
+// GlobalAveragePool of `planes` (batch, channel) planes of `image` elements each; channels
+// last when `channels` > 1 is the element stride of an image.
+template <typename T>
+void global_average(const T* px, T* py, int64_t batch, int64_t channels, int64_t image,
+                    bool channels_last, QParam qx, QParam qy, float scale) {
+  const int64_t cstride = channels_last ? 1 : image;
+  const int64_t istride = channels_last ? channels : 1;
+  const auto bias = static_cast<int32_t>(-qx.zero_point * image);
+  parallel_for(batch * channels, grain_for(image), [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      const T* in = px + (p / channels) * channels * image + (p % channels) * cstride;
+      int32_t acc = bias;
+      for (int64_t i = 0; i < image; ++i) acc += in[i * istride];
+      py[p] =
+          saturate_round<T>(static_cast<float>(acc) * scale + static_cast<float>(qy.zero_point));
+    }
+  });
+}
+
 class QLinearGlobalAveragePool final : public Kernel {
  public:
   explicit QLinearGlobalAveragePool(const NodeInfo& info)
@@ -276,28 +312,10 @@ class QLinearGlobalAveragePool final : public Kernel {
     const int64_t image = channels == 0 || batch == 0 ? 0 : x.numel() / (batch * channels);
     Tensor& y = ctx.output(0, x.dtype(), pooled_shape(x.shape(), channels_last_));
     if (y.numel() == 0) return;
-    // onnxruntime's bounds: the int32 sum cannot overflow and the scale stays in range.
-    const float scale = qx.scale / (qy.scale * static_cast<float>(image));
-    if (image >= (int64_t{1} << 24) || !(scale >= 0x1.0p-32f && scale < 256.0f)) {
-      ctx.fail("image size " + std::to_string(image) + " or scale ratio " + std::to_string(scale) +
-                   " outside the computable range",
-               ErrorKind::Unsupported);
-    }
-    const int64_t cstride = channels_last_ ? 1 : image;
-    const int64_t istride = channels_last_ ? channels : 1;
+    const float scale = global_pool_scale(ctx, qx, qy, image);
     dispatch(TypeList<uint8_t, int8_t>{}, x.dtype(), [&]<typename T>() {
-      const T* px = x.data<const T>();
-      T* py = y.data<T>();
-      const auto bias = static_cast<int32_t>(-qx.zero_point * image);
-      parallel_for(batch * channels, grain_for(image), [&](int64_t lo, int64_t hi) {
-        for (int64_t p = lo; p < hi; ++p) {
-          const T* in = px + (p / channels) * channels * image + (p % channels) * cstride;
-          int32_t acc = bias;
-          for (int64_t i = 0; i < image; ++i) acc += in[i * istride];
-          py[p] = saturate_round<T>(static_cast<float>(acc) * scale +
-                                    static_cast<float>(qy.zero_point));
-        }
-      });
+      global_average(x.data<const T>(), y.data<T>(), batch, channels, image, channels_last_, qx, qy,
+                     scale);
     });
   }
 
@@ -317,6 +335,148 @@ void qlinear_global_pool_shape(ShapeContext& c) {
   if (s.size() < 3 || !is_8bit(c.dtype(0))) unknown("an input the op does not take");
   c.set(0, c.dtype(0),
         QLinearGlobalAveragePool::pooled_shape(s, c.attr_i("channels_last", 0) != 0));
+}
+
+// ---- QLinearAveragePool ----------------------------------------------------------------
+
+// The NCHW view of a channels-last shape (the channel axis moved from last to second).
+Shape to_nchw(const Shape& s) {
+  Shape r = s;
+  r.erase(r.end() - 1);
+  r.insert(r.begin() + 1, s.back());
+  return r;
+}
+Shape to_nhwc(const Shape& s) {
+  Shape r = s;
+  r.erase(r.begin() + 1);
+  r.push_back(s[1]);
+  return r;
+}
+
+// The window attributes of QLinearAveragePool: kernel_shape required, 1 to 3 axes, no
+// dilations (onnxruntime's kernel has none).
+WindowAttrs qlinear_pool_window(const ir::Node& node) {
+  WindowAttrs a = window_attrs(node);
+  if (a.kernel_shape.empty()) throw Error(ErrorKind::InvalidModel, "kernel_shape is required");
+  if (a.kernel_shape.size() > 3) {
+    throw Error(ErrorKind::Unsupported, "pooling over more than 3 dimensions");
+  }
+  for (int64_t d : a.dilations) {
+    if (d != 1) throw Error(ErrorKind::Unsupported, "dilations other than 1");
+  }
+  check_window_ranks(a, a.kernel_shape.size());
+  return a;
+}
+
+class QLinearAveragePool final : public Kernel {
+ public:
+  explicit QLinearAveragePool(const NodeInfo& info)
+      : window_(qlinear_pool_window(info.node())),
+        channels_last_(info.attr_int("channels_last", 0) != 0),
+        count_pad_(info.attr_int("count_include_pad", 0) != 0) {}
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    require_8bit(ctx, x, "X");
+    if (x.rank() != window_.kernel_shape.size() + 2) {
+      ctx.fail("X " + x.describe() + " does not match kernel_shape of rank " +
+               std::to_string(window_.kernel_shape.size()));
+    }
+    const QParam qx = read_qparam(ctx, 1, 2, x.dtype(), "x");
+    const QParam qy = read_qparam(ctx, 3, 4, x.dtype(), "y");
+    const Shape nchw = channels_last_ ? to_nchw(x.shape()) : x.shape();
+    const std::vector<WindowAxis> axes =
+        forward_windows(spatial_dims(nchw), window_.kernel_shape, window_);
+    const Shape out_nchw = windowed_shape(nchw[0], nchw[1], axes);
+    Tensor& y = ctx.output(0, x.dtype(), channels_last_ ? to_nhwc(out_nchw) : out_nchw);
+    if (y.numel() == 0) return;
+    const Windows3 w = right_aligned(axes);
+    dispatch(TypeList<uint8_t, int8_t>{}, x.dtype(), [&]<typename T>() {
+      if (whole_image(axes)) {
+        // onnxruntime computes a window over the whole unpadded image as GlobalAveragePool.
+        const float scale = global_pool_scale(ctx, qx, qy, w.in_size());
+        global_average(x.data<const T>(), y.data<T>(), nchw[0], nchw[1], w.in_size(),
+                       channels_last_, qx, qy, scale);
+      } else {
+        pool<T>(x.data<const T>(), y.data<T>(), nchw[0], nchw[1], w, qx, qy);
+      }
+    });
+  }
+
+ private:
+  static bool whole_image(const std::vector<WindowAxis>& axes) {
+    return std::all_of(axes.begin(), axes.end(), [](const WindowAxis& a) {
+      return a.kernel == a.in && a.pad_begin == 0 && a.pad_end == 0;
+    });
+  }
+
+  // Each output: the float sum of the dequantized inputs its window covers (clipped to the
+  // image, in row-major order), over the window's count, quantized.
+  template <typename T>
+  void pool(const T* px, T* py, int64_t batch, int64_t channels, const Windows3& w, QParam qx,
+            QParam qy) const {
+    std::array<float, 256> deq{};
+    for (int i = 0; i < 256; ++i) {
+      const auto v = static_cast<T>(static_cast<uint8_t>(i));
+      deq[static_cast<size_t>(i)] =
+          qx.scale * static_cast<float>(static_cast<int32_t>(v) - qx.zero_point);
+    }
+    const int64_t in_size = w.in_size(), out_size = w.out_size();
+    // Element strides of a spatial position and of a channel.
+    const int64_t pos = channels_last_ ? channels : 1, ch_in = channels_last_ ? 1 : in_size,
+                  ch_out = channels_last_ ? 1 : out_size;
+    const auto zy = static_cast<float>(qy.zero_point);
+    parallel_for(batch * channels, grain_for(out_size * w.k_size()), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        const int64_t n = p / channels, c = p % channels;
+        const T* in = px + n * channels * in_size + c * ch_in;
+        T* out = py + n * channels * out_size + c * ch_out;
+        int64_t o = 0;
+        for (int64_t o0 = 0; o0 < w.out[0]; ++o0) {
+          const auto [b0, e0] = span(w, 0, o0);
+          for (int64_t o1 = 0; o1 < w.out[1]; ++o1) {
+            const auto [b1, e1] = span(w, 1, o1);
+            for (int64_t o2 = 0; o2 < w.out[2]; ++o2, ++o) {
+              const auto [b2, e2] = span(w, 2, o2);
+              float sum = 0;
+              for (int64_t i0 = b0; i0 < e0; ++i0) {
+                for (int64_t i1 = b1; i1 < e1; ++i1) {
+                  const int64_t row = (i0 * w.in[1] + i1) * w.in[2];
+                  for (int64_t i2 = b2; i2 < e2; ++i2) {
+                    sum += deq[static_cast<uint8_t>(in[(row + i2) * pos])];
+                  }
+                }
+              }
+              const int64_t count = count_pad_ ? w.k_size() : (e0 - b0) * (e1 - b1) * (e2 - b2);
+              const float avg = sum / static_cast<float>(count);
+              out[o * pos] = saturate_round<T>(avg / qy.scale + zy);
+            }
+          }
+        }
+      }
+    });
+  }
+
+  // The input positions [begin, end) that output o of axis d covers, clipped to the image.
+  static std::pair<int64_t, int64_t> span(const Windows3& w, size_t d, int64_t o) {
+    const int64_t start = o * w.stride[d] - w.pad[d];
+    return {std::max<int64_t>(start, 0), std::min(start + w.k[d], w.in[d])};
+  }
+
+  WindowAttrs window_;
+  bool channels_last_, count_pad_;
+};
+
+void qlinear_average_pool_shape(ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  if (x.size() < 3 || !is_8bit(c.dtype(0))) unknown("an input the op does not take");
+  const WindowAttrs a = qlinear_pool_window(c.node());
+  check_window_ranks(a, x.size() - 2);
+  const bool last = c.attr_i("channels_last", 0) != 0;
+  const Shape nchw = last ? to_nchw(x) : x;
+  const Shape out =
+      windowed_shape(nchw[0], nchw[1], forward_windows(spatial_dims(nchw), a.kernel_shape, a));
+  c.set(0, c.dtype(0), last ? to_nhwc(out) : out);
 }
 
 // ---- QLinearConcat ---------------------------------------------------------------------
@@ -465,6 +625,15 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .types = "uint8, int8",
                   .shape = qlinear_global_pool_shape,
                   .create = make<QLinearGlobalAveragePool>});
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "QLinearAveragePool",
+                  .min_inputs = 4,
+                  .max_inputs = 5,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "uint8, int8",
+                  .shape = qlinear_average_pool_shape,
+                  .create = make<QLinearAveragePool>});
 KILN_REGISTER_OP({.domain = "com.microsoft",
                   .op = "QLinearConcat",
                   .min_inputs = 5,

@@ -101,6 +101,15 @@ int64_t index_in(const Shape& in, const Shape& out, int64_t flat) {
   return idx;
 }
 
+// [n, c, spatial...], or [n, spatial..., c] when channels last.
+Shape image_shape(int64_t n, int64_t c, const std::vector<int64_t>& spatial, bool channels_last) {
+  Shape s{n};
+  if (!channels_last) s.push_back(c);
+  s.insert(s.end(), spatial.begin(), spatial.end());
+  if (channels_last) s.push_back(c);
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("com.microsoft QLinearAdd and QLinearMul with broadcasting", "[ops][qlinear]") {
@@ -262,6 +271,89 @@ TEST_CASE("com.microsoft QLinearConcat requantizes each input", "[ops][qlinear]"
   }
 }
 
+TEST_CASE("com.microsoft QLinearAveragePool, NCHW and channels_last", "[ops][qlinear]") {
+  std::mt19937 rng(37);
+  for (DataType t : {DataType::UInt8, DataType::Int8}) {
+    for (int trial = 0; trial < 24; ++trial) {
+      const size_t r = 1 + trial % 3;
+      const bool last = (trial / 3) % 2 == 1, count_pad = trial % 4 >= 2;
+      const bool ceil = trial % 5 == 1, whole = trial % 7 == 6;
+      std::vector<int64_t> in(r), k(r), st(r), pads(2 * r);
+      for (size_t d = 0; d < r; ++d) {
+        in[d] = 2 + static_cast<int64_t>(rng() % 6);
+        k[d] = whole ? in[d] : 1 + static_cast<int64_t>(rng() % std::min<int64_t>(3, in[d]));
+        st[d] = whole ? 1 : 1 + static_cast<int64_t>(rng() % 2);
+        pads[d] = whole ? 0 : static_cast<int64_t>(rng() % static_cast<uint64_t>(k[d]));
+        pads[d + r] = whole ? 0 : static_cast<int64_t>(rng() % static_cast<uint64_t>(k[d]));
+      }
+      const int64_t n = 1 + trial % 2, c = 1 + static_cast<int64_t>(rng() % 5);
+      const Shape shape = image_shape(n, c, in, last);
+      const Tensor x = random_q_tensor(t, shape, rng);
+      const Q qx = random_q(rng, t), qy = random_q(rng, t);
+      INFO(data_type_name(t) << " trial " << trial << ": " << x.describe() << (last ? " NHWC" : "")
+                             << (count_pad ? " count_include_pad" : "") << (ceil ? " ceil" : ""));
+      // Output sizes (ONNX's formula; ceil_mode drops a window starting in the end padding).
+      std::vector<int64_t> out(r);
+      for (size_t d = 0; d < r; ++d) {
+        const int64_t span = in[d] + pads[d] + pads[d + r] - k[d];
+        out[d] = (ceil ? (span + st[d] - 1) / st[d] : span / st[d]) + 1;
+        if (ceil && (out[d] - 1) * st[d] >= in[d] + pads[d]) --out[d];
+      }
+      std::vector<int64_t> in3(3, 1), out3(3, 1), k3(3, 1), st3(3, 1), pad3(3, 0);
+      for (size_t d = 0; d < r; ++d) {
+        in3[3 - r + d] = in[d], out3[3 - r + d] = out[d], k3[3 - r + d] = k[d];
+        st3[3 - r + d] = st[d], pad3[3 - r + d] = pads[d];
+      }
+      const int64_t in_size = in3[0] * in3[1] * in3[2], out_size = out3[0] * out3[1] * out3[2];
+      std::vector<double> want(static_cast<size_t>(n * c * out_size));
+      for (int64_t b = 0; b < n; ++b) {
+        for (int64_t ch = 0; ch < c; ++ch) {
+          for (int64_t o = 0; o < out_size; ++o) {
+            const int64_t o3[3] = {o / (out3[1] * out3[2]), o / out3[2] % out3[1], o % out3[2]};
+            int64_t lo[3], hi[3];
+            for (int d = 0; d < 3; ++d) {
+              const int64_t start = o3[d] * st3[d] - pad3[d];
+              lo[d] = std::max<int64_t>(start, 0);
+              hi[d] = std::min(start + k3[d], in3[d]);
+            }
+            double sum = 0;
+            for (int64_t i0 = lo[0]; i0 < hi[0]; ++i0) {
+              for (int64_t i1 = lo[1]; i1 < hi[1]; ++i1) {
+                for (int64_t i2 = lo[2]; i2 < hi[2]; ++i2) {
+                  const int64_t sp = (i0 * in3[1] + i1) * in3[2] + i2;
+                  const int64_t idx =
+                      last ? (b * in_size + sp) * c + ch : (b * c + ch) * in_size + sp;
+                  sum += qx.scale * (element(x, idx) - qx.zero_point);
+                }
+              }
+            }
+            const int64_t count = count_pad ? k3[0] * k3[1] * k3[2]
+                                            : (hi[0] - lo[0]) * (hi[1] - lo[1]) * (hi[2] - lo[2]);
+            const int64_t at = last ? (b * out_size + o) * c + ch : (b * c + ch) * out_size + o;
+            want[static_cast<size_t>(at)] = quantize(sum / static_cast<double>(count), qy, t);
+          }
+        }
+      }
+      const Tensor y = OpTest("QLinearAveragePool", 1, kMs)
+                           .input(x)
+                           .input(Tensor::scalar(qx.scale))
+                           .input(zero_point(qx.zero_point, t))
+                           .input(Tensor::scalar(qy.scale))
+                           .input(zero_point(qy.zero_point, t))
+                           .attr("kernel_shape", k)
+                           .attr("strides", st)
+                           .attr("pads", pads)
+                           .attr("ceil_mode", ceil ? 1 : 0)
+                           .attr("count_include_pad", count_pad ? 1 : 0)
+                           .attr("channels_last", last ? 1 : 0)
+                           .run1();
+      const Shape want_shape = image_shape(n, c, out, last);
+      REQUIRE(y.shape() == want_shape);
+      require_within_one(y, want);
+    }
+  }
+}
+
 TEST_CASE("com.microsoft QLinear ops reject bad inputs", "[ops][qlinear]") {
   const Tensor u8 = Tensor::zeros(DataType::UInt8, {2, 3, 4, 4});
   const Tensor s = Tensor::scalar(0.1f);
@@ -326,6 +418,26 @@ TEST_CASE("com.microsoft QLinear ops reject bad inputs", "[ops][qlinear]") {
                           .input(z)
                           .run(),
                       Catch::Contains("QLinearGlobalAveragePool") && Catch::Contains("range"));
+  // AveragePool: dilations, and an input of another rank than the kernel's
+  REQUIRE_THROWS_WITH(OpTest("QLinearAveragePool", 1, kMs)
+                          .input(u8)
+                          .input(s)
+                          .input(z)
+                          .input(s)
+                          .input(z)
+                          .attr("kernel_shape", std::vector<int64_t>{2, 2})
+                          .attr("dilations", std::vector<int64_t>{2, 2})
+                          .run(),
+                      Catch::Contains("QLinearAveragePool") && Catch::Contains("dilations"));
+  REQUIRE_THROWS_WITH(OpTest("QLinearAveragePool", 1, kMs)
+                          .input(u8)
+                          .input(s)
+                          .input(z)
+                          .input(s)
+                          .input(z)
+                          .attr("kernel_shape", std::vector<int64_t>{2})
+                          .run(),
+                      Catch::Contains("QLinearAveragePool") && Catch::Contains("kernel_shape"));
   // Concat: inputs not in triples, shapes differing outside the axis
   REQUIRE_THROWS_WITH(OpTest("QLinearConcat", 1, kMs)
                           .attr("axis", 1)

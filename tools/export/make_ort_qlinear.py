@@ -1,17 +1,20 @@
 """Builds models/tiny-cnn-quantized: a small CNN in the style of models/tiny-cnn (random
-weights) with a residual Add, a Sigmoid gate (Mul), LeakyRelu, Concat and GlobalAveragePool,
+weights) with a residual Add, a Sigmoid gate (Mul), LeakyRelu, Concat, AveragePool and
+GlobalAveragePool,
 quantized by onnxruntime's `quantize_static` from a small calibration set, in three forms:
 
     qoperator-u8/  QuantFormat.QOperator, uint8 activations (QLinearConv, QLinearAdd,
                    QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearConcat,
-                   QLinearGlobalAveragePool, QLinearMatMul)
+                   QLinearAveragePool, QLinearGlobalAveragePool, QLinearMatMul)
     qoperator-s8/  the same with int8 activations
     qdq-u8/        QuantFormat.QDQ: QuantizeLinear / DequantizeLinear around float ops
 
-Each folder holds model.onnx and test_data_set_0 with onnxruntime's outputs. The graph's
-final DequantizeLinear is removed so that the output is the 8-bit tensor itself: a test
-tolerance of 1 is then exactly one quantization step. The 8-bit outputs of the element-wise,
-pooling and concatenation nodes are graph outputs too, each compared on its own. The QDQ reference runs with
+Each folder holds model.onnx and test_data_set_0 with onnxruntime's outputs, with the
+intermediate results of the quantized nodes as graph outputs too, so that each op is compared
+on its own. QOperator: the graph's final DequantizeLinear is removed and every output is an
+8-bit tensor, compared exactly. QDQ: the outputs are the DequantizeLinear results (kiln
+computes the float ops, whose rounding may move a requantized value by one unit); the file
+`atol` holds the largest of their scales (+0.1%), the tolerance of one quantization step. The QDQ reference runs with
 onnxruntime's graph optimizations off, so that it computes the graph as written.
 
     HF_HUB_OFFLINE=1 /work/venv/bin/python tools/export/make_ort_qlinear.py models/tiny-cnn-quantized
@@ -50,7 +53,9 @@ def float_model(rng) -> onnx.ModelProto:
         helper.make_node("MaxPool", ["a1"], ["p1"], name="pool1", kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("Conv", ["p1", "conv3.w", "conv3.b"], ["c3"], name="conv3"),
         helper.make_node("Concat", ["p1", "c3"], ["cat"], name="concat", axis=1),
-        helper.make_node("GlobalAveragePool", ["cat"], ["g"], name="gap"),
+        helper.make_node("AveragePool", ["cat"], ["ap"], name="pool2", kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["ap"], ["g"], name="gap"),
         helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
         helper.make_node("MatMul", ["f", "fc.w"], ["mm"], name="fc"),
         helper.make_node("Add", ["mm", "fc.b"], ["logits"], name="fc_bias"),
@@ -86,10 +91,10 @@ def drop_final_dequantize(model: onnx.ModelProto) -> None:
     out.type.tensor_type.elem_type = zp.data_type
 
 
-# The input holding the output zero point (hence the output type) of the nodes whose 8-bit
-# outputs the test data checks as well as the final one.
+# The input holding the output zero point (hence the output type) of the QOperator nodes
+# whose 8-bit outputs the test data checks as well as the final one.
 CHECKED = {"QLinearAdd": 7, "QLinearMul": 7, "QLinearSigmoid": 4, "QLinearLeakyRelu": 4,
-           "QLinearGlobalAveragePool": 4, "QLinearConcat": 1, "QuantizeLinear": 2}
+           "QLinearGlobalAveragePool": 4, "QLinearAveragePool": 4, "QLinearConcat": 1}
 
 
 def expose_intermediates(model: onnx.ModelProto) -> None:
@@ -97,10 +102,28 @@ def expose_intermediates(model: onnx.ModelProto) -> None:
     graph outputs, so that each op is compared on its own and not only through the logits."""
     graph = model.graph
     types = {i.name: i.data_type for i in graph.initializer}
+    present = {o.name for o in graph.output}
     for node in list(graph.node):
-        if node.op_type in CHECKED and node.input[0] != "image":
+        if node.op_type in CHECKED and node.input[0] != "image" and node.output[0] not in present:
             elem = types[node.input[CHECKED[node.op_type]]]
             graph.output.append(helper.make_tensor_value_info(node.output[0], elem, None))
+
+
+def expose_dequantized(model: onnx.ModelProto) -> float:
+    """Adds the outputs of the activations' DequantizeLinear nodes (but the graph input's) as
+    graph outputs; returns the largest of their scales, widened by 1e-3 for the float rounding
+    of the dequantized values."""
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    present = {o.name for o in graph.output}
+    steps = []
+    for node in graph.node:
+        if node.op_type != "DequantizeLinear" or node.input[0] in inits:
+            continue
+        steps.append(float(numpy_helper.to_array(inits[node.input[1]])))
+        if node.output[0] not in present and not node.input[0].startswith("image"):
+            graph.output.append(helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None))
+    return max(steps) * (1 + 1e-3)
 
 
 def write(variant: str, model: onnx.ModelProto, out_dir: str, image: np.ndarray, optimize: bool) -> None:
@@ -126,22 +149,29 @@ def main(out_dir: str) -> None:
     model = float_model(rng)
     image = rng.standard_normal((2, *IMAGE)).astype(np.float32)
     variants = [
-        ("qoperator-u8", QuantFormat.QOperator, QuantType.QUInt8, True),
-        ("qoperator-s8", QuantFormat.QOperator, QuantType.QInt8, True),
-        ("qdq-u8", QuantFormat.QDQ, QuantType.QUInt8, False),
+        ("qoperator-u8", QuantFormat.QOperator, QuantType.QUInt8),
+        ("qoperator-s8", QuantFormat.QOperator, QuantType.QInt8),
+        ("qdq-u8", QuantFormat.QDQ, QuantType.QUInt8),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         float_path = os.path.join(tmp, "float.onnx")
         onnx.save(model, float_path)
-        for variant, fmt, activation, optimize in variants:
+        for variant, fmt, activation in variants:
             quant_path = os.path.join(tmp, variant + ".onnx")
             quantize_static(float_path, quant_path, Calibration(np.random.default_rng(7)),
                             quant_format=fmt, activation_type=activation, weight_type=QuantType.QInt8,
                             per_channel=False)
             quantized = onnx.load(quant_path)
-            drop_final_dequantize(quantized)
-            expose_intermediates(quantized)
-            write(variant, quantized, out_dir, image, optimize)
+            if fmt == QuantFormat.QOperator:
+                drop_final_dequantize(quantized)
+                expose_intermediates(quantized)
+                write(variant, quantized, out_dir, image, optimize=True)
+            else:
+                atol = expose_dequantized(quantized)
+                write(variant, quantized, out_dir, image, optimize=False)
+                with open(os.path.join(out_dir, variant, "atol"), "w") as f:
+                    f.write(f"{atol:.9g}\n")
+                print(f"{variant}: atol {atol:.9g} (the largest scale)")
     print(f"onnxruntime {ort.__version__}")
 
 

@@ -1,2 +1,2 @@
 
-Blogits_QuantizeLinear_OutputJD¸‡İÅ;CşI²’Ñº;Hó
+BlogitsJP9É‚À³®y?J¸¿uV¿‡{#@Ö-Ä?-œËÀÈ——À‘7ŠÀ“ @)Â…À»ˆ?wt&¿wt&¿ø¬@Ø”?ÑÀP–À‘7ŠÀÁL@

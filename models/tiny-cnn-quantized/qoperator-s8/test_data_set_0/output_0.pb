@@ -1,2 +1,2 @@
 
-Blogits_quantizedJÄ8]E‘»Ã~É2Q:»Ès
+Blogits_quantizedJÉ7YD™»ÄxÈ9R;•½Åy

@@ -1,2 +1,1 @@
-
-Blogits_quantizedJÄ8]E‘»Ã~É2Q:»Ès
+Bg_quantizedJ0Q?Xk3/U0U1@Go98,Ü´HõÅÓL;Ny5-W4P7FHv7=*Ó¶HõÇÖ

@@ -1,2 +1,2 @@
 
-Blogits_quantizedJD¸‡İÅ;CşI²’Ñº;Hó
+Blogits_quantizedJI·ƒÙÄ;DøH¹“”Ò»=Eù

@@ -1,2 +1,1 @@
-
-Blogits_quantizedJD¸‡İÅ;CşI²’Ñº;Hó
+Bg_quantizedJ0Ñ¿Øë³¯Õ°Õ±ŸÀÇï¹¸¬\4ÈuESÌ»Îùµ­×´Ğ·›ÆÈö·½ªS6ÈuGV
