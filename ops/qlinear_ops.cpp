@@ -7,6 +7,8 @@
 //   QLinearAveragePool (X, x_scale, x_zp?, y_scale, y_zp?), the window attributes of
 //     AveragePool (no dilations) and channels_last
 //   QLinearConcat (Y_scale, Y_zp, (X, X_scale, X_zp)...), axis
+//   QLinearSoftmax (X, X_scale, X_zp?, Y_scale, Y_zp?), axis and the opset of the Softmax
+//     it replaces (below 13: over all axes from `axis` on)
 //
 // 8-bit tensors (uint8 or int8) with per-tensor scales (float) and zero points (the data's
 // type, 0 when omitted). The arithmetic follows onnxruntime's x86 kernels so that outputs
@@ -19,7 +21,10 @@
 //   GlobalAveragePool: the int32 sum minus zx * size, times sx / (sy * size) in float;
 //   AveragePool: the float sum of the dequantized window over its count, / sy + zy (a
 //     window covering the whole unpadded image is GlobalAveragePool's sum).
-// Every result is rounded half to even and saturated to the output type.
+//   Softmax: a float table of exp((x - max + shift) * sx), the row's float sum, and
+//     x's entry times floor(1 / sy) over the sum, plus zy.
+// Every result is rounded half to even and saturated to the output type (Softmax keeps
+// onnxruntime's narrowing, see softmax_row).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -479,6 +484,90 @@ void qlinear_average_pool_shape(ShapeContext& c) {
   c.set(0, c.dtype(0), last ? to_nhwc(out) : out);
 }
 
+// ---- QLinearSoftmax ----------------------------------------------------------------------
+
+class QLinearSoftmax final : public Kernel {
+ public:
+  explicit QLinearSoftmax(const NodeInfo& info) : opset_(info.attr_int("opset")) {
+    axis_ = info.attr_int("axis", opset_ < 13 ? 1 : -1);
+  }
+
+  void run(OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    require_8bit(ctx, x, "X");
+    // X's zero point does not change a softmax (onnxruntime ignores it too).
+    const QParam qx = read_qparam(ctx, 1, 2, x.dtype(), "X");
+    const QParam qy = read_qparam(ctx, 3, 4, x.dtype(), "Y");
+    Tensor& y = ctx.output(0, x.dtype(), x.shape());
+    if (x.numel() == 0) return;
+    const int64_t rank = static_cast<int64_t>(x.rank());
+    if (rank == 0) ctx.fail("X must have rank >= 1");
+    const auto axis = static_cast<size_t>(normalize_axis(axis_, rank));
+    const Shape& s = x.shape();
+    const int64_t outer =
+        shape_numel(Shape(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(axis)));
+    const int64_t d = opset_ < 13 ? x.numel() / outer : s[axis];
+    const int64_t inner = x.numel() / (outer * d);
+    const bool is_signed = x.dtype() == DataType::Int8;
+    const std::array<float, 256> table = exp_table(qx.scale, d, is_signed);
+    const float y_scale = std::floor(1.0f / qy.scale);
+    const auto* px = reinterpret_cast<const uint8_t*>(x.raw_data());
+    auto* py = reinterpret_cast<uint8_t*>(y.raw_data());
+    parallel_for(outer * inner, grain_for(3 * d), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const int64_t start = (r / inner) * d * inner + r % inner;
+        if (is_signed) {
+          softmax_row<int8_t>(px + start, py + start, d, inner, table, y_scale, qy.zero_point);
+        } else {
+          softmax_row<uint8_t>(px + start, py + start, d, inner, table, y_scale, qy.zero_point);
+        }
+      }
+    });
+  }
+
+ private:
+  // exp((v - 255 + shift) * scale) for v in [0, 255], indexed by v (unsigned) or by the byte
+  // of v - 128 (signed); `shift` keeps a row's float sum of d values finite.
+  static std::array<float, 256> exp_table(float scale, int64_t d, bool is_signed) {
+    double shift = std::log(std::numeric_limits<float>::max() / static_cast<float>(d));
+    shift = std::max(0.0, shift - 5) / scale;
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) {
+      const double e =
+          std::exp((static_cast<double>(i) - 255 + shift) * static_cast<double>(scale));
+      t[static_cast<uint8_t>(is_signed ? i - 128 : i)] = static_cast<float>(e);
+    }
+    return t;
+  }
+
+  // One row of d elements `stride` apart. Each value's table entry is found by shifting the
+  // row so that its maximum lands on the table's last entry. The result narrows as
+  // onnxruntime's does: above 255 is 255, then the low byte (for int8 a value past 127 wraps,
+  // which a zero point of -128 with a scale of 1/256 reaches only for a probability of 1).
+  template <typename T>
+  static void softmax_row(const uint8_t* xb, uint8_t* yb, int64_t d, int64_t stride,
+                          const std::array<float, 256>& table, float y_scale, int32_t zy) {
+    const T* x = reinterpret_cast<const T*>(xb);
+    T* y = reinterpret_cast<T*>(yb);
+    T xmax = x[0];
+    for (int64_t i = 1; i < d; ++i) xmax = std::max(xmax, x[i * stride]);
+    constexpr int32_t top = std::numeric_limits<T>::max();
+    auto entry = [&](T v) {
+      return table[static_cast<uint8_t>(static_cast<int32_t>(v) + top -
+                                        static_cast<int32_t>(xmax))];
+    };
+    float sum = 0;
+    for (int64_t i = 0; i < d; ++i) sum += entry(x[i * stride]);
+    for (int64_t i = 0; i < d; ++i) {
+      const int32_t q =
+          static_cast<int32_t>(std::nearbyint(entry(x[i * stride]) * y_scale / sum)) + zy;
+      y[i * stride] = static_cast<T>(q > 255 ? 255 : q);
+    }
+  }
+
+  int64_t opset_, axis_ = -1;
+};
+
 // ---- QLinearConcat ---------------------------------------------------------------------
 
 class QLinearConcat final : public Kernel {
@@ -634,6 +723,15 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .types = "uint8, int8",
                   .shape = qlinear_average_pool_shape,
                   .create = make<QLinearAveragePool>});
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "QLinearSoftmax",
+                  .min_inputs = 4,
+                  .max_inputs = 5,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "uint8, int8",
+                  .shape = same_shape,
+                  .create = make<QLinearSoftmax>});
 KILN_REGISTER_OP({.domain = "com.microsoft",
                   .op = "QLinearConcat",
                   .min_inputs = 5,

@@ -354,6 +354,53 @@ TEST_CASE("com.microsoft QLinearAveragePool, NCHW and channels_last", "[ops][qli
   }
 }
 
+TEST_CASE("com.microsoft QLinearSoftmax, opset 13 along an axis and opset 12 flattened",
+          "[ops][qlinear]") {
+  std::mt19937 rng(41);
+  for (DataType t : {DataType::UInt8, DataType::Int8}) {
+    for (int trial = 0; trial < 12; ++trial) {
+      const int64_t opset = trial % 3 == 2 ? 12 : 13;
+      Shape shape = random_shape(1 + trial % 4, 7, rng);
+      const bool default_axis = opset >= 13 && trial % 4 == 1;  // the last
+      const auto axis = default_axis ? static_cast<int64_t>(shape.size()) - 1
+                                     : static_cast<int64_t>(rng() % shape.size());
+      shape[static_cast<size_t>(axis)] = std::max<int64_t>(2, shape[static_cast<size_t>(axis)]);
+      const Tensor x = random_q_tensor(t, shape, rng);
+      // Spread * scale below 5 keeps every probability under 255.5 / 256, where onnxruntime's
+      // int8 narrowing would wrap.
+      const Q qx{std::uniform_real_distribution<float>(0.004f, 0.019f)(rng),
+                 random_q(rng, t).zero_point};
+      const Q qy{1.0f / 256, t == DataType::UInt8 ? 0 : -128};
+      INFO(data_type_name(t) << " trial " << trial << ": " << x.describe() << " axis " << axis
+                             << " opset " << opset);
+      const int64_t outer = shape_numel(Shape(shape.begin(), shape.begin() + axis));
+      const int64_t d = opset < 13 ? x.numel() / outer : shape[static_cast<size_t>(axis)];
+      const int64_t inner = x.numel() / (outer * d);
+      std::vector<double> want(static_cast<size_t>(x.numel()));
+      for (int64_t r = 0; r < outer * inner; ++r) {
+        const int64_t start = (r / inner) * d * inner + r % inner;
+        double mx = -1e30, sum = 0;
+        for (int64_t i = 0; i < d; ++i) mx = std::max(mx, element(x, start + i * inner));
+        for (int64_t i = 0; i < d; ++i)
+          sum += std::exp(qx.scale * (element(x, start + i * inner) - mx));
+        for (int64_t i = 0; i < d; ++i) {
+          const double p = std::exp(qx.scale * (element(x, start + i * inner) - mx)) / sum;
+          want[static_cast<size_t>(start + i * inner)] = quantize(p, qy, t);
+        }
+      }
+      OpTest test("QLinearSoftmax", 1, kMs);
+      test.input(x)
+          .constant_input(Tensor::scalar(qx.scale))
+          .constant_input(zero_point(qx.zero_point, t))
+          .input(Tensor::scalar(qy.scale))
+          .input(zero_point(qy.zero_point, t))
+          .attr("opset", opset);
+      if (!default_axis) test.attr("axis", axis);
+      require_within_one(test.run1(), want);
+    }
+  }
+}
+
 TEST_CASE("com.microsoft QLinear ops reject bad inputs", "[ops][qlinear]") {
   const Tensor u8 = Tensor::zeros(DataType::UInt8, {2, 3, 4, 4});
   const Tensor s = Tensor::scalar(0.1f);
@@ -438,6 +485,10 @@ TEST_CASE("com.microsoft QLinear ops reject bad inputs", "[ops][qlinear]") {
                           .attr("kernel_shape", std::vector<int64_t>{2})
                           .run(),
                       Catch::Contains("QLinearAveragePool") && Catch::Contains("kernel_shape"));
+  // Softmax without the opset attribute
+  REQUIRE_THROWS_WITH(
+      OpTest("QLinearSoftmax", 1, kMs).input(u8).input(s).input(z).input(s).input(z).run(),
+      Catch::Contains("QLinearSoftmax") && Catch::Contains("opset"));
   // Concat: inputs not in triples, shapes differing outside the axis
   REQUIRE_THROWS_WITH(OpTest("QLinearConcat", 1, kMs)
                           .attr("axis", 1)

@@ -1,11 +1,12 @@
 """Builds models/tiny-cnn-quantized: a small CNN in the style of models/tiny-cnn (random
-weights) with a residual Add, a Sigmoid gate (Mul), LeakyRelu, Concat, AveragePool and
-GlobalAveragePool,
+weights) with a residual Add, a Sigmoid gate (Mul), LeakyRelu, Concat, AveragePool,
+GlobalAveragePool and Softmax,
 quantized by onnxruntime's `quantize_static` from a small calibration set, in three forms:
 
     qoperator-u8/  QuantFormat.QOperator, uint8 activations (QLinearConv, QLinearAdd,
                    QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearConcat,
-                   QLinearAveragePool, QLinearGlobalAveragePool, QLinearMatMul)
+                   QLinearAveragePool, QLinearGlobalAveragePool, QLinearMatMul,
+                   QLinearSoftmax)
     qoperator-s8/  the same with int8 activations
     qdq-u8/        QuantFormat.QDQ: QuantizeLinear / DequantizeLinear around float ops
 
@@ -59,11 +60,12 @@ def float_model(rng) -> onnx.ModelProto:
         helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
         helper.make_node("MatMul", ["f", "fc.w"], ["mm"], name="fc"),
         helper.make_node("Add", ["mm", "fc.b"], ["logits"], name="fc_bias"),
+        helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=1),
     ]
     graph = helper.make_graph(
         nodes, "tiny_cnn_quantized",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", *IMAGE])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 10])],
         inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="kiln-export")
     model.ir_version = 8
@@ -94,7 +96,8 @@ def drop_final_dequantize(model: onnx.ModelProto) -> None:
 # The input holding the output zero point (hence the output type) of the QOperator nodes
 # whose 8-bit outputs the test data checks as well as the final one.
 CHECKED = {"QLinearAdd": 7, "QLinearMul": 7, "QLinearSigmoid": 4, "QLinearLeakyRelu": 4,
-           "QLinearGlobalAveragePool": 4, "QLinearAveragePool": 4, "QLinearConcat": 1}
+           "QLinearGlobalAveragePool": 4, "QLinearAveragePool": 4, "QLinearConcat": 1,
+           "QLinearSoftmax": 4}
 
 
 def expose_intermediates(model: onnx.ModelProto) -> None:

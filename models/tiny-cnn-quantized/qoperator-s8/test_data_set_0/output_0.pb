@@ -1,2 +1,2 @@
 
-Blogits_quantizedJÉ7YD™»ÄxÈ9R;•½Åy
+Bprobs_quantizedJ€‰¬€€€8€Š‚‚ ‹€€€G
