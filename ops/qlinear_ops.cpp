@@ -31,6 +31,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ops/common.h"
@@ -85,22 +86,24 @@ void require_8bit(const OpContext& ctx, const Tensor& x, const char* what) {
   }
 }
 
-// Rounds half to even (the default rounding mode) and saturates to T.
+// Rounds half to even (the default rounding mode) and saturates to T; NaN (from degenerate
+// scales such as 0) gives T's lowest value rather than an undefined conversion.
 template <typename T>
 T saturate_round(float v) {
   const float r = std::nearbyint(v);
-  const float lo = std::numeric_limits<T>::min(), hi = std::numeric_limits<T>::max();
-  return static_cast<T>(r < lo ? lo : (r > hi ? hi : r));
+  constexpr auto lo = static_cast<float>(std::numeric_limits<T>::min());
+  constexpr auto hi = static_cast<float>(std::numeric_limits<T>::max());
+  if (!(r > lo)) return std::numeric_limits<T>::min();
+  if (!(r < hi)) return std::numeric_limits<T>::max();
+  return static_cast<T>(r);
 }
 
-// QuantizeLinear of one float as onnxruntime's MlasQuantizeLinear: x / scale, clamped to
-// the range the zero point leaves, rounded, plus the zero point.
+// QuantizeLinear of one float as onnxruntime's MlasQuantizeLinear: x / scale, rounded, plus
+// the zero point, saturated (clamping before or after rounding agrees: the bounds are
+// integers).
 template <typename T>
 T quantize(float x, QParam q) {
-  const float lo = static_cast<float>(std::numeric_limits<T>::min() - q.zero_point);
-  const float hi = static_cast<float>(std::numeric_limits<T>::max() - q.zero_point);
-  const float v = std::min(std::max(x / q.scale, lo), hi);
-  return static_cast<T>(static_cast<int32_t>(std::nearbyint(v)) + q.zero_point);
+  return saturate_round<T>(std::nearbyint(x / q.scale) + static_cast<float>(q.zero_point));
 }
 
 // The table of f over the 256 values of T (indexed by their bytes): dequantized with `x`,
@@ -559,9 +562,10 @@ class QLinearSoftmax final : public Kernel {
     float sum = 0;
     for (int64_t i = 0; i < d; ++i) sum += entry(x[i * stride]);
     for (int64_t i = 0; i < d; ++i) {
-      const int32_t q =
-          static_cast<int32_t>(std::nearbyint(entry(x[i * stride]) * y_scale / sum)) + zy;
-      y[i * stride] = static_cast<T>(q > 255 ? 255 : q);
+      const int64_t q = int64_t{saturate_round<int32_t>(entry(x[i * stride]) * y_scale / sum)} + zy;
+      // onnxruntime adds the zero point in uint32 for uint8: a negative value is past 255.
+      const bool past = q > 255 || (std::is_unsigned_v<T> && q < 0);
+      y[i * stride] = static_cast<T>(past ? 255 : q);
     }
   }
 

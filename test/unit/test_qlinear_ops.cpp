@@ -485,6 +485,29 @@ TEST_CASE("com.microsoft QLinear ops reject bad inputs", "[ops][qlinear]") {
                           .attr("kernel_shape", std::vector<int64_t>{2})
                           .run(),
                       Catch::Contains("QLinearAveragePool") && Catch::Contains("kernel_shape"));
+  // Degenerate scales (0, NaN) saturate instead of converting NaN or infinity to an integer.
+  for (float bad : {0.0f, std::nanf("")}) {
+    const Tensor sum = OpTest("QLinearAdd", 1, kMs)
+                           .input(u8)
+                           .input(s)
+                           .input(z)
+                           .input(u8)
+                           .input(s)
+                           .input(z)
+                           .input(Tensor::scalar(bad))
+                           .input(z)
+                           .run1();
+    REQUIRE(sum.shape() == u8.shape());
+    const Tensor soft = OpTest("QLinearSoftmax", 1, kMs)
+                            .input(u8)
+                            .input(Tensor::scalar(bad))
+                            .input(z)
+                            .input(s)
+                            .input(z)
+                            .attr("opset", 13)
+                            .run1();
+    REQUIRE(soft.shape() == u8.shape());
+  }
   // Softmax without the opset attribute
   REQUIRE_THROWS_WITH(
       OpTest("QLinearSoftmax", 1, kMs).input(u8).input(s).input(z).input(s).input(z).run(),
