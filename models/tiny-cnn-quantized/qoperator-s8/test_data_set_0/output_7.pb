@@ -1,0 +1,1 @@
+Bg_quantizedJ0Q?Xk3/U0U1@Go98,‹¥èHı≈”L;Ny5-W4P7FHv7=*”∂çHı«÷

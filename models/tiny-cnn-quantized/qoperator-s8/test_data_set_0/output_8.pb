@@ -1,0 +1,2 @@
+
+Blogits_quantizedJÉ7YD™»ÄxÈ9R;•½Åy

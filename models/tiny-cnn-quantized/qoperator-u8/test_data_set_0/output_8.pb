@@ -1,0 +1,2 @@
+
+Blogits_quantizedJI·ƒÙÄ;DøH¹“”Ò»=Eù
