@@ -85,14 +85,14 @@ class Dropout final : public Kernel {
   std::atomic<uint64_t> runs_{0};
 };
 
-// Inference mode: Y is X (a view) and the mask all true.
+// Inference mode: Y is X (a view) and the mask all kept (bool from opset 10, X's type before).
 void dropout_shape(ShapeContext& c) {
   if (c.has(2)) {
     const std::vector<int64_t>& training = c.data(2);
     if (!training.empty() && training[0] != 0) unknown("training mode");
   }
   c.same(0, 0);
-  c.set(1, DataType::Bool, c.shape(0));
+  c.set(1, c.opset() >= 10 ? DataType::Bool : c.dtype(0), c.shape(0));
 }
 
 }  // namespace

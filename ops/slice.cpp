@@ -13,6 +13,33 @@
 namespace kiln::ops {
 namespace {
 
+// First index and element count of one axis (step != 0), clamped as ONNX specifies; the
+// kernel and the shape rule both use it. Any int64 start, end and step: no overflow.
+void slice_range(int64_t dim, int64_t start, int64_t end, int64_t step, int64_t* first,
+                 int64_t* len) {
+  *first = 0;
+  *len = 0;
+  if (dim == 0) return;
+  if (start < 0) start += dim;  // start >= INT64_MIN, dim >= 0: no overflow
+  if (end < 0) end += dim;
+  uint64_t span = 0, mag = 0;
+  if (step > 0) {
+    start = std::clamp<int64_t>(start, 0, dim);
+    end = std::clamp<int64_t>(end, 0, dim);
+    if (end <= start) return;
+    span = static_cast<uint64_t>(end - start);
+    mag = static_cast<uint64_t>(step);
+  } else {
+    start = std::clamp<int64_t>(start, 0, dim - 1);
+    end = std::clamp<int64_t>(end, -1, dim - 1);
+    if (start <= end) return;
+    span = static_cast<uint64_t>(start - end);
+    mag = uint64_t{0} - static_cast<uint64_t>(step);
+  }
+  *first = start;
+  *len = static_cast<int64_t>((span - 1) / mag + 1);
+}
+
 class Slice final : public Kernel {
  public:
   explicit Slice(const NodeInfo& info) {
@@ -80,31 +107,10 @@ class Slice final : public Kernel {
   }
 
  private:
-  // First index and element count of one axis, clamped as ONNX specifies.
   static void slice_axis(const OpContext& ctx, int64_t dim, int64_t start, int64_t end,
                          int64_t step, int64_t* first, int64_t* len) {
     if (step == 0) ctx.fail("step cannot be 0");
-    *first = 0;
-    *len = 0;
-    if (dim == 0) return;
-    if (start < 0) start += dim;  // start >= INT64_MIN, dim >= 0: no overflow
-    if (end < 0) end += dim;
-    uint64_t span = 0, mag = 0;
-    if (step > 0) {
-      start = std::clamp<int64_t>(start, 0, dim);
-      end = std::clamp<int64_t>(end, 0, dim);
-      if (end <= start) return;
-      span = static_cast<uint64_t>(end - start);
-      mag = static_cast<uint64_t>(step);
-    } else {
-      start = std::clamp<int64_t>(start, 0, dim - 1);
-      end = std::clamp<int64_t>(end, -1, dim - 1);
-      if (start <= end) return;
-      span = static_cast<uint64_t>(start - end);
-      mag = uint64_t{0} - static_cast<uint64_t>(step);
-    }
-    *first = start;
-    *len = static_cast<int64_t>((span - 1) / mag + 1);
+    slice_range(dim, start, end, step, first, len);
   }
 
   std::vector<int64_t> starts_, ends_, axes_;
@@ -135,18 +141,8 @@ void slice_shape(ShapeContext& c) {
     const auto a = static_cast<size_t>(normalize_axis(axes[i], static_cast<int64_t>(out.size())));
     const int64_t d = x.shape[a], s = steps[i];
     if (s == 0) unknown("step 0");
-    int64_t b = starts[i] < 0 ? starts[i] + d : starts[i];
-    int64_t e = ends[i] < 0 ? ends[i] + d : ends[i];
-    int64_t len = 0;
-    if (s > 0) {
-      b = std::clamp<int64_t>(b, 0, d);
-      e = std::clamp<int64_t>(e, 0, d);
-      len = e > b ? (e - b + s - 1) / s : 0;
-    } else {
-      b = std::clamp<int64_t>(b, 0, d - 1);
-      e = std::clamp<int64_t>(e, -1, d - 1);
-      len = b > e ? (b - e - s - 1) / -s : 0;
-    }
+    int64_t b = 0, len = 0;
+    slice_range(d, starts[i], ends[i], s, &b, &len);
     out[a] = len;
     first[a] = b;
     step[a] = s;

@@ -105,6 +105,25 @@ ShapeInference infer(const ir::Graph& graph, const std::vector<int32_t>& order,
 
 }  // namespace
 
+std::vector<InferredValue> infer_node(const ir::Graph& graph, const ir::Node& node,
+                                      std::vector<InferredValue>& values) {
+  std::vector<InferredValue> outs(node.outputs.size());
+  const ShapeRule rule = shape_rule(node);
+  if (!rule) return outs;
+  ops::ShapeContext c(graph, node, values);
+  Nested nested;
+  c.set_nested(&nested);
+  try {
+    rule(c);
+  } catch (const ops::UnknownFacts&) {
+    return outs;
+  }
+  for (size_t i = 0; i < node.outputs.size(); ++i) {
+    if (node.outputs[i] != ir::kNoValue) outs[i] = values[static_cast<size_t>(node.outputs[i])];
+  }
+  return outs;
+}
+
 bool shape_inference_covers(const ir::Node& node) {
   return shape_rule(node) != nullptr;
 }

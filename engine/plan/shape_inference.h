@@ -33,6 +33,14 @@ struct ShapeInference {
 ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& order,
                             const std::vector<InferredValue>& inputs);
 
+// What `node`'s shape rule says of its outputs given `values` (per ir::ValueId of `graph`: the
+// facts of the node's inputs and of the enclosing values its nested graphs read); entries are
+// unknown where the rule cannot tell (or the op has none). The executor's contract check
+// (KILN_CHECK_CONTRACTS) compares them with what the kernel produced. Throws what the rule
+// throws for inputs it rejects.
+std::vector<InferredValue> infer_node(const ir::Graph& graph, const ir::Node& node,
+                                      std::vector<InferredValue>& values);
+
 // Whether `node`'s op has a shape rule (its outputs may still be unknown when they depend
 // on data known only when run).
 bool shape_inference_covers(const ir::Node& node);

@@ -1,10 +1,12 @@
 #include "engine/runtime/executor.h"
 
+#include <cstdlib>
 #include <memory>
 #include <new>
 #include <stdexcept>
 #include <string>
 
+#include "engine/plan/shape_inference.h"
 #include "engine/runtime/weight_release.h"
 #include "kiln/error.h"
 
@@ -30,6 +32,71 @@ Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape, det
 }
 
 namespace {
+
+// KILN_CHECK_CONTRACTS=1: after every node, its outputs are compared with what its op's shape
+// rule (ops/contract.h) gives for the inputs it was run with, so tests that run models catch a
+// rule that disagrees with its kernel (the planner's predictions rest on the rules). Off by
+// default: it costs a shape inference per node.
+bool check_contracts() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_CHECK_CONTRACTS");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
+std::string facts_text(const plan::InferredValue& f) {
+  std::string s = std::string(data_type_name(f.dtype)) + shape_to_string(f.shape);
+  if (f.has_data) {
+    s += " = {";
+    for (size_t i = 0; i < f.data.size(); ++i) s += (i ? ", " : "") + std::to_string(f.data[i]);
+    s += "}";
+  }
+  return s;
+}
+
+// The facts of the node's inputs (and of the enclosing values its nested graphs read), taken
+// before the kernel runs: it may write its outputs over its inputs.
+std::vector<plan::InferredValue> input_facts(const ir::Graph& g, const ir::Node& node,
+                                             const std::vector<const Value*>& in,
+                                             const std::vector<Value>& slots) {
+  std::vector<plan::InferredValue> values(g.values.size());
+  for (size_t i = 0; i < node.inputs.size(); ++i) {
+    if (in[i] && in[i]->is_tensor())
+      values[static_cast<size_t>(node.inputs[i])] = plan::inferred_from(in[i]->tensor());
+  }
+  for (ir::ValueId id : node.implicit_inputs) {
+    const Value& v = slots[static_cast<size_t>(id)];
+    if (v.is_tensor()) values[static_cast<size_t>(id)] = plan::inferred_from(v.tensor());
+  }
+  return values;
+}
+
+void check_contract(const ir::Graph& g, const ir::Node& node,
+                    std::vector<plan::InferredValue>& values, const std::vector<Value>& outs) {
+  std::vector<plan::InferredValue> want;
+  try {
+    want = plan::infer_node(g, node, values);
+  } catch (const std::exception& e) {
+    throw Error(ErrorKind::Runtime,
+                std::string("contract check: the shape rule rejects inputs the kernel ran on: ") +
+                    e.what());
+  }
+  for (size_t i = 0; i < outs.size() && i < want.size(); ++i) {
+    if (!want[i].known || !outs[i].is_tensor()) continue;
+    plan::InferredValue got = plan::inferred_from(outs[i].tensor());
+    if (!want[i].has_data || !got.has_data) {  // values compared where both sides keep them
+      got.has_data = want[i].has_data = false;
+      got.data.clear();
+      want[i].data.clear();
+    }
+    if (got.dtype != want[i].dtype || got.shape != want[i].shape || got.data != want[i].data) {
+      throw Error(ErrorKind::Runtime, "contract check: output " + std::to_string(i) + " is " +
+                                          facts_text(got) + " but the shape rule gives " +
+                                          facts_text(want[i]));
+    }
+  }
+}
 
 // Empties a slot in place: cheaper than assigning a temporary Value, which is large.
 void clear_value(Value& v) {
@@ -299,8 +366,11 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
     const auto t0 =
         profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const uint64_t copied_before = stats_.bytes_copied;
+    std::vector<plan::InferredValue> facts;
+    if (check_contracts()) facts = input_facts(g, node, in_ptrs, f.slots);
     try {
       step.kernel->run(ctx);
+      if (check_contracts()) check_contract(g, node, facts, outs);
     } catch (Error& e) {
       e.with_node(node.name, node.op_type);
       throw;

@@ -103,10 +103,20 @@ Session if_chain(int length) {
   return make_session(b.build());
 }
 
+// The executor's contract check (KILN_CHECK_CONTRACTS) allocates per node by design.
+bool contracts_checked() {
+  const char* v = std::getenv("KILN_CHECK_CONTRACTS");
+  return v && *v && std::string(v) != "0";
+}
+
 }  // namespace
 
 TEST_CASE("a warm run allocates at most the output tensor's handles per tiny node",
           "[executor][node_cost]") {
+  if (contracts_checked()) {
+    WARN("KILN-SKIP: KILN_CHECK_CONTRACTS is set; its checks allocate per node");
+    return;
+  }
   const std::vector<NamedValue> feed = {{"x", Tensor::zeros(DataType::Float, {1, 16})}};
   Session short_chain = add_chain(100);
   Session long_chain = add_chain(200);
@@ -123,6 +133,10 @@ TEST_CASE("a warm run allocates at most the output tensor's handles per tiny nod
 
 TEST_CASE("a warm run allocates a bounded amount per If with small branches",
           "[executor][node_cost][if]") {
+  if (contracts_checked()) {
+    WARN("KILN-SKIP: KILN_CHECK_CONTRACTS is set; its checks allocate per node");
+    return;
+  }
   const std::vector<NamedValue> feed = {{"x", Tensor::zeros(DataType::Float, {1, 16})},
                                         {"cond", Tensor::from_vector<bool>({1}, {true})}};
   Session short_chain = if_chain(20);
