@@ -137,7 +137,7 @@ class GatherBlockQuantized final : public Kernel {
   Source source(OpContext& ctx, const Tensor& data) const {
     Source s;
     s.shape = data.shape();
-    s.bytes = data.data<const uint8_t>();
+    s.bytes = reinterpret_cast<const uint8_t*>(data.raw_data());
     switch (data.dtype()) {
       case DataType::Int4:
       case DataType::UInt4:
@@ -175,7 +175,7 @@ class GatherBlockQuantized final : public Kernel {
       ctx.fail("zero_points " + zp.describe() + " must be " +
                std::string(data_type_name(data.dtype())) + " of shape " + shape_to_string(want));
     }
-    z.bytes = zp.data<const uint8_t>();
+    z.bytes = reinterpret_cast<const uint8_t*>(zp.raw_data());
     return z;
   }
 
