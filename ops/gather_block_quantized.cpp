@@ -75,12 +75,12 @@ class GatherBlockQuantized final : public Kernel {
     for (int64_t i = qa + 1; i < rank; ++i) qstride *= src.shape[static_cast<size_t>(i)];
     const int64_t qdim = src.shape[static_cast<size_t>(qa)];
     const int64_t qblocks = scale_shape[static_cast<size_t>(qa)];
-    std::vector<float> scale(static_cast<size_t>(scales.numel()));
-    for (int64_t i = 0; i < scales.numel(); ++i) {
-      scale[static_cast<size_t>(i)] = scales.dtype() == DataType::Float
-                                          ? scales.data<const float>()[i]
-                                          : static_cast<float>(scales.data<const float16>()[i]);
-    }
+    // Only the gathered rows' scales are read (an embedding's are many).
+    const auto scale = [&scales](int64_t i) {
+      return scales.dtype() == DataType::Float
+                 ? scales.data<const float>()[i]
+                 : static_cast<float>(scales.data<const float16>()[i]);
+    };
     const int64_t n_idx = static_cast<int64_t>(idx.size());
     for (int64_t o = 0; o < outer; ++o) {
       for (int64_t t = 0; t < n_idx; ++t) {
@@ -95,8 +95,7 @@ class GatherBlockQuantized final : public Kernel {
           const int64_t f = base + i;
           const int64_t c = f / qstride % qdim, hi = f / (qstride * qdim);
           const int64_t sf = (hi * qblocks + c / block_) * qstride + f % qstride;
-          const float v =
-              (static_cast<float>(src.value(f)) - zeros.value(sf)) * scale[static_cast<size_t>(sf)];
+          const float v = (static_cast<float>(src.value(f)) - zeros.value(sf)) * scale(sf);
           store(y, out0 + i, v);
         }
       }

@@ -148,28 +148,42 @@ class MatMulNBits final : public Kernel {
     for (int64_t r = 0; r < m; ++r) bk.add(y + r * n_, 1, bias, 1, y + r * n_, n_);
   }
 
-  // Many rows: panels of columns dequantized into a per-thread buffer, each multiplied by
-  // the float GEMM on the thread that made it.
+  // Many rows: panels of columns dequantized into a per-thread buffer, each multiplied by the
+  // float GEMM on the thread that made it. The panel's rows and A's are in prepare_a's order
+  // (K permuted within each block the same way on both sides, which leaves the product as it
+  // is) so that dequantizing stays a few vector instructions per value. The GEMM computes
+  // each panel's Y^T = W_panel A^T: the panel is its left operand, read in rows as it was
+  // written, and A^T is packed once for all panels.
   void panels(const math::NBitsMatrix& b, const float* a, int64_t m, const float* bias,
               float* y) const {
+    const math::NBitsKernels& nk = math::kernels().nbits;
+    const int64_t padded = b.blocks * b.block;
+    std::vector<float> prepared(static_cast<size_t>(m * padded));
+    std::vector<float> sums(static_cast<size_t>(m * b.blocks));
+    nk.prepare_a(a, k_, static_cast<int>(m), b, prepared.data(), sums.data());
+    const math::PackedB at(math::MatrixView::col_major(prepared.data(), padded, m, padded));
     const double work = static_cast<double>(m) * static_cast<double>(n_) * static_cast<double>(k_);
     const int tasks = math::task_count(work);
     // Columns per panel: what fits kPanelFloats, and no more than a task's share.
-    int64_t nc = std::max<int64_t>(16, kPanelFloats / k_ / 16 * 16);
+    int64_t nc = std::max<int64_t>(16, kPanelFloats / padded / 16 * 16);
     nc = std::min(nc, (n_ + tasks - 1) / tasks);
     const int64_t count = (n_ + nc - 1) / nc;
-    const math::MatrixView av = math::MatrixView::row_major(a, m, k_, k_);
-    const math::NBitsKernels& nk = math::kernels().nbits;
     math::run_tasks(tasks, [&](int t) {
-      thread_local std::vector<float> panel;
-      panel.resize(static_cast<size_t>(nc * k_));
+      thread_local std::vector<float> panel, yt;
+      panel.resize(static_cast<size_t>(nc * padded));
+      yt.resize(static_cast<size_t>(nc * m));
       for (int64_t c = t; c < count; c += tasks) {
         const int64_t j0 = c * nc, cols = std::min(nc, n_ - j0);
-        nk.dequantize(b, j0, j0 + cols, panel.data());
+        nk.dequantize_rows(b, j0, j0 + cols, panel.data());
         math::GemmOptions o;
         o.max_threads = 1;
-        o.bias = bias ? bias + j0 : nullptr;
-        math::sgemm(av, math::MatrixView::col_major(panel.data(), k_, cols, k_), y + j0, n_, o);
+        o.row_bias = bias ? bias + j0 : nullptr;
+        math::sgemm(math::MatrixView::row_major(panel.data(), cols, padded, padded), at, yt.data(),
+                    m, o);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t jj = 0; jj < cols; ++jj)
+            y[i * n_ + j0 + jj] = yt[static_cast<size_t>(jj * m + i)];
+        }
       }
     });
   }

@@ -260,8 +260,9 @@ struct NBitsKernels {
   // [j0, j1); a and sums from prepare_a.
   void (*gemv)(const float* a, const float* sums, int rows, const NBitsMatrix& b, int64_t j0,
                int64_t j1, float* y, int64_t ldy) = nullptr;
-  // Columns [j0, j1) of B as float, column j into out[(j - j0) * k, + k).
-  void (*dequantize)(const NBitsMatrix& b, int64_t j0, int64_t j1, float* out) = nullptr;
+  // Columns [j0, j1) of B as float, column j in the row out + (j - j0) * blocks * block, in
+  // prepare_a's order (a prepared row of A times such a row is their product).
+  void (*dequantize_rows)(const NBitsMatrix& b, int64_t j0, int64_t j1, float* out) = nullptr;
 };
 
 struct MathKernels {

@@ -95,7 +95,7 @@ KILN_ISA_TEST_CASE("every entry of the level's table is filled", "[math][isa]") 
   CHECK(k.nbits.max_rows > 0);
   CHECK(k.nbits.prepare_a);
   CHECK(k.nbits.gemv);
-  CHECK(k.nbits.dequantize);
+  CHECK(k.nbits.dequantize_rows);
   CHECK(k.binary.add);
   CHECK(k.binary.sub);
   CHECK(k.binary.mul);

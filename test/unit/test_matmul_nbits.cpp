@@ -5,6 +5,7 @@
 // step) to 70 (a prefill, through the dequantize-and-GEMM path). The kernels are compared at
 // every instruction-set level in one process; the op tests run again per level under
 // KILN_ISA (ctest). Bad inputs fail with an Error naming the node.
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -196,13 +197,20 @@ KILN_ISA_TEST_CASE("the MatMulNBits kernels match the reference at every level",
     nk.prepare_a(a.data<const float>(), k, rows, b, prepared.data(), sums.data());
     nk.gemv(prepared.data(), sums.data(), rows, b, 0, n, y.data(), n);
     require_near(y.data(), reference(a, q, nullptr), k);
-    // dequantize: column j's k values in a row of its own.
-    std::vector<float> cols(static_cast<size_t>(n * k));
-    nk.dequantize(b, 0, n, cols.data());
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t p = 0; p < k; ++p) {
-        REQUIRE(cols[static_cast<size_t>(j * k + p)] ==
-                Approx(q.w[static_cast<size_t>(p * n + j)]).margin(1e-6));
+    // dequantize_rows: columns [1, n) as rows in prepare_a's order, whose dot products with
+    // the prepared rows of A are the product.
+    const int64_t padded = q.blocks * block;
+    std::vector<float> w(static_cast<size_t>((n - 1) * padded));
+    nk.dequantize_rows(b, 1, n, w.data());
+    const std::vector<double> want = reference(a, q, nullptr);
+    for (int r = 0; r < rows; ++r) {
+      for (int64_t j = 1; j < n; ++j) {
+        double dot = 0;
+        for (int64_t p = 0; p < padded; ++p) {
+          dot += double{prepared[static_cast<size_t>(r * padded + p)]} *
+                 w[static_cast<size_t>((j - 1) * padded + p)];
+        }
+        REQUIRE(dot == Approx(want[static_cast<size_t>(r * n + j)]).margin(1e-4));
       }
     }
   }

@@ -129,28 +129,39 @@ void nbits_gemv(const float* a, const float* sums, int rows, const NBitsMatrix& 
   }
 }
 
-// Each block through a table of its 16 or 256 dequantized values: the larger products
-// this feeds spend their time in the GEMM, not here.
-void nbits_dequantize(const NBitsMatrix& b, int64_t j0, int64_t j1, float* out) {
-  const int64_t bs = b.block, bytes = b.block_bytes();
-  float table[256];
-  const int levels = 1 << b.bits;
+// Columns [j0, j1) of B dequantized, column j into the row out + (j - j0) * blocks * block in
+// prepare_a's order (4-bit blocks: even-indexed values, then odd-indexed ones), so that a
+// product of prepared rows of A with these rows is A times B. Vectors as in gemv:
+// w = q s - z s, one multiply-add per value; the values past k are finite and meet A's zeros.
+void nbits_dequantize_rows(const NBitsMatrix& b, int64_t j0, int64_t j1, float* out) {
+  const int64_t bs = b.block, bytes = b.block_bytes(), padded = b.blocks * bs;
+  const bool vector = bytes % kLanes == 0;
+  const VI low = viset1(15);
   for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* q = b.data + j * b.blocks * bytes;
-    float* o = out + (j - j0) * b.k;
-    for (int64_t blk = 0; blk < b.blocks; ++blk, q += bytes) {
-      const float s = b.scales[j * b.blocks + blk], z = b.zero_point(j, blk);
-      for (int v = 0; v < levels; ++v) table[v] = (static_cast<float>(v) - z) * s;
-      const int64_t p0 = blk * bs, len = b.k - p0 < bs ? b.k - p0 : bs;
-      float* ob = o + p0;
-      if (b.bits == 4) {
-        for (int64_t i = 0; i + 1 < len; i += 2) {
-          ob[i] = table[q[i / 2] & 15];
-          ob[i + 1] = table[q[i / 2] >> 4];
+    float* o = out + (j - j0) * padded;
+    for (int64_t blk = 0; blk < b.blocks; ++blk, q += bytes, o += bs) {
+      const float s = b.scales[j * b.blocks + blk], zs = -s * b.zero_point(j, blk);
+      if (!vector) {
+        for (int64_t i = 0; i < bytes; ++i) {
+          if (b.bits == 4) {
+            o[i] = static_cast<float>(q[i] & 15) * s + zs;
+            o[bytes + i] = static_cast<float>(q[i] >> 4) * s + zs;
+          } else {
+            o[i] = static_cast<float>(q[i]) * s + zs;
+          }
         }
-        if (len % 2) ob[len - 1] = table[q[len / 2] & 15];
-      } else {
-        for (int64_t i = 0; i < len; ++i) ob[i] = table[q[i]];
+        continue;
+      }
+      const VF sv = vset1(s), zv = vset1(zs);
+      for (int64_t i = 0; i < bytes; i += kLanes) {
+        const VI v = vload_u8(q + i);
+        if (b.bits == 4) {
+          vstore(o + i, vfmadd(vcvt_float(viand(v, low)), sv, zv));
+          vstore(o + bytes + i, vfmadd(vcvt_float(vshr<4>(v)), sv, zv));
+        } else {
+          vstore(o + i, vfmadd(vcvt_float(v), sv, zv));
+        }
       }
     }
   }
@@ -159,4 +170,4 @@ void nbits_dequantize(const NBitsMatrix& b, int64_t j0, int64_t j1, float* out) 
 constexpr NBitsKernels kNBitsKernels{.max_rows = kNBitsRows,
                                      .prepare_a = nbits_prepare_a,
                                      .gemv = nbits_gemv,
-                                     .dequantize = nbits_dequantize};
+                                     .dequantize_rows = nbits_dequantize_rows};
