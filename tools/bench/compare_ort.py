@@ -411,10 +411,10 @@ def gpt2_int4_section(runner, args, tmp, past_lens):
                   f"{floor_ms:.2f} ms ({(packed + kv_bytes) / 1e6:.1f} MB at {bw:.1f} GB/s measured); "
                   f"max |logits diff| {diff:.2e}", flush=True)
             rows.append((plen, t, k, o, diff))
-    desc = (f"The GPT-2 of the previous section ({layers} layers, n_embd {d}) with every MatMul and Gather "
+    desc = (f"The GPT-2 of case gpt2 ({layers} layers, n_embd {d}, random weights) with every MatMul and Gather "
             "weight quantized by onnxruntime's `MatMulNBitsQuantizer` (4 bits, block 32, zero points; "
             "GPT-2's Gemm layers first written as MatMul + Add, as `tools/export/make_nbits.py` does): "
-            "com.microsoft MatMulNBits and GatherBlockQuantized. One decode step as above. The memory "
+            "com.microsoft MatMulNBits and GatherBlockQuantized. One decode step at each past length. The memory "
             f"floor is the packed int4 bytes a step streams ({packed / 1e6:.1f} MB of values, scales and "
             "zero points) plus the KV cache, over the read bandwidth `kiln-bench gemm` measures on the "
             "same threads; the rate column is floor / time (1.0 = at the floor).")
