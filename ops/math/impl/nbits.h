@@ -34,45 +34,64 @@ void nbits_prepare_a(const float* a, int64_t lda, int rows, const NBitsMatrix& b
   }
 }
 
-// One column of B times Rows rows of prepared A (row stride lda): y[r * ldy].
+// Block `blk` of one column (bytes at q) times Rows rows of prepared A: total[r] += scale *
+// (a . q), shift[r] += scale * zero point * the rows' block sums.
+template <int Rows, int Bits>
+inline void nbits_block(const float* a, int64_t lda, const float* sums, const NBitsMatrix& b,
+                        int64_t j, int64_t blk, const uint8_t* q, VF* total, float* shift) {
+  const int64_t bytes = b.block_bytes();
+  const float* ab = a + blk * b.block;
+  const VI low = viset1(15);
+  VF acc[Rows];
+  for (int r = 0; r < Rows; ++r) acc[r] = vzero();
+  for (int64_t i = 0; i < bytes; i += kLanes) {
+    const VI v = vload_u8(q + i);
+    if constexpr (Bits == 4) {
+      const VF lo = vcvt_float(viand(v, low)), hi = vcvt_float(vshr<4>(v));
+      for (int r = 0; r < Rows; ++r) {
+        acc[r] = vfmadd(vload(ab + r * lda + i), lo, acc[r]);
+        acc[r] = vfmadd(vload(ab + r * lda + bytes + i), hi, acc[r]);
+      }
+    } else {
+      const VF w = vcvt_float(v);
+      for (int r = 0; r < Rows; ++r) acc[r] = vfmadd(vload(ab + r * lda + i), w, acc[r]);
+    }
+  }
+  const float s = b.scales[j * b.blocks + blk], zs = s * b.zero_point(j, blk);
+  const VF sv = vset1(s);
+  for (int r = 0; r < Rows; ++r) {
+    total[r] = vfmadd(acc[r], sv, total[r]);
+    shift[r] += zs * sums[r * b.blocks + blk];
+  }
+}
+
+// One column of B times Rows rows of prepared A (row stride lda): y[r * ldy]. For one row,
+// even and odd blocks add into separate sums: a single chain of dependent multiply-adds
+// would bound it at one block per multiply-add latency (more rows are chains of their own).
 template <int Rows, int Bits>
 inline void nbits_column(const float* a, int64_t lda, const float* sums, const NBitsMatrix& b,
                          int64_t j, float* y, int64_t ldy) {
-  const int64_t bs = b.block, bytes = b.block_bytes();
+  const int64_t bytes = b.block_bytes();
   const uint8_t* q = b.data + j * b.blocks * bytes;
-  const float* scales = b.scales + j * b.blocks;
-  VF total[Rows];
-  float shift[Rows];
+  VF total[2][Rows];
+  float shift[2][Rows];
   for (int r = 0; r < Rows; ++r) {
-    total[r] = vzero();
-    shift[r] = 0.0f;
+    total[0][r] = total[1][r] = vzero();
+    shift[0][r] = shift[1][r] = 0.0f;
   }
-  const VI low = viset1(15);
-  for (int64_t blk = 0; blk < b.blocks; ++blk, q += bytes) {
-    const float* ab = a + blk * bs;
-    VF acc[Rows];
-    for (int r = 0; r < Rows; ++r) acc[r] = vzero();
-    for (int64_t i = 0; i < bytes; i += kLanes) {
-      const VI v = vload_u8(q + i);
-      if constexpr (Bits == 4) {
-        const VF lo = vcvt_float(viand(v, low)), hi = vcvt_float(vshr<4>(v));
-        for (int r = 0; r < Rows; ++r) {
-          acc[r] = vfmadd(vload(ab + r * lda + i), lo, acc[r]);
-          acc[r] = vfmadd(vload(ab + r * lda + bytes + i), hi, acc[r]);
-        }
-      } else {
-        const VF w = vcvt_float(v);
-        for (int r = 0; r < Rows; ++r) acc[r] = vfmadd(vload(ab + r * lda + i), w, acc[r]);
-      }
-    }
-    const float s = scales[blk], zs = s * b.zero_point(j, blk);
-    const VF sv = vset1(s);
-    for (int r = 0; r < Rows; ++r) {
-      total[r] = vfmadd(acc[r], sv, total[r]);
-      shift[r] += zs * sums[r * b.blocks + blk];
+  int64_t blk = 0;
+  if constexpr (Rows == 1) {
+    for (; blk + 1 < b.blocks; blk += 2, q += 2 * bytes) {
+      nbits_block<Rows, Bits>(a, lda, sums, b, j, blk, q, total[0], shift[0]);
+      nbits_block<Rows, Bits>(a, lda, sums, b, j, blk + 1, q + bytes, total[1], shift[1]);
     }
   }
-  for (int r = 0; r < Rows; ++r) y[r * ldy] = vreduce_add(total[r]) - shift[r];
+  for (; blk < b.blocks; ++blk, q += bytes) {
+    nbits_block<Rows, Bits>(a, lda, sums, b, j, blk, q, total[0], shift[0]);
+  }
+  for (int r = 0; r < Rows; ++r) {
+    y[r * ldy] = vreduce_add(vadd(total[0][r], total[1][r])) - (shift[0][r] + shift[1][r]);
+  }
 }
 
 // The same one value at a time, for blocks narrower than a vector's bytes.
