@@ -360,3 +360,43 @@ TEST_CASE("GatherBlockQuantized rejects bad inputs naming the node", "[ops][cont
       .attr("block_size", 32);
   REQUIRE_THROWS_WITH(bad_scales.run(), Catch::Contains("scales"));
 }
+
+TEST_CASE("GatherBlockQuantized reads int4 data along any axis with float16 scales",
+          "[ops][contrib][nbits]") {
+  // int4 data [3, 40, 2] quantized along axis 1 in blocks of 16 (3 blocks, the last short),
+  // gathered along axis 2: what MatMulNBitsQuantizer's int4 Gather layout allows in general.
+  std::mt19937 rng(31);
+  const int64_t d0 = 3, d1 = 40, d2 = 2, block = 16, blocks = 3;
+  Tensor data = Tensor::zeros(DataType::Int4, {d0, d1, d2});
+  Tensor scales = Tensor::zeros(DataType::Float16, {d0, blocks, d2});
+  auto* bytes = reinterpret_cast<uint8_t*>(data.raw_data());
+  std::vector<int> q(static_cast<size_t>(d0 * d1 * d2));
+  for (size_t f = 0; f < q.size(); ++f) {
+    q[f] = std::uniform_int_distribution<int>(-8, 7)(rng);
+    bytes[f / 2] |= static_cast<uint8_t>((q[f] & 15) << (f % 2 * 4));
+  }
+  for (int64_t i = 0; i < scales.numel(); ++i) {
+    scales.data<float16>()[i] = float16(std::uniform_real_distribution<float>(0.1f, 1.0f)(rng));
+  }
+  Tensor idx = Tensor::zeros(DataType::Int32, {3});
+  const std::vector<int32_t> picks{1, 0, -1};
+  std::copy(picks.begin(), picks.end(), idx.data<int32_t>());
+  OpTest op("GatherBlockQuantized", 1, kMs);
+  op.constant_input(data).input(idx).constant_input(scales);
+  op.attr("gather_axis", 2).attr("quantize_axis", 1).attr("block_size", block);
+  const Tensor y = op.run1();
+  REQUIRE(y.dtype() == DataType::Float16);
+  REQUIRE(y.shape() == Shape{d0, d1, 3});
+  for (int64_t i = 0; i < d0; ++i) {
+    for (int64_t j = 0; j < d1; ++j) {
+      for (int64_t t = 0; t < 3; ++t) {
+        const int64_t c = (picks[static_cast<size_t>(t)] + d2) % d2;
+        const double s =
+            static_cast<float>(scales.data<const float16>()[(i * blocks + j / block) * d2 + c]);
+        const double want = q[static_cast<size_t>((i * d1 + j) * d2 + c)] * s;
+        REQUIRE(static_cast<float>(y.data<const float16>()[(i * d1 + j) * 3 + t]) ==
+                Approx(want).margin(1e-3 * (1 + std::fabs(want))));
+      }
+    }
+  }
+}
