@@ -231,6 +231,46 @@ struct Int8GemmKernels {
                       uint8_t* y) = nullptr;
 };
 
+// B of com.microsoft.MatMulNBits as onnxruntime lays it out: column j (of n) holds its k
+// values in `blocks` blocks of `block` values, each block's `bits`-bit values packed into
+// block * bits / 8 bytes (4-bit: element 2i in the low nibble of byte i, 2i + 1 in the high
+// one; the last block padded). Element (p, j) = (q - zero point) * scale of its block.
+struct NBitsMatrix {
+  const uint8_t* data = nullptr;             // [n][blocks][block * bits / 8]
+  const float* scales = nullptr;             // [n][blocks]
+  const uint8_t* zero_points = nullptr;      // packed like the values, zp_bytes per column
+  const float* float_zero_points = nullptr;  // [n][blocks]; without either: 2^(bits - 1)
+  int bits = 4;
+  int64_t k = 0, n = 0, block = 0, blocks = 0;
+
+  int64_t block_bytes() const { return block * bits / 8; }
+  int64_t zp_bytes() const { return (blocks * bits + 7) / 8; }
+  float zero_point(int64_t j, int64_t b) const {
+    if (float_zero_points) return float_zero_points[j * blocks + b];
+    if (!zero_points) return static_cast<float>(1 << (bits - 1));
+    const uint8_t* z = zero_points + j * zp_bytes();
+    return static_cast<float>(bits == 8 ? z[b] : (z[b / 2] >> (b % 2 * 4)) & 15);
+  }
+};
+
+// Products with an NBitsMatrix B (impl/nbits.h; the op is ops/matmul_nbits.cpp). The weights
+// stay packed: a few rows of A stream them once, each block widened to float in registers.
+struct NBitsKernels {
+  int max_rows = 0;  // rows of A one gemv call takes
+  // Rows x k of A (row stride lda) in the order gemv reads them, into `out` (rows x
+  // blocks * block floats): zero padded, 4-bit blocks with their even-indexed values first;
+  // and each row's block sums into sums[r * blocks + b].
+  void (*prepare_a)(const float* a, int64_t lda, int rows, const NBitsMatrix& b, float* out,
+                    float* sums) = nullptr;
+  // y[r * ldy + j] = row r of A times column j of B, for r < rows (<= max_rows) and j in
+  // [j0, j1); a and sums from prepare_a.
+  void (*gemv)(const float* a, const float* sums, int rows, const NBitsMatrix& b, int64_t j0,
+               int64_t j1, float* y, int64_t ldy) = nullptr;
+  // Columns [j0, j1) of B as float, column j in the row out + (j - j0) * blocks * block, in
+  // prepare_a's order (a prepared row of A times such a row is their product).
+  void (*dequantize_rows)(const NBitsMatrix& b, int64_t j0, int64_t j1, float* out) = nullptr;
+};
+
 struct MathKernels {
   Isa isa = Isa::Generic;
   ConvertKernels convert;
@@ -239,6 +279,7 @@ struct MathKernels {
   BinaryKernels binary;
   VecMathKernels vec;
   Int8GemmKernels int8_gemm;
+  NBitsKernels nbits;
 };
 
 // The table of active_isa() (throws as active_isa() does).

@@ -92,6 +92,10 @@ KILN_ISA_TEST_CASE("every entry of the level's table is filled", "[math][isa]") 
   CHECK(k.int8_gemm.pack_b);
   CHECK(k.int8_gemm.kernel);
   CHECK(k.int8_gemm.requantize);
+  CHECK(k.nbits.max_rows > 0);
+  CHECK(k.nbits.prepare_a);
+  CHECK(k.nbits.gemv);
+  CHECK(k.nbits.dequantize_rows);
   CHECK(k.binary.add);
   CHECK(k.binary.sub);
   CHECK(k.binary.mul);

@@ -22,7 +22,9 @@ tools/export/make_small_models.py, built into the temporary folder): a chain of 
 float32[1,16], a chain of 200 Ifs with one-node branches, and a voice-activity-like model with
 nested Ifs and LSTMs, with the time per executed node; one decode step of a GPT-2 with the real gpt2 dimensions and random weights
 (--gpt2, case "gpt2", tools/export/make_gpt2.py --size gpt2) at past lengths --gpt2-past-lens,
-with the bytes read per step (weights + KV cache) over the time; MiniLM quantized to int8 with
+with the bytes read per step (weights + KV cache) over the time; the same GPT-2 quantized to int4 by
+onnxruntime's MatMulNBitsQuantizer (case "gpt2-int4", made from --gpt2 into --gpt2-int4 when missing), with
+its memory floor (packed int4 bytes per step over the measured read bandwidth); MiniLM quantized to int8 with
 dynamic activations (case "minilm-int8"): onnxruntime.quantization.quantize_dynamic's int8
 weights (what ORTQuantizer's avx512_vnni dynamic configuration writes), saved by onnxruntime at
 its extended optimization level (DynamicQuantizeMatMul, MatMulIntegerToFloat), both engines on
@@ -355,6 +357,91 @@ def gpt2_section(runner, args, tmp, past_lens):
             "kiln gets its caches as tensors with room for n_positions, passed by move; onnxruntime plain "
             "arrays. GB/s read: the model's weight bytes plus the KV cache bytes, over the median step time.")
     return ("GPT-2 (real dimensions), one decode step", desc, rows, "past")
+
+
+def make_gpt2_int4(source, folder):
+    """The real-size GPT-2 (--gpt2) quantized as tools/export/make_nbits.py quantizes the tiny one:
+    Gemm layers written as MatMul + Add, then onnxruntime's MatMulNBitsQuantizer (4 bits, block 32,
+    with zero points) on every MatMul and Gather with a constant weight."""
+    import onnx
+
+    sys.path.insert(0, os.path.join(ROOT, "tools", "export"))
+    from make_nbits import gemm_to_matmul
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    print(f"  making {folder} from {source} (MatMulNBitsQuantizer, 4 bits, block 32)", flush=True)
+    model = onnx.load(os.path.join(source, "model.onnx"))
+    gemm_to_matmul(model)
+    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=False,
+                                     op_types_to_quantize=("MatMul", "Gather"))
+    quantizer.process()
+    os.makedirs(folder, exist_ok=True)
+    onnx.save(quantizer.model.model, os.path.join(folder, "model.onnx"))
+    for name in ("config.json", "generation_config.json"):
+        if os.path.exists(os.path.join(source, name)):
+            with open(os.path.join(source, name)) as f, open(os.path.join(folder, name), "w") as g:
+                g.write(f.read())
+
+
+def packed_int4_bytes(path):
+    """Bytes a decode step streams from the MatMulNBits weights: packed values, scales, zero points."""
+    import onnx
+
+    model = onnx.load(path)
+    inits = {i.name: i for i in model.graph.initializer}
+    total = 0
+    for n in model.graph.node:
+        if n.op_type == "MatMulNBits":
+            total += sum(len(inits[x].raw_data) for x in n.input[1:4] if x in inits)
+    return total
+
+
+def gpt2_int4_section(runner, args, tmp, past_lens):
+    """One decode step of the real-size GPT-2 quantized to int4 (MatMulNBits), beside onnxruntime,
+    with the memory floor: the packed int4 bytes per step over the measured read bandwidth."""
+    folder = args.gpt2_int4
+    path = os.path.join(folder, "model.onnx")
+    if not os.path.exists(path):
+        make_gpt2_int4(args.gpt2, folder)
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
+    layers, heads, d = cfg["n_layer"], cfg["n_head"], cfg["n_embd"]
+    packed = packed_int4_bytes(path)
+    rng = np.random.default_rng(2)
+    rows = []
+    for plen in past_lens:
+        arrays = {"input_ids": np.array([[int(rng.integers(0, cfg["vocab_size"]))]], np.int64),
+                  "attention_mask": np.ones((1, plen + 1), np.int64),
+                  "position_ids": np.array([[plen]], np.int64)}
+        for layer in range(layers):
+            for kind in ("key", "value"):
+                arrays[f"past_key_values.{layer}.{kind}"] = rng.standard_normal(
+                    (1, heads, plen, d // heads), np.float32)
+        idir = write_inputs(os.path.join(tmp, f"gpt2-int4-{plen}"), arrays)
+        kv_bytes = sum(v.nbytes for k, v in arrays.items() if k.startswith("past_key_values."))
+        for t in args.threads:
+            bw = run_child([runner.kiln, "gemm", "1", "384", "384", "--threads", str(t), "--warmup", "1",
+                            "--iterations", "3"])["read_bandwidth_gbps"]
+            res, diff = runner.measure(f"gpt2-int4-past-{plen}", "run", path, idir, t,
+                                       ["--kv-capacity", str(cfg["n_positions"])], compare_output="logits")
+            k, o = summarize(res["kiln"]), summarize(res["onnxruntime"])
+            floor_ms = (packed + kv_bytes) / (bw * 1e9) * 1000
+            for s in (k, o):
+                s["rate_label"] = "floor / time (int4 weights + KV at measured bandwidth)"
+                s["rate"] = f"{floor_ms / s['median']:.2f}"
+            print(f"  gpt2-int4 past {plen} threads={t}: kiln {k['median']:.2f} ms, onnxruntime "
+                  f"{o['median']:.2f} ms, kiln/ORT {k['median'] / o['median']:.2f}; memory floor "
+                  f"{floor_ms:.2f} ms ({(packed + kv_bytes) / 1e6:.1f} MB at {bw:.1f} GB/s measured); "
+                  f"max |logits diff| {diff:.2e}", flush=True)
+            rows.append((plen, t, k, o, diff))
+    desc = (f"The GPT-2 of case gpt2 ({layers} layers, n_embd {d}, random weights) with every MatMul and Gather "
+            "weight quantized by onnxruntime's `MatMulNBitsQuantizer` (4 bits, block 32, zero points; "
+            "GPT-2's Gemm layers first written as MatMul + Add, as `tools/export/make_nbits.py` does): "
+            "com.microsoft MatMulNBits and GatherBlockQuantized. One decode step at each past length. The memory "
+            f"floor is the packed int4 bytes a step streams ({packed / 1e6:.1f} MB of values, scales and "
+            "zero points) plus the KV cache, over the read bandwidth `kiln-bench gemm` measures on the "
+            "same threads; the rate column is floor / time (1.0 = at the floor).")
+    return ("GPT-2 int4 (MatMulNBits), one decode step", desc, rows, "past")
 
 
 GEMM_SHAPES = [(1500, 384, 384), (1500, 1536, 384), (1500, 384, 1536), (128, 384, 384),
@@ -734,8 +821,10 @@ def main():
     p.add_argument("--gpt2", default=os.path.join(ROOT, "models/cache/gpt2-random"),
                    help="folder of tools/export/make_gpt2.py --size gpt2's model (case gpt2)")
     p.add_argument("--gpt2-past-lens", default="128,512")
+    p.add_argument("--gpt2-int4", default=os.path.join(ROOT, "models/cache/gpt2-random-int4"),
+                   help="folder of the int4 GPT-2 (case gpt2-int4; made from --gpt2 when missing)")
     p.add_argument("--cases",
-                   default="encoder,decoder-step,minilm,minilm-int8,decode,light,resnet,small,gpt2,gemm,bf16")
+                   default="encoder,decoder-step,minilm,minilm-int8,decode,light,resnet,small,gpt2,gpt2-int4,gemm,bf16")
     p.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
     p.add_argument("--raw", help="also write every child's JSON result to this file")
     args = p.parse_args()
@@ -747,7 +836,7 @@ def main():
         p.error("--threads and --past-lens take comma-separated integers")
     cases = args.cases.split(",")
     unknown = set(cases) - {"encoder", "decoder-step", "minilm", "minilm-int8", "decode", "light", "resnet",
-                            "small", "gpt2", "gemm", "bf16"}
+                            "small", "gpt2", "gpt2-int4", "gemm", "bf16"}
     if unknown:
         p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     if min(args.threads) < 1 or args.rounds < 1 or args.iterations < 1 or args.decode_rounds < 1:
@@ -756,7 +845,7 @@ def main():
         p.error(f"{args.kiln_bench}: not found (build kiln first: cmake --build build)")
     whisper_cases = {"encoder", "decoder-step", "decode", "bf16"} & set(cases)
     for folder, needed in ((args.whisper, whisper_cases), (args.minilm, {"minilm", "minilm-int8"} & set(cases)),
-                           (args.resnet, {"resnet"} & set(cases)), (args.gpt2, {"gpt2"} & set(cases))):
+                           (args.resnet, {"resnet"} & set(cases)), (args.gpt2, {"gpt2", "gpt2-int4"} & set(cases))):
         if needed and not os.path.isdir(folder):
             p.error(f"{folder}: no such model folder (see models/README.md to make it)")
     if "light" in cases and not os.path.isdir(args.light):
@@ -870,6 +959,8 @@ def main():
             sections.append(small_section(runner, args, tmp))
         if "gpt2" in cases:
             sections.append(gpt2_section(runner, args, tmp, gpt2_past_lens))
+        if "gpt2-int4" in cases:
+            sections.append(gpt2_int4_section(runner, args, tmp, gpt2_past_lens))
         if "bf16" in cases:
             extra.append(bf16_section(runner, args, dirs, past_lens))
         if "gemm" in cases:

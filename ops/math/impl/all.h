@@ -13,6 +13,8 @@
 #include "ops/math/impl/vecmath.h"
 #include "ops/math/impl/vecmath_rows.h"
 
+#include "ops/math/impl/nbits.h"
+
 // The int8 GEMM, with the dot-product step it is compiled with defined first.
 #include "ops/math/impl/qgemm_widen.h"
 // (after its step)
@@ -26,5 +28,6 @@ constexpr MathKernels level_table(Isa isa, const Int8GemmKernels& int8) {
                      .conv = kConvKernels,
                      .binary = kBinaryKernels,
                      .vec = kVecMathKernels,
-                     .int8_gemm = int8};
+                     .int8_gemm = int8,
+                     .nbits = kNBitsKernels};
 }

@@ -226,6 +226,10 @@ inline void vstore_lo8_partial(uint8_t* p, VI v, int n) {
   for (int i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(t[i]);
 }
 
+// kLanes bytes zero-extended to int32 lanes.
+inline VI vload_u8(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
 inline VI vload_u16(const uint16_t* p) {
   return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }

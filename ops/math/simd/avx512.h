@@ -212,6 +212,10 @@ inline void vstore_lo8_partial(uint8_t* p, VI v, int n) {
   _mm512_mask_cvtepi32_storeu_epi8(p, vtail_mask(n), v);
 }
 
+// kLanes bytes zero-extended to int32 lanes.
+inline VI vload_u8(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 inline VI vload_u16(const uint16_t* p) {
   return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }

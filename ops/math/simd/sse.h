@@ -247,6 +247,12 @@ inline void vstore_lo8_partial(uint8_t* p, VI v, int n) {
   for (int i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(t[i]);
 }
 
+// kLanes bytes zero-extended to int32 lanes.
+inline VI vload_u8(const uint8_t* p) {
+  int32_t w;
+  __builtin_memcpy(&w, p, 4);
+  return _mm_cvtepu8_epi32(_mm_cvtsi32_si128(w));
+}
 // kLanes 16-bit values widened to int32 lanes, and int32 lanes (each in 0..65535) narrowed.
 inline VI vload_u16(const uint16_t* p) {
   return _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));

@@ -1,0 +1,213 @@
+// com.microsoft.MatMulNBits: Y = A * dequantize(B) (+ bias), B block-quantized to 4 or 8 bits
+// along K, as onnxruntime's weight-only quantizers (MatMulNBitsQuantizer, the int4 model
+// builders) write it:
+//
+//   A [..., K] float; B uint8 [N, ceil(K / block_size), block_size * bits / 8];
+//   scales float [N * blocks]; zero_points (optional) uint8 packed like B
+//   [N * ceil(blocks * bits / 8)] or float [N * blocks] (default 2^(bits - 1));
+//   g_idx (optional, not supported); bias (optional) float [N]; Y [..., N].
+//
+// The weights are never widened to a float copy. Up to kGemvRows rows (a decode step) stream
+// the packed blocks once through the dispatched NBitsKernels::gemv, columns split across
+// threads. More rows dequantize one panel of columns at a time into a per-thread buffer
+// and hand it to the float GEMM. accuracy_level is accepted: every product is computed in
+// float, onnxruntime's most accurate level.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "ops/common.h"
+#include "ops/math/gemm.h"
+#include "ops/math/kernels.h"
+#include "ops/math/threading.h"
+
+namespace kiln::ops {
+namespace {
+
+constexpr size_t kGIdx = 4, kBias = 5;
+// Rows of A up to which the weights are streamed once per kernels().nbits.max_rows rows
+// rather than dequantized for the GEMM. Measured on one AVX-512 thread for K 768, N 3072
+// (block 32): streaming takes 0.11 ms for 1 row and 0.55 ms for 8, dequantizing panels for
+// the GEMM about 1.0 ms for 16 rows, as much as streaming them in four passes.
+constexpr int64_t kGemvRows = 8;
+// Floats of one dequantized panel: columns of K values that stay in L2 while the GEMM packs
+// them.
+constexpr int64_t kPanelFloats = 64 * 1024;
+
+class MatMulNBits final : public Kernel {
+ public:
+  explicit MatMulNBits(const NodeInfo& info)
+      : k_(info.attr_int("K")),
+        n_(info.attr_int("N")),
+        bits_(info.attr_int("bits", 4)),
+        block_(info.attr_int("block_size")) {
+    if (bits_ != 4 && bits_ != 8) {
+      info.fail("bits " + std::to_string(bits_) + " is not supported (4 or 8)",
+                ErrorKind::Unsupported);
+    }
+    if (block_ < 16 || (block_ & (block_ - 1)) != 0) {
+      info.fail("block_size " + std::to_string(block_) + " must be a power of two >= 16");
+    }
+    if (k_ <= 0 || n_ <= 0) info.fail("K and N must be positive");
+    if (info.has_input(kGIdx)) {
+      info.fail("g_idx (act-order quantization) is not supported", ErrorKind::Unsupported);
+    }
+    (void)info.attr_int("accuracy_level", 0);
+  }
+
+  void run(OpContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    if (a.dtype() != DataType::Float) {
+      ctx.fail("A must be float, got " + a.describe(), ErrorKind::Unsupported);
+    }
+    if (a.rank() == 0 || a.dim(a.rank() - 1) != k_) {
+      ctx.fail("A " + a.describe() + " must end in K = " + std::to_string(k_));
+    }
+    const math::NBitsMatrix b = matrix(ctx);
+    const float* bias = bias_of(ctx);
+    Shape out = a.shape();
+    out.back() = n_;
+    Tensor& y = ctx.output(0, DataType::Float, out);
+    const int64_t m = a.numel() / k_;
+    if (m == 0) return;
+    if (m <= kGemvRows) {
+      stream(b, a.data<const float>(), m, y.data<float>());
+      if (bias) add_bias(bias, m, y.data<float>());
+    } else {
+      panels(b, a.data<const float>(), m, bias, y.data<float>());
+    }
+  }
+
+ private:
+  // B, scales and zero points checked against K, N, bits and block_size.
+  math::NBitsMatrix matrix(OpContext& ctx) const {
+    math::NBitsMatrix b;
+    b.bits = static_cast<int>(bits_);
+    b.k = k_;
+    b.n = n_;
+    b.block = block_;
+    b.blocks = (k_ + block_ - 1) / block_;
+    const Tensor& q = ctx.input(1);
+    if (q.dtype() != DataType::UInt8 || q.numel() != n_ * b.blocks * b.block_bytes()) {
+      ctx.fail("B " + q.describe() + " must be uint8 [N, blocks, blob] = [" + std::to_string(n_) +
+               ", " + std::to_string(b.blocks) + ", " + std::to_string(b.block_bytes()) + "]");
+    }
+    b.data = q.data<const uint8_t>();
+    const Tensor& s = ctx.input(2);
+    if (s.dtype() != DataType::Float || s.numel() != n_ * b.blocks) {
+      ctx.fail("scales " + s.describe() +
+               " must be float with N * blocks = " + std::to_string(n_ * b.blocks) + " values");
+    }
+    b.scales = s.data<const float>();
+    if (ctx.has_input(3)) {
+      const Tensor& z = ctx.input(3);
+      if (z.dtype() == DataType::UInt8 && z.numel() == n_ * b.zp_bytes()) {
+        b.zero_points = z.data<const uint8_t>();
+      } else if (z.dtype() == DataType::Float && z.numel() == n_ * b.blocks) {
+        b.float_zero_points = z.data<const float>();
+      } else {
+        ctx.fail("zero_points " + z.describe() + " must be uint8 with " +
+                 std::to_string(n_ * b.zp_bytes()) + " bytes (packed) or float with " +
+                 std::to_string(n_ * b.blocks) + " values");
+      }
+    }
+    return b;
+  }
+
+  const float* bias_of(OpContext& ctx) const {
+    if (!ctx.has_input(kBias)) return nullptr;
+    const Tensor& bias = ctx.input(kBias);
+    if (bias.dtype() != DataType::Float || bias.numel() != n_) {
+      ctx.fail("bias " + bias.describe() + " must be float with N = " + std::to_string(n_) +
+               " values");
+    }
+    return bias.data<const float>();
+  }
+
+  // Few rows: the packed weights streamed once per nbits.max_rows rows, columns split
+  // across threads.
+  void stream(const math::NBitsMatrix& b, const float* a, int64_t m, float* y) const {
+    const math::NBitsKernels& nk = math::kernels().nbits;
+    const int64_t padded = b.blocks * b.block;
+    std::vector<float> prepared(static_cast<size_t>(m * padded));
+    std::vector<float> sums(static_cast<size_t>(m * b.blocks));
+    nk.prepare_a(a, k_, static_cast<int>(m), b, prepared.data(), sums.data());
+    const double work = static_cast<double>(m) * static_cast<double>(n_) * static_cast<double>(k_);
+    const int tasks = static_cast<int>(std::min<int64_t>(math::task_count(work), n_));
+    math::run_tasks(tasks, [&](int t) {
+      const int64_t j0 = n_ * t / tasks, j1 = n_ * (t + 1) / tasks;
+      for (int64_t r = 0; r < m; r += nk.max_rows) {
+        const int rows = static_cast<int>(std::min<int64_t>(nk.max_rows, m - r));
+        nk.gemv(prepared.data() + r * padded, sums.data() + r * b.blocks, rows, b, j0, j1,
+                y + r * n_, n_);
+      }
+    });
+  }
+
+  void add_bias(const float* bias, int64_t m, float* y) const {
+    const math::BinaryKernels& bk = math::kernels().binary;
+    for (int64_t r = 0; r < m; ++r) bk.add(y + r * n_, 1, bias, 1, y + r * n_, n_);
+  }
+
+  // Many rows: panels of columns dequantized into a per-thread buffer, each multiplied by the
+  // float GEMM on the thread that made it. The panel's rows and A's are in prepare_a's order
+  // (K permuted within each block the same way on both sides, which leaves the product as it
+  // is) so that dequantizing stays a few vector instructions per value. The GEMM computes
+  // each panel's Y^T = W_panel A^T: the panel is its left operand, read in rows as it was
+  // written, and A^T is packed once for all panels.
+  void panels(const math::NBitsMatrix& b, const float* a, int64_t m, const float* bias,
+              float* y) const {
+    const math::NBitsKernels& nk = math::kernels().nbits;
+    const int64_t padded = b.blocks * b.block;
+    std::vector<float> prepared(static_cast<size_t>(m * padded));
+    std::vector<float> sums(static_cast<size_t>(m * b.blocks));
+    nk.prepare_a(a, k_, static_cast<int>(m), b, prepared.data(), sums.data());
+    const math::PackedB at(math::MatrixView::col_major(prepared.data(), padded, m, padded));
+    const double work = static_cast<double>(m) * static_cast<double>(n_) * static_cast<double>(k_);
+    const int tasks = math::task_count(work);
+    // Columns per panel: what fits kPanelFloats, and no more than a task's share.
+    int64_t nc = std::max<int64_t>(16, kPanelFloats / padded / 16 * 16);
+    nc = std::min(nc, (n_ + tasks - 1) / tasks);
+    const int64_t count = (n_ + nc - 1) / nc;
+    math::run_tasks(tasks, [&](int t) {
+      thread_local std::vector<float> panel, yt;
+      panel.resize(static_cast<size_t>(nc * padded));
+      yt.resize(static_cast<size_t>(nc * m));
+      for (int64_t c = t; c < count; c += tasks) {
+        const int64_t j0 = c * nc, cols = std::min(nc, n_ - j0);
+        nk.dequantize_rows(b, j0, j0 + cols, panel.data());
+        math::GemmOptions o;
+        o.max_threads = 1;
+        o.row_bias = bias ? bias + j0 : nullptr;
+        math::sgemm(math::MatrixView::row_major(panel.data(), cols, padded, padded), at, yt.data(),
+                    m, o);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t jj = 0; jj < cols; ++jj)
+            y[i * n_ + j0 + jj] = yt[static_cast<size_t>(jj * m + i)];
+        }
+      }
+    });
+  }
+
+  int64_t k_, n_, bits_, block_;
+};
+
+// Y: A's shape with its last dimension N.
+void nbits_shape(ShapeContext& c) {
+  Shape s = c.shape(0);
+  if (s.empty()) unknown("a scalar A");
+  s.back() = c.attr_i("N", -1);
+  c.set(0, c.dtype(0), s);
+}
+
+}  // namespace
+
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "MatMulNBits",
+                  .min_inputs = 3,
+                  .max_inputs = 6,
+                  .types = "float (B: uint8, 4 or 8 bits)",
+                  .shape = nbits_shape,
+                  .create = make<MatMulNBits>});
+
+}  // namespace kiln::ops
