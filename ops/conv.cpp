@@ -13,6 +13,13 @@
 // y = activation(conv(x, w) + bias + Z), as one pass over y (the GEMM accumulates onto Z and
 // applies the activation to each tile while it is in cache). Z with the output's shape is
 // overwritten in place when the executor allows; a Z that broadcasts is added afterwards.
+//
+// com.microsoft.FusedConv (onnxruntime's contrib op; contrib_ops/cpu/fused_conv.cc) is the same
+// kernel with onnxruntime's activations: the `activation` string is Relu, Tanh, Sigmoid, or
+// LeakyRelu (activation_params: alpha), Clip (min, max) or HardSigmoid (alpha, beta), which
+// must come with exactly that many activation_params; absent: none. Z must have the output's
+// shape. The first three are fused into the GEMM; the parameterized ones are a second pass
+// over y.
 #include <algorithm>
 #include <array>
 #include <string>
@@ -394,14 +401,72 @@ void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, 
   }
 }
 
+// An activation with parameters (onnxruntime's LeakyRelu, Clip, HardSigmoid), applied after
+// the product.
+struct ParamActivation {
+  enum class Kind : uint8_t { None, LeakyRelu, Clip, HardSigmoid } kind = Kind::None;
+  float a = 0, b = 0;
+
+  void apply(float* y, int64_t n) const {
+    switch (kind) {
+      case Kind::None:
+        return;
+      case Kind::LeakyRelu:
+        for (int64_t i = 0; i < n; ++i) y[i] = y[i] >= 0 ? y[i] : a * y[i];
+        return;
+      case Kind::Clip:
+        for (int64_t i = 0; i < n; ++i) y[i] = std::min(std::max(y[i], a), b);
+        return;
+      case Kind::HardSigmoid:
+        for (int64_t i = 0; i < n; ++i) y[i] = std::min(1.0f, std::max(0.0f, a * y[i] + b));
+        return;
+    }
+  }
+};
+
+// com.microsoft.FusedConv's activation (onnxruntime's GetFusedActivationAttr): the fused one
+// in `fused`, a parameterized one in `post`.
+void parse_ort_activation(const NodeInfo& info, math::Activation& fused, ParamActivation& post) {
+  const std::string a = info.attr_string("activation", "");
+  fused = math::Activation::None;
+  if (a.empty()) return;
+  if (a == "Relu") fused = math::Activation::Relu;
+  if (a == "Tanh") fused = math::Activation::Tanh;
+  if (a == "Sigmoid") fused = math::Activation::Sigmoid;
+  if (fused != math::Activation::None) return;
+  size_t count = 2;
+  if (a == "LeakyRelu") {
+    post.kind = ParamActivation::Kind::LeakyRelu;
+    count = 1;
+  } else if (a == "Clip") {
+    post.kind = ParamActivation::Kind::Clip;
+  } else if (a == "HardSigmoid") {
+    post.kind = ParamActivation::Kind::HardSigmoid;
+  } else {
+    info.fail("unknown activation '" + a + "'", ErrorKind::Unsupported);
+  }
+  const std::vector<float> params = info.attr_floats("activation_params");
+  if (params.size() != count) {
+    info.fail(a + " needs " + std::to_string(count) + " activation_params, got " +
+              std::to_string(params.size()));
+  }
+  post.a = params[0];
+  post.b = count > 1 ? params[1] : 0.0f;
+}
+
+// Which convolution a Conv kernel runs.
+enum class ConvKind : uint8_t { Plain, KilnFused, OrtFused };
+
 class Conv final : public Kernel {
  public:
-  Conv(const NodeInfo& info, bool fused)
-      : fused_(fused),
-        activation_(fused ? parse_activation(info) : math::Activation::None),
+  Conv(const NodeInfo& info, ConvKind kind)
+      : fused_(kind != ConvKind::Plain),
+        ort_(kind == ConvKind::OrtFused),
+        activation_(kind == ConvKind::KilnFused ? parse_activation(info) : math::Activation::None),
         group_(info.attr_int("group", 1)),
         window_(window_attrs(info.node())) {
     if (group_ < 1 || group_ > kMaxWindowAttr) info.fail("group must be in [1, 2^31]");
+    if (ort_) parse_ort_activation(info, activation_, post_);
     // A constant filter is packed for the GEMM once (not for the direct convolutions, which
     // read it as it is; see use_direct).
     const Tensor* w = info.constant_input(1);
@@ -447,7 +512,12 @@ class Conv final : public Kernel {
     const Geometry g = right_aligned(axes);
     const Shape out_shape = windowed_shape(s.n, s.m, axes);
     if (fused_) {
-      run_fused(ctx, s, g, out_shape);
+      if (ort_ && ctx.has_input(3) && ctx.input(3).shape() != out_shape) {
+        ctx.fail("Z " + ctx.input(3).describe() + " must have the output's shape " +
+                 shape_to_string(out_shape));
+      }
+      Tensor& y = run_fused(ctx, s, g, out_shape);
+      post_.apply(y.data<float>(), y.numel());
       return;
     }
 
@@ -503,8 +573,8 @@ class Conv final : public Kernel {
     return packed_now.data<const float>();
   }
 
-  // kiln.FusedConv: y = activation(conv + bias + Z).
-  void run_fused(OpContext& ctx, const Sizes& s, const Geometry& g, const Shape& out_shape) {
+  // kiln.FusedConv: y = activation(conv + bias + Z); returns y.
+  Tensor& run_fused(OpContext& ctx, const Sizes& s, const Geometry& g, const Shape& out_shape) {
     const Tensor& x = ctx.input(0);
     if (x.dtype() != DataType::Float) ctx.fail("takes float inputs, got " + x.describe());
     const bool has_bias = ctx.has_input(2), has_z = ctx.has_input(3);
@@ -520,7 +590,7 @@ class Conv final : public Kernel {
       const Tensor space = workspace(ctx, s, g);
       convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx,
                       space.defined() ? space.data<float>() : nullptr);
-      return;
+      return y;
     }
     const Tensor& z = ctx.input(3);
     if (z.dtype() != DataType::Float) ctx.fail("Z " + z.describe() + " must be float");
@@ -538,7 +608,7 @@ class Conv final : public Kernel {
       const Tensor space = workspace(ctx, s, g);
       convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx,
                       space.defined() ? space.data<float>() : nullptr);
-      return;
+      return y;
     }
     // Z broadcasts (to the convolution's shape or beyond): the sum is a broadcasting Add.
     Tensor conv = ctx.allocate(DataType::Float, out_shape);
@@ -553,6 +623,7 @@ class Conv final : public Kernel {
     Tensor& y = ctx.output(0, DataType::Float, sum_shape);
     binary_loop<float, float, float>(conv, z, y, [](float a, float b) { return a + b; });
     apply_activation(activation_, y.data<float>(), y.numel());
+    return y;
   }
 
   // The spatial axes right-aligned in three dimensions.
@@ -564,7 +635,9 @@ class Conv final : public Kernel {
   }
 
   bool fused_;
+  bool ort_;  // com.microsoft.FusedConv
   math::Activation activation_;
+  ParamActivation post_;
   int64_t group_;
   WindowAttrs window_;
   std::shared_ptr<const Tensor> packed_;  // the weights cache's packed filter
@@ -620,7 +693,7 @@ KILN_REGISTER_OP({.op = "Conv",
                   .shape = conv_shape,
                   .workspace = conv_workspace,
                   .create = [](const NodeInfo& info) -> std::unique_ptr<Kernel> {
-                    return std::make_unique<Conv>(info, false);
+                    return std::make_unique<Conv>(info, ConvKind::Plain);
                   }});
 
 KILN_REGISTER_OP({.domain = "kiln",
@@ -635,7 +708,23 @@ KILN_REGISTER_OP({.domain = "kiln",
                   .shape = fused_conv_shape,
                   .workspace = conv_workspace,
                   .create = [](const NodeInfo& info) -> std::unique_ptr<Kernel> {
-                    return std::make_unique<Conv>(info, true);
+                    return std::make_unique<Conv>(info, ConvKind::KilnFused);
+                  }});
+
+// onnxruntime's com.microsoft.FusedConv: float only; Z has the output's shape.
+KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "FusedConv",
+                  .since = 1,
+                  .min_inputs = 2,
+                  .max_inputs = 4,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .in_place = inputs(3),
+                  .types = "float",
+                  .shape = conv_shape,
+                  .workspace = conv_workspace,
+                  .create = [](const NodeInfo& info) -> std::unique_ptr<Kernel> {
+                    return std::make_unique<Conv>(info, ConvKind::OrtFused);
                   }});
 
 }  // namespace kiln::ops
