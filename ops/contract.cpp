@@ -164,6 +164,18 @@ void pass_through(ShapeContext& c) {
   c.same(0, 0);
 }
 
+Shape matmul_shape_of(Shape a, Shape b) {
+  if (a.empty() || b.empty()) unknown("scalar operand");
+  const bool a1 = a.size() == 1, b1 = b.size() == 1;
+  if (a1) a.insert(a.begin(), 1);
+  if (b1) b.push_back(1);
+  if (a.back() != b[b.size() - 2]) unknown("inner dimensions differ");
+  Shape out = broadcast_shapes(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2));
+  if (!a1) out.push_back(a[a.size() - 2]);
+  if (!b1) out.push_back(b.back());
+  return out;
+}
+
 void broadcast_shape(ShapeContext& c, DataType out_type, size_t type_from,
                      int64_t (*f)(const std::vector<int64_t>&)) {
   Shape shape;

@@ -132,6 +132,11 @@ void pass_through(ShapeContext& c);
 void broadcast_shape(ShapeContext& c, DataType out_type, size_t type_from,
                      int64_t (*f)(const std::vector<int64_t>&));
 
+// numpy matmul's output shape for operands of shapes `a` and `b` (a 1-D operand gets a unit
+// axis, removed again from the result; batch axes broadcast); unknown() for a scalar operand or
+// inner dimensions that differ.
+Shape matmul_shape_of(Shape a, Shape b);
+
 // Integer arithmetic on known values; an overflow leaves the value unknown.
 int64_t checked_add(int64_t a, int64_t b);
 int64_t checked_sub(int64_t a, int64_t b);

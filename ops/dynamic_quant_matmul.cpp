@@ -454,20 +454,8 @@ class QGemm final : public Kernel {
   QPackedWeight packed_;
 };
 
-Shape matmul_out(const Shape& a_in, const Shape& b_in) {
-  if (a_in.empty() || b_in.empty()) unknown("scalar operand");
-  Shape a = a_in, b = b_in;
-  if (a.size() == 1) a.insert(a.begin(), 1);
-  if (b.size() == 1) b.push_back(1);
-  if (a.back() != b[b.size() - 2]) unknown("inner dimensions differ");
-  Shape out = broadcast_shapes(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2));
-  if (a_in.size() > 1) out.push_back(a[a.size() - 2]);
-  if (b_in.size() > 1) out.push_back(b.back());
-  return out;
-}
-
 void matmul_to_float_shape(ShapeContext& c) {
-  c.set(0, DataType::Float, matmul_out(c.shape(0), c.shape(1)));
+  c.set(0, DataType::Float, matmul_shape_of(c.shape(0), c.shape(1)));
 }
 
 // [M, N]: float, or y_zero_point's type.

@@ -457,21 +457,8 @@ class QLinearMatMul final : public Kernel {
   PackedWeight weight_;
 };
 
-// numpy matmul's shape of A and B (plan_matmul's `out`).
-Shape matmul_out(const Shape& a_in, const Shape& b_in) {
-  if (a_in.empty() || b_in.empty()) unknown("scalar operand");
-  Shape a = a_in, b = b_in;
-  if (a.size() == 1) a.insert(a.begin(), 1);
-  if (b.size() == 1) b.push_back(1);
-  if (a.back() != b[b.size() - 2]) unknown("inner dimensions differ");
-  Shape out = broadcast_shapes(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2));
-  if (a_in.size() > 1) out.push_back(a[a.size() - 2]);
-  if (b_in.size() > 1) out.push_back(b.back());
-  return out;
-}
-
 void matmul_integer_shape(ShapeContext& c) {
-  c.set(0, DataType::Int32, matmul_out(c.shape(0), c.shape(1)));
+  c.set(0, DataType::Int32, matmul_shape_of(c.shape(0), c.shape(1)));
 }
 
 // The output's type is y_zero_point's, else A's.
@@ -480,7 +467,7 @@ void qlinear_matmul_shape(ShapeContext& c) {
   if (!is_quant_input(c.dtype(0)) || !is_quant_input(c.dtype(3)) || !is_quant_input(out)) {
     unknown("types QLinearMatMul does not take");
   }
-  c.set(0, out, matmul_out(c.shape(0), c.shape(3)));
+  c.set(0, out, matmul_shape_of(c.shape(0), c.shape(3)));
 }
 
 }  // namespace

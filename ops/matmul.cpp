@@ -381,17 +381,9 @@ class FusedMatMul final : public Kernel {
 // MatMul, and the fused products whose transA / transB swap an operand's last two axes.
 void matmul_shape(ShapeContext& c) {
   Shape a = c.shape(0), b = c.shape(1);
-  if (a.empty() || b.empty()) unknown("scalar operand");
   if (a.size() >= 2 && c.attr_i("transA", 0) != 0) std::swap(a[a.size() - 1], a[a.size() - 2]);
   if (b.size() >= 2 && c.attr_i("transB", 0) != 0) std::swap(b[b.size() - 1], b[b.size() - 2]);
-  const bool a1 = a.size() == 1, b1 = b.size() == 1;
-  if (a1) a.insert(a.begin(), 1);
-  if (b1) b.push_back(1);
-  if (a.back() != b[b.size() - 2]) unknown("inner dimensions differ");
-  Shape batch = broadcast_shapes(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2));
-  if (!a1) batch.push_back(a[a.size() - 2]);
-  if (!b1) batch.push_back(b.back());
-  c.set(0, c.dtype(0), batch);
+  c.set(0, c.dtype(0), matmul_shape_of(std::move(a), std::move(b)));
 }
 
 }  // namespace
