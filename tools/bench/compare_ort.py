@@ -28,6 +28,13 @@ weights (what ORTQuantizer's avx512_vnni dynamic configuration writes), saved by
 its extended optimization level (DynamicQuantizeMatMul, MatMulIntegerToFloat), both engines on
 that file.
 
+The decoder step and the decode loop are also set against their memory floor: the bytes a
+cached step reads (the weights of the use_cache_branch branch, one row of each embedding, and
+the caches) over the read bandwidth kiln-bench --bandwidth measures in the same run; and
+kiln's time outside its kernels (kiln-bench --profile: each timed run's wall time minus the
+node times of the same run on a profiled twin session; the decode loop's generator time is
+each step minus its Session::run).
+
 Every table gives kiln's node count as loaded and as planned after its graph optimisation.
 """
 import argparse
