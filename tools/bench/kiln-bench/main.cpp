@@ -529,6 +529,7 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
     j["profile_ms_by_op"] = r.ms_by_op;
     j["kernel_ms"] = r.kernel_ms;
     j["median_kernel_ms"] = percentile(r.kernel_ms, 0.5);
+    j["min_kernel_ms"] = *std::min_element(r.kernel_ms.begin(), r.kernel_ms.end());
     // Each timed run's wall time minus its twin's node times: the time outside the kernels.
     std::vector<double> outside;
     for (size_t i = 0; i < r.kernel_ms.size(); ++i) outside.push_back(r.ms[i] - r.kernel_ms[i]);
