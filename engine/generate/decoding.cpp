@@ -3,6 +3,7 @@
 #include "engine/generate/decoding.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kiln/error.h"
@@ -89,6 +90,51 @@ std::vector<float> logits_row(const Tensor& logits, int64_t row, int64_t pos,
     bad_model(file, "logits must be float32 or float16, got " + logits.describe());
   }
   return out;
+}
+
+std::span<float> logits_span(Tensor& logits, int64_t row, int64_t pos, const std::string& file,
+                             std::vector<float>& scratch) {
+  const bool own = logits.defined() && logits.dtype() == DataType::Float && logits.rank() == 3 &&
+                   logits.strides()[2] == 1 && logits.storage()->writable() &&
+                   logits.storage().use_count() == 1;
+  if (!own || row >= logits.dim(0) || pos >= logits.dim(1)) {
+    scratch = logits_row(logits, row, pos, file);
+    return scratch;
+  }
+  const Shape& st = logits.strides();
+  return {logits.data<float>() + row * st[0] + pos * st[1], static_cast<size_t>(logits.dim(2))};
+}
+
+int64_t argmax(std::span<const float> x) {
+  const auto n = static_cast<int64_t>(x.size());
+  if (n == 0 || std::isnan(x[0])) return 0;
+  // Blocks of kBlock with eight running maxima each (`v > m ? v : m` is one vector max
+  // instruction, NaN-skipping like the comparison max_element makes); then the first block
+  // holding the largest, searched element by element.
+  constexpr int64_t kBlock = 512, kLanes = 8;
+  float best = x[0];
+  int64_t best_block = 0;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t len = std::min(kBlock, n - b);
+    const float* p = x.data() + b;
+    float lane[kLanes];
+    for (float& l : lane) l = x[0];
+    int64_t i = 0;
+    for (; i + kLanes <= len; i += kLanes) {
+      for (int64_t j = 0; j < kLanes; ++j) lane[j] = p[i + j] > lane[j] ? p[i + j] : lane[j];
+    }
+    for (; i < len; ++i) lane[0] = p[i] > lane[0] ? p[i] : lane[0];
+    float m = lane[0];
+    for (float l : lane) m = l > m ? l : m;
+    if (m > best) {
+      best = m;
+      best_block = b;
+    }
+  }
+  for (int64_t i = best_block; i < n; ++i) {
+    if (x[static_cast<size_t>(i)] == best) return i;
+  }
+  return 0;  // not reached: best is one of the elements
 }
 
 Tensor ids_tensor(const std::vector<std::vector<int64_t>>& rows) {
@@ -337,7 +383,9 @@ Tensor Seq2SeqDecoding::step(const std::vector<std::vector<int64_t>>& ids, StepS
     in.push_back({"use_cache_branch", Tensor::from_vector<bool>({1}, {!first})});
   }
   caches_.feed(in);
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<NamedValue> outs = s.run(std::move(in));
+  stats.run_ms = ms_since(t0);
   stats.bytes_copied = s.last_run_stats().bytes_copied;
   stats.allocations = s.last_run_stats().allocations;
   Tensor logits = named_output(outs, "logits", file).tensor();

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,14 @@ Value named_output(std::vector<NamedValue>& outs, const std::string& name, const
 // Row `row`, position `pos` of a [batch, sequence, vocab] float32/float16 logits tensor.
 std::vector<float> logits_row(const Tensor& logits, int64_t row, int64_t pos,
                               const std::string& file);
+// Row `row`, position `pos` of the logits as one writable span: the tensor's own elements
+// when it is float32, contiguous along the vocabulary and owned by the caller alone (no
+// copy: the picker's suppressions write -inf into them), else a float copy in `scratch`.
+std::span<float> logits_span(Tensor& logits, int64_t row, int64_t pos, const std::string& file,
+                             std::vector<float>& scratch);
+// The index of the first largest of x (std::max_element's answer: index 0 when x[0] is NaN,
+// later NaNs skipped), in one pass the compiler vectorises.
+int64_t argmax(std::span<const float> x);
 Tensor ids_tensor(const std::vector<std::vector<int64_t>>& rows);
 double ms_since(std::chrono::steady_clock::time_point t0);
 SessionOptions session_options(const GeneratorOptions& o, std::shared_ptr<Environment>& env);

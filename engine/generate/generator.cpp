@@ -9,6 +9,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 
 #include "engine/generate/decoding.h"
@@ -57,8 +58,8 @@ class TokenPicker {
     return std::find(stops_.begin(), stops_.end(), t) != stops_.end();
   }
 
-  // `logits` is one row over the vocabulary (any float layout already flattened).
-  int64_t pick(std::vector<float> logits, int64_t generated_so_far) {
+  // `logits` is one row over the vocabulary; suppressed tokens are set to -inf in it.
+  int64_t pick(std::span<float> logits, int64_t generated_so_far) {
     const auto vocab = static_cast<int64_t>(logits.size());
     const float ninf = -std::numeric_limits<float>::infinity();
     auto suppress = [&](int64_t t) {
@@ -72,7 +73,7 @@ class TokenPicker {
       for (int64_t t : stops_) suppress(t);
     }
     if (!opts_.do_sample) {
-      return std::max_element(logits.begin(), logits.end()) - logits.begin();  // first maximum
+      return argmax(logits);  // the first maximum
     }
     // Sampling over the candidates that survive top-k and top-p.
     std::vector<int64_t> order(static_cast<size_t>(vocab));
@@ -183,19 +184,23 @@ GenerationResult Seq2SeqGenerator::generate(const Tensor& features,
 
   Seq2SeqDecoding decoding(*m.models, hidden, 1, capacity);
   TokenPicker picker(options, m.decode);
-  std::vector<int64_t> next = m.prompt;
+  std::vector<std::vector<int64_t>> next = {m.prompt};
+  std::vector<float> scratch;
+  result.tokens.reserve(static_cast<size_t>(max_new));
+  result.steps.reserve(static_cast<size_t>(max_new));
   for (int64_t step = 0; step < max_new; ++step) {
     t0 = std::chrono::steady_clock::now();
     StepStats st;
-    const std::string file = decoding.file();
-    const Tensor logits = decoding.step({next}, st);
-    const int64_t token = picker.pick(logits_row(logits, 0, logits.dim(1) - 1, file), step);
+    const std::string& file = decoding.file();
+    Tensor logits = decoding.step(next, st);
+    const int64_t token =
+        picker.pick(logits_span(logits, 0, logits.dim(1) - 1, file, scratch), step);
     result.tokens.push_back(token);
     st.ms = ms_since(t0);
     result.steps.push_back(st);
     if (options.on_token && !options.on_token(token, st)) break;
     if (picker.is_stop(token)) break;
-    next = {token};
+    next[0].assign(1, token);
   }
   return result;
 }
@@ -253,6 +258,7 @@ GenerationResult CausalLmGenerator::generate(const std::vector<int64_t>& prompt,
   caches.init_empty();  // the model concatenates past and new: the prompt lands in place
   TokenPicker picker(options, m.decode);
   std::vector<int64_t> next = prompt;
+  std::vector<float> scratch;
   int64_t past = 0;
   for (int64_t step = 0; step < max_new; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -273,14 +279,16 @@ GenerationResult CausalLmGenerator::generate(const std::vector<int64_t>& prompt,
       in.push_back({"position_ids", Tensor::from_vector<int64_t>({1, cur}, pos)});
     }
     caches.feed(in);
+    const auto run_start = std::chrono::steady_clock::now();
     std::vector<NamedValue> outs = m.model->run(std::move(in));
+    st.run_ms = ms_since(run_start);
     st.bytes_copied = m.model->last_run_stats().bytes_copied;
     st.allocations = m.model->last_run_stats().allocations;
-    const Tensor out_logits = named_output(outs, "logits", m.file).tensor();
-    const std::vector<float> logits = logits_row(out_logits, 0, out_logits.dim(1) - 1, m.file);
+    Tensor out_logits = named_output(outs, "logits", m.file).tensor();
     st.bytes_copied += caches.take(outs, m.file, true);
     past += cur;
-    const int64_t token = picker.pick(logits, step);
+    const int64_t token =
+        picker.pick(logits_span(out_logits, 0, out_logits.dim(1) - 1, m.file, scratch), step);
     result.tokens.push_back(token);
     st.ms = ms_since(t0);
     result.steps.push_back(st);

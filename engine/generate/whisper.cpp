@@ -519,7 +519,7 @@ Decoded WhisperTranscriber::Impl::decode(const Tensor& hidden, const std::vector
     proc.apply(seq, scores);
     int64_t token = 0;
     if (!sample) {
-      token = std::max_element(scores.begin(), scores.end()) - scores.begin();
+      token = argmax(scores);
     } else {
       // Temperature, then top-k (ties at the k-th value kept, as torch.topk's threshold).
       for (float& v : scores) v /= temperature;

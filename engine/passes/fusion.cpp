@@ -6,6 +6,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/passes/passes.h"
@@ -39,6 +40,11 @@ class Rewriter {
   // `v` is read by exactly one node input and nothing else (no graph output, no capture).
   bool single_use(ir::ValueId v) const {
     return v != ir::kNoValue && readers_[static_cast<size_t>(v)] == 1 &&
+           !pinned_[static_cast<size_t>(v)];
+  }
+  // `v` is read by exactly `n` node inputs and nothing else.
+  bool used_exactly(ir::ValueId v, int n) const {
+    return v != ir::kNoValue && readers_[static_cast<size_t>(v)] == n &&
            !pinned_[static_cast<size_t>(v)];
   }
   // `v` is read by nothing (an unused optional output).
@@ -892,22 +898,41 @@ int fuse_swish(Rewriter& r) {
 
 // ---- attention ----
 
-// MatMul(Q [* s], K^T [* s]) [* or / scale] [+ mask] -> Softmax(last axis) -> MatMul(., V) on 4-D
-// [batch, heads, positions, head size] operands: one Attention (opset 23), which computes
-// the scores a block of query rows at a time and never holds the [heads, L, L] matrix. K is
-// K^T transposed back: a view (Transpose of a view).
+// Where(IsNaN(p), 0, p) over the probabilities `p` (Optimum's exports of scaled dot-product
+// attention with a mask: a row whose keys are all masked is NaN after Softmax and becomes
+// zeros): the Where and the IsNaN, else null. Attention gives such a row zeros itself (only
+// a NaN reaching the scores from Q or K differs: Attention keeps it, the Where zeroed it).
+std::pair<ir::Node*, ir::Node*> nan_to_zero(Rewriter& r, ir::ValueId probs) {
+  ir::Node* where = r.producer(probs, "Where");
+  if (!where || where->inputs.size() != 3 || !r.single_use(probs)) return {nullptr, nullptr};
+  ir::Node* isnan = r.producer(where->inputs[0], "IsNaN");
+  const std::optional<double> zero = r.scalar(where->inputs[1]);
+  if (!isnan || !r.single_use(where->inputs[0]) || !zero || *zero != 0.0 ||
+      isnan->inputs[0] != where->inputs[2] || !r.used_exactly(where->inputs[2], 2)) {
+    return {nullptr, nullptr};
+  }
+  return {where, isnan};
+}
+
+// MatMul(Q [* s], K^T [* s]) [* or / scale] [+ mask] -> Softmax(last axis) [-> Where(IsNaN,
+// 0)] -> MatMul(., V) on 4-D [batch, heads, positions, head size] operands: one Attention
+// (opset 23), which computes the scores a block of query rows at a time and never holds the
+// [heads, L, L] matrix. K is K^T transposed back: a view (Transpose of a view).
 int fuse_attention(Rewriter& r) {
   int count = 0;
   for (size_t i = 0; i < r.size(); ++i) {
     if (r.removed(i) || !is(r.node(i), "MatMul")) continue;
     ir::Node* pv = &r.node(i);
-    ir::Node* softmax = r.producer(pv->inputs[0], "Softmax");
-    if (!softmax || !r.single_use(pv->inputs[0]) || softmax->opset < 13) continue;
+    const auto [where, isnan] = nan_to_zero(r, pv->inputs[0]);
+    const ir::ValueId probs = where ? where->inputs[2] : pv->inputs[0];
+    ir::Node* softmax = r.producer(probs, "Softmax");
+    if (!softmax || !(where || r.single_use(probs)) || softmax->opset < 13) continue;
     const ir::Attribute* axis = softmax->attr("axis");
     if (axis && axis->i != -1 && axis->i != 3) continue;
     ir::ValueId s = softmax->inputs[0];
     if (!r.single_use(s)) continue;
     std::vector<ir::Node*> chain{pv, softmax};
+    if (where) chain.insert(chain.end(), {where, isnan});
     ir::ValueId mask = ir::kNoValue;
     double scale = 1.0;
     ir::Node* n = r.producer(s);

@@ -147,20 +147,51 @@ void empty_product(int64_t m, int64_t n, float* c, int64_t ldc, const GemmOption
   apply_epilogue(o, c, ldc, m, n, 0, 0);
 }
 
+// x (1 x k) contiguous: `a` itself, or its elements copied into `copy`.
+const float* contiguous_row(const MatrixView& a, int64_t k, std::vector<float>& copy) {
+  if (a.cs == 1) return a.data;
+  copy.resize(static_cast<size_t>(k));
+  for (int64_t p = 0; p < k; ++p) copy[static_cast<size_t>(p)] = a.data[p * a.cs];
+  return copy.data();
+}
+
+// y (1 x n) = alpha * x (1 x k) * B with B row-major: B's rows streamed once, each weighted
+// by its element of x (the register-tile kernel would compute a whole tile of rows for the
+// one that exists). Tasks take column ranges.
+void gemv_by_rows(const GemmKernels& g, const MatrixView& a, const MatrixView& b, float* c,
+                  const GemmOptions& o) {
+  const int64_t k = b.rows, n = b.cols;
+  // (Not in the thread's scratch: while this thread waits for the tasks below it may run
+  // another product that uses it.)
+  std::vector<float> xcopy;
+  const float* x = contiguous_row(a, k, xcopy);
+  const int tasks = task_count(static_cast<double>(k) * static_cast<double>(n), o.max_threads);
+  run_tasks(tasks, [&](int t) {
+    const int64_t j0 = n * t / tasks, j1 = n * (t + 1) / tasks;
+    if (!o.accumulate && o.alpha == 1.0f) {
+      g.gemv_rows(x, b.data + j0, b.rs, k, j1 - j0, c + j0);
+      return;
+    }
+    float part[256];
+    for (int64_t j = j0; j < j1; j += 256) {
+      const int64_t len = std::min<int64_t>(256, j1 - j);
+      g.gemv_rows(x, b.data + j, b.rs, k, len, part);
+      for (int64_t i = 0; i < len; ++i) {
+        const float v = o.alpha * part[i];
+        c[j + i] = o.accumulate ? c[j + i] + v : v;
+      }
+    }
+  });
+  apply_epilogue(o, c, 0, 1, n, 0, 0);
+}
+
 // y (1 x n) = alpha * x (1 x k) * B with B column-major: one dot product per column.
 void gemv_columns(const GemmKernels& g, const MatrixView& a, const MatrixView& b, float* c,
                   const GemmOptions& o) {
   const int64_t k = b.rows, n = b.cols;
-  // x must be contiguous for the dot kernel.
-  // (Not in the thread's scratch: while this thread waits for the tasks below it may run
-  // another product that uses it.)
-  const float* x = a.data;
+  // x must be contiguous for the dot kernel (not in the thread's scratch: see gemv_by_rows).
   std::vector<float> xcopy;
-  if (a.cs != 1) {
-    xcopy.resize(static_cast<size_t>(k));
-    for (int64_t p = 0; p < k; ++p) xcopy[static_cast<size_t>(p)] = a.data[p * a.cs];
-    x = xcopy.data();
-  }
+  const float* x = contiguous_row(a, k, xcopy);
   const int tasks = task_count(static_cast<double>(k) * static_cast<double>(n), o.max_threads);
   run_tasks(tasks, [&](int t) {
     const int64_t j0 = n * t / tasks, j1 = n * (t + 1) / tasks;
@@ -385,6 +416,7 @@ void sgemm(const MatrixView& a, const MatrixView& b, float* c, int64_t ldc, cons
   if (m == 0 || n == 0) return;
   if (k == 0) return empty_product(m, n, c, ldc, o);
   if (m == 1 && b.rs == 1 && b.cs != 1) return gemv_columns(g, a, b, c, o);
+  if (m == 1 && b.cs == 1) return gemv_by_rows(g, a, b, c, o);
   // A row-major B is read in place while A is too short to repay packing it.
   if (b.cs == 1 && m <= 4 * g.mr) {
     return run(g, a, {b.data, false, b.rs, PackedType::Float32, 0}, k, n, c, ldc, o);

@@ -265,6 +265,55 @@ TEST_CASE("scaled dot-product attention becomes one Attention", "[passes][fusion
   CHECK(s.load_stats().fusions == 0);
 }
 
+TEST_CASE("attention whose probabilities pass Where(IsNaN(p), 0, p) becomes one Attention",
+          "[passes][fusion]") {
+  // Optimum's decoders with a KV cache: a mask with -inf, and rows whose keys are all masked
+  // (NaN after Softmax) set to zeros, which Attention gives such rows by itself.
+  const int64_t H = 2, L = 3, T = 5, D = 8;
+  for (const float fill : {0.0f, 0.5f}) {
+    auto make = [fill] {
+      GraphBuilder b;
+      b.input("q", DataType::Float, {1, H, L, D}, true);
+      b.input("k", DataType::Float, {1, H, T, D}, true);
+      b.input("v", DataType::Float, {1, H, T, D}, true);
+      b.input("mask", DataType::Float, {1, 1, L, T}, true);
+      b.initializer("fill", Tensor::scalar<float>(fill));
+      b.node("Transpose", {"k"}, {"kt"}, {ints_attr("perm", {0, 1, 3, 2})});
+      b.node("MatMul", {"q", "kt"}, {"s"});
+      b.node("Add", {"s", "mask"}, {"sm"});
+      b.node("Softmax", {"sm"}, {"p"}, {int_attr("axis", -1)});
+      b.node("IsNaN", {"p"}, {"nan"});
+      b.node("Where", {"nan", "fill", "p"}, {"pz"});
+      b.node("MatMul", {"pz", "v"}, {"y"});
+      b.output("y");
+      return b.build();
+    };
+    Tensor mask = random_floats({1, 1, L, T}, 40, -2.0f, 0.0f);
+    const float inf = std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < T; ++j) mask.data<float>()[1 * T + j] = -inf;  // row 1: all masked
+    mask.data<float>()[2 * T + 4] = -inf;
+    INFO("fill " << fill);
+    const std::vector<NamedValue> feeds = {{"q", random_floats({1, H, L, D}, 41)},
+                                           {"k", random_floats({1, H, T, D}, 42)},
+                                           {"v", random_floats({1, H, T, D}, 43)},
+                                           {"mask", mask}};
+    if (fill == 0.0f) {
+      LoadStats stats;
+      check_same(make, feeds, GraphOptimization::All, 1e-5, &stats);
+      CHECK(stats.fusions == 1);
+      // The fully masked row is zeros, as the unfused graph makes it.
+      const auto y = session(make(), GraphOptimization::All).run(feeds)[0].value.tensor();
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t d = 0; d < D; ++d) CHECK(y.data<const float>()[(h * L + 1) * D + d] == 0.0f);
+      }
+    } else {  // a near miss: NaNs replaced by something else than zero
+      check_same(make, feeds, GraphOptimization::All, 1e-5);
+      CHECK(session(make(), GraphOptimization::All).graph_text().find("Attention(") ==
+            std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("BERT-style attention with a scale computed from the head size becomes one Attention",
           "[passes][fusion]") {
   // As Optimum exports BERT: Q * s and K^T * s with s = sqrt(1 / sqrt(head size)), the head

@@ -131,6 +131,30 @@ KILN_ISA_TEST_CASE("sgemm matches a naive product over random shapes and layouts
   }
 }
 
+KILN_ISA_TEST_CASE("sgemm of one row by an unpacked row-major B matches the naive product",
+                   "[math][gemm]") {
+  // The GEMV path (B's rows streamed once), with every epilogue option; n = 300 crosses its
+  // 256-column blocks for alpha and accumulation.
+  KILN_REQUIRE_ISA();
+  std::mt19937 rng(77);
+  for (int64_t n : {1, 5, 16, 64, 300}) {
+    for (int64_t k : {1, 7, 64, 401}) {
+      for (int flags = 0; flags < 32; ++flags) {
+        Case t{};
+        t.m = 1;
+        t.n = n;
+        t.k = k;
+        t.a_col_major = flags & 1;
+        t.accumulate = flags & 2;
+        t.bias = flags & 4;
+        t.relu = flags & 8;
+        t.alpha = flags & 16 ? 0.37f : 1.0f;
+        check_case(t, isa_kernels, rng);
+      }
+    }
+  }
+}
+
 KILN_ISA_TEST_CASE("sgemm crosses k blocks, row blocks and threads", "[math][gemm]") {
   KILN_REQUIRE_ISA();
   std::mt19937 rng(99);

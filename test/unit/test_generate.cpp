@@ -1,8 +1,13 @@
 // The decode-loop API on the committed Optimum exports: Whisper's front end, tokens identical
 // to transformers' greedy generate(), logits close to onnxruntime's, and clear errors.
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <random>
 
+#include "engine/generate/decoding.h"
 #include "engine/util/json_file.h"
 #include "kiln/generate.h"
 #include "test/unit/op_test.h"
@@ -280,4 +285,32 @@ TEST_CASE("json::to_int takes integral numbers only", "[generate][json]") {
                     Catch::Contains("expected an integer, got a boolean"));
   CHECK_THROWS_WITH(json::to_int(json::Json::parse("1e300"), "f", "k"),
                     Catch::Contains("expected an integer"));
+}
+
+TEST_CASE("the generator's argmax gives std::max_element's index", "[generate][argmax]") {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (size_t n : {1, 7, 8, 9, 511, 512, 513, 1030, 51865}) {
+    std::vector<float> x(n);
+    for (float& v : x) v = u(rng);
+    const auto expect = [&] {
+      return static_cast<int64_t>(std::max_element(x.begin(), x.end()) - x.begin());
+    };
+    CHECK(detail::argmax(x) == expect());
+    // Ties keep the first; the same largest value in a later block does not win.
+    const size_t first = n / 3, second = n - 1;
+    x[first] = x[second] = 9.0f;
+    CHECK(detail::argmax(x) == expect());
+    // NaNs after the first element are skipped; -inf everywhere gives index 0.
+    x[second / 2] = nan;
+    CHECK(detail::argmax(x) == expect());
+    std::fill(x.begin(), x.end(), -inf);
+    CHECK(detail::argmax(x) == 0);
+    x[n - 1] = inf;
+    CHECK(detail::argmax(x) == expect());
+    x[0] = nan;  // max_element keeps a NaN first element
+    CHECK(detail::argmax(x) == expect());
+  }
 }

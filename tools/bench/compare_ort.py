@@ -30,6 +30,13 @@ weights (what ORTQuantizer's avx512_vnni dynamic configuration writes), saved by
 its extended optimization level (DynamicQuantizeMatMul, MatMulIntegerToFloat), both engines on
 that file.
 
+The decoder step and the decode loop are also set against their memory floor: the bytes a
+cached step reads (the weights of the use_cache_branch branch, one row of each embedding, and
+the caches) over the read bandwidth kiln-bench --bandwidth measures in the same run; and
+kiln's time outside its kernels (kiln-bench --profile: each timed run's wall time minus the
+node times of the same run on a profiled twin session; the decode loop's generator time is
+each step minus its Session::run).
+
 Every table gives kiln's node count as loaded and as planned after its graph optimisation.
 """
 import argparse
@@ -161,6 +168,68 @@ def minilm_int8_model(minilm, tmp):
     return fused
 
 
+# ---------------------------------------------------------------- the decode step's memory floor
+
+def cached_step_weight_bytes(model_path):
+    """Bytes of weights one cached step of the merged decoder reads: the initializers read by
+    the main graph and by the use_cache_branch = true branch (then_branch), each once; of a
+    table only Gather reads (the token and position embeddings), one row."""
+    import onnx
+    from onnx import helper
+
+    m = onnx.load(model_path, load_external_data=False)
+    sizes = {}
+
+    def collect(graph):
+        for t in graph.initializer:
+            sizes[t.name] = (list(t.dims), np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize)
+        for node in graph.node:
+            for a in node.attribute:
+                for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                    collect(g)
+
+    read = {}
+
+    def walk(graph):
+        for node in graph.node:
+            branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+            if node.op_type == "If" and node.input[0] == "use_cache_branch":
+                walk(branches["then_branch"])
+                continue
+            for i, name in enumerate(node.input):
+                if name not in sizes:
+                    continue
+                dims, item = sizes[name]
+                full = int(np.prod(dims)) * item
+                row = node.op_type == "Gather" and i == 0 and len(dims) > 1
+                read[name] = max(read.get(name, 0), full // dims[0] if row else full)
+            for g in branches.values():
+                walk(g)
+
+    collect(m.graph)
+    walk(m.graph)
+    return sum(read.values())
+
+
+class DecodeFloor:
+    """Bytes one cached decoder step reads (weights of the cached branch + the decoder caches
+    at `past` + the cross-attention caches), and the time streaming them would take."""
+
+    def __init__(self, whisper):
+        with open(os.path.join(whisper, "config.json")) as f:
+            cfg = json.load(f)
+        self.weights = cached_step_weight_bytes(os.path.join(whisper, "decoder_model_merged.onnx"))
+        # Keys and values of one position over every decoder layer (float32).
+        self.per_position = 2 * cfg["decoder_layers"] * cfg["d_model"] * 4
+        self.cross = cfg.get("max_source_positions", 1500) * self.per_position
+
+    def bytes(self, past):
+        return self.weights + self.cross + past * self.per_position
+
+    def ms(self, past, gbps):
+        return self.bytes(past) / (gbps * 1e9) * 1e3
+
+
 # ---------------------------------------------------------------- measurements
 
 class Runner:
@@ -180,7 +249,7 @@ class Runner:
             kiln += iters
             ort += iters
         else:
-            kiln += ["--steps", str(self.args.decode_steps)]
+            kiln += ["--steps", str(self.args.decode_steps), "--bandwidth"]
             ort += ["--steps", str(self.args.decode_steps)]
         if out_dirs:
             kiln += ["--output-dir", out_dirs[0]]
@@ -212,6 +281,16 @@ class Runner:
                 diff = float(np.max(np.abs(a.astype(np.float64) - b))) if a.shape == b.shape else float("inf")
         return results, diff
 
+
+    def overhead(self, model, input_dir, threads, extra_kiln):
+        """One profiled kiln child of the decoder step: its summed node times per run (the
+        kernels) and the read bandwidth measured after its timed runs, in the same process."""
+        cmd = [self.kiln, "decoder-step", model, "--input-dir", input_dir, "--threads", str(threads),
+               "--warmup", str(self.args.warmup), "--iterations", str(self.args.iterations),
+               "--profile", "--bandwidth"] + list(extra_kiln)
+        res = run_child(cmd)
+        self.raw.append({"command": cmd, "result": res})
+        return res
 
     def profile(self, case, model, input_dir, extra_kiln=()):
         """One untimed-for-the-table kiln run with per-node timing: where kiln spends its time."""
@@ -565,7 +644,69 @@ def verdict(rows, what, extra_col="past"):
     return lines
 
 
-def decode_section(decode, steps_requested, every):
+def floor_table(floor, floor_rows):
+    """The decoder step next to its memory floor, and kiln's time outside its kernels."""
+    head = ["past", "threads", "MB read per step (weights + caches)", "read GB/s (same run)",
+            "memory floor ms", "kiln median ms", "kiln / floor", "ORT median ms", "ORT / floor",
+            "kiln node times ms", "kiln outside its kernels ms (share)"]
+    out = ["Against the memory floor: a cached step reads at least the weights of the cached branch "
+           f"({floor.weights / 1e6:.1f} MB: the initializers the main graph and the use_cache_branch "
+           "branch read, one row of the token and position embeddings) and the caches "
+           f"(cross-attention {floor.cross / 1e6:.1f} MB, decoder {floor.per_position:,} B per past "
+           "position). The floor is those bytes over the streaming read bandwidth that kiln-bench "
+           "measures (`--bandwidth`: the vector sum of a 1 GiB array on the same threads) in the "
+           "child it runs for each row (`--profile --bandwidth`), after that child's timed runs. That "
+           "child follows each timed run with the same run on a profiled twin session: kiln node "
+           "times are the median of the twin's summed per-node times (If excluded: its nested "
+           "nodes have their own), and outside its kernels is that child's fastest step minus its "
+           "fastest summed node times (the executor's dispatch, the If, Session::run's own work: "
+           "what is not model math; minima, because on a shared machine other processes only add "
+           "to either), with its share of that fastest step.", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for plen, t, k_ms, o_ms, prof in floor_rows:
+        gbps = prof["read_bandwidth_gbps"]
+        f_ms = floor.ms(plen, gbps)
+        kern = prof["median_kernel_ms"]
+        outside = prof["min_ms"] - prof["min_kernel_ms"]
+        out.append("| " + " | ".join([
+            str(plen), str(t), f"{floor.bytes(plen) / 1e6:.1f}", f"{gbps:.1f}", fmt_ms(f_ms), fmt_ms(k_ms),
+            f"**{k_ms / f_ms:.2f}**", fmt_ms(o_ms), f"{o_ms / f_ms:.2f}", fmt_ms(kern),
+            f"{outside * 1000:.0f} µs ({outside / prof['min_ms']:.1%})"]) + " |")
+    by = {(p, t): k for p, t, k, _, _ in floor_rows}
+    lens = sorted({p for p, _, _, _, _ in floor_rows})
+    if len(lens) > 1:
+        out.append("")
+        ratios = ", ".join(f"{t} thread{'s' if t > 1 else ''} {by[(lens[-1], t)] / by[(lens[0], t)]:.2f}"
+                           for t in sorted({t for _, t, _, _, _ in floor_rows}))
+        out.append(f"kiln's step at past {lens[-1]} over its step at past {lens[0]}: {ratios} (the "
+                   f"bytes read grow {floor.bytes(lens[-1]) / floor.bytes(lens[0]):.3f}x).")
+    return out
+
+
+def decode_floor_lines(decode, threads_list, floor):
+    """Per thread count: the mean cached step over the mean memory floor of the same steps (the
+    bandwidth measured by each kiln child after its generation), and the generator's own time
+    per step (the step minus the decoder's Session::run)."""
+    lines = []
+    for t in threads_list:
+        runs = decode[t]["kiln"]
+        gbps = statistics.median(r["read_bandwidth_gbps"] for r in runs if "read_bandwidth_gbps" in r)
+        steps = [s for r in runs for s in r["steps"][1:]]
+        step_ms = statistics.mean(s["ms"] for s in steps)
+        floor_ms = statistics.mean(floor.ms(s["past_len"], gbps) for s in steps)
+        outside = [s["ms"] - s["run_ms"] for s in steps if "run_ms" in s]
+        line = (f"- {t} thread{'s' if t > 1 else ''}, kiln against the memory floor: mean cached step "
+                f"{step_ms:.2f} ms, floor {floor_ms:.2f} ms ({floor.weights / 1e6:.1f} MB of weights and "
+                f"{floor.cross / 1e6:.1f} MB of cross-attention caches plus the decoder caches, over "
+                f"{gbps:.1f} GB/s measured by the same processes): **{step_ms / floor_ms:.2f}x** the floor")
+        if outside:
+            line += (f"; the generator's own time per step (the step minus the decoder's Session::run: "
+                     f"inputs, cache bookkeeping, token choice) median {statistics.median(outside) * 1000:.0f} µs")
+        lines.append(line + ".")
+    return lines
+
+
+def decode_section(decode, steps_requested, every, floor=None):
     threads_list = sorted(decode)
     out = []
     # Per step: median over rounds of each engine's step time.
@@ -615,6 +756,8 @@ def decode_section(decode, steps_requested, every):
             f"{statistics.median(r['load_ms'] for r in orr):.0f} ms; peak RSS kiln "
             f"{max(r['peak_rss_bytes'] for r in kr) / MIB:.0f} MiB, onnxruntime "
             f"{max(r['peak_rss_bytes'] for r in orr) / MIB:.0f} MiB.")
+    if floor:
+        summary += decode_floor_lines(decode, threads_list, floor)
     summary += token_agreement(decode, threads_list)
     return out, summary
 
@@ -653,7 +796,7 @@ def contention_notes(sections, decode, threads):
         return []
     lo, hi = min(threads), max(threads)
     slower = []
-    for title, _, rows, extra_col in sections:
+    for title, _, rows, extra_col, *_ in sections:
         by = {(r[0], r[1]): r for r in rows}
         for (extra, t), r in by.items():
             if t != hi or (extra, lo) not in by:
@@ -724,7 +867,7 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
     ]
     head = ["case"] + [f"{t} thread{'s' if t > 1 else ''}" for t in args.threads]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for title, _, rows, extra_col in sections:
+    for title, _, rows, extra_col, *_ in sections:
         by_extra = {}
         for extra, threads, k, o, _ in rows:
             by_extra.setdefault(extra, {})[threads] = k["median"] / o["median"]
@@ -743,7 +886,7 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
         lines.append("| " + " | ".join(cells) + " |")
     lines += contention_notes(sections, decode, args.threads)
     lines.append("")
-    for title, desc, rows, extra_col in sections:
+    for title, desc, rows, extra_col, *after in sections:
         lines += [f"## {title}", "", desc, ""]
         rows_tab = [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
         lines.append(session_table(rows_tab, extra_col))
@@ -754,8 +897,11 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
             lines.append("")
         lines += [f"- {v}" for v in verdict(rows, title, extra_col or "past")]
         lines.append("")
+        for block in after:
+            lines += block + [""]
     if decode:
-        table, summary = decode_section(decode, args.decode_steps, args.decode_every)
+        table, summary = decode_section(decode, args.decode_steps, args.decode_every,
+                                        DecodeFloor(args.whisper))
         lines += [
             f"## Whisper decode loop ({args.decode_steps} decoder runs)", "",
             "Greedy decoding on the sample clip's features with the merged decoder: step 0 runs the "
@@ -879,6 +1025,8 @@ def main():
                              runner.profile("encoder", args.whisper, dirs["encoder"]), rows, None))
         if "decoder-step" in cases:
             rows = []
+            floor = DecodeFloor(args.whisper)
+            floor_rows = []
             for plen in past_lens:
                 for t in args.threads:
                     res, diff = runner.measure(f"decoder-step-{plen}", "decoder-step", args.whisper,
@@ -888,6 +1036,13 @@ def main():
                     rows.append((plen, t, summarize(res["kiln"]), summarize(res["onnxruntime"]), diff))
                     rows[-1][2]["bytes"] = max(bytes_copied)
                     rows[-1][3]["bytes"] = res["onnxruntime"][0].get("present_bytes", 0)
+                    prof = runner.overhead(args.whisper, dirs[f"decoder-step-{plen}"], t,
+                                           ["--past-len", str(plen)])
+                    floor_rows.append((plen, t, rows[-1][2]["median"], rows[-1][3]["median"], prof))
+                    print(f"  decoder-step-{plen} threads={t}: node times {prof['median_kernel_ms']:.2f} ms, "
+                          f"outside them {(prof['min_ms'] - prof['min_kernel_ms']) * 1000:.0f} µs (minima), "
+                          f"read bandwidth {prof['read_bandwidth_gbps']:.1f} GB/s, floor "
+                          f"{floor.ms(plen, prof['read_bandwidth_gbps']):.2f} ms", flush=True)
             desc = ("One run of `decoder_model_merged.onnx` with use_cache_branch = true: one new token, "
                     "random decoder caches of `past` tokens and cross-attention caches of 1500 positions "
                     "(4 layers × key/value). Per run, kiln copied (counter): " +
@@ -897,7 +1052,8 @@ def main():
                     ". " + runner.profile("decoder-step", args.whisper, dirs[f"decoder-step-{past_lens[-1]}"],
                                           ["--past-len", str(past_lens[-1])]).replace(
                                               "one profiled run", f"one profiled run at past {past_lens[-1]}"))
-            sections.append(("Whisper merged decoder, one step", desc, rows, "past"))
+            sections.append(("Whisper merged decoder, one step", desc, rows, "past",
+                             floor_table(floor, floor_rows)))
         if "minilm" in cases:
             mdir = minilm_inputs(tmp, args.seq_len)
             rows = []

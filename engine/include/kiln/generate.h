@@ -26,6 +26,7 @@ namespace kiln {
 struct StepStats {
   int64_t past_len = 0;       // tokens in the KV cache when the step started
   double ms = 0;              // wall time of the step (model run + token selection)
+  double run_ms = 0;          // of which inside the decoder's Session::run
   uint64_t bytes_copied = 0;  // by the model run and by the generator itself
   uint64_t allocations = 0;   // pool allocations during the model run
 };

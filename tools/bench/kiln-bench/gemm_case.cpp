@@ -59,8 +59,12 @@ double fma_peak_gflops(const math::MathKernels& k, int threads) {
   return best;
 }
 
+}  // namespace
+
 // GB/s reading a 1 GiB float array once (the vector sum kernel).
-double read_bandwidth_gbps(const math::MathKernels& k, int threads) {
+double read_bandwidth_gbps(int threads) {
+  const math::MathKernels& k = math::kernels();
+  tbb::task_arena arena(threads);
   const int64_t n = int64_t{1} << 28;
   std::vector<float> x(static_cast<size_t>(n), 1.0f);
   double best = 0;
@@ -68,20 +72,20 @@ double read_bandwidth_gbps(const math::MathKernels& k, int threads) {
   for (int round = 0; round < 3; ++round) {
     const auto t0 = Clock::now();
     std::vector<float> part(static_cast<size_t>(threads));
-    tbb::parallel_for(
-        0, threads,
-        [&](int t) {
-          const int64_t lo = n * t / threads, hi = n * (t + 1) / threads;
-          part[static_cast<size_t>(t)] = k.vec.sum(x.data() + lo, hi - lo);
-        },
-        tbb::static_partitioner());
+    arena.execute([&] {
+      tbb::parallel_for(
+          0, threads,
+          [&](int t) {
+            const int64_t lo = n * t / threads, hi = n * (t + 1) / threads;
+            part[static_cast<size_t>(t)] = k.vec.sum(x.data() + lo, hi - lo);
+          },
+          tbb::static_partitioner());
+    });
     best = std::max(best, static_cast<double>(n) * 4 / seconds_since(t0) / 1e9);
     for (float p : part) sink = sink + p;
   }
   return best;
 }
-
-}  // namespace
 
 int run_gemm_case(int64_t m, int64_t n, int64_t k, int threads, int warmup, int iterations) {
   tbb::task_arena arena(threads);
@@ -109,7 +113,7 @@ int run_gemm_case(int64_t m, int64_t n, int64_t k, int threads, int warmup, int 
     Eigen::Map<RowMat> ec(c.data(), m, n);
     t_eigen = median_seconds(warmup, iterations, [&] { ec.noalias() = ea * eb; });
     peak = fma_peak_gflops(table, threads);
-    bandwidth = read_bandwidth_gbps(table, threads);
+    bandwidth = read_bandwidth_gbps(threads);
   });
 
   auto result = [&](const char* name, double t, bool eigen) -> tooling::Json {

@@ -71,7 +71,7 @@ struct Options {
   std::string input_dir, output_dir;
   int64_t past_len = 16, kv_capacity = 0, seq_len = 128, batch = 1, steps = 200;
   int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0;
-  bool profile = false;
+  bool profile = false, bandwidth = false;
   kiln::WeightPrecision gemm_weights = kiln::WeightPrecision::Float32;
   kiln::GraphOptimization optimization = kiln::GraphOptimization::All;
   std::vector<std::string> positional;  // CASE MODEL, or gemm M N K
@@ -102,7 +102,12 @@ void define_options(CLI::App& app, Options& o) {
   app.add_option("--output-dir", o.output_dir, "write the last run's outputs as DIR/NAME.npy")
       ->type_name("DIR");
   app.add_flag("--profile", o.profile,
-               "add the last timed run's time per op type (profile_ms_by_op)");
+               "after each timed run, the same run on a profiled twin session (untimed): the "
+               "last one's time per op type (profile_ms_by_op), each one's summed node times "
+               "(kernel_ms) and the timed run's wall time minus them (outside_kernels_ms)");
+  app.add_flag("--bandwidth", o.bandwidth,
+               "also measure the streaming read bandwidth on --threads threads after the "
+               "timed runs and the peak RSS (read_bandwidth_gbps)");
   add_choice(app, "--gemm-weights", o.gemm_weights, parse_gemm_weights, "f32, bf16 or f16",
              "f32 (default), bf16 or f16: MatMul/Gemm weights packed in this precision");
   add_choice(app, "--optimize", o.optimization, parse_optimization, "none, basic or all",
@@ -134,7 +139,8 @@ void check_case(const CLI::App& app, Options& o) {
     o.gemm_m = parse_int<int64_t>("M", positional[1], 1);
     o.gemm_n = parse_int<int64_t>("N", positional[2], 1);
     o.gemm_k = parse_int<int64_t>("K", positional[3], 1);
-    if (given("--input") || given("--input-dir") || given("--output-dir") || given("--profile"))
+    if (given("--input") || given("--input-dir") || given("--output-dir") || given("--profile") ||
+        given("--bandwidth"))
       throw UsageError("gemm takes only --threads, --warmup and --iterations");
     if (o.warmup < 0) o.warmup = 3;
     return;
@@ -330,43 +336,58 @@ Feed build_feed(const kiln::Session& s, Inputs& in, int64_t kv_capacity, Generat
 struct RunResult {
   std::vector<double> ms;
   std::vector<uint64_t> bytes_copied, allocations;
+  std::vector<double> kernel_ms;  // per timed run with --profile: the summed node times
   kiln::RunStats last;
   uint64_t kv_refreshed = 0;
   std::map<std::string, double> ms_by_op;  // last timed run, main graph and nested graphs
 };
 
-RunResult time_runs(kiln::Session& s, Feed& f, const Options& o) {
+// One run of `s` on the feed (caches by move, recovered afterwards); returns its wall time.
+double run_once(kiln::Session& s, Feed& f, const std::string& output_dir) {
+  std::vector<NamedValue> feed = f.fixed;
+  for (auto& kv : f.kv) feed.push_back({kv.name, std::move(kv.live)});
+  const auto t0 = Clock::now();
+  std::vector<NamedValue> outs = s.run(std::move(feed));
+  const double ms = ms_since(t0);
+  if (!output_dir.empty()) {
+    fs::create_directories(output_dir);
+    for (const auto& out : outs) {
+      if (out.value.is_tensor())
+        kiln::tooling::write_npy((fs::path(output_dir) / (out.name + ".npy")).string(),
+                                 out.value.tensor());
+    }
+  }
+  for (auto& kv : f.kv) kv.recover(outs);
+  return ms;
+}
+
+// The timed runs of `s`. With `profiled` (a twin of `s` made with SessionOptions::profile),
+// each timed run is followed by the same run on the twin, untimed, whose node events give
+// the time per op type and the summed node times: the timed runs pay nothing for the
+// profile, and each wall time has node times measured right after it.
+RunResult time_runs(kiln::Session& s, kiln::Session* profiled, Feed& f, const Options& o) {
   RunResult r;
   for (int it = 0; it < o.warmup + o.iterations; ++it) {
-    std::vector<NamedValue> feed = f.fixed;
-    for (auto& kv : f.kv) feed.push_back({kv.name, std::move(kv.live)});
-    const auto t0 = Clock::now();
-    std::vector<NamedValue> outs = s.run(std::move(feed));
-    const double ms = ms_since(t0);
     const bool last = it + 1 == o.warmup + o.iterations;
-    if (last && !o.output_dir.empty()) {
-      fs::create_directories(o.output_dir);
-      for (const auto& out : outs) {
-        if (out.value.is_tensor())
-          kiln::tooling::write_npy((fs::path(o.output_dir) / (out.name + ".npy")).string(),
-                                   out.value.tensor());
-      }
-    }
-    for (auto& kv : f.kv) kv.recover(outs);
-    outs.clear();
+    const double ms = run_once(s, f, last ? o.output_dir : std::string());
     if (it < o.warmup) continue;
     const kiln::RunStats& st = s.last_run_stats();
     r.ms.push_back(ms);
     r.bytes_copied.push_back(st.bytes_copied);
     r.allocations.push_back(st.allocations);
     r.last = st;
-    if (o.profile) {
+    if (profiled) {
+      run_once(*profiled, f, std::string());
       r.ms_by_op.clear();
+      double kernel_ms = 0;
       // If/Loop events include their nested graphs' nodes, which have events of their own.
-      for (const kiln::NodeEvent& e : s.last_profile()) {
-        if (e.op_type != "If" && e.op_type != "Loop" && e.op_type != "Scan")
+      for (const kiln::NodeEvent& e : profiled->last_profile()) {
+        if (e.op_type != "If" && e.op_type != "Loop" && e.op_type != "Scan") {
           r.ms_by_op[e.op_type] += e.duration_us / 1000.0;
+          kernel_ms += e.duration_us / 1000.0;
+        }
       }
+      r.kernel_ms.push_back(kernel_ms);
     }
   }
   for (const auto& kv : f.kv) r.kv_refreshed += kv.refreshed;
@@ -385,6 +406,12 @@ Json run_stats_json(const kiln::RunStats& s) {
           {"bytes_copied_kernels", s.bytes_copied_kernels},
           {"in_place_ops", s.in_place_ops},
           {"nodes_run", s.nodes_run}};
+}
+
+// With --bandwidth: the machine's streaming read bandwidth on the run's threads, measured
+// after the peak RSS was read (its 1 GiB array must not count against the model).
+void add_bandwidth(Json& j, const Options& o, const kiln::Environment& env) {
+  if (o.bandwidth) j["read_bandwidth_gbps"] = kiln::bench::read_bandwidth_gbps(env.threads());
 }
 
 // ---------------------------------------------------------------- cases
@@ -408,10 +435,14 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
   so.environment = env;
   so.gemm_weights = o.gemm_weights;
   so.optimization = o.optimization;
-  so.profile = o.profile;
   const auto t0 = Clock::now();
   kiln::Session s(file, so);
   const double load_ms = ms_since(t0);
+  std::optional<kiln::Session> profiled;
+  if (o.profile) {
+    so.profile = true;
+    profiled.emplace(file, so);
+  }
 
   // --input names must be the model's; files in --input-dir that are not are ignored.
   for (const auto& [name, ignored] : o.inputs) {
@@ -469,7 +500,7 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
   };
   Feed feed = build_feed(s, in, kv_capacity, generate);
 
-  const RunResult r = time_runs(s, feed, o);
+  const RunResult r = time_runs(s, profiled ? &*profiled : nullptr, feed, o);
 
   Json j;
   j["engine"] = "kiln";
@@ -494,7 +525,17 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
   j["allocations"] = r.allocations;
   j["last_run_stats"] = run_stats_json(r.last);
   if (!feed.kv.empty()) j["kv_rebuilt_outside_timer"] = r.kv_refreshed;
-  if (o.profile) j["profile_ms_by_op"] = r.ms_by_op;
+  if (o.profile) {
+    j["profile_ms_by_op"] = r.ms_by_op;
+    j["kernel_ms"] = r.kernel_ms;
+    j["median_kernel_ms"] = percentile(r.kernel_ms, 0.5);
+    j["min_kernel_ms"] = *std::min_element(r.kernel_ms.begin(), r.kernel_ms.end());
+    // Each timed run's wall time minus its twin's node times: the time outside the kernels.
+    std::vector<double> outside;
+    for (size_t i = 0; i < r.kernel_ms.size(); ++i) outside.push_back(r.ms[i] - r.kernel_ms[i]);
+    j["outside_kernels_ms"] = outside;
+    j["median_outside_kernels_ms"] = percentile(outside, 0.5);
+  }
   const kiln::LoadStats& ls = s.load_stats();
   j["load_stats"] = {{"weights_bytes", ls.weights_bytes},
                      {"weights_mapped_bytes", ls.weights_mapped_bytes},
@@ -503,6 +544,7 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
                      {"nodes_planned", ls.nodes_planned}};
   j["rss_before_load_bytes"] = rss_before;
   j["peak_rss_bytes"] = peak_rss_bytes();
+  add_bandwidth(j, o, *env);
   kiln::tooling::write_json(std::cout, j);
   return 0;
 }
@@ -551,6 +593,7 @@ int run_decode_case(const Options& o, const std::shared_ptr<kiln::Environment>& 
     steps.push_back({{"step", i},
                      {"past_len", st.past_len},
                      {"ms", st.ms},
+                     {"run_ms", st.run_ms},
                      {"bytes_copied", st.bytes_copied},
                      {"allocations", st.allocations}});
   }
@@ -573,6 +616,7 @@ int run_decode_case(const Options& o, const std::shared_ptr<kiln::Environment>& 
   j["steps"] = std::move(steps);
   j["rss_before_load_bytes"] = rss_before;
   j["peak_rss_bytes"] = peak_rss_bytes();
+  add_bandwidth(j, o, *env);
   kiln::tooling::write_json(std::cout, j);
   return 0;
 }
