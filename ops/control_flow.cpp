@@ -569,6 +569,109 @@ void scan_shape(ShapeContext& c) {
   }
 }
 
+// ---- Placement: each kernel's runs of its nested graphs, as it makes them ----
+
+using Handle = Placement::Handle;
+
+// The value of a known scalar input (a condition, a trip count); unknown() otherwise.
+int64_t known_value(const Placement& p, size_t i, const char* what) {
+  const ValueFacts& v = p.input(i);
+  if (!v.has_data || v.data.size() != 1) unknown(std::string(what) + " is known only when run");
+  return v.data[0];
+}
+
+// If runs the taken branch, captured values moved in at their last use, and its outputs are
+// the branch's.
+void if_place(Placement& p) {
+  const bool cond = known_value(p, 0, "the condition") != 0;
+  const std::vector<Handle> outs =
+      p.run_subgraph(cond ? "then_branch" : "else_branch", {}, CaptureMode::MoveIfLastUse);
+  for (size_t o = 0; o < outs.size(); ++o) p.set_output(o, outs[o]);
+}
+
+// Iterations a prediction follows at most (each infers the body once).
+constexpr int64_t kMaxPredictedTrips = 4096;
+
+// Loop: each iteration gets its number and condition as scalars made outside the plan and
+// the carried values moved in; the condition and the scan items it returns go when the
+// iteration ends (the items copied into stacked buffers, OpContext::allocate scratch).
+void loop_place(Placement& p) {
+  const ir::Node& node = p.node();
+  const auto has = [&](size_t i) {
+    return i < node.inputs.size() && node.inputs[i] != ir::kNoValue;
+  };
+  const int64_t max_trips = has(0) ? std::max<int64_t>(known_value(p, 0, "the trip count"), 0) : -1;
+  bool cond = !has(1) || known_value(p, 1, "the condition") != 0;
+  const size_t carried = node.inputs.size() - 2;
+  std::vector<Handle> state;
+  for (size_t i = 0; i < carried; ++i) state.push_back(p.take_input(2 + i));
+  for (int64_t iter = 0; (max_trips < 0 || iter < max_trips) && cond; ++iter) {
+    if (iter == kMaxPredictedTrips) unknown("too many iterations to follow");
+    std::vector<Handle> in;
+    in.push_back(p.make_unplanned({true, DataType::Int64, {}, true, {iter}}));
+    in.push_back(p.make_unplanned({true, DataType::Bool, {}, true, {1}}));
+    in.insert(in.end(), state.begin(), state.end());
+    const std::vector<Handle> outs = p.run_subgraph("body", std::move(in), CaptureMode::Borrow);
+    if (outs.size() < 1 + carried) unknown("the body has too few outputs");
+    const ValueFacts& go_on = p.facts(outs[0]);
+    if (!go_on.has_data || go_on.data.size() != 1)
+      unknown("whether the loop goes on depends on the body's data");
+    cond = go_on.data[0] != 0;
+    for (size_t i = 0; i < carried; ++i) state[i] = outs[1 + i];
+    p.drop(outs[0]);
+    for (size_t k = 1 + carried; k < outs.size(); ++k) p.drop(outs[k]);
+  }
+  for (size_t i = 0; i < carried && i < node.outputs.size(); ++i) p.set_output(i, state[i]);
+  for (size_t o = carried; o < node.outputs.size(); ++o)
+    if (node.outputs[o] != ir::kNoValue) p.set_output(o, p.make_unplanned(p.output(o)));
+}
+
+// Scan (opset 9+): the states taken, the scan inputs held by the kernel, and each iteration
+// gets the states moved in and a view of one slice of each scan input; the items it returns
+// go when the iteration ends (copied into stacked buffers outside the plan).
+void scan_place(Placement& p) {
+  const ir::Node& node = p.node();
+  if (node.opset < 9) unknown("opset 8 Scan's batch form");
+  const ir::Attribute* m = node.attr("num_scan_inputs");
+  const size_t scans = m ? static_cast<size_t>(std::max<int64_t>(m->i, 0)) : 0;
+  if (scans < 1 || scans > node.inputs.size()) unknown("bad num_scan_inputs");
+  const size_t states = node.inputs.size() - scans;
+  const ir::Attribute* axes_attr = node.attr("scan_input_axes");
+  const ir::Attribute* dirs_attr = node.attr("scan_input_directions");
+  std::vector<int64_t> axes(scans, 0), dirs(scans, 0);
+  if (axes_attr && axes_attr->ints.size() == scans) axes = axes_attr->ints;
+  if (dirs_attr && dirs_attr->ints.size() == scans) dirs = dirs_attr->ints;
+  std::vector<Handle> state, xs;
+  for (size_t i = 0; i < states; ++i) state.push_back(p.take_input(i));
+  int64_t length = -1;
+  for (size_t j = 0; j < scans; ++j) {
+    xs.push_back(p.share_input(states + j));
+    const Shape& shape = p.facts(xs[j]).shape;
+    axes[j] = normalize_axis(axes[j], static_cast<int64_t>(shape.size()));
+    length = shape[static_cast<size_t>(axes[j])];
+  }
+  for (int64_t t = 0; t < length; ++t) {
+    std::vector<Handle> in = state;
+    for (size_t j = 0; j < scans; ++j) {
+      const int64_t at = dirs[j] != 0 ? length - 1 - t : t;
+      const auto axis = static_cast<size_t>(axes[j]);
+      ValueFacts slice{true, p.facts(xs[j]).dtype, p.facts(xs[j]).shape, false, {}};
+      Shape strides = p.strides_of(xs[j]);
+      const bool at_start = at * strides[axis] == 0;
+      slice.shape.erase(slice.shape.begin() + static_cast<std::ptrdiff_t>(axis));
+      strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(axis));
+      in.push_back(p.view_of(xs[j], slice, strides, at_start));
+    }
+    const std::vector<Handle> outs = p.run_subgraph("body", std::move(in), CaptureMode::Borrow);
+    if (outs.size() < states) unknown("the body has too few outputs");
+    for (size_t i = 0; i < states; ++i) state[i] = outs[i];
+    for (size_t k = states; k < outs.size(); ++k) p.drop(outs[k]);
+  }
+  for (size_t i = 0; i < states && i < node.outputs.size(); ++i) p.set_output(i, state[i]);
+  for (size_t o = states; o < node.outputs.size(); ++o)
+    if (node.outputs[o] != ir::kNoValue) p.set_output(o, p.make_unplanned(p.output(o)));
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "If",
@@ -578,6 +681,7 @@ KILN_REGISTER_OP({.op = "If",
                   .strided_inputs = true,
                   .types = "any (branches may differ in shape)",
                   .shape = if_shape,
+                  .place = if_place,
                   .create = make<If>});
 // Loop-carried initial values (inputs 2..) move into the first iteration when owned.
 KILN_REGISTER_OP({.op = "Loop",
@@ -587,6 +691,7 @@ KILN_REGISTER_OP({.op = "Loop",
                   .strided_inputs = true,
                   .types = "any",
                   .shape = loop_shape,
+                  .place = loop_place,
                   .create = make<Loop>});
 KILN_REGISTER_OP({.op = "Scan",
                   .since = 8,
@@ -595,6 +700,7 @@ KILN_REGISTER_OP({.op = "Scan",
                   .strided_inputs = true,
                   .types = "any",
                   .shape = scan_shape,
+                  .place = scan_place,
                   .create = make<Scan>});
 
 }  // namespace kiln::ops
