@@ -102,7 +102,7 @@ bool ArenaState::plan_from_shapes(const std::vector<Value>& inputs, const std::s
     shapes_not_planned_ = shapes;
     return false;
   }
-  // A plan that read input values is not for every run with these shapes: its signature
+  // A plan made with input values is not for every run with these shapes: its signature
   // matches none, so only this run uses it (and the layout recorded from it replaces it).
   const std::string signature =
       predicted->values.empty() ? shapes + "|" : shapes + "|values " + predicted->values;

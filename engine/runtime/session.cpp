@@ -187,13 +187,12 @@ struct Session::Impl {
   std::unique_ptr<detail::ArenaState> arena;  // made once the plan is known
 
   // The pool requests a run on `ordered` will make, predicted before the run from the shapes
-  // inferred for its inputs (arena planning), or nullopt when some cannot be known. Shapes
-  // alone first: that plan holds for any data of those shapes. Failing that, with the values
-  // of the small integer and bool inputs too (an If's condition, a trip count, a Reshape
-  // target given as inputs), as the shape rules read them: that plan holds for those values.
+  // inferred for its inputs and the values of its small integer and bool inputs (an If's
+  // condition, a trip count, a Reshape target given as inputs), as the shape rules read them
+  // (arena planning), or nullopt when some cannot be known. Such values are part of the
+  // plan's key: it holds for runs with those values.
   std::optional<detail::ArenaState::Predicted> predict_buffers(
       const std::vector<Value>& ordered) const {
-    if (auto buffers = predict_with(ordered, false)) return {{std::move(*buffers), ""}};
     const ir::Graph& g = *model.graph;
     std::string values;
     for (size_t i = 0; i < g.inputs.size() && i < ordered.size(); ++i) {
@@ -204,13 +203,12 @@ struct Session::Impl {
       for (int64_t x : v.data) values += std::to_string(x) + ",";
       values += ";";
     }
-    if (values.empty()) return std::nullopt;
-    if (auto buffers = predict_with(ordered, true)) return {{std::move(*buffers), values}};
+    if (auto buffers = predicted_requests(ordered)) return {{std::move(*buffers), values}};
     return std::nullopt;
   }
 
-  std::optional<std::vector<detail::RecordedBuffer>> predict_with(const std::vector<Value>& ordered,
-                                                                  bool with_values) const {
+  std::optional<std::vector<detail::RecordedBuffer>> predicted_requests(
+      const std::vector<Value>& ordered) const {
     const ir::Graph& g = *model.graph;
     std::vector<plan::InferredValue> given(g.inputs.size());
     std::vector<bool> owned(g.inputs.size(), false);
@@ -221,10 +219,6 @@ struct Session::Impl {
       const Tensor& t = ordered[i].tensor();
       owned[i] = t.storage()->writable() && t.storage().use_count() == 1;
       given[i] = plan::inferred_from(t);
-      if (!with_values) {
-        given[i].has_data = false;
-        given[i].data.clear();
-      }
     }
     std::vector<int32_t> order;
     for (const plan::Step& step : plan->steps) order.push_back(step.node_index);
