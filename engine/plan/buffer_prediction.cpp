@@ -147,12 +147,12 @@ class StepPlacement final : public ops::Placement {
     const ir::ValueId id = node_.outputs.at(o);
     return id == ir::kNoValue ? missing_ : f_.values[idx(id)];
   }
-  Shape strides(size_t i) const override { return strides_of(in_.at(i)); }
+  Shape strides(size_t i) const override { return strides_of(present(i)); }
   bool contiguous(size_t i) const override {
-    return is_contiguous(input(i).shape, sim_.ref(in_.at(i)).strides);
+    return is_contiguous(input(i).shape, sim_.ref(present(i)).strides);
   }
   uint64_t room(size_t i) const override {
-    const Ref& r = sim_.ref(in_.at(i));
+    const Ref& r = sim_.ref(present(i));
     const int32_t request = sim_.store_of(in_[i]).request;
     return request >= 0 && r.at_start ? sim_.request_bytes(request) : 0;
   }
@@ -170,7 +170,7 @@ class StepPlacement final : public ops::Placement {
 
   void view(size_t o, size_t i, Shape strides, bool at_start) override {
     if (!produced(o)) return;
-    const Ref& of = sim_.ref(in_.at(i));
+    const Ref& of = sim_.ref(present(i));
     set(o, sim_.hold(of.store, output(o), std::move(strides), of.at_start && at_start));
   }
 
@@ -204,7 +204,7 @@ class StepPlacement final : public ops::Placement {
     held_.push_back(in_[i]);
     return in_[i];
   }
-  Handle share_input(size_t i) override { return keep(sim_.share(in_.at(i))); }
+  Handle share_input(size_t i) override { return keep(sim_.share(present(i))); }
   Handle view_of(Handle of, ops::ValueFacts facts, Shape strides, bool at_start) override {
     const Ref& r = sim_.ref(of);
     return keep(sim_.hold(r.store, std::move(facts), std::move(strides), r.at_start && at_start));
@@ -239,6 +239,13 @@ class StepPlacement final : public ops::Placement {
   bool taken(size_t i) const { return taken_[i]; }
 
  private:
+  // Input i's handle; unknown() when the node omits it (a rule asking for it fails the
+  // prediction, as the kernel would fail the run).
+  Handle present(size_t i) const {
+    if (i >= in_.size() || in_[i] == kNone)
+      ops::unknown("input " + std::to_string(i) + " is missing");
+    return in_[i];
+  }
   bool produced(size_t o) const {
     return o < node_.outputs.size() && node_.outputs[o] != ir::kNoValue;
   }
