@@ -179,14 +179,18 @@ void concat_shape(ShapeContext& c) {
 
 // Appends in place along the outermost axis when input 0 may be overwritten and its buffer
 // (sized to 64-byte multiples in the arena) has room for the whole output; see Concat::run.
+// When the other inputs are empty along the axis, input 0 is the output as it is (the
+// kernel's capacity test holds along any axis, whatever its layout).
 void place_concat(Placement& p) {
   const ValueFacts& x = p.input(0);
   const ValueFacts& y = p.output(0);
   const ir::Attribute* axis = p.node().attr("axis");
   const bool outer = axis && (axis->i == 0 || axis->i == -static_cast<int64_t>(x.shape.size()));
   const bool room = (p.room(0) + 63) / 64 * 64 >= storage_bytes(y.dtype, shape_numel(y.shape));
-  if (p.node().inputs.size() >= 2 && outer && x.dtype != DataType::String && room &&
-      p.contiguous(0) && p.writable(0)) {
+  const bool appends = p.node().inputs.size() >= 2 && x.dtype != DataType::String;
+  if (appends && x.shape == y.shape && p.writable(0)) {
+    p.view(0, 0, p.strides(0));
+  } else if (appends && outer && room && p.contiguous(0) && p.writable(0)) {
     p.view(0, 0, {});
   } else {
     p.allocate(0);

@@ -51,8 +51,8 @@ struct UnknownFacts {
 int64_t numel_or_unknown(const Shape& s);
 
 // Shape inference of nested graphs, provided by the planner to the rules of ops that own
-// graphs (If, Scan): the facts of `graph`'s outputs given those of its inputs, its captured values'
-// taken from `enclosing_values` (the facts of the enclosing graph, by value id).
+// graphs (If, Loop, Scan): the facts of `graph`'s outputs given those of its inputs, its captured
+// values' taken from `enclosing_values` (the facts of the enclosing graph, by value id).
 class NestedInference {
  public:
   virtual ~NestedInference() = default;
@@ -147,10 +147,24 @@ int64_t checked_div(int64_t a, int64_t b);
 // shape `out`.
 int64_t broadcast_index(const Shape& in, const Shape& out, int64_t flat);
 
+// How captured values enter a nested graph's run.
+enum class CaptureMode {
+  Borrow,         // read-only handles (Loop and Scan: every iteration reads them)
+  MoveIfLastUse,  // owned values this node is the last reader of are moved in (If)
+};
+
 // Where a node's outputs live, as a buffer-placement rule decides it. Implemented by the
 // planner; the rule only reads facts and calls view/allocate once per produced output.
+//
+// Ops that run nested graphs (If, Loop, Scan) state their runs instead, as their kernel makes
+// them, on handles: each handle is one reference to a value the kernel holds (an input taken
+// or shared, a value it makes outside the arena's plan, a nested graph's output). A handle
+// given to run_subgraph or set_output passes on; one dropped lets go at once; those the rule
+// still holds when it returns are let go at the end of the step, as a kernel's locals are.
 class Placement {
  public:
+  using Handle = int32_t;
+
   virtual ~Placement() = default;
   virtual const ir::Node& node() const = 0;
   virtual const ValueFacts& input(size_t i) const = 0;
@@ -171,6 +185,25 @@ class Placement {
   // Output o written over the first of `inputs` (a bit mask) that is writable, contiguous
   // and of its type and shape (OpContext::output_reusing), else a fresh buffer.
   virtual void reuse_or_allocate(size_t o, uint32_t inputs) = 0;
+
+  // Input i as OpContext::take_input_value gives it: moved out of the executor when
+  // writable(i), else shared.
+  virtual Handle take_input(size_t i) = 0;
+  // Input i shared (a kernel's copy of the tensor).
+  virtual Handle share_input(size_t i) = 0;
+  // A view of `of`'s storage as `facts` with `strides` (empty: contiguous).
+  virtual Handle view_of(Handle of, ValueFacts facts, Shape strides, bool at_start) = 0;
+  // A value the kernel makes outside the arena's plan (a scalar, OpContext::allocate).
+  virtual Handle make_unplanned(ValueFacts facts) = 0;
+  virtual const ValueFacts& facts(Handle h) const = 0;
+  virtual Shape strides_of(Handle h) const = 0;
+  // One run of graph attribute `name` on `inputs` (moved in), captures entering per `mode`,
+  // as OpContext::run_subgraph makes it: its outputs. unknown() when the run's values
+  // cannot be inferred.
+  virtual std::vector<Handle> run_subgraph(const char* name, std::vector<Handle> inputs,
+                                           CaptureMode mode) = 0;
+  virtual void drop(Handle h) = 0;
+  virtual void set_output(size_t o, Handle h) = 0;
 };
 
 // Placement rules many ops share.

@@ -402,6 +402,130 @@ void if_shape(ShapeContext& c) {
   set_all(a);
 }
 
+// Whether input i's value is known before the run; `value` gets its first element.
+bool known_scalar(const ShapeContext& c, size_t i, int64_t& value) {
+  try {
+    const ValueFacts& v = c.in(i);
+    if (!v.has_data || v.data.size() != 1) return false;
+    value = v.data[0];
+    return true;
+  } catch (const UnknownFacts&) {
+    return false;
+  }
+}
+
+// Loops of at most this many iterations, with their trip count known, are inferred one
+// iteration at a time with the iteration number's value; longer ones once for all iterations.
+constexpr int64_t kMaxUnrolledTrips = 64;
+
+// No iteration runs: the carried values are the initial ones and every scan output is empty,
+// shaped as the kernel makes it from the body's declared item.
+void loop_without_trips(ShapeContext& c, size_t carried) {
+  for (size_t i = 0; i < carried; ++i) c.same(i, 2 + i);
+  const ir::Attribute* body = c.node().attr("body");
+  if (!body || !body->g) unknown("no graph 'body'");
+  const ir::Graph& g = *body->g;
+  for (size_t k = 0; carried + k < c.num_outputs(); ++k) {
+    if (1 + carried + k >= g.outputs.size()) unknown("more outputs than the body produces");
+    auto [dtype, item] = declared_item(g, 1 + carried + k);
+    item.insert(item.begin(), 0);
+    c.set(carried + k, dtype, item);
+  }
+}
+
+// The body's inputs for one iteration: its number (value known or not), the condition (true
+// in every iteration that runs: the loop goes on only while it is) and the carried values.
+std::vector<ValueFacts> loop_body_inputs(std::optional<int64_t> iteration,
+                                         const std::vector<ValueFacts>& carried) {
+  std::vector<ValueFacts> in;
+  in.push_back({true, DataType::Int64, {}, iteration.has_value(), {}});
+  if (iteration) in.back().data = {*iteration};
+  in.push_back({true, DataType::Bool, {}, true, {1}});
+  in.insert(in.end(), carried.begin(), carried.end());
+  return in;
+}
+
+// Sets the scan outputs: the items stacked along a new first axis of length `trips`.
+void set_loop_scans(ShapeContext& c, size_t carried, const std::vector<ValueFacts>& outs,
+                    int64_t trips) {
+  for (size_t k = 0; carried + k < c.num_outputs(); ++k) {
+    Shape shape = outs[1 + carried + k].shape;
+    shape.insert(shape.begin(), trips);
+    c.set(carried + k, outs[1 + carried + k].dtype, shape);
+  }
+}
+
+// A short loop, one iteration at a time: the carried values (with their values) follow the
+// body exactly, the scan items must keep their type and shape, and the loop stops where the
+// body's condition turns false.
+void loop_unrolled(ShapeContext& c, size_t carried, int64_t max_trips) {
+  std::vector<ValueFacts> state;
+  for (size_t i = 0; i < carried; ++i) state.push_back(c.in(2 + i));
+  std::vector<ValueFacts> first;
+  int64_t trips = 0;
+  for (int64_t k = 0; k < max_trips; ++k) {
+    const std::vector<ValueFacts> outs = c.subgraph_outputs("body", loop_body_inputs(k, state));
+    if (outs.size() < 1 + carried || outs.size() - 1 < c.num_outputs())
+      unknown("the body's outputs do not match the node's");
+    for (size_t i = 0; i < carried; ++i) {
+      if (outs[1 + i].dtype != state[i].dtype)
+        unknown("carried value " + std::to_string(i) + " changes type in the body");
+      state[i] = outs[1 + i];
+    }
+    for (size_t j = 1 + carried; k > 0 && j < outs.size(); ++j) {
+      if (outs[j].dtype != first[j].dtype || outs[j].shape != first[j].shape)
+        unknown("scan output " + std::to_string(j - 1 - carried) + " changes between iterations");
+    }
+    if (k == 0) first = outs;
+    ++trips;
+    if (!outs[0].has_data || outs[0].data.size() != 1)
+      unknown("whether the loop goes on depends on the body's data");
+    if (outs[0].data[0] == 0) break;
+  }
+  for (size_t i = 0; i < carried; ++i)
+    c.set(i, state[i].dtype, state[i].shape, state[i].has_data ? &state[i].data : nullptr);
+  set_loop_scans(c, carried, first, trips);
+}
+
+// Loop: the body inferred with the iteration number, the condition and the carried values.
+// A loop whose trip count M is known and short is followed iteration by iteration
+// (loop_unrolled). Otherwise the body is inferred once with the iteration number's value
+// unknown and the carried values' values dropped (they change every iteration): the final
+// carried values are known when the body keeps each one's type and shape, and the scan
+// outputs stack the items along a new first axis whose length is the trip count, known when
+// M is and the body's condition output is known whatever the iteration (true: M
+// iterations; false: one).
+void loop_shape(ShapeContext& c) {
+  if (c.num_inputs() < 2) unknown("Loop takes at least the inputs M and cond");
+  const size_t carried = c.num_inputs() - 2;
+  const bool limited = c.has(0);  // else the loop ends on its condition alone
+  int64_t m = 0, cond = 1;
+  const bool m_known = limited && known_scalar(c, 0, m);
+  const bool cond_known = !c.has(1) || known_scalar(c, 1, cond);
+  if ((m_known && m <= 0) || (cond_known && cond == 0)) return loop_without_trips(c, carried);
+  if (m_known && cond_known && m <= kMaxUnrolledTrips) return loop_unrolled(c, carried, m);
+  std::vector<ValueFacts> state;
+  for (size_t i = 0; i < carried; ++i)
+    state.push_back({true, c.dtype(2 + i), c.shape(2 + i), false, {}});
+  const std::vector<ValueFacts> outs =
+      c.subgraph_outputs("body", loop_body_inputs(std::nullopt, state));
+  if (outs.size() < 1 + carried || outs.size() - 1 < c.num_outputs())
+    unknown("the body's outputs do not match the node's");
+  for (size_t i = 0; i < carried; ++i) {
+    if (outs[1 + i].dtype != state[i].dtype || outs[1 + i].shape != state[i].shape)
+      unknown("carried value " + std::to_string(i) + " changes type or shape in the body");
+    c.set(i, outs[1 + i].dtype, outs[1 + i].shape);
+  }
+  if (c.num_outputs() == carried) return;
+  if (!cond_known) unknown("whether the loop starts is known only when run");
+  const ValueFacts& go_on = outs[0];
+  if (!go_on.has_data || go_on.data.size() != 1)
+    unknown("the trip count depends on the body's data");
+  if (go_on.data[0] != 0 && !limited) unknown("no trip count: the loop ends on its data");
+  if (go_on.data[0] != 0 && !m_known) unknown("the trip count M is known only when run");
+  set_loop_scans(c, carried, outs, go_on.data[0] != 0 ? m : 1);
+}
+
 // Scan (opset 9+): the body inferred on the initial states and one slice of each scan input
 // (their values dropped: they change every iteration). The final states are known when the
 // body keeps each state's type and shape; scan outputs stack the items along their axis.
@@ -445,6 +569,109 @@ void scan_shape(ShapeContext& c) {
   }
 }
 
+// ---- Placement: each kernel's runs of its nested graphs, as it makes them ----
+
+using Handle = Placement::Handle;
+
+// The value of a known scalar input (a condition, a trip count); unknown() otherwise.
+int64_t known_value(const Placement& p, size_t i, const char* what) {
+  const ValueFacts& v = p.input(i);
+  if (!v.has_data || v.data.size() != 1) unknown(std::string(what) + " is known only when run");
+  return v.data[0];
+}
+
+// If runs the taken branch, captured values moved in at their last use, and its outputs are
+// the branch's.
+void if_place(Placement& p) {
+  const bool cond = known_value(p, 0, "the condition") != 0;
+  const std::vector<Handle> outs =
+      p.run_subgraph(cond ? "then_branch" : "else_branch", {}, CaptureMode::MoveIfLastUse);
+  for (size_t o = 0; o < outs.size(); ++o) p.set_output(o, outs[o]);
+}
+
+// Iterations a prediction follows at most (each infers the body once).
+constexpr int64_t kMaxPredictedTrips = 4096;
+
+// Loop: each iteration gets its number and condition as scalars made outside the plan and
+// the carried values moved in; the condition and the scan items it returns go when the
+// iteration ends (the items copied into stacked buffers, OpContext::allocate scratch).
+void loop_place(Placement& p) {
+  const ir::Node& node = p.node();
+  const auto has = [&](size_t i) {
+    return i < node.inputs.size() && node.inputs[i] != ir::kNoValue;
+  };
+  const int64_t max_trips = has(0) ? std::max<int64_t>(known_value(p, 0, "the trip count"), 0) : -1;
+  bool cond = !has(1) || known_value(p, 1, "the condition") != 0;
+  const size_t carried = node.inputs.size() - 2;
+  std::vector<Handle> state;
+  for (size_t i = 0; i < carried; ++i) state.push_back(p.take_input(2 + i));
+  for (int64_t iter = 0; (max_trips < 0 || iter < max_trips) && cond; ++iter) {
+    if (iter == kMaxPredictedTrips) unknown("too many iterations to follow");
+    std::vector<Handle> in;
+    in.push_back(p.make_unplanned({true, DataType::Int64, {}, true, {iter}}));
+    in.push_back(p.make_unplanned({true, DataType::Bool, {}, true, {1}}));
+    in.insert(in.end(), state.begin(), state.end());
+    const std::vector<Handle> outs = p.run_subgraph("body", std::move(in), CaptureMode::Borrow);
+    if (outs.size() < 1 + carried) unknown("the body has too few outputs");
+    const ValueFacts& go_on = p.facts(outs[0]);
+    if (!go_on.has_data || go_on.data.size() != 1)
+      unknown("whether the loop goes on depends on the body's data");
+    cond = go_on.data[0] != 0;
+    for (size_t i = 0; i < carried; ++i) state[i] = outs[1 + i];
+    p.drop(outs[0]);
+    for (size_t k = 1 + carried; k < outs.size(); ++k) p.drop(outs[k]);
+  }
+  for (size_t i = 0; i < carried && i < node.outputs.size(); ++i) p.set_output(i, state[i]);
+  for (size_t o = carried; o < node.outputs.size(); ++o)
+    if (node.outputs[o] != ir::kNoValue) p.set_output(o, p.make_unplanned(p.output(o)));
+}
+
+// Scan (opset 9+): the states taken, the scan inputs held by the kernel, and each iteration
+// gets the states moved in and a view of one slice of each scan input; the items it returns
+// go when the iteration ends (copied into stacked buffers outside the plan).
+void scan_place(Placement& p) {
+  const ir::Node& node = p.node();
+  if (node.opset < 9) unknown("opset 8 Scan's batch form");
+  const ir::Attribute* m = node.attr("num_scan_inputs");
+  const size_t scans = m ? static_cast<size_t>(std::max<int64_t>(m->i, 0)) : 0;
+  if (scans < 1 || scans > node.inputs.size()) unknown("bad num_scan_inputs");
+  const size_t states = node.inputs.size() - scans;
+  const ir::Attribute* axes_attr = node.attr("scan_input_axes");
+  const ir::Attribute* dirs_attr = node.attr("scan_input_directions");
+  std::vector<int64_t> axes(scans, 0), dirs(scans, 0);
+  if (axes_attr && axes_attr->ints.size() == scans) axes = axes_attr->ints;
+  if (dirs_attr && dirs_attr->ints.size() == scans) dirs = dirs_attr->ints;
+  std::vector<Handle> state, xs;
+  for (size_t i = 0; i < states; ++i) state.push_back(p.take_input(i));
+  int64_t length = -1;
+  for (size_t j = 0; j < scans; ++j) {
+    xs.push_back(p.share_input(states + j));
+    const Shape& shape = p.facts(xs[j]).shape;
+    axes[j] = normalize_axis(axes[j], static_cast<int64_t>(shape.size()));
+    length = shape[static_cast<size_t>(axes[j])];
+  }
+  for (int64_t t = 0; t < length; ++t) {
+    std::vector<Handle> in = state;
+    for (size_t j = 0; j < scans; ++j) {
+      const int64_t at = dirs[j] != 0 ? length - 1 - t : t;
+      const auto axis = static_cast<size_t>(axes[j]);
+      ValueFacts slice{true, p.facts(xs[j]).dtype, p.facts(xs[j]).shape, false, {}};
+      Shape strides = p.strides_of(xs[j]);
+      const bool at_start = at * strides[axis] == 0;
+      slice.shape.erase(slice.shape.begin() + static_cast<std::ptrdiff_t>(axis));
+      strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(axis));
+      in.push_back(p.view_of(xs[j], slice, strides, at_start));
+    }
+    const std::vector<Handle> outs = p.run_subgraph("body", std::move(in), CaptureMode::Borrow);
+    if (outs.size() < states) unknown("the body has too few outputs");
+    for (size_t i = 0; i < states; ++i) state[i] = outs[i];
+    for (size_t k = states; k < outs.size(); ++k) p.drop(outs[k]);
+  }
+  for (size_t i = 0; i < states && i < node.outputs.size(); ++i) p.set_output(i, state[i]);
+  for (size_t o = states; o < node.outputs.size(); ++o)
+    if (node.outputs[o] != ir::kNoValue) p.set_output(o, p.make_unplanned(p.output(o)));
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "If",
@@ -454,6 +681,7 @@ KILN_REGISTER_OP({.op = "If",
                   .strided_inputs = true,
                   .types = "any (branches may differ in shape)",
                   .shape = if_shape,
+                  .place = if_place,
                   .create = make<If>});
 // Loop-carried initial values (inputs 2..) move into the first iteration when owned.
 KILN_REGISTER_OP({.op = "Loop",
@@ -462,6 +690,8 @@ KILN_REGISTER_OP({.op = "Loop",
                   .in_place = ~3u,
                   .strided_inputs = true,
                   .types = "any",
+                  .shape = loop_shape,
+                  .place = loop_place,
                   .create = make<Loop>});
 KILN_REGISTER_OP({.op = "Scan",
                   .since = 8,
@@ -470,6 +700,7 @@ KILN_REGISTER_OP({.op = "Scan",
                   .strided_inputs = true,
                   .types = "any",
                   .shape = scan_shape,
+                  .place = scan_place,
                   .create = make<Scan>});
 
 }  // namespace kiln::ops

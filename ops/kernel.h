@@ -160,12 +160,6 @@ class NodeInfo {
 
 enum class CopyCause { Contiguous, Concat, Capture, Kernel };
 
-// How captured values enter a subgraph run.
-enum class CaptureMode {
-  Borrow,         // read-only handles (Loop and Scan: every iteration reads them)
-  MoveIfLastUse,  // owned values this node is the last reader of are moved in (If)
-};
-
 // What the executor provides to OpContext; implemented by the runtime.
 class ExecutionHooks {
  public:

@@ -125,6 +125,26 @@ void skip_layer_norm_shape(ShapeContext& c) {
   c.set(3, c.dtype(0), out);
 }
 
+// As the kernel takes its outputs, in its order: y over the input and the sum (the fourth
+// output) over the skip, each when it has the output's shape, then the statistics.
+void place_skip_layer_norm(Placement& p) {
+  const Shape& shape = p.output(0).shape;
+  if (p.input(0).shape == shape) {
+    p.reuse_or_allocate(0, inputs(0));
+  } else {
+    p.allocate(0);
+  }
+  if (p.node().outputs.size() > 3) {
+    if (p.input(1).shape == shape) {
+      p.reuse_or_allocate(3, inputs(1));
+    } else {
+      p.allocate(3);
+    }
+  }
+  p.allocate(1);
+  p.allocate(2);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.domain = "com.microsoft",
@@ -137,6 +157,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .in_place = inputs(0, 1),
                   .types = "float",
                   .shape = skip_layer_norm_shape,
+                  .place = place_skip_layer_norm,
                   .create = make<SkipLayerNorm>});
 
 }  // namespace kiln::ops

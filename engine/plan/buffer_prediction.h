@@ -30,10 +30,12 @@ struct BufferPrediction {
   std::vector<PredictedBuffer> buffers;  // in request order
 };
 
-// Predicts the buffers of one run of `plan` (a graph without nested graphs) from the
-// inferred values of its graph. `owned_inputs` (by graph input, may be shorter) marks the
-// graph inputs the run owns alone (given by move): kernels may write over them at their
-// last use, as over the run's own buffers.
+// Predicts the buffers of one run of `plan` from the inferred values of its graph. Nested
+// graphs run as their op's placement rule states (If's taken branch, each Loop or Scan
+// iteration), each run's values inferred from the values it is given; their steps are
+// numbered among the others as the executor numbers them. `owned_inputs` (by graph input, may be
+// shorter) marks the graph inputs the run owns alone (given by move): kernels may write over them
+// at their last use, as over the run's own buffers.
 BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<InferredValue>& values,
                                  const std::vector<bool>& owned_inputs = {});
 

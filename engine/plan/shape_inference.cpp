@@ -27,8 +27,8 @@ ShapeInference infer(const ir::Graph& graph, const std::vector<int32_t>& order,
                      const std::vector<InferredValue>& inputs,
                      const std::vector<InferredValue>& captured);
 
-// Nested graphs (If branches, Scan bodies) inferred like the main graph, their captured values
-// known from the enclosing graph's facts.
+// Nested graphs (If branches, Loop and Scan bodies) inferred like the main graph, their captured
+// values known from the enclosing graph's facts.
 class Nested final : public ops::NestedInference {
  public:
   std::vector<InferredValue> outputs(const ir::Graph& graph,
@@ -131,6 +131,12 @@ bool shape_inference_covers(const ir::Node& node) {
 ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& order,
                             const std::vector<InferredValue>& inputs) {
   return infer(graph, order, inputs, {});
+}
+
+ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& order,
+                            const std::vector<InferredValue>& inputs,
+                            const std::vector<InferredValue>& captured) {
+  return infer(graph, order, inputs, captured);
 }
 
 }  // namespace kiln::plan

@@ -29,9 +29,13 @@ struct ShapeInference {
 // Infers the values of `graph`, visiting nodes in `order` (a topological order). `inputs`
 // gives graph.inputs in order (an unknown entry takes the input's declared fixed shape, or
 // its default value). Initializers are known from their data (or a hollow constant's
-// declared shape). Nested graphs are inferred where their op's rule asks (If, Scan).
+// declared shape). Nested graphs are inferred where their op's rule asks (If, Loop, Scan).
 ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& order,
                             const std::vector<InferredValue>& inputs);
+// The same for one run of a nested graph: `captured` gives graph.captures in order.
+ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& order,
+                            const std::vector<InferredValue>& inputs,
+                            const std::vector<InferredValue>& captured);
 
 // What `node`'s shape rule says of its outputs given `values` (per ir::ValueId of `graph`: the
 // facts of the node's inputs and of the enclosing values its nested graphs read); entries are

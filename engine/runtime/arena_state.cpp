@@ -93,15 +93,20 @@ void ArenaState::plan(const std::vector<RecordedBuffer>& recorded, std::string s
 }
 
 // Plans the arena for a run before it starts, from the buffers predicted for its input
-// shapes. False when some buffer cannot be known before the run. Called with `mutex_` held.
+// shapes (and the values of inputs the prediction read). False when some buffer cannot be
+// known before the run. Called with `mutex_` held.
 bool ArenaState::plan_from_shapes(const std::vector<Value>& inputs, const std::string& shapes) {
   if (!predict_ || shapes == shapes_not_planned_) return false;
-  std::optional<std::vector<RecordedBuffer>> predicted = predict_(inputs);
+  std::optional<Predicted> predicted = predict_(inputs);
   if (!predicted) {
     shapes_not_planned_ = shapes;
     return false;
   }
-  plan(*predicted, shapes + "|", shapes, {});
+  // A plan made with input values is not for every run with these shapes: its signature
+  // matches none, so only this run uses it (and the layout recorded from it replaces it).
+  const std::string signature =
+      predicted->values.empty() ? shapes + "|" : shapes + "|values " + predicted->values;
+  plan(predicted->buffers, signature, shapes, {});
   return true;
 }
 

@@ -61,10 +61,15 @@ class ArenaRun {
 
 class ArenaState {
  public:
-  // The pool requests a run with these inputs will make, predicted from their shapes, or
-  // nullopt when some cannot be known before the run.
-  using Predict =
-      std::function<std::optional<std::vector<RecordedBuffer>>(const std::vector<Value>& inputs)>;
+  // The pool requests a run with these inputs will make, predicted before it starts.
+  struct Predicted {
+    std::vector<RecordedBuffer> buffers;
+    // The input values the prediction read besides the shapes (an If's condition given as
+    // an input), "" when none: the plan holds for runs with these values.
+    std::string values;
+  };
+  // nullopt when some request cannot be known before the run.
+  using Predict = std::function<std::optional<Predicted>(const std::vector<Value>& inputs)>;
 
   struct Options {
     bool enabled = true;           // SessionOptions::memory_arena

@@ -85,6 +85,18 @@ std::string IoInfo::describe() const {
 
 namespace {
 
+// Whether every node of `plan` and of its nested plans has a shape rule, and those running
+// nested graphs a placement rule that states their runs.
+bool plannable_from_shapes(const plan::GraphPlan& plan) {
+  for (const plan::Step& step : plan.steps) {
+    if (!plan::shape_inference_covers(*step.node)) return false;
+    if (!step.subgraphs.empty() && !step.op->place) return false;
+    for (const auto& sub : step.subgraphs)
+      if (!plannable_from_shapes(*sub)) return false;
+  }
+  return true;
+}
+
 // Prepared forms through the weights cache, counting which weights' readers all use one.
 // Nodes of `g` and of every graph nested in it.
 uint64_t count_nodes(const ir::Graph& g) {
@@ -174,9 +186,28 @@ struct Session::Impl {
   bool reuse_inputs = false;
   std::unique_ptr<detail::ArenaState> arena;  // made once the plan is known
 
-  // The pool requests a run on `ordered` will make, predicted from the shapes inferred for
-  // its inputs (arena planning before the run), or nullopt when some cannot be known.
-  std::optional<std::vector<detail::RecordedBuffer>> predict_buffers(
+  // The pool requests a run on `ordered` will make, predicted before the run from the shapes
+  // inferred for its inputs and the values of its small integer and bool inputs (an If's
+  // condition, a trip count, a Reshape target given as inputs), as the shape rules read them
+  // (arena planning), or nullopt when some cannot be known. Such values are part of the
+  // plan's key: it holds for runs with those values.
+  std::optional<detail::ArenaState::Predicted> predict_buffers(
+      const std::vector<Value>& ordered) const {
+    const ir::Graph& g = *model.graph;
+    std::string values;
+    for (size_t i = 0; i < g.inputs.size() && i < ordered.size(); ++i) {
+      if (!ordered[i].is_tensor() || !ordered[i].tensor().defined()) continue;
+      const plan::InferredValue v = plan::inferred_from(ordered[i].tensor());
+      if (!v.has_data) continue;
+      values += g.value(g.inputs[i]).name + "=";
+      for (int64_t x : v.data) values += std::to_string(x) + ",";
+      values += ";";
+    }
+    if (auto buffers = predicted_requests(ordered)) return {{std::move(*buffers), values}};
+    return std::nullopt;
+  }
+
+  std::optional<std::vector<detail::RecordedBuffer>> predicted_requests(
       const std::vector<Value>& ordered) const {
     const ir::Graph& g = *model.graph;
     std::vector<plan::InferredValue> given(g.inputs.size());
@@ -187,10 +218,7 @@ struct Session::Impl {
       // can_overwrite), so the plan must say so.
       const Tensor& t = ordered[i].tensor();
       owned[i] = t.storage()->writable() && t.storage().use_count() == 1;
-      // Shapes only: the plan must hold for any data of these shapes.
-      given[i].known = true;
-      given[i].dtype = ordered[i].tensor().dtype();
-      given[i].shape = ordered[i].tensor().shape();
+      given[i] = plan::inferred_from(t);
     }
     std::vector<int32_t> order;
     for (const plan::Step& step : plan->steps) order.push_back(step.node_index);
@@ -269,12 +297,10 @@ struct Session::Impl {
     profile = options.profile;
     pool.core().memory_limit = options.memory_limit;
     // Plan the arena from inferred shapes (SessionOptions::arena_from_shapes) when shape
-    // inference covers every node of the main graph, which has no nested graphs.
-    bool shape_planning = options.memory_arena && options.arena_from_shapes;
-    for (const plan::Step& step : plan->steps) {
-      shape_planning =
-          shape_planning && step.subgraphs.empty() && plan::shape_inference_covers(*step.node);
-    }
+    // inference covers every node, nested graphs' included, and every node running nested
+    // graphs states its runs (a placement rule).
+    const bool shape_planning =
+        options.memory_arena && options.arena_from_shapes && plannable_from_shapes(*plan);
     detail::ArenaState::Predict predict;
     if (shape_planning)
       predict = [this](const std::vector<Value>& in) { return predict_buffers(in); };

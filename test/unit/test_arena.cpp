@@ -531,8 +531,9 @@ TEST_CASE("shapes computed by the graph (Shape, Gather, Concat, Reshape) plan ev
   }
 }
 
-TEST_CASE("shapes known only when run fall back to a recorded arena", "[arena][shapes]") {
-  // The Reshape target is a graph input: its values, not only its shape, fix y's shape.
+TEST_CASE("a Reshape target given as an input is planned from its values", "[arena][shapes]") {
+  // The target's shape does not fix y's shape, its values do: the plan reads them (they are
+  // known when the run starts) after shapes alone could not give it.
   GraphBuilder b;
   b.input("x", DataType::Float, {kN});
   b.input("target", DataType::Int64, {2});
@@ -544,13 +545,42 @@ TEST_CASE("shapes known only when run fall back to a recorded arena", "[arena][s
   Session s = session_with(b.build(), true, false, false, true);
   const Tensor x = Tensor::from_vector<float>({kN}, std::vector<float>(kN, 2.0f));
   const Tensor target = Tensor::from_vector<int64_t>({2}, {16, 16});
+  auto out = s.run({{"x", x}, {"target", target}});
+  CHECK(out[0].value.tensor().shape() == Shape{16, 16});
+  CHECK(out[0].value.tensor().to_vector<float>() == std::vector<float>(kN, 256.0f));
+  CHECK(s.last_run_stats().arena_from_shapes);
+  CHECK(s.last_run_stats().arena_bytes == 2048);
+  CHECK(s.last_run_stats().arena_served == 2);
+  CHECK(s.last_run_stats().arena_missed == 0);
+  s.run({{"x", x}, {"target", target}});  // the layout recorded in the first run
+  CHECK_FALSE(s.last_run_stats().arena_from_shapes);
+  CHECK(s.last_run_stats().arena_bytes == 2048);
+  CHECK(s.last_run_stats().arena_served == 2);
+}
+
+TEST_CASE("shapes known only when run fall back to a recorded arena", "[arena][shapes]") {
+  // NonZero's output length depends on the data of a float tensor: nothing before the run
+  // gives it, so the arena comes from a recorded run.
+  GraphBuilder b;
+  b.input("x", DataType::Float, {kN});
+  b.node("Mul", {"x", "x"}, {"a"});
+  b.node("NonZero", {"a"}, {"n"});
+  b.node("Mul", {"n", "n"}, {"c"});
+  b.node("Mul", {"c", "c"}, {"y"});
+  b.output("y");
+  Session s = session_with(b.build(), true, false, false, true);
+  const Tensor x = Tensor::from_vector<float>({kN}, std::vector<float>(kN, 2.0f));
+  std::vector<int64_t> want(kN);
+  for (int64_t i = 0; i < kN; ++i) want[static_cast<size_t>(i)] = i * i * i * i;
   for (int run = 0; run < 3; ++run) {
-    auto out = s.run({{"x", x}, {"target", target}});
-    CHECK(out[0].value.tensor().to_vector<float>() == std::vector<float>(kN, 256.0f));
+    auto out = s.run({{"x", x}});
+    CHECK(out[0].value.tensor().to_vector<int64_t>() == want);
     CHECK_FALSE(s.last_run_stats().arena_from_shapes);
   }
-  CHECK(s.last_run_stats().arena_bytes == 2048);  // recorded on the 2nd run, used on the 3rd
-  CHECK(s.last_run_stats().arena_served == 2);
+  // Recorded on the 2nd run, used on the 3rd: n and c (2 KiB each) overlap at step 3, a
+  // (1 KiB, steps 1-2) shares c's place.
+  CHECK(s.last_run_stats().arena_bytes == 4096);
+  CHECK(s.last_run_stats().arena_served == 3);
 }
 
 TEST_CASE("a kernel's workspace is planned into the arena with its step's lifetime",

@@ -1,15 +1,18 @@
-// The arena planned from the op contracts (inferred shapes, views, in-place writes and
-// workspaces) before a run equals the one recorded from that run, on the ONNX backend's
-// light/ CNNs and pytorch-converted/ models: the first run is served wholly by the predicted
-// layout (no request misses it) and the layout recorded from it, which serves the second
-// run, is the same size.
+// The arena planned from the op contracts (inferred shapes, views, in-place writes,
+// workspaces and nested graphs' runs) before a run equals the one recorded from that run, on
+// the ONNX backend's light/ CNNs and pytorch-converted/ models, its node cases (If, Loop and
+// Scan included) and the merged Whisper decoder: the first run is served wholly by the
+// predicted layout (no request misses it) and the layout recorded from it, which serves the
+// second run, is the same size.
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "engine/ir/graph.h"
 #include "kiln/error.h"
 #include "kiln/session.h"
+#include "proto/loader.h"
 #include "test/unit/op_test.h"
 
 using namespace kiln;
@@ -92,4 +95,144 @@ TEST_CASE("arenas planned from the op contracts equal the recorded ones on the b
   CHECK(wrong.empty());
   CHECK(ran >= 80);
   CHECK(predicted >= 60);
+}
+
+namespace {
+
+// Whether a node of `g` runs nested graphs.
+bool has_nested_graphs(const ir::Graph& g) {
+  for (const ir::Node& n : g.nodes)
+    if (!n.graph_attributes().empty()) return true;
+  return false;
+}
+
+struct Comparison {
+  bool predicted = false;
+  std::string wrong;  // empty when the predicted arena equals the recorded one
+  RunStats first;     // the run served from the predicted arena
+};
+
+// Runs `feeds()` twice: the first run served from the arena planned from shapes, the second
+// from the layout recorded in the first.
+template <typename Feeds>
+Comparison compare_runs(Session& s, const std::string& name, Feeds feeds) {
+  s.run(feeds());
+  const RunStats first = s.last_run_stats();
+  s.run(feeds());
+  const RunStats second = s.last_run_stats();
+  Comparison c;
+  c.predicted = first.arena_from_shapes;
+  c.first = first;
+  if (c.predicted &&
+      (first.arena_missed != 0 || second.arena_missed != 0 ||
+       first.arena_bytes != second.arena_bytes || first.arena_served != second.arena_served)) {
+    c.wrong = name + ": predicted " + std::to_string(first.arena_bytes) + " bytes (" +
+              std::to_string(first.arena_served) + " served, " +
+              std::to_string(first.arena_missed) + " missed), recorded " +
+              std::to_string(second.arena_bytes) + " (" + std::to_string(second.arena_served) +
+              " served, " + std::to_string(second.arena_missed) + " missed)";
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "arenas planned from shapes equal the recorded ones on the node cases, If, Loop and "
+    "Scan included",
+    "[arena][prediction]") {
+  const fs::path root = testing::backend_test_data();
+  if (root.empty() || !fs::is_directory(root / "node")) {
+    WARN("KILN-SKIP: no ONNX backend test data");
+    return;
+  }
+  int ran = 0, predicted = 0, nested = 0, nested_predicted = 0;
+  std::vector<std::string> wrong, nested_not_predicted;
+  for (const auto& entry : fs::directory_iterator(root / "node")) {
+    const fs::path model_path = entry.path() / "model.onnx";
+    const fs::path set = entry.path() / "test_data_set_0";
+    if (!fs::exists(model_path) || !fs::is_directory(set)) continue;
+    const std::string name = entry.path().filename().string();
+    try {
+      LoadStats ls;
+      const ir::Model m = proto::load_model_file(model_path.string(), ls);
+      const bool has_nested = has_nested_graphs(*m.graph);
+      std::vector<std::pair<std::string, ir::TypeInfo>> inputs;
+      for (ir::ValueId id : m.graph->inputs)
+        inputs.push_back({m.graph->value(id).name, m.graph->value(id).type});
+      SessionOptions so;
+      so.environment = std::make_shared<Environment>(1);
+      Session s(model_path.string(), so);
+      // The case's inputs, given by move as fresh tensors each run.
+      auto feeds = [&] {
+        std::vector<NamedValue> v;
+        for (size_t k = 0; k < inputs.size(); ++k) {
+          const fs::path file = set / ("input_" + std::to_string(k) + ".pb");
+          if (fs::exists(file))
+            v.push_back({inputs[k].first,
+                         proto::read_value_file(file.string(), inputs[k].second, nullptr)});
+        }
+        return v;
+      };
+      const Comparison c = compare_runs(s, name, feeds);
+      ++ran;
+      predicted += c.predicted ? 1 : 0;
+      nested += has_nested ? 1 : 0;
+      nested_predicted += has_nested && c.predicted ? 1 : 0;
+      if (has_nested && !c.predicted) nested_not_predicted.push_back(name);
+      if (!c.wrong.empty()) wrong.push_back(c.wrong);
+    } catch (const Error&) {
+      continue;  // cases kiln does not run are the conformance tests' subject
+    }
+  }
+  std::string list, unplanned;
+  for (const std::string& w : wrong) list += w + "\n";
+  for (const std::string& n : nested_not_predicted) unplanned += n + " ";
+  INFO(wrong.size() << " of " << predicted << " predicted arenas differ, of " << ran
+                    << " cases run:\n"
+                    << list);
+  INFO("with nested graphs: " << nested_predicted << " of " << nested
+                              << " planned from shapes; not: " << unplanned);
+  CHECK(wrong.empty());
+  CHECK(ran >= 1700);
+  CHECK(predicted >= 1600);
+  CHECK(nested_predicted >= 19);
+}
+
+TEST_CASE("the merged Whisper decoder's first run is planned through its If",
+          "[arena][prediction]") {
+  // Both branches: the first step (no cache: else_branch) and a cached step (then_branch),
+  // past keys and values given by move as the generator gives them.
+  const std::string path =
+      std::string(KILN_SOURCE_DIR) + "/models/whisper-tiny-random/decoder_model_merged.onnx";
+  for (const int64_t past : {int64_t{0}, int64_t{4}}) {
+    INFO("past length " << past);
+    SessionOptions so;
+    so.environment = std::make_shared<Environment>(1);
+    Session s(path, so);
+    auto feeds = [&] {
+      std::vector<NamedValue> v;
+      const int64_t tokens = past == 0 ? 4 : 1, frames = 1500;
+      v.push_back({"input_ids",
+                   Tensor::from_vector<int64_t>({1, tokens}, std::vector<int64_t>(tokens, 7))});
+      v.push_back({"encoder_hidden_states", Tensor::zeros(DataType::Float, {1, frames, 64})});
+      for (int layer = 0; layer < 2; ++layer) {
+        for (const char* kind : {"key", "value"}) {
+          const std::string p = "past_key_values." + std::to_string(layer);
+          v.push_back({p + ".decoder." + kind, Tensor::zeros(DataType::Float, {1, 4, past, 16})});
+          v.push_back({p + ".encoder." + kind,
+                       Tensor::zeros(DataType::Float, {1, 4, past == 0 ? 0 : frames, 16})});
+        }
+      }
+      v.push_back({"use_cache_branch", Tensor::from_vector<bool>({1}, {past > 0})});
+      return v;
+    };
+    const Comparison c = compare_runs(s, "decoder_model_merged", feeds);
+    INFO("arena " << c.first.arena_bytes << " bytes, lower bound " << c.first.arena_lower_bound
+                  << ", " << c.first.arena_served << " requests served, " << c.first.arena_missed
+                  << " missed");
+    CHECK(c.predicted);
+    CHECK(c.wrong == "");
+    CHECK(c.first.arena_served > 0);
+  }
 }

@@ -82,9 +82,9 @@ TEST_CASE("ArenaState: predicted buffers plan the first run; a failed prediction
   int calls = 0;
   ArenaState state(pool, {}, [&](const std::vector<Value>& in) {
     ++calls;
-    std::optional<std::vector<RecordedBuffer>> out;
+    std::optional<ArenaState::Predicted> out;
     if (in[0].tensor().dim(0) == 4)
-      out = std::vector<RecordedBuffer>{{kBytes, 1, 2}, {kBytes, 2, 3}};
+      out = ArenaState::Predicted{{{kBytes, 1, 2}, {kBytes, 2, 3}}, ""};
     return out;
   });
   RunStats first = run_once(state, pool, {input_of(4)});

@@ -136,3 +136,101 @@ TEST_CASE("If is inferred through its branches", "[shapes]") {
   CHECK(agreed.first_unknown.empty());
   CHECK(agreed.values[static_cast<size_t>(same->outputs[0])].shape == Shape{3, 4});
 }
+
+TEST_CASE("Loop is inferred through its body", "[shapes]") {
+  // body(i, cond, acc): acc + x (carried, [2, 3]); item = Slice(xs, [i], [i+1]) ([1, 3]);
+  // its condition stays true. With trip count M: acc [2, 3], items stacked to [M, 1, 3].
+  auto build = [](std::optional<int64_t> trips) {
+    GraphBuilder body("body");
+    body.input("i", DataType::Int64, {});
+    body.input("c", DataType::Bool, {});
+    body.input("acc", DataType::Float, {2, 3});
+    body.initializer("one", Tensor::from_vector<int64_t>({1}, {1}));
+    body.initializer("axes", Tensor::from_vector<int64_t>({1}, {0}));
+    body.node("Identity", {"c"}, {"c_out"});
+    body.node("Add", {"acc", "x"}, {"acc_out"});
+    body.node("Unsqueeze", {"i", "axes"}, {"start"});
+    body.node("Add", {"start", "one"}, {"end"});
+    body.node("Slice", {"xs", "start", "end"}, {"item"});
+    body.output("c_out");
+    body.output("acc_out");
+    body.output("item");
+    GraphBuilder b;
+    b.input("x", DataType::Float, {2, 3});
+    b.input("xs", DataType::Float, {100, 3});
+    b.input("m", DataType::Int64, {});
+    if (trips) b.initializer("m_value", Tensor::scalar<int64_t>(*trips));
+    b.initializer("go", Tensor::scalar<bool>(true));
+    b.node("Loop", {trips ? "m_value" : "m", "go", "x"}, {"acc", "items"},
+           {graph_attr("body", body.build())});
+    b.output("acc");
+    b.output("items");
+    return make_model(b.build()).graph;
+  };
+  auto infer = [](const ir::Graph& g) {
+    return plan::infer_shapes(g, ir::topological_order(g), std::vector<plan::InferredValue>(3));
+  };
+  for (int64_t trips : {0, 5, 64}) {
+    INFO("trip count " << trips << " (each iteration's slice start known)");
+    const auto g = build(trips);
+    const auto r = infer(*g);
+    CHECK(r.first_unknown.empty());
+    CHECK(r.values[static_cast<size_t>(g->outputs[0])].shape == Shape{2, 3});
+    // No iteration: the kernel shapes the empty output from the body's declared item
+    // (undeclared here).
+    const Shape items = trips == 0 ? Shape{0} : Shape{trips, 1, 3};
+    CHECK(r.values[static_cast<size_t>(g->outputs[1])].shape == items);
+  }
+  // Longer: inferred once for all iterations, without the iteration number's value, so the
+  // slice (whose length follows from it) stays unknown, and with it the node's outputs.
+  const auto long_loop = build(65);
+  CHECK_THAT(infer(*long_loop).first_unknown, Catch::Contains("Loop"));
+  // M only known when run: inferred once too, so likewise unknown.
+  const auto open = build(std::nullopt);
+  const auto r = infer(*open);
+  CHECK_FALSE(r.values[static_cast<size_t>(open->outputs[1])].known);
+  CHECK_THAT(r.first_unknown, Catch::Contains("body output 2 is unknown"));
+}
+
+TEST_CASE("a long Loop keeps the shapes its body keeps", "[shapes]") {
+  // body(i, cond, acc): acc + acc and an item -acc of acc's shape. M = 1000: the final acc
+  // is known, and the items stack to [1000, 4]. With M given only when run, the final acc is
+  // known when the node has no scan output.
+  auto build = [](bool m_known, bool items) {
+    GraphBuilder body("body");
+    body.input("i", DataType::Int64, {});
+    body.input("c", DataType::Bool, {});
+    body.input("acc", DataType::Float, {4});
+    body.node("Identity", {"c"}, {"c_out"});
+    body.node("Add", {"acc", "acc"}, {"acc_out"});
+    body.output("c_out");
+    body.output("acc_out");
+    if (items) {
+      body.node("Neg", {"acc"}, {"item"});
+      body.output("item");
+    }
+    GraphBuilder b;
+    b.input("x", DataType::Float, {4});
+    b.input("m_input", DataType::Int64, {});
+    b.initializer("m", Tensor::scalar<int64_t>(1000));
+    std::vector<std::string> outs{"acc"};
+    if (items) outs.push_back("items");
+    b.node("Loop", {m_known ? "m" : "m_input", "", "x"}, outs, {graph_attr("body", body.build())});
+    for (const std::string& o : outs) b.output(o);
+    return make_model(b.build()).graph;
+  };
+  auto infer = [](const ir::Graph& g) {
+    return plan::infer_shapes(g, ir::topological_order(g), {});
+  };
+  const auto g = build(true, true);
+  const auto r = infer(*g);
+  CHECK(r.first_unknown.empty());
+  CHECK(r.values[static_cast<size_t>(g->outputs[0])].shape == Shape{4});
+  CHECK(r.values[static_cast<size_t>(g->outputs[1])].shape == Shape{1000, 4});
+  const auto open = build(false, false);
+  const auto ro = infer(*open);
+  CHECK(ro.first_unknown.empty());
+  CHECK(ro.values[static_cast<size_t>(open->outputs[0])].shape == Shape{4});
+  const auto open_items = build(false, true);
+  CHECK_THAT(infer(*open_items).first_unknown, Catch::Contains("trip count M"));
+}

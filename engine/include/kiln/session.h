@@ -187,7 +187,8 @@ struct SessionOptions {
   // Liveness-planned activation arena: the buffers of a run and their lifetimes are laid
   // out in one arena (largest first, each at the lowest offset free over its lifetime) and
   // served from it. For graphs whose shapes follow from the input shapes (static shape
-  // inference covers their ops; no nested graphs) the arena is planned before the first run
+  // inference covers their ops, nested graphs' included; the values of small integer and
+  // bool inputs, such as an If's condition, count) the arena is planned before the first run
   // with those shapes (arena_from_shapes); that run is also recorded, and later runs with
   // those shapes use the recorded layout. Other graphs are recorded when a run repeats the
   // input shapes of the run before it, and served from the third such run. A run that
