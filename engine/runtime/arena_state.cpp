@@ -135,10 +135,12 @@ void ArenaState::find_held_inputs(ArenaRun& run, const std::vector<Value>& input
 // are graph inputs when it uses one. Called with `mutex_` held.
 size_t ArenaState::start(ArenaRun& run, const std::vector<Value>& inputs) {
   PoolCore& pool = pool_.core();
+  fresh_runs_ = run.signature_ == last_signature_ ? 0 : fresh_runs_ + 1;
   // Inputs are alive from before the first step (counts.step is 0).
   if (arena_ && run.signature_ == arena_signature_) {
     if (pool.begin_arena(run.counts, arena_, arena_inputs_.size())) run.used_ = arena_;
-  } else if (run.held_keys_.empty() && plan_from_shapes(inputs, run.shapes_)) {
+  } else if (run.held_keys_.empty() && fresh_runs_ <= kMaxFreshPlans &&
+             plan_from_shapes(inputs, run.shapes_)) {
     if (pool.begin_arena(run.counts, arena_, 0)) {
       run.used_ = arena_;
       run.from_shapes_ = true;

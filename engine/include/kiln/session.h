@@ -190,7 +190,10 @@ struct SessionOptions {
   // inference covers their ops, nested graphs' included; the values of small integer and
   // bool inputs, such as an If's condition, count) the arena is planned before the first run
   // with those shapes (arena_from_shapes); that run is also recorded, and later runs with
-  // those shapes use the recorded layout. Other graphs are recorded when a run repeats the
+  // those shapes use the recorded layout; when more than two runs in a row each bring new
+  // shapes (a decode loop's growing caches), the pool serves them instead, until a run
+  // repeats the shapes before it, since such a plan would serve one run only and predicting
+  // it costs more than it saves. Other graphs are recorded when a run repeats the
   // input shapes of the run before it, and served from the third such run. A run that
   // diverges from the plan falls back to the pool for the requests concerned, never
   // sharing live memory.
