@@ -282,7 +282,6 @@ void pad_phases(const float* x, const math::ConvGeometry& cg, const WideExtent& 
 void wide_convolve(const float* xg, const math::PackedA& a, const float* bias, float* y,
                    const Sizes& s, const math::ConvGeometry& cg, const WideLayout& w,
                    const ConvEpilogue& e, float* xp, float* wide) {
-  const math::MathKernels& t = math::kernels();
   const int64_t ip = cg.in[0] * cg.in[1] * cg.in[2], op = cg.out[0] * cg.out[1] * cg.out[2];
   const int64_t wp = w.len[2];
   parallel_for(s.cg, grain_for(w.plane), [&](int64_t lo, int64_t hi) {
@@ -290,11 +289,10 @@ void wide_convolve(const float* xg, const math::PackedA& a, const float* bias, f
   });
   // The bias and the activation are applied while the valid columns are copied out (one
   // pass over y instead of another over the wide product).
-  math::sgemm(a, w.wide_n,
-              [&](int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
-                t.conv.shifted_panels(xp, w.row_offsets.data() + p0, kc, j0, nc, out);
-              },
-              wide, w.wide_n, {});
+  // Every patch-matrix row is a run of xp: the product reads it there (no lowering).
+  std::vector<const float*> rows(w.row_offsets.size());
+  for (size_t r = 0; r < rows.size(); ++r) rows[r] = xp + w.row_offsets[r];
+  math::sgemm_indirect(a, w.wide_n, rows.data(), wide, w.wide_n);
   const bool relu = e.activation == math::Activation::Relu;
   parallel_for(s.mg, grain_for(op), [&](int64_t lo, int64_t hi) {
     for (int64_t m = lo; m < hi; ++m) {

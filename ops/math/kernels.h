@@ -60,6 +60,11 @@ struct GemmKernels {
   // panel of constant weights, which stream from memory).
   void (*kernel_cold_b)(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
                         int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
+  // The tile with B read in place through a table of row pointers: B's row p, column j at
+  // b_rows[p][j0 + j] (an indirect B: a convolution's patch rows inside its padded input,
+  // so nothing is lowered). A is a packed constant, prefetched as in `kernel_cold_a`.
+  void (*kernel_indirect)(int64_t k, const float* a, const float* const* b_rows, int64_t j0,
+                          float* c, int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
   // y[j] = dot(x, b + j * ldb) over k elements, for j < n (a row vector times a
   // column-major matrix: attention scores of one query against a row-major K).
   void (*dots)(const float* x, const float* b, int64_t ldb, int64_t k, int64_t n,

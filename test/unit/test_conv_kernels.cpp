@@ -1,13 +1,15 @@
 // The dispatched direct convolution plane kernel (ops/math/impl/conv.h) against a
 // naive loop at every instruction-set level: random 1-D, 2-D and 3-D geometries with
 // strides, dilations and padding, 3/5/7-wide stride-2 rows through the deinterleaved input,
-// and long 1-D filters.
+// and long 1-D filters; the lowering into GEMM panels, pooling, and the indirect product
+// that reads patch rows in place.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "ops/math/gemm.h"
 #include "test/unit/isa_test.h"
 
 using namespace kiln;
@@ -277,5 +279,60 @@ KILN_ISA_TEST_CASE("the pooling plane matches a naive max and sum", "[math][conv
             }
           }
     }
+  }
+}
+
+KILN_ISA_TEST_CASE("the indirect product equals a naive product over its row table",
+                   "[math][conv][gemm]") {
+  // sgemm_indirect reads B's rows in place (a convolution's patch rows in its padded input):
+  // random sizes across row tiles, k blocks and column blocks, rows that overlap and repeat,
+  // accumulation onto C and a bias epilogue.
+  KILN_REQUIRE_ISA();
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int iter = 0; iter < 60; ++iter) {
+    const int64_t m = pick(1, 40), k = iter % 6 == 0 ? pick(257, 600) : pick(1, 60);
+    const int64_t n = iter % 5 == 0 ? pick(257, 700) : pick(1, 90);
+    std::vector<float> a(static_cast<size_t>(m * k)), pool(static_cast<size_t>(n + 200));
+    for (auto& v : a) v = dist(rng);
+    for (auto& v : pool) v = dist(rng);
+    std::vector<const float*> rows(static_cast<size_t>(k));
+    for (auto& r : rows) r = pool.data() + pick(0, 200);  // each readable for n floats
+    std::vector<float> bias(static_cast<size_t>(m));
+    for (auto& v : bias) v = dist(rng);
+    const bool accumulate = iter % 3 == 0;
+    const int64_t ldc = n + pick(0, 5);
+    std::vector<float> c(static_cast<size_t>(m * ldc));
+    for (auto& v : c) v = dist(rng);
+    std::vector<double> want(c.begin(), c.end());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = bias[static_cast<size_t>(i)];
+        for (int64_t p = 0; p < k; ++p) {
+          s += static_cast<double>(a[static_cast<size_t>(i * k + p)]) *
+               rows[static_cast<size_t>(p)][j];
+        }
+        double& w = want[static_cast<size_t>(i * ldc + j)];
+        w = accumulate ? w + s : s;
+      }
+    }
+    const math::PackedA packed(math::MatrixView::row_major(a.data(), m, k, k), &isa_kernels);
+    math::GemmOptions o;
+    o.kernels = &isa_kernels;
+    o.accumulate = accumulate;
+    o.row_bias = bias.data();
+    math::sgemm_indirect(packed, n, rows.data(), c.data(), ldc, o);
+    double worst = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < ldc; ++j) {
+        const size_t at = static_cast<size_t>(i * ldc + j);
+        worst = std::max(worst, std::abs(c[at] - want[at]) / (1 + std::abs(want[at])));
+      }
+    }
+    INFO("m " << m << " k " << k << " n " << n << " accumulate " << accumulate);
+    CHECK(worst < 1e-5);
   }
 }
