@@ -275,10 +275,10 @@ void pad_phases(const float* x, const math::ConvGeometry& cg, const WideExtent& 
 
 // A convolution of one (image, group) over "wide" output positions: with each input channel
 // laid out once in stride phases (pad_phases), every row of the patch matrix over output
-// rows as wide as a phase's rows is a contiguous run of that layout, so the GEMM's panels are
-// plain copies (shifted_panels) instead of im2col's index arithmetic and strided gathers. The
+// rows as wide as a phase's rows is a contiguous run of that layout, which the product reads
+// in place (math::sgemm_indirect): no lowering, no index arithmetic or strided gathers. The
 // product lands in `wide` (mg x wide positions) and its valid columns are copied (or added,
-// for Z) into y.
+// for Z) into y with the bias and activation.
 void wide_convolve(const float* xg, const math::PackedA& a, const float* bias, float* y,
                    const Sizes& s, const math::ConvGeometry& cg, const WideLayout& w,
                    const ConvEpilogue& e, float* xp, float* wide) {

@@ -132,11 +132,6 @@ struct ConvKernels {
   // (im2col) straight into GEMM B panels of this level's tile width (see math::BPacker).
   void (*im2col_panels)(const float* x, const ConvGeometry& g, int64_t p0, int64_t kc, int64_t j0,
                         int64_t nc, float* out) = nullptr;
-  // Rows [p0, p0 + kc) of a stride-1 convolution's patch matrix over "wide" output positions
-  // (each output row as wide as the padded input row), positions [j0, j0 + nc), into GEMM B
-  // panels: row r is pad_plane's copies read from xp + row_offsets[r] + j0, a plain copy.
-  void (*shifted_panels)(const float* xp, const int64_t* row_offsets, int64_t kc, int64_t j0,
-                         int64_t nc, float* out) = nullptr;
   // Pooling of one plane from pad_plane's copy: y = the maximum (`max`) or the sum of each
   // window's taps (tap offsets as conv_tap_offsets gives them), written over y.
   void (*pool_plane)(const float* xp, const int64_t* tap_offsets, const ConvGeometry& g, bool max,
