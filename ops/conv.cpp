@@ -199,75 +199,129 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
 }
 
 // Output rows at least this wide take the wide path below (narrower ones would compute
-// too many discarded positions: (kernel width - 1) per row).
+// too many discarded positions: (kernel width - 1) / stride per row).
 constexpr int64_t kMinWideWidth = 12;
 
-// The wide path's extents for one geometry: the padded planes' rows and lengths, the floats
-// of one padded channel and the wide output positions, up to the last valid one.
+// The wide path's layout of one padded input channel: split into stride phases along every
+// axis (padded position a along axis i lands in phase a % stride[i] at index a / stride[i]),
+// each phase a box of len[0] x len[1] x len[2]. A tap then reads, for every output position,
+// the same phase at the output's own index plus a fixed shift, so consecutive output
+// positions read consecutive floats whatever the stride. Only the phases some tap reads are
+// kept (a 1x1 stride-2 filter reads one of four), one after another. With stride 1 there is
+// one phase: the plainly padded channel.
 struct WideExtent {
-  int64_t rows[3] = {}, len[3] = {};
-  int64_t plane = 0, wide_n = 0;
+  int64_t len[3] = {};
+  std::vector<int64_t> slot;  // per phase: its place among the kept ones, -1 if unread
+  std::vector<int64_t> taps;  // per tap (filter order): where it reads for output position 0
+  int64_t phase = 0;          // floats of one phase
+  int64_t plane = 0;          // floats of one laid-out channel (its kept phases)
+  int64_t wide_n = 0;         // wide output positions, up to the last valid one
 
   explicit WideExtent(const math::ConvGeometry& cg) {
-    math::conv_padded_extent(cg, rows, len);
-    plane = math::conv_padded_floats(cg);
-    wide_n = ((cg.out[0] - 1) * rows[1] + cg.out[1] - 1) * len[2] + cg.out[2];
+    for (int i = 0; i < 3; ++i) len[i] = cg.out[i] + (cg.k[i] - 1) * cg.dil[i] / cg.stride[i];
+    phase = len[0] * len[1] * len[2];
+    slot.assign(static_cast<size_t>(cg.stride[0] * cg.stride[1] * cg.stride[2]), -1);
+    int64_t kept = 0, t[3];
+    for (t[0] = 0; t[0] < cg.k[0]; ++t[0]) {
+      for (t[1] = 0; t[1] < cg.k[1]; ++t[1]) {
+        for (t[2] = 0; t[2] < cg.k[2]; ++t[2]) {
+          int64_t ph = 0, shift = 0;
+          for (int i = 0; i < 3; ++i) {
+            const int64_t a = t[i] * cg.dil[i];
+            ph = ph * cg.stride[i] + a % cg.stride[i];
+            shift = shift * len[i] + a / cg.stride[i];
+          }
+          int64_t& sl = slot[static_cast<size_t>(ph)];
+          if (sl < 0) sl = kept++;
+          taps.push_back(sl * phase + shift);
+        }
+      }
+    }
+    plane = kept * phase;
+    wide_n = ((cg.out[0] - 1) * len[1] + cg.out[1] - 1) * len[2] + cg.out[2];
   }
 };
 
 // The wide path's layout, the same for every (image, group): the extents and each
-// patch-matrix row's offset in the padded channels.
+// patch-matrix row's offset in the laid-out channels.
 struct WideLayout : WideExtent {
   std::vector<int64_t> row_offsets;
 
   WideLayout(const math::ConvGeometry& cg, int64_t channels) : WideExtent(cg) {
-    const int64_t kp = cg.k[0] * cg.k[1] * cg.k[2];
-    std::vector<int64_t> taps(static_cast<size_t>(kp));
-    math::conv_tap_offsets(cg, taps.data());
     for (int64_t c = 0; c < channels; ++c) {
-      for (int64_t t : taps) row_offsets.push_back(c * plane + t);
+      for (int64_t off : taps) row_offsets.push_back(c * plane + off);
     }
   }
 };
 
-// A stride-1 convolution of one (image, group) over "wide" output positions: with each input
-// channel padded once (pad_plane), every row of the patch matrix over output rows as wide as
-// the padded rows is a contiguous run of the padded input, so the GEMM's panels are plain
-// copies (shifted_panels) instead of im2col's index arithmetic. The product lands in `wide`
-// (mg x wide positions) and its valid columns are copied (or added, for Z) into y.
+// One input channel `x` into the wide layout at `out`: the kept phases, zeros outside the
+// input.
+void pad_phases(const float* x, const math::ConvGeometry& cg, const WideExtent& w, float* out) {
+  const int64_t s0 = cg.stride[0], s1 = cg.stride[1], s2 = cg.stride[2];
+  for (int64_t p = 0; p < s0 * s1 * s2; ++p) {
+    const int64_t sl = w.slot[static_cast<size_t>(p)];
+    if (sl < 0) continue;
+    const int64_t r0 = p / (s1 * s2), r1 = p / s2 % s1, r2 = p % s2;
+    float* dst = out + sl * w.phase;
+    for (int64_t i0 = 0; i0 < w.len[0]; ++i0) {
+      const int64_t id = i0 * s0 + r0 - cg.pad[0];
+      for (int64_t i1 = 0; i1 < w.len[1]; ++i1, dst += w.len[2]) {
+        const int64_t ih = i1 * s1 + r1 - cg.pad[1];
+        if (id < 0 || id >= cg.in[0] || ih < 0 || ih >= cg.in[1]) {
+          std::fill(dst, dst + w.len[2], 0.0f);
+          continue;
+        }
+        // Index i of the row is input column i * s2 + base.
+        const int64_t base = r2 - cg.pad[2];
+        gather_row(dst, w.len[2], x + (id * cg.in[1] + ih) * cg.in[2], base, s2,
+                   first_at_least(base, s2, 0), first_at_least(base, s2, cg.in[2]));
+      }
+    }
+  }
+}
+
+// A convolution of one (image, group) over "wide" output positions: with each input channel
+// laid out once in stride phases (pad_phases), every row of the patch matrix over output
+// rows as wide as a phase's rows is a contiguous run of that layout, which the product reads
+// in place (math::sgemm_indirect): no lowering, no index arithmetic or strided gathers. The
+// product lands in `wide` (mg x wide positions) and its valid columns are copied (or added,
+// for Z) into y with the bias and activation.
 void wide_convolve(const float* xg, const math::PackedA& a, const float* bias, float* y,
                    const Sizes& s, const math::ConvGeometry& cg, const WideLayout& w,
                    const ConvEpilogue& e, float* xp, float* wide) {
-  const math::MathKernels& t = math::kernels();
   const int64_t ip = cg.in[0] * cg.in[1] * cg.in[2], op = cg.out[0] * cg.out[1] * cg.out[2];
   const int64_t wp = w.len[2];
   parallel_for(s.cg, grain_for(w.plane), [&](int64_t lo, int64_t hi) {
-    for (int64_t c = lo; c < hi; ++c) t.conv.pad_plane(xg + c * ip, cg, 0.0f, xp + c * w.plane);
+    for (int64_t c = lo; c < hi; ++c) pad_phases(xg + c * ip, cg, w, xp + c * w.plane);
   });
-  math::GemmOptions o;
-  o.row_bias = bias;
-  if (!e.accumulate) o.activation = e.activation;
-  math::sgemm(
-      a, w.wide_n,
-      [&](int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* out) {
-        t.conv.shifted_panels(xp, w.row_offsets.data() + p0, kc, j0, nc, out);
-      },
-      wide, w.wide_n, o);
+  // The bias and the activation are applied while the valid columns are copied out (one
+  // pass over y instead of another over the wide product).
+  // Every patch-matrix row is a run of xp: the product reads it there (no lowering).
+  std::vector<const float*> rows(w.row_offsets.size());
+  for (size_t r = 0; r < rows.size(); ++r) rows[r] = xp + w.row_offsets[r];
+  math::sgemm_indirect(a, w.wide_n, rows.data(), wide, w.wide_n);
+  const bool relu = e.activation == math::Activation::Relu;
   parallel_for(s.mg, grain_for(op), [&](int64_t lo, int64_t hi) {
     for (int64_t m = lo; m < hi; ++m) {
       float* ym = y + m * op;
+      const float b = bias ? bias[m] : 0.0f;
       for (int64_t od = 0; od < cg.out[0]; ++od) {
         for (int64_t oh = 0; oh < cg.out[1]; ++oh) {
-          const float* src = wide + m * w.wide_n + (od * w.rows[1] + oh) * wp;
+          const float* src = wide + m * w.wide_n + (od * w.len[1] + oh) * wp;
           float* dst = ym + (od * cg.out[1] + oh) * cg.out[2];
           if (e.accumulate) {
-            for (int64_t i = 0; i < cg.out[2]; ++i) dst[i] += src[i];
+            for (int64_t i = 0; i < cg.out[2]; ++i) dst[i] += src[i] + b;
+          } else if (relu) {
+            for (int64_t i = 0; i < cg.out[2]; ++i) {
+              const float v = src[i] + b;
+              dst[i] = v > 0.0f ? v : 0.0f;
+            }
           } else {
-            std::copy(src, src + cg.out[2], dst);
+            for (int64_t i = 0; i < cg.out[2]; ++i) dst[i] = src[i] + b;
           }
         }
       }
-      if (e.accumulate) apply_activation(e.activation, ym, op);
+      if (e.accumulate || !relu) apply_activation(e.activation, ym, op);
     }
   });
 }
@@ -283,7 +337,7 @@ bool is_pointwise(const Geometry& g) {
 // used unless the product runs one (image, group) unit per thread instead.
 int64_t wide_floats(const Sizes& s, const Geometry& g) {
   if (g.out_size() == 0 || s.m == 0 || s.n == 0 || use_direct(s, g) || is_pointwise(g) ||
-      g.stride != std::array<int64_t, 3>{1, 1, 1} || g.out[2] < kMinWideWidth) {
+      g.out[2] < kMinWideWidth) {
     return 0;
   }
   const WideExtent w(conv_geometry(g));

@@ -274,6 +274,36 @@ void run_packed_a_block(const GemmKernels& g, const PackedA& a, const BPacker& p
   }
 }
 
+// run_packed_a_block with B read in place through its row pointers instead of packed.
+void run_indirect_block(const GemmKernels& g, const PackedA& a, const float* const* b_rows,
+                        float* c, int64_t ldc, const GemmOptions& o, int64_t m0, int64_t m1,
+                        int64_t n0, int64_t n1) {
+  const int mr = g.mr, nr = g.nr;
+  const int64_t k = a.k(), nc_max = kPanelsPerBlock * nr;
+  for (int64_t j0 = n0; j0 < n1; j0 += nc_max) {
+    const int64_t nc = std::min(nc_max, n1 - j0);
+    const int64_t panels = (nc + nr - 1) / nr;
+    for (int64_t p0 = 0; p0 < k; p0 += kKc) {
+      const int64_t kc = std::min(kKc, k - p0);
+      const bool last = p0 + kc == k;
+      const bool accumulate = p0 > 0 || o.accumulate;
+      for (int64_t i0 = m0; i0 < m1; i0 += kRowsPerBlock) {
+        const int64_t i1 = std::min(m1, i0 + kRowsPerBlock);
+        for (int64_t q = 0; q < panels; ++q) {
+          const int tc = static_cast<int>(std::min<int64_t>(nr, nc - q * nr));
+          for (int64_t i = i0; i < i1; i += mr) {
+            const int tr = static_cast<int>(std::min<int64_t>(mr, i1 - i));
+            float* ct = c + i * ldc + j0 + q * nr;
+            g.kernel_indirect(kc, a.panel(i, p0), b_rows + p0, j0 + q * nr, ct, ldc, tr, tc,
+                              accumulate);
+            if (last) apply_epilogue(o, ct, ldc, tr, tc, i, j0 + q * nr);
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void activate(Activation a, float* y, int64_t n, const MathKernels& t) {
@@ -361,6 +391,25 @@ void sgemm(const PackedA& a, int64_t n, const BPacker& pack_b, float* c, int64_t
   run_split(split_for(tasks, m, n, g.mr, g.nr, SplitPolicy::LargerOperand), m, n, g.mr, g.nr,
             [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
               run_packed_a_block(g, a, pack_b, c, ldc, o, m0, m1, n0, n1);
+            });
+}
+
+void sgemm_indirect(const PackedA& a, int64_t n, const float* const* b_rows, float* c, int64_t ldc,
+                    const GemmOptions& o) {
+  const GemmKernels& g = table_of(o).gemm;
+  if (a.mr() != g.mr) {
+    throw Error(ErrorKind::Runtime, "sgemm: A was packed for tiles of " + std::to_string(a.mr()) +
+                                        " rows, the kernels use " + std::to_string(g.mr));
+  }
+  if (o.alpha != 1.0f) throw Error(ErrorKind::Runtime, "sgemm: a packed A takes no alpha");
+  const int64_t m = a.m(), k = a.k();
+  if (m == 0 || n == 0) return;
+  if (k == 0) return empty_product(m, n, c, ldc, o);
+  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const int tasks = task_count(work, o.max_threads);
+  run_split(split_for(tasks, m, n, g.mr, g.nr, SplitPolicy::LargerOperand), m, n, g.mr, g.nr,
+            [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+              run_indirect_block(g, a, b_rows, c, ldc, o, m0, m1, n0, n1);
             });
 }
 

@@ -150,6 +150,12 @@ void sgemm(const MatrixView& a, const PackedB& b, float* c, int64_t ldc,
 void sgemm(const PackedA& a, int64_t n, const BPacker& pack_b, float* c, int64_t ldc,
            const GemmOptions& options = {});
 
+// C = A * B with A packed (alpha 1) and B's row p, column j read in place at b_rows[p][j]
+// for j < n (an indirect B: a convolution's patch rows inside its padded input). Each row
+// must be readable for n floats.
+void sgemm_indirect(const PackedA& a, int64_t n, const float* const* b_rows, float* c, int64_t ldc,
+                    const GemmOptions& options = {});
+
 // The product for float or double operands given as pointers and strides: C (ldc) =
 // alpha * A (m x k, element (i, p) at a[i * ars + p * acs]) * B (k x n, at b[p * brs + j *
 // bcs]) (+ C when accumulating), with the options' epilogue for float. Float runs sgemm;

@@ -60,6 +60,11 @@ struct GemmKernels {
   // panel of constant weights, which stream from memory).
   void (*kernel_cold_b)(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
                         int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
+  // The tile with B read in place through a table of row pointers: B's row p, column j at
+  // b_rows[p][j0 + j] (an indirect B: a convolution's patch rows inside its padded input,
+  // so nothing is lowered). A is a packed constant, prefetched as in `kernel_cold_a`.
+  void (*kernel_indirect)(int64_t k, const float* a, const float* const* b_rows, int64_t j0,
+                          float* c, int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
   // y[j] = dot(x, b + j * ldb) over k elements, for j < n (a row vector times a
   // column-major matrix: attention scores of one query against a row-major K).
   void (*dots)(const float* x, const float* b, int64_t ldb, int64_t k, int64_t n,
@@ -127,11 +132,6 @@ struct ConvKernels {
   // (im2col) straight into GEMM B panels of this level's tile width (see math::BPacker).
   void (*im2col_panels)(const float* x, const ConvGeometry& g, int64_t p0, int64_t kc, int64_t j0,
                         int64_t nc, float* out) = nullptr;
-  // Rows [p0, p0 + kc) of a stride-1 convolution's patch matrix over "wide" output positions
-  // (each output row as wide as the padded input row), positions [j0, j0 + nc), into GEMM B
-  // panels: row r is pad_plane's copies read from xp + row_offsets[r] + j0, a plain copy.
-  void (*shifted_panels)(const float* xp, const int64_t* row_offsets, int64_t kc, int64_t j0,
-                         int64_t nc, float* out) = nullptr;
   // Pooling of one plane from pad_plane's copy: y = the maximum (`max`) or the sum of each
   // window's taps (tap offsets as conv_tap_offsets gives them), written over y.
   void (*pool_plane)(const float* xp, const int64_t* tap_offsets, const ConvGeometry& g, bool max,

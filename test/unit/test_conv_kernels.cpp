@@ -1,13 +1,15 @@
 // The dispatched direct convolution plane kernel (ops/math/impl/conv.h) against a
 // naive loop at every instruction-set level: random 1-D, 2-D and 3-D geometries with
 // strides, dilations and padding, 3/5/7-wide stride-2 rows through the deinterleaved input,
-// and long 1-D filters.
+// and long 1-D filters; the lowering into GEMM panels, pooling, and the indirect product
+// that reads patch rows in place.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "ops/math/gemm.h"
 #include "test/unit/isa_test.h"
 
 using namespace kiln;
@@ -142,75 +144,6 @@ KILN_ISA_TEST_CASE("im2col panels equal the naive patch matrix", "[math][conv]")
   }
 }
 
-KILN_ISA_TEST_CASE("shifted panels over wide positions equal the patch matrix", "[math][conv]") {
-  KILN_REQUIRE_ISA();
-  const math::ConvKernels& k = isa_kernels.conv;
-  const int nr = isa_kernels.gemm.nr;
-  std::mt19937 rng(10);
-  auto pick = [&](int64_t lo, int64_t hi) {
-    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
-  };
-  for (int iter = 0; iter < 100; ++iter) {
-    math::ConvGeometry g;
-    const int dims = static_cast<int>(pick(1, 3));
-    const int64_t channels = pick(1, 3);
-    for (int d = 3 - dims; d < 3; ++d) {
-      g.k[d] = pick(1, 4);
-      g.dil[d] = pick(1, 2);
-      g.pad[d] = pick(0, 2);
-      const int64_t ek = (g.k[d] - 1) * g.dil[d] + 1;
-      g.in[d] = std::max<int64_t>(ek - 2 * g.pad[d], 1) + pick(0, 20);
-      g.out[d] = g.in[d] + 2 * g.pad[d] - ek + 1;
-    }
-    int64_t rows[3], len[3];
-    math::conv_padded_extent(g, rows, len);
-    const int64_t ip = g.in[0] * g.in[1] * g.in[2], kp = g.k[0] * g.k[1] * g.k[2];
-    const int64_t plane = math::conv_padded_floats(g), wp = len[2];
-    const int64_t wide_n = ((g.out[0] - 1) * rows[1] + g.out[1] - 1) * wp + g.out[2];
-    std::vector<float> x(static_cast<size_t>(channels * ip)),
-        xp(static_cast<size_t>(channels * plane));
-    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 89) + 0.25f;
-    for (int64_t c = 0; c < channels; ++c)
-      k.pad_plane(x.data() + c * ip, g, 0.0f, xp.data() + c * plane);
-    std::vector<int64_t> taps(static_cast<size_t>(kp)), offsets;
-    math::conv_tap_offsets(g, taps.data());
-    for (int64_t c = 0; c < channels; ++c) {
-      for (int64_t t : taps) offsets.push_back(c * plane + t);
-    }
-    const int64_t total = channels * kp;
-    const int64_t p0 = pick(0, total - 1), kc = pick(1, total - p0);
-    const int64_t j0 = pick(0, wide_n - 1) / nr * nr, nc = pick(1, wide_n - j0);
-    const int64_t panels = (nc + nr - 1) / nr;
-    std::vector<float> out(static_cast<size_t>(panels * kc * nr), -1.0f);
-    k.shifted_panels(xp.data(), offsets.data() + p0, kc, j0, nc, out.data());
-    for (int64_t r = 0; r < kc; ++r) {
-      const int64_t row = p0 + r, c = row / kp, t = row % kp;
-      const int64_t kd = t / (g.k[1] * g.k[2]), kh = (t / g.k[2]) % g.k[1], kw = t % g.k[2];
-      for (int64_t q = 0; q < panels; ++q) {
-        for (int64_t jj = 0; jj < nr; ++jj) {
-          const float got = out[static_cast<size_t>(q * kc * nr + r * nr + jj)];
-          const int64_t pos = j0 + q * nr + jj;  // a wide position
-          if (q * nr + jj >= nc) {
-            REQUIRE(got == 0.0f);
-            continue;
-          }
-          const int64_t od = pos / (rows[1] * wp), oh = (pos / wp) % rows[1], ow = pos % wp;
-          if (od >= g.out[0] || oh >= g.out[1] || ow >= g.out[2]) continue;  // discarded
-          const int64_t id = od - g.pad[0] + kd * g.dil[0];
-          const int64_t ih = oh - g.pad[1] + kh * g.dil[1];
-          const int64_t iw = ow - g.pad[2] + kw * g.dil[2];
-          float want = 0.0f;
-          if (id >= 0 && id < g.in[0] && ih >= 0 && ih < g.in[1] && iw >= 0 && iw < g.in[2]) {
-            want = x[static_cast<size_t>(c * ip + (id * g.in[1] + ih) * g.in[2] + iw)];
-          }
-          INFO("row " << row << " wide position " << pos << " iteration " << iter);
-          REQUIRE(got == want);
-        }
-      }
-    }
-  }
-}
-
 KILN_ISA_TEST_CASE("the pooling plane matches a naive max and sum", "[math][conv]") {
   KILN_REQUIRE_ISA();
   const math::ConvKernels& k = isa_kernels.conv;
@@ -277,5 +210,60 @@ KILN_ISA_TEST_CASE("the pooling plane matches a naive max and sum", "[math][conv
             }
           }
     }
+  }
+}
+
+KILN_ISA_TEST_CASE("the indirect product equals a naive product over its row table",
+                   "[math][conv][gemm]") {
+  // sgemm_indirect reads B's rows in place (a convolution's patch rows in its padded input):
+  // random sizes across row tiles, k blocks and column blocks, rows that overlap and repeat,
+  // accumulation onto C and a bias epilogue.
+  KILN_REQUIRE_ISA();
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int iter = 0; iter < 60; ++iter) {
+    const int64_t m = pick(1, 40), k = iter % 6 == 0 ? pick(257, 600) : pick(1, 60);
+    const int64_t n = iter % 5 == 0 ? pick(257, 700) : pick(1, 90);
+    std::vector<float> a(static_cast<size_t>(m * k)), pool(static_cast<size_t>(n + 200));
+    for (auto& v : a) v = dist(rng);
+    for (auto& v : pool) v = dist(rng);
+    std::vector<const float*> rows(static_cast<size_t>(k));
+    for (auto& r : rows) r = pool.data() + pick(0, 200);  // each readable for n floats
+    std::vector<float> bias(static_cast<size_t>(m));
+    for (auto& v : bias) v = dist(rng);
+    const bool accumulate = iter % 3 == 0;
+    const int64_t ldc = n + pick(0, 5);
+    std::vector<float> c(static_cast<size_t>(m * ldc));
+    for (auto& v : c) v = dist(rng);
+    std::vector<double> want(c.begin(), c.end());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = bias[static_cast<size_t>(i)];
+        for (int64_t p = 0; p < k; ++p) {
+          s += static_cast<double>(a[static_cast<size_t>(i * k + p)]) *
+               rows[static_cast<size_t>(p)][j];
+        }
+        double& w = want[static_cast<size_t>(i * ldc + j)];
+        w = accumulate ? w + s : s;
+      }
+    }
+    const math::PackedA packed(math::MatrixView::row_major(a.data(), m, k, k), &isa_kernels);
+    math::GemmOptions o;
+    o.kernels = &isa_kernels;
+    o.accumulate = accumulate;
+    o.row_bias = bias.data();
+    math::sgemm_indirect(packed, n, rows.data(), c.data(), ldc, o);
+    double worst = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < ldc; ++j) {
+        const size_t at = static_cast<size_t>(i * ldc + j);
+        worst = std::max(worst, std::abs(c[at] - want[at]) / (1 + std::abs(want[at])));
+      }
+    }
+    INFO("m " << m << " k " << k << " n " << n << " accumulate " << accumulate);
+    CHECK(worst < 1e-5);
   }
 }

@@ -82,7 +82,6 @@ KILN_ISA_TEST_CASE("every entry of the level's table is filled", "[math][isa]") 
   CHECK(k.conv.pad_plane);
   CHECK(k.conv.padded_plane);
   CHECK(k.conv.im2col_panels);
-  CHECK(k.conv.shifted_panels);
   CHECK(k.conv.pool_plane);
   CHECK(k.int8_gemm.layout);
   CHECK(k.int8_gemm.mr > 0);

@@ -402,6 +402,10 @@ TEST_CASE("Conv blocks and parallelises large problems correctly", "[nn]") {
       {{2, 8, 20, 26}, {12, 4, 3, 3}, {{1, 1}, {2, 1}, {0, 2, 1, 0}, 2}},
       {{1, 4, 4, 6, 14}, {6, 4, 2, 3, 3}, {{1, 1, 1}, {1, 1, 1}, {0, 1, 1, 1, 0, 1}, 1}},
       {{1, 16, 100}, {8, 16, 5}, {{1}, {1}, {2, 2}, 1}},
+      // Strided over wide output rows: a 7x7 stride-2 stem, 1x1 and 3x3 stride 2.
+      {{1, 3, 45, 45}, {16, 3, 7, 7}, {{2, 2}, {1, 1}, {3, 3, 3, 3}, 1}},
+      {{1, 16, 30, 30}, {24, 16, 1, 1}, {{2, 2}, {1, 1}, {0, 0, 0, 0}, 1}},
+      {{1, 16, 29, 28}, {32, 16, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 1}},
   };
   for (const Case& c : cases) {
     Tensor x = random_tensor(DataType::Float, c.x, rng);
@@ -409,6 +413,40 @@ TEST_CASE("Conv blocks and parallelises large problems correctly", "[nn]") {
     Tensor b = random_tensor(DataType::Float, {c.w[0]}, rng);
     INFO("x " << shape_to_string(c.x) << " w " << shape_to_string(c.w));
     require_close(run_conv(x, w, &b, c.s), naive_conv(x, w, &b, c.s), 1e-4, 1e-4);
+  }
+}
+
+TEST_CASE("Conv over output rows wide enough for the wide path matches a naive loop", "[nn]") {
+  // Output rows of 12 or more take the wide path (patches copied from the input laid out in
+  // stride phases): random strides 1 to 3, dilations, uneven pads, 1-D to 3-D, groups.
+  std::mt19937 rng(33);
+  for (int iter = 0; iter < 40; ++iter) {
+    const size_t r = static_cast<size_t>(rand_int(rng, 1, 3));
+    ConvSpec s;
+    s.group = rand_int(rng, 1, 2);
+    const int64_t cg = rand_int(rng, 2, 5), mg = rand_int(rng, 3, 14);
+    Shape xs{rand_int(rng, 1, 2), cg * s.group}, ws{mg * s.group, cg};
+    s.pads.assign(2 * r, 0);
+    for (size_t d = 0; d < r; ++d) {
+      const bool last = d + 1 == r;
+      const int64_t k = rand_int(rng, 1, last ? 7 : 3);
+      s.strides.push_back(rand_int(rng, 1, 3));
+      s.dilations.push_back(rand_int(rng, 1, 2));
+      s.pads[d] = rand_int(rng, 0, 3);
+      s.pads[d + r] = rand_int(rng, 0, 3);
+      const int64_t ek = (k - 1) * s.dilations[d] + 1;
+      ws.push_back(k);
+      // The last axis: at least 12 outputs; the others small.
+      const int64_t out = last ? rand_int(rng, 12, 40) : rand_int(rng, 1, 5);
+      xs.push_back(std::max<int64_t>((out - 1) * s.strides[d] + ek - s.pads[d] - s.pads[d + r] +
+                                         rand_int(rng, 0, s.strides[d] - 1),
+                                     1));
+    }
+    Tensor x = random_tensor(DataType::Float, xs, rng);
+    Tensor w = random_tensor(DataType::Float, ws, rng);
+    Tensor b = random_tensor(DataType::Float, {ws[0]}, rng);
+    INFO("x " << shape_to_string(xs) << " w " << shape_to_string(ws) << " group " << s.group);
+    require_close(run_conv(x, w, &b, s), naive_conv(x, w, &b, s), 1e-4, 1e-4);
   }
 }
 

@@ -243,31 +243,7 @@ void im2col_panels(const float* x, const ConvGeometry& g, int64_t p0, int64_t kc
   }
 }
 
-// Stride-1 patches without index arithmetic: over wide output positions every row of the
-// patch matrix is a contiguous run of the padded input, so each panel row is vector copies.
-void shifted_panels(const float* xp, const int64_t* row_offsets, int64_t kc, int64_t j0, int64_t nc,
-                    float* out) {
-  const int64_t panels = (nc + kGemmNr - 1) / kGemmNr;
-  for (int64_t r = 0; r < kc; ++r) {
-    const float* src = xp + row_offsets[r] + j0;
-    float* dst = out + r * kGemmNr;
-    for (int64_t q = 0; q < panels; ++q, src += kGemmNr, dst += kc * kGemmNr) {
-      const int64_t left = nc - q * kGemmNr;
-      for (int v = 0; v < kGemmNv; ++v) {
-        const int64_t n = left - v * kLanes;
-        if (n >= kLanes) {
-          vstore(dst + v * kLanes, vload(src + v * kLanes));
-        } else {
-          vstore(dst + v * kLanes,
-                 n > 0 ? vload_partial(src + v * kLanes, static_cast<int>(n)) : vzero());
-        }
-      }
-    }
-  }
-}
-
 constexpr ConvKernels kConvKernels{.pad_plane = dc_pad_plane,
                                    .padded_plane = dc_padded_plane,
                                    .im2col_panels = im2col_panels,
-                                   .shifted_panels = shifted_panels,
                                    .pool_plane = dc_pool_plane};

@@ -171,6 +171,94 @@ void sgemm_kernel_f16(int64_t k, const float* a, const uint16_t* b, int64_t ldb,
   gemm_kernel<BF16>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
 }
 
+// gemm_tile with B's row p at b_rows[p] + j0 (an indirect B, read in place) and A a packed
+// constant fetched ahead. Full: all kGemmNr columns valid (else masked loads and stores).
+template <int Rows, bool Full, int Nv = kGemmNv>
+inline void gemm_tile_indirect(int64_t k, const float* a, const float* const* b_rows, int64_t j0,
+                               float* c, int64_t ldc, int cols, bool accumulate) {
+  VF acc[Rows][Nv];
+#pragma GCC unroll 16
+  for (int r = 0; r < Rows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < Nv; ++v) acc[r][v] = vzero();
+  }
+  for (int64_t p = 0; p < k; ++p) {
+    const float* b = b_rows[p] + j0;
+    VF bv[Nv];
+#pragma GCC unroll 4
+    for (int v = 0; v < Nv; ++v) {
+      const int left = cols - v * kLanes;
+      if constexpr (Full) {
+        bv[v] = vload(b + v * kLanes);
+      } else {
+        bv[v] = left >= kLanes ? vload(b + v * kLanes)
+                               : (left > 0 ? vload_partial(b + v * kLanes, left) : vzero());
+      }
+    }
+    __builtin_prefetch(a + kGemmPrefetchA);
+#pragma GCC unroll 16
+    for (int r = 0; r < Rows; ++r) {
+      const VF ar = vbroadcast(a + r);
+#pragma GCC unroll 4
+      for (int v = 0; v < Nv; ++v) acc[r][v] = vfmadd(ar, bv[v], acc[r][v]);
+    }
+    a += kGemmMr;
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < Rows; ++r) {
+    float* cr = c + r * ldc;
+#pragma GCC unroll 4
+    for (int v = 0; v < Nv; ++v) {
+      const int left = Full ? kLanes : cols - v * kLanes;
+      if (left >= kLanes) {
+        vstore(cr + v * kLanes, accumulate ? vadd(vload(cr + v * kLanes), acc[r][v]) : acc[r][v]);
+      } else if (left > 0) {
+        const VF old = accumulate ? vload_partial(cr + v * kLanes, left) : vzero();
+        vstore_partial(cr + v * kLanes, vadd(old, acc[r][v]), left);
+      }
+    }
+  }
+}
+
+template <int Rows>
+inline void gemm_rows_indirect(int64_t k, const float* a, const float* const* b_rows, int64_t j0,
+                               float* c, int64_t ldc, int cols, bool accumulate) {
+  if (cols == kGemmNr) {
+    gemm_tile_indirect<Rows, true>(k, a, b_rows, j0, c, ldc, cols, accumulate);
+  } else if (cols <= kLanes) {
+    gemm_tile_indirect<Rows, false, 1>(k, a, b_rows, j0, c, ldc, cols, accumulate);
+  } else {
+    gemm_tile_indirect<Rows, false>(k, a, b_rows, j0, c, ldc, cols, accumulate);
+  }
+}
+
+void sgemm_kernel_indirect(int64_t k, const float* a, const float* const* b_rows, int64_t j0,
+                           float* c, int64_t ldc, int rows, int cols, bool accumulate) {
+  switch (rows) {
+#define KILN_GEMM_ROWS(R)                                                \
+  case R:                                                                \
+    if constexpr (R <= kGemmMr) {                                        \
+      gemm_rows_indirect<R>(k, a, b_rows, j0, c, ldc, cols, accumulate); \
+    }                                                                    \
+    break;
+    KILN_GEMM_ROWS(1)
+    KILN_GEMM_ROWS(2)
+    KILN_GEMM_ROWS(3)
+    KILN_GEMM_ROWS(4)
+    KILN_GEMM_ROWS(5)
+    KILN_GEMM_ROWS(6)
+    KILN_GEMM_ROWS(7)
+    KILN_GEMM_ROWS(8)
+    KILN_GEMM_ROWS(9)
+    KILN_GEMM_ROWS(10)
+    KILN_GEMM_ROWS(11)
+    KILN_GEMM_ROWS(12)
+#undef KILN_GEMM_ROWS
+    default:
+      break;
+  }
+}
+
 // rows (<= kGemmMr) x k of A, element (r, p) at a[r * rs + p * cs], into one packed panel,
 // times alpha.
 void sgemm_pack_a(const float* a, int64_t rs, int64_t cs, int rows, int64_t k, float alpha,
@@ -406,6 +494,7 @@ constexpr GemmKernels kGemmKernels{.mr = kGemmMr,
                                    .kernel_packed = sgemm_kernel_packed,
                                    .kernel_cold_a = sgemm_kernel_cold_a,
                                    .kernel_cold_b = sgemm_kernel_cold_b,
+                                   .kernel_indirect = sgemm_kernel_indirect,
                                    .dots = sdots,
                                    .gemv_rows = sgemv_rows,
                                    .epilogue = gemm_epilogue};
