@@ -20,6 +20,7 @@
 
 #include "ops/common.h"
 #include "ops/math/qgemm.h"
+#include "ops/matmul_plan.h"
 #include "ops/packed_weights.h"
 #include "ops/quantize.h"
 
@@ -28,53 +29,6 @@ namespace {
 
 bool is_int8(DataType t) {
   return t == DataType::UInt8 || t == DataType::Int8;
-}
-
-// numpy matmul of A and B: the output shape and, per output batch matrix, the batch matrix of
-// A and of B it reads.
-struct BatchPlan {
-  Shape out;
-  int64_t m = 1, k = 1, n = 1;
-  std::vector<int64_t> a_batch, b_batch;
-};
-
-BatchPlan plan_batches(const OpContext& ctx, const Shape& a_in, const Shape& b_in) {
-  if (a_in.empty() || b_in.empty()) ctx.fail("operands must have rank >= 1");
-  Shape a = a_in, b = b_in;
-  if (a.size() == 1) a.insert(a.begin(), 1);
-  if (b.size() == 1) b.push_back(1);
-  BatchPlan p;
-  p.m = a[a.size() - 2], p.k = a.back(), p.n = b.back();
-  if (b[b.size() - 2] != p.k) {
-    ctx.fail("A " + shape_to_string(a_in) + " and B " + shape_to_string(b_in) +
-             " do not agree on K");
-  }
-  const Shape ab(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
-  const Shape batch = broadcast_shapes(ab, bb);
-  const int64_t count = shape_numel(batch);
-  for (int64_t i = 0; i < count; ++i) {
-    // Right-aligned broadcast of the flat batch index onto each operand's batch dimensions.
-    int64_t rem = i, ia = 0, ib = 0, sa = 1, sb = 1;
-    for (size_t d = batch.size(); d-- > 0;) {
-      const int64_t c = rem % batch[d];
-      rem /= batch[d];
-      const size_t oa = batch.size() - ab.size(), ob = batch.size() - bb.size();
-      if (d >= oa) {
-        ia += (ab[d - oa] == 1 ? 0 : c) * sa;
-        sa *= ab[d - oa];
-      }
-      if (d >= ob) {
-        ib += (bb[d - ob] == 1 ? 0 : c) * sb;
-        sb *= bb[d - ob];
-      }
-    }
-    p.a_batch.push_back(ia);
-    p.b_batch.push_back(ib);
-  }
-  p.out = batch;
-  if (a_in.size() > 1) p.out.push_back(p.m);
-  if (b_in.size() > 1) p.out.push_back(p.n);
-  return p;
 }
 
 // Values of a scale or zero point of B, per tensor or per column: `per_matrix` values per
@@ -155,20 +109,20 @@ void matmul_to_float(OpContext& ctx, const uint8_t* a, bool a_signed, const Shap
   if (b_zero && b_zero->dtype() != b.dtype()) {
     ctx.fail("B's zero point " + b_zero->describe() + " must have B's type");
   }
-  const BatchPlan p = plan_batches(ctx, a_shape, b.shape());
+  const MatMulPlan p = plan_matmul(ctx, a_shape, b.shape());
   const BParam scales = b_param(ctx, b_scale, b, "B's scale");
   BParam zeros;
   zeros.values = {0.0f};
   if (b_zero) zeros = b_param(ctx, *b_zero, b, "B's zero point");
-  if (bias && (bias->dtype() != DataType::Float || bias->numel() != p.n || bias->rank() != 1)) {
-    ctx.fail("bias " + bias->describe() + " must be 1-D float of " + std::to_string(p.n));
+  if (bias && (bias->dtype() != DataType::Float || bias->numel() != p.N || bias->rank() != 1)) {
+    ctx.fail("bias " + bias->describe() + " must be 1-D float of " + std::to_string(p.N));
   }
   Tensor& y = ctx.output(0, DataType::Float, p.out);
   if (y.numel() == 0) return;
   float* py = y.data<float>();
-  if (p.k == 0) {  // an empty sum: only the bias
-    for (int64_t r = 0; r < y.numel() / p.n; ++r) {
-      for (int64_t j = 0; j < p.n; ++j) py[r * p.n + j] = bias ? bias->data<const float>()[j] : 0;
+  if (p.K == 0) {  // an empty sum: only the bias
+    for (int64_t r = 0; r < y.numel() / p.N; ++r) {
+      for (int64_t j = 0; j < p.N; ++j) py[r * p.N + j] = bias ? bias->data<const float>()[j] : 0;
     }
     return;
   }
@@ -177,12 +131,12 @@ void matmul_to_float(OpContext& ctx, const uint8_t* a, bool a_signed, const Shap
   const bool b_signed = b.dtype() == DataType::Int8;
   // One B for every output batch (a 2-D weight): the batches of A stack into one product.
   const bool one_b = b.rank() <= 2;
-  const bool use_packed = packed && one_b && packed.view.k() == p.k && packed.view.n() == p.n;
+  const bool use_packed = packed && one_b && packed.view.k() == p.K && packed.view.n() == p.N;
   const int64_t products = one_b ? 1 : static_cast<int64_t>(p.a_batch.size());
-  const int64_t rows = one_b ? y.numel() / p.n : p.m;
+  const int64_t rows = one_b ? y.numel() / p.N : p.M;
   std::vector<float> multipliers(static_cast<size_t>(scales.values.size()));
   for (size_t i = 0; i < multipliers.size(); ++i) multipliers[i] = a_scale * scales.values[i];
-  std::vector<int32_t> zb_cols(zeros.per_column() ? static_cast<size_t>(p.n) : 0);
+  std::vector<int32_t> zb_cols(zeros.per_column() ? static_cast<size_t>(p.N) : 0);
   for (int64_t bi = 0; bi < products; ++bi) {
     const int64_t ab = one_b ? 0 : p.a_batch[static_cast<size_t>(bi)];
     const int64_t bb = one_b ? 0 : p.b_batch[static_cast<size_t>(bi)];
@@ -190,7 +144,7 @@ void matmul_to_float(OpContext& ctx, const uint8_t* a, bool a_signed, const Shap
     o.a_zero = a_zero;
     if (zeros.per_column()) {
       const float* z = zeros.of(bb);
-      for (int64_t j = 0; j < p.n; ++j)
+      for (int64_t j = 0; j < p.N; ++j)
         zb_cols[static_cast<size_t>(j)] = static_cast<int32_t>(z[j]);
       o.b_zeros = zb_cols.data();
     } else {
@@ -201,14 +155,14 @@ void matmul_to_float(OpContext& ctx, const uint8_t* a, bool a_signed, const Shap
                                   ? bb * scales.per_matrix
                                   : 0);
     const math::QGemmOutput out =
-        math::QGemmOutput::to_float(py + bi * p.m * p.n, p.n, mult, scales.per_column(),
+        math::QGemmOutput::to_float(py + bi * p.M * p.N, p.N, mult, scales.per_column(),
                                     bias ? bias->data<const float>() : nullptr);
     const math::QMatrixView av =
-        math::QMatrixView::row_major(a + ab * p.m * p.k, rows, p.k, p.k, a_signed);
+        math::QMatrixView::row_major(a + ab * p.M * p.K, rows, p.K, p.K, a_signed);
     if (use_packed) {
       math::qgemm(av, packed.view, out, o);
     } else {
-      math::qgemm(av, math::QMatrixView::row_major(bd + bb * p.k * p.n, p.k, p.n, p.n, b_signed),
+      math::qgemm(av, math::QMatrixView::row_major(bd + bb * p.K * p.N, p.K, p.N, p.N, b_signed),
                   out, o);
     }
   }
