@@ -250,12 +250,11 @@ class QLinearLookup final : public Kernel {
     const QParam qx = read_qparam(ctx, 1, 2, x.dtype(), "X");
     const QParam qy = read_qparam(ctx, 3, 4, x.dtype(), "Y");
     Table table{};
-    const float alpha = alpha_;
-    auto f = [alpha](float v) {
+    auto f = [&](float v) {
       if constexpr (kKind == LookupKind::Sigmoid) {
         return 1.0f / (1.0f + std::exp(-v));
       } else {
-        return v >= 0.0f ? v : alpha * v;
+        return v >= 0.0f ? v : alpha_ * v;
       }
     };
     dispatch(TypeList<uint8_t, int8_t>{}, x.dtype(),
