@@ -372,8 +372,15 @@ PackedA PackedA::rows(int64_t r0, int64_t m) const {
   return v;
 }
 
-void sgemm(const PackedA& a, int64_t n, const BPacker& pack_b, float* c, int64_t ldc,
-           const GemmOptions& o) {
+namespace {
+
+// The products of a packed A: its checks and empty cases, then `block(g, m0, m1, n0, n1)` over
+// the tasks. Columns are split when B is the larger operand (each task then lowers only its
+// own part of B), rows when A is (a large filter over a small image: each task then reads
+// only its own part of A, and B, lowered by both, is small).
+template <typename Block>
+void run_packed_a(const PackedA& a, int64_t n, float* c, int64_t ldc, const GemmOptions& o,
+                  Block&& block) {
   const GemmKernels& g = table_of(o).gemm;
   if (a.mr() != g.mr) {
     throw Error(ErrorKind::Runtime, "sgemm: A was packed for tiles of " + std::to_string(a.mr()) +
@@ -385,32 +392,26 @@ void sgemm(const PackedA& a, int64_t n, const BPacker& pack_b, float* c, int64_t
   if (k == 0) return empty_product(m, n, c, ldc, o);
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   const int tasks = task_count(work, o.max_threads);
-  // Columns when B is the larger operand: each task then lowers only its own part of B.
-  // Rows when A is (a large filter over a small image): each task then reads only its own
-  // part of A, and B, lowered by both, is small.
   run_split(split_for(tasks, m, n, g.mr, g.nr, SplitPolicy::LargerOperand), m, n, g.mr, g.nr,
-            [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-              run_packed_a_block(g, a, pack_b, c, ldc, o, m0, m1, n0, n1);
-            });
+            [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) { block(g, m0, m1, n0, n1); });
+}
+
+}  // namespace
+
+void sgemm(const PackedA& a, int64_t n, const BPacker& pack_b, float* c, int64_t ldc,
+           const GemmOptions& o) {
+  run_packed_a(a, n, c, ldc, o,
+               [&](const GemmKernels& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+                 run_packed_a_block(g, a, pack_b, c, ldc, o, m0, m1, n0, n1);
+               });
 }
 
 void sgemm_indirect(const PackedA& a, int64_t n, const float* const* b_rows, float* c, int64_t ldc,
                     const GemmOptions& o) {
-  const GemmKernels& g = table_of(o).gemm;
-  if (a.mr() != g.mr) {
-    throw Error(ErrorKind::Runtime, "sgemm: A was packed for tiles of " + std::to_string(a.mr()) +
-                                        " rows, the kernels use " + std::to_string(g.mr));
-  }
-  if (o.alpha != 1.0f) throw Error(ErrorKind::Runtime, "sgemm: a packed A takes no alpha");
-  const int64_t m = a.m(), k = a.k();
-  if (m == 0 || n == 0) return;
-  if (k == 0) return empty_product(m, n, c, ldc, o);
-  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  const int tasks = task_count(work, o.max_threads);
-  run_split(split_for(tasks, m, n, g.mr, g.nr, SplitPolicy::LargerOperand), m, n, g.mr, g.nr,
-            [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-              run_indirect_block(g, a, b_rows, c, ldc, o, m0, m1, n0, n1);
-            });
+  run_packed_a(a, n, c, ldc, o,
+               [&](const GemmKernels& g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+                 run_indirect_block(g, a, b_rows, c, ldc, o, m0, m1, n0, n1);
+               });
 }
 
 int64_t PackedB::packed_floats(int64_t k, int64_t n, int nr) {
