@@ -32,6 +32,17 @@ namespace kiln::ops {
 namespace sdpa {
 namespace {
 
+template <typename D, typename S>
+D convert_value(S v) {
+  if constexpr (std::is_same_v<D, float16> || std::is_same_v<D, bfloat16>) {
+    return D(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<S, float16> || std::is_same_v<S, bfloat16>) {
+    return static_cast<D>(static_cast<float>(v));
+  } else {
+    return static_cast<D>(v);
+  }
+}
+
 // Query rows per task: a multiple of every level's GEMM tile height (12, 6), so no block ends
 // in a short tile.
 constexpr int64_t kBlockRows = 60;
@@ -400,30 +411,6 @@ void solve(OpContext&, Problem<double>& p) {
   run_problem(p);
 }
 
-}  // namespace sdpa
-
-namespace {
-
-using sdpa::append_cache;
-using sdpa::heads_view;
-using sdpa::kPosLimit;
-using sdpa::Layout;
-using sdpa::layout_of;
-using sdpa::MaskKind;
-using sdpa::Problem;
-
-template <typename D, typename S>
-D convert_value(S v) {
-  if constexpr (std::is_same_v<D, float16> || std::is_same_v<D, bfloat16>) {
-    return D(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<S, float16> || std::is_same_v<S, bfloat16>) {
-    return static_cast<D>(static_cast<float>(v));
-  } else {
-    return static_cast<D>(v);
-  }
-}
-
-// dst = src with element conversion between float types (same shape, any layouts).
 void convert_into(const Tensor& src, const Tensor& dst) {
   dispatch(FloatTypes{}, src.dtype(), [&]<typename S>() {
     dispatch(FloatTypes{}, dst.dtype(), [&]<typename D>() {
@@ -431,6 +418,20 @@ void convert_into(const Tensor& src, const Tensor& dst) {
     });
   });
 }
+
+}  // namespace sdpa
+
+namespace {
+
+using sdpa::append_cache;
+using sdpa::convert_into;
+using sdpa::convert_value;
+using sdpa::heads_view;
+using sdpa::kPosLimit;
+using sdpa::Layout;
+using sdpa::layout_of;
+using sdpa::MaskKind;
+using sdpa::Problem;
 
 // A 4-D tensor the GEMMs can map: element type `want`, unit stride along the last axis and a
 // positive row stride. Returns `t` itself when it already is one.

@@ -70,6 +70,9 @@ struct Problem {
   int64_t kpack_size = 0, vpack_size = 0;  // floats per (batch, KV head)
 };
 
+// dst = src with element conversion between float types (same shape, any layouts).
+void convert_into(const Tensor& src, const Tensor& dst);
+
 // Computes p.y (and p.qk); float problems with long query blocks pack K and V once into
 // scratch from `ctx`.
 void solve(OpContext& ctx, Problem<float>& p);

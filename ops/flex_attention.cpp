@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/attention_core.h"
 #include "ops/common.h"
 #include "ops/elementwise.h"
 #include "ops/math/gemm.h"
@@ -21,25 +22,7 @@
 namespace kiln::ops {
 namespace {
 
-template <typename D, typename S>
-D convert_value(S v) {
-  if constexpr (std::is_same_v<D, float16> || std::is_same_v<D, bfloat16>) {
-    return D(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<S, float16> || std::is_same_v<S, bfloat16>) {
-    return static_cast<D>(static_cast<float>(v));
-  } else {
-    return static_cast<D>(v);
-  }
-}
-
-// dst = src with element conversion between float types (same shape, any layouts).
-void convert_into(const Tensor& src, const Tensor& dst) {
-  dispatch(FloatTypes{}, src.dtype(), [&]<typename S>() {
-    dispatch(FloatTypes{}, dst.dtype(), [&]<typename D>() {
-      unary_loop<S, D>(src, dst, [](S v) { return convert_value<D>(v); });
-    });
-  });
-}
+using sdpa::convert_into;
 
 // Runs product(i) for i in [0, heads), each a matrix product of `macs` multiply-adds: one
 // single-threaded product per head when there are enough heads for every task, else one
