@@ -391,6 +391,19 @@ def small_section(runner, args, tmp):
     return ("Per-node cost: tiny ops", desc, rows, "model")
 
 
+
+def gpt2_step_inputs(cfg, plen, rng):
+    """One decoding step's inputs for a GPT-2 with `plen` cached positions (random caches)."""
+    layers, heads, d = cfg["n_layer"], cfg["n_head"], cfg["n_embd"]
+    arrays = {"input_ids": np.array([[int(rng.integers(0, cfg["vocab_size"]))]], np.int64),
+              "attention_mask": np.ones((1, plen + 1), np.int64),
+              "position_ids": np.array([[plen]], np.int64)}
+    for layer in range(layers):
+        for kind in ("key", "value"):
+            arrays[f"past_key_values.{layer}.{kind}"] = rng.standard_normal(
+                (1, heads, plen, d // heads), np.float32)
+    return arrays
+
 def gpt2_section(runner, args, tmp, past_lens):
     """One decode step of the real-size GPT-2 at each past length, with the bytes read per step
     (weights + KV cache) over the median time."""
@@ -404,13 +417,7 @@ def gpt2_section(runner, args, tmp, past_lens):
     rng = np.random.default_rng(2)
     rows = []
     for plen in past_lens:
-        arrays = {"input_ids": np.array([[int(rng.integers(0, cfg["vocab_size"]))]], np.int64),
-                  "attention_mask": np.ones((1, plen + 1), np.int64),
-                  "position_ids": np.array([[plen]], np.int64)}
-        for layer in range(layers):
-            for kind in ("key", "value"):
-                arrays[f"past_key_values.{layer}.{kind}"] = rng.standard_normal(
-                    (1, heads, plen, d // heads), np.float32)
+        arrays = gpt2_step_inputs(cfg, plen, rng)
         arrays = {k: v for k, v in arrays.items() if k in declared}
         missing = set(declared) - set(arrays)
         if missing:
@@ -489,13 +496,7 @@ def gpt2_int4_section(runner, args, tmp, past_lens):
     rng = np.random.default_rng(2)
     rows = []
     for plen in past_lens:
-        arrays = {"input_ids": np.array([[int(rng.integers(0, cfg["vocab_size"]))]], np.int64),
-                  "attention_mask": np.ones((1, plen + 1), np.int64),
-                  "position_ids": np.array([[plen]], np.int64)}
-        for layer in range(layers):
-            for kind in ("key", "value"):
-                arrays[f"past_key_values.{layer}.{kind}"] = rng.standard_normal(
-                    (1, heads, plen, d // heads), np.float32)
+        arrays = gpt2_step_inputs(cfg, plen, rng)
         idir = write_inputs(os.path.join(tmp, f"gpt2-int4-{plen}"), arrays)
         kv_bytes = sum(v.nbytes for k, v in arrays.items() if k.startswith("past_key_values."))
         for t in args.threads:
