@@ -49,6 +49,27 @@ struct BF16 {
 // `ColdA`, `ColdB`: A or B is a packed constant streaming from memory (a cold filter or
 // weight matrix), fetched ahead. `Nv`: vectors of columns computed (one for a narrow edge
 // tile of at most kLanes columns, which then costs half a full one).
+// Writes (or, with `accumulate`, adds) a Rows x Nv-vector tile of sums to C; without Full,
+// only `cols` columns.
+template <int Rows, bool Full, int Nv>
+inline void store_tile(const VF (&acc)[Rows][Nv], float* c, int64_t ldc, int cols,
+                       bool accumulate) {
+#pragma GCC unroll 16
+  for (int r = 0; r < Rows; ++r) {
+    float* cr = c + r * ldc;
+#pragma GCC unroll 4
+    for (int v = 0; v < Nv; ++v) {
+      const int left = Full ? kLanes : cols - v * kLanes;
+      if (left >= kLanes) {
+        vstore(cr + v * kLanes, accumulate ? vadd(vload(cr + v * kLanes), acc[r][v]) : acc[r][v]);
+      } else if (left > 0) {
+        const VF old = accumulate ? vload_partial(cr + v * kLanes, left) : vzero();
+        vstore_partial(cr + v * kLanes, vadd(old, acc[r][v]), left);
+      }
+    }
+  }
+}
+
 template <int Rows, bool Full, typename B, bool ColdA = false, bool ColdB = false, int Nv = kGemmNv>
 inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
                       int64_t ldc, int cols, bool accumulate) {
@@ -84,20 +105,7 @@ inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t
     a += kGemmMr;
     b += ldb;
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < Rows; ++r) {
-    float* cr = c + r * ldc;
-#pragma GCC unroll 4
-    for (int v = 0; v < Nv; ++v) {
-      const int left = Full ? kLanes : cols - v * kLanes;
-      if (left >= kLanes) {
-        vstore(cr + v * kLanes, accumulate ? vadd(vload(cr + v * kLanes), acc[r][v]) : acc[r][v]);
-      } else if (left > 0) {
-        const VF old = accumulate ? vload_partial(cr + v * kLanes, left) : vzero();
-        vstore_partial(cr + v * kLanes, vadd(old, acc[r][v]), left);
-      }
-    }
-  }
+  store_tile<Rows, Full, Nv>(acc, c, ldc, cols, accumulate);
 }
 
 template <int Rows, typename B, bool ColdA, bool ColdB>
@@ -204,20 +212,7 @@ inline void gemm_tile_indirect(int64_t k, const float* a, const float* const* b_
     }
     a += kGemmMr;
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < Rows; ++r) {
-    float* cr = c + r * ldc;
-#pragma GCC unroll 4
-    for (int v = 0; v < Nv; ++v) {
-      const int left = Full ? kLanes : cols - v * kLanes;
-      if (left >= kLanes) {
-        vstore(cr + v * kLanes, accumulate ? vadd(vload(cr + v * kLanes), acc[r][v]) : acc[r][v]);
-      } else if (left > 0) {
-        const VF old = accumulate ? vload_partial(cr + v * kLanes, left) : vzero();
-        vstore_partial(cr + v * kLanes, vadd(old, acc[r][v]), left);
-      }
-    }
-  }
+  store_tile<Rows, Full, Nv>(acc, c, ldc, cols, accumulate);
 }
 
 template <int Rows>
