@@ -18,6 +18,41 @@ inline int64_t first_at_least(int64_t base, int64_t s, int64_t limit) {
   return need <= 0 ? 0 : (need + s - 1) / s;
 }
 
+// The output [N, C, image...] of a Col2Im of `x` [N, C * prod(block_shape), L], after checking
+// that x holds one column per position of the block grid (the windows of block_shape sliding
+// over the padded image). The kernel and the shape rule both use it.
+Shape col2im_shape(const Shape& x, const std::vector<int64_t>& image,
+                   const std::vector<int64_t>& block, const WindowAttrs& window) {
+  const size_t r = image.size();
+  if (r == 0 || r > 3 || block.size() != r) {
+    throw Error(r > 3 ? ErrorKind::Unsupported : ErrorKind::Runtime,
+                "image_shape and block_shape must have the same length, 1 to 3");
+  }
+  if (x.size() != 3)
+    throw Error(ErrorKind::Runtime, "input must be 3-D, got " + shape_to_string(x));
+  int64_t kp = 1, positions = 1;
+  for (const WindowAxis& a : forward_windows(image, block, window)) {
+    // A product that overflows cannot match the input's sizes.
+    if (__builtin_mul_overflow(kp, a.kernel, &kp) ||
+        __builtin_mul_overflow(positions, a.out, &positions)) {
+      kp = positions = -1;
+      break;
+    }
+  }
+  if (kp < 0 || x[1] % kp != 0 || x[2] != positions) {
+    throw Error(ErrorKind::Runtime,
+                "input " + shape_to_string(x) + " does not match block_shape and image_shape");
+  }
+  Shape shape{x[0], x[1] / kp};
+  shape.insert(shape.end(), image.begin(), image.end());
+  check_output_elements(shape);
+  return shape;
+}
+
+void col2im_shape_rule(ShapeContext& c) {
+  c.set(0, c.dtype(0), col2im_shape(c.shape(0), c.data(1), c.data(2), window_attrs(c.node())));
+}
+
 class Col2Im final : public Kernel {
  public:
   explicit Col2Im(const NodeInfo& info) : window_(window_attrs(info.node())) {}
@@ -26,37 +61,21 @@ class Col2Im final : public Kernel {
     const Tensor& x = ctx.input(0);
     const std::vector<int64_t> image = to_int64s(ctx.input(1));
     const std::vector<int64_t> block = to_int64s(ctx.input(2));
-    const size_t r = image.size();
-    if (r == 0 || r > 3 || block.size() != r) {
-      ctx.fail("image_shape and block_shape must have the same length, 1 to 3",
-               r > 3 ? ErrorKind::Unsupported : ErrorKind::Runtime);
-    }
-    if (x.rank() != 3) ctx.fail("input must be 3-D, got " + x.describe());
+    const Shape shape = col2im_shape(x.shape(), image, block, window_);
     // The block grid is the windows of block_shape sliding over the padded image.
     const std::vector<WindowAxis> axes = forward_windows(image, block, window_);
     // Three dimensions: image (out), block grid (grid), kernel (k); leading ones are 1.
     std::array<int64_t, 3> out{1, 1, 1}, grid{1, 1, 1}, k{1, 1, 1}, st{1, 1, 1}, dil{1, 1, 1},
         pad{0, 0, 0};
-    int64_t kp = 1, positions = 1;
+    const size_t r = image.size();
     for (size_t d = 0; d < r; ++d) {
       const WindowAxis& a = axes[d];
       const size_t i = 3 - r + d;
       out[i] = a.in, grid[i] = a.out, k[i] = a.kernel;
       st[i] = a.stride, dil[i] = a.dilation, pad[i] = a.pad_begin;
-      // A product that overflows cannot match the input's sizes.
-      if (__builtin_mul_overflow(kp, k[i], &kp) ||
-          __builtin_mul_overflow(positions, grid[i], &positions)) {
-        kp = positions = -1;
-        break;
-      }
     }
-    if (kp < 0 || x.dim(1) % kp != 0 || x.dim(2) != positions) {
-      ctx.fail("input " + x.describe() + " does not match block_shape and image_shape");
-    }
-    const int64_t n = x.dim(0), channels = x.dim(1) / kp;
-    Shape shape{n, channels};
-    shape.insert(shape.end(), image.begin(), image.end());
-    check_output_elements(shape);
+    const int64_t kp = k[0] * k[1] * k[2], positions = grid[0] * grid[1] * grid[2];
+    const int64_t n = shape[0], channels = shape[1];
     const int64_t op = out[0] * out[1] * out[2];
     using Types = FloatTypes;
     dispatch(Types{}, x.dtype(), [&]<typename T>() {
@@ -110,6 +129,7 @@ KILN_REGISTER_OP({.op = "Col2Im",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
+                  .shape = col2im_shape_rule,
                   .create = make<Col2Im>});
 
 }  // namespace kiln::ops

@@ -699,13 +699,7 @@ class Conv final : public Kernel {
 };
 
 Shape conv_output_shape(const ShapeContext& c) {
-  const Shape& x = c.shape(0);
-  const Shape& w = c.shape(1);
-  if (x.size() < 3 || w.size() != x.size()) unknown("ranks of X and W");
-  const WindowAttrs a = window_attrs(c.node());
-  check_window_ranks(a, x.size() - 2);
-  const std::vector<int64_t> kernel = conv_kernel(a, spatial_dims(w));
-  return windowed_shape(x[0], w[0], forward_windows(spatial_dims(x), kernel, a));
+  return ops::conv_output_shape(c.shape(0), c.shape(1), window_attrs(c.node()));
 }
 
 void conv_shape(ShapeContext& c) {

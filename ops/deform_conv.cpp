@@ -212,6 +212,10 @@ class DeformConv final : public Kernel {
   WindowAttrs window_;
 };
 
+void deform_conv_shape(ShapeContext& c) {
+  c.set(0, c.dtype(0), conv_output_shape(c.shape(0), c.shape(1), window_attrs(c.node())));
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "DeformConv",
@@ -221,6 +225,7 @@ KILN_REGISTER_OP({.op = "DeformConv",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16 (2-D only)",
+                  .shape = deform_conv_shape,
                   .create = make<DeformConv>});
 
 }  // namespace kiln::ops

@@ -279,4 +279,14 @@ Windows3 right_aligned(const std::vector<WindowAxis>& axes) {
   return g;
 }
 
+Shape conv_output_shape(const Shape& x, const Shape& w, const WindowAttrs& a) {
+  if (x.size() < 3 || w.size() != x.size()) {
+    fail(ErrorKind::Runtime, "X " + shape_to_string(x) + " and W " + shape_to_string(w) +
+                                 " must have the same rank, at least 3");
+  }
+  check_window_ranks(a, x.size() - 2);
+  const std::vector<int64_t> kernel = conv_kernel(a, spatial_dims(w));
+  return windowed_shape(x[0], w[0], forward_windows(spatial_dims(x), kernel, a));
+}
+
 }  // namespace kiln::ops

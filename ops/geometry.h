@@ -112,6 +112,11 @@ Windows3 right_aligned(const std::vector<WindowAxis>& axes);
 // [batch, channels, out...], its element count checked with check_output_elements.
 Shape windowed_shape(int64_t batch, int64_t channels, const std::vector<WindowAxis>& axes);
 
+// The output shape of a convolution of `x` [N, C, spatial...] by a weight `w` [M, C/group,
+// kernel...] (Conv, ConvInteger, QLinearConv, DeformConv): [N, M, out...]. The kernels and
+// the shape rules both use it.
+Shape conv_output_shape(const Shape& x, const Shape& w, const WindowAttrs& a);
+
 // The sizes after batch and channels: a window op's spatial axes.
 inline std::span<const int64_t> spatial_dims(const Shape& shape) {
   return std::span<const int64_t>(shape).subspan(std::min<size_t>(2, shape.size()));

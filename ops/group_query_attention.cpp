@@ -367,7 +367,7 @@ void group_query_attention_shape(ShapeContext& c) {
 // them and they already have the present's shape (see GroupQueryAttention::present).
 void place_group_query_attention(Placement& p) {
   const ir::Node& node = p.node();
-  p.allocate(0);
+  // In the kernel's order: the presents, then the output.
   for (size_t o : {size_t{1}, size_t{2}}) {
     if (o >= node.outputs.size() || node.outputs[o] == ir::kNoValue) continue;
     const size_t in = o + 2;
@@ -378,6 +378,7 @@ void place_group_query_attention(Placement& p) {
       p.allocate(o);
     }
   }
+  p.allocate(0);
 }
 
 }  // namespace

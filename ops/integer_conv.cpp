@@ -368,6 +368,17 @@ class QLinearConv final : public Kernel {
   std::shared_ptr<const Tensor> filters_;
 };
 
+// ConvInteger: int32 sums of the convolution's shape.
+void conv_integer_shape(ShapeContext& c) {
+  c.set(0, DataType::Int32, conv_output_shape(c.shape(0), c.shape(1), window_attrs(c.node())));
+}
+
+// QLinearConv: X is input 0 and W input 3; the output has y_zero_point's type.
+void qlinear_conv_shape(ShapeContext& c) {
+  c.set(0, c.has(7) ? c.dtype(7) : c.dtype(0),
+        conv_output_shape(c.shape(0), c.shape(3), window_attrs(c.node())));
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "ConvInteger",
@@ -377,6 +388,7 @@ KILN_REGISTER_OP({.op = "ConvInteger",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "uint8, int8 -> int32",
+                  .shape = conv_integer_shape,
                   .create = make<ConvInteger>});
 KILN_REGISTER_OP({.op = "QLinearConv",
                   .since = 10,
@@ -385,6 +397,7 @@ KILN_REGISTER_OP({.op = "QLinearConv",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "uint8, int8 with float scales, int32 bias",
+                  .shape = qlinear_conv_shape,
                   .create = make<QLinearConv>});
 
 }  // namespace kiln::ops

@@ -10,37 +10,69 @@
 namespace kiln::ops {
 namespace {
 
+// MaxPool's kernel, strides and pads: MaxUnpool has no dilations or automatic padding.
+WindowAttrs unpool_window(const ir::Node& node) {
+  const WindowAttrs all = window_attrs(node);
+  WindowAttrs a;
+  a.kernel_shape = all.kernel_shape;
+  a.strides = all.strides;
+  a.pads = all.pads;
+  if (a.kernel_shape.empty()) throw Error(ErrorKind::InvalidModel, "kernel_shape is required");
+  check_window_ranks(a, a.kernel_shape.size());
+  return a;
+}
+
+// The output shape: that of MaxPool's input, each window of X scattered back (`inferred`,
+// the space the indices address), or the explicit output_shape `asked`, which may only add
+// room at the end of each spatial dimension. The kernel and the shape rule both use it.
+Shape unpool_shape(const Shape& x, const WindowAttrs& window, const std::vector<int64_t>* asked,
+                   Shape* inferred) {
+  if (x.size() != window.kernel_shape.size() + 2) {
+    throw Error(ErrorKind::Runtime, "input " + shape_to_string(x) + " does not match kernel_shape");
+  }
+  *inferred =
+      windowed_shape(x[0], x[1], transposed_windows(spatial_dims(x), window.kernel_shape, window));
+  Shape shape = *inferred;
+  if (asked) {
+    shape = *asked;
+    if (shape.size() != x.size()) {
+      throw Error(ErrorKind::Runtime,
+                  "output_shape must have " + std::to_string(x.size()) + " values");
+    }
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (shape[d] < (*inferred)[d] || (d < 2 && shape[d] != (*inferred)[d])) {
+        throw Error(ErrorKind::Runtime, "output_shape " + shape_to_string(shape) +
+                                            " is smaller than the unpooled " +
+                                            shape_to_string(*inferred));
+      }
+    }
+  }
+  check_output_elements(shape);
+  return shape;
+}
+
+void unpool_shape_rule(ShapeContext& c) {
+  Shape inferred;
+  c.set(0, c.dtype(0),
+        unpool_shape(c.shape(0), unpool_window(c.node()), c.has(2) ? &c.data(2) : nullptr,
+                     &inferred));
+}
+
 class MaxUnpool final : public Kernel {
  public:
-  explicit MaxUnpool(const NodeInfo& info) : window_(unpool_window(info)) {}
+  explicit MaxUnpool(const NodeInfo& info) : window_(unpool_window(info.node())) {}
 
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Tensor& ind = ctx.input(1);
-    const size_t r = window_.kernel_shape.size();
-    if (x.rank() != r + 2) ctx.fail("input " + x.describe() + " does not match kernel_shape");
     if (ind.dtype() != DataType::Int64 || ind.shape() != x.shape()) {
       ctx.fail("indices " + ind.describe() + " must be int64 with the shape of " + x.describe());
     }
-    // Indices address the shape MaxPool's input had: each window scattered back. An
-    // explicit output_shape may only add room at the end of each dimension.
-    const Shape inferred =
-        windowed_shape(x.dim(0), x.dim(1),
-                       transposed_windows(spatial_dims(x.shape()), window_.kernel_shape, window_));
-    Shape shape = inferred;
-    if (ctx.has_input(2)) {
-      shape = to_int64s(ctx.input(2));
-      if (shape.size() != x.rank()) {
-        ctx.fail("output_shape must have " + std::to_string(x.rank()) + " values");
-      }
-      for (size_t d = 0; d < shape.size(); ++d) {
-        if (shape[d] < inferred[d] || (d < 2 && shape[d] != inferred[d])) {
-          ctx.fail("output_shape " + shape_to_string(shape) + " is smaller than the unpooled " +
-                   shape_to_string(inferred));
-        }
-      }
-    }
-    check_output_elements(shape);
+    Shape inferred;
+    std::vector<int64_t> asked;
+    if (ctx.has_input(2)) asked = to_int64s(ctx.input(2));
+    const Shape shape =
+        unpool_shape(x.shape(), window_, ctx.has_input(2) ? &asked : nullptr, &inferred);
     const int64_t limit = shape_numel(inferred);
     dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
       Tensor& y = ctx.output(0, x.dtype(), shape);
@@ -66,18 +98,6 @@ class MaxUnpool final : public Kernel {
   }
 
  private:
-  // MaxPool's kernel, strides and pads: MaxUnpool has no dilations or automatic padding.
-  static WindowAttrs unpool_window(const NodeInfo& info) {
-    const WindowAttrs all = window_attrs(info.node());
-    WindowAttrs a;
-    a.kernel_shape = all.kernel_shape;
-    a.strides = all.strides;
-    a.pads = all.pads;
-    if (a.kernel_shape.empty()) info.fail("kernel_shape is required");
-    check_window_ranks(a, a.kernel_shape.size());
-    return a;
-  }
-
   WindowAttrs window_;
 };
 
@@ -90,6 +110,7 @@ KILN_REGISTER_OP({.op = "MaxUnpool",
                   .min_outputs = 1,
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
+                  .shape = unpool_shape_rule,
                   .create = make<MaxUnpool>});
 
 }  // namespace kiln::ops

@@ -128,8 +128,14 @@ class PackedAttention final : public Kernel {
     const Mask mask = mask_of(ctx, z);
     const BiasPlanes attn_bias = attention_bias(ctx, z);
 
-    // The projection, [B*S, Dq+Dk+Dv].
-    Tensor qkv = ctx.allocate(DataType::Float, {z.batch * z.seq, cols});
+    // The outputs, then the projection [B*S, Dq+Dk+Dv] as the workspace, in the order the
+    // contract states them (outputs 0 and 1, then packed_attention_workspace).
+    Tensor& out = ctx.output(0, DataType::Float, {z.batch, z.seq, z.dv});
+    Tensor present;
+    if (ctx.has_output(1)) present = ctx.output(1, DataType::Float, present_shape(z));
+    const int64_t rows = z.batch * z.seq;
+    Tensor qkv = rows * cols > 0 ? ctx.workspace(DataType::Float, rows * cols)
+                                 : ctx.allocate(DataType::Float, {rows, cols});
     math::GemmOptions opt;
     opt.bias = bias;
     if (quantized_) {
@@ -146,11 +152,8 @@ class PackedAttention final : public Kernel {
     // K and V of every key: in the projection, or in present (past followed by this step's).
     const float* pq = qkv.data<const float>();
     KeyValues kv{pq + z.dq, pq + z.dq + z.dk, cols, z.seq * cols, z.hq(), 0};
-    Tensor present;
     if (past || ctx.has_output(1)) kv = with_past(ctx, z, past, pq, cols, present);
-
-    Tensor& out = ctx.output(0, DataType::Float, {z.batch, z.seq, z.dv});
-    if (z.batch * z.seq == 0) return;
+    if (rows == 0) return;
     const float scale = scale_ != 0 ? scale_ : 1.0f / std::sqrt(static_cast<float>(z.hq()));
     float* po = out.data<float>();
     parallel_for(z.batch * heads_, 1, [&](int64_t t0, int64_t t1) {
@@ -283,13 +286,14 @@ class PackedAttention final : public Kernel {
     return {a.data<const float>(), a.dim(0) == 1 ? 0 : a.dim(1) * plane, a.dim(1) == 1 ? 0 : plane};
   }
 
-  // present = past followed by this step's K and V ([2, B, N, T, H]); an output when asked.
+  Shape present_shape(const Sizes& z) const { return {2, z.batch, heads_, z.total, z.hq()}; }
+
+  // present = past followed by this step's K and V ([2, B, N, T, H]): output 1 when the node
+  // has it (already allocated), else scratch.
   KeyValues with_past(OpContext& ctx, const Sizes& z, const Tensor* past, const float* pq,
                       int64_t cols, Tensor& present) const {
     const int64_t hk = z.hq();
-    const Shape shape{2, z.batch, heads_, z.total, hk};
-    present = ctx.has_output(1) ? ctx.output(1, DataType::Float, shape)
-                                : ctx.allocate(DataType::Float, shape);
+    if (!present.defined()) present = ctx.allocate(DataType::Float, present_shape(z));
     float* pp = present.data<float>();
     const float* old = past ? past->data<const float>() : nullptr;
     const int64_t plane = z.total * hk, half = z.batch * heads_ * plane;
@@ -407,6 +411,15 @@ void packed_attention_shape(ShapeContext& c) {
   }
 }
 
+// The projection's workspace: [B*S, Dq+Dk+Dv] floats.
+uint64_t packed_attention_workspace(const ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  const Shape& w = c.shape(1);
+  if (x.size() != 3 || w.size() != 2) unknown("input or weights of another rank");
+  const int64_t n = numel_or_unknown({x[0], x[1], w[1]});
+  return static_cast<uint64_t>(n) * sizeof(float);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.domain = "com.microsoft",
@@ -418,6 +431,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .max_outputs = 2,
                   .types = "float",
                   .shape = packed_attention_shape,
+                  .workspace = packed_attention_workspace,
                   .create = make<PackedAttention>});
 
 KILN_REGISTER_OP({.domain = "com.microsoft",
@@ -429,6 +443,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .max_outputs = 2,
                   .types = "uint8 input; uint8, int8 weights -> float",
                   .shape = packed_attention_shape,
+                  .workspace = packed_attention_workspace,
                   .create = make_qattention});
 
 }  // namespace kiln::ops

@@ -414,6 +414,7 @@ KILN_REGISTER_OP({.op = "SequenceMap",
                   .min_inputs = 1,
                   .strided_inputs = true,
                   .types = "any",
+                  .shape = sequence_shape,
                   .create = make<SequenceMap>});
 KILN_REGISTER_OP({.op = "Optional",
                   .since = 15,

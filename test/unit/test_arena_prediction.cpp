@@ -4,6 +4,7 @@
 // Scan included) and the merged Whisper decoder: the first run is served wholly by the
 // predicted layout (no request misses it) and the layout recorded from it, which serves the
 // second run, is the same size.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -137,6 +138,42 @@ Comparison compare_runs(Session& s, const std::string& name, Feeds feeds) {
 
 }  // namespace
 
+namespace {
+
+// The comparison of compare_runs on the model of a folder holding model.onnx and
+// test_data_set_0/input_K.pb (the backend's node cases, the committed models' test sets),
+// its inputs given by move as fresh tensors each run. Throws what loading or running throws.
+Comparison compare_case(const fs::path& dir, const std::string& name, bool* has_nested) {
+  const fs::path model_path = dir / "model.onnx";
+  const fs::path set = dir / "test_data_set_0";
+  LoadStats ls;
+  const ir::Model m = proto::load_model_file(model_path.string(), ls);
+  if (has_nested) *has_nested = has_nested_graphs(*m.graph);
+  std::vector<std::pair<std::string, ir::TypeInfo>> inputs;
+  for (ir::ValueId id : m.graph->inputs)
+    inputs.push_back({m.graph->value(id).name, m.graph->value(id).type});
+  SessionOptions so;
+  so.environment = std::make_shared<Environment>(1);
+  Session s(model_path.string(), so);
+  auto feeds = [&] {
+    std::vector<NamedValue> v;
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const fs::path file = set / ("input_" + std::to_string(k) + ".pb");
+      if (fs::exists(file))
+        v.push_back(
+            {inputs[k].first, proto::read_value_file(file.string(), inputs[k].second, nullptr)});
+    }
+    return v;
+  };
+  return compare_runs(s, name, feeds);
+}
+
+bool is_case(const fs::path& dir) {
+  return fs::exists(dir / "model.onnx") && fs::is_directory(dir / "test_data_set_0");
+}
+
+}  // namespace
+
 TEST_CASE(
     "arenas planned from shapes equal the recorded ones on the node cases, If, Loop and "
     "Scan included",
@@ -149,32 +186,11 @@ TEST_CASE(
   int ran = 0, predicted = 0, nested = 0, nested_predicted = 0;
   std::vector<std::string> wrong, nested_not_predicted;
   for (const auto& entry : fs::directory_iterator(root / "node")) {
-    const fs::path model_path = entry.path() / "model.onnx";
-    const fs::path set = entry.path() / "test_data_set_0";
-    if (!fs::exists(model_path) || !fs::is_directory(set)) continue;
+    if (!is_case(entry.path())) continue;
     const std::string name = entry.path().filename().string();
     try {
-      LoadStats ls;
-      const ir::Model m = proto::load_model_file(model_path.string(), ls);
-      const bool has_nested = has_nested_graphs(*m.graph);
-      std::vector<std::pair<std::string, ir::TypeInfo>> inputs;
-      for (ir::ValueId id : m.graph->inputs)
-        inputs.push_back({m.graph->value(id).name, m.graph->value(id).type});
-      SessionOptions so;
-      so.environment = std::make_shared<Environment>(1);
-      Session s(model_path.string(), so);
-      // The case's inputs, given by move as fresh tensors each run.
-      auto feeds = [&] {
-        std::vector<NamedValue> v;
-        for (size_t k = 0; k < inputs.size(); ++k) {
-          const fs::path file = set / ("input_" + std::to_string(k) + ".pb");
-          if (fs::exists(file))
-            v.push_back({inputs[k].first,
-                         proto::read_value_file(file.string(), inputs[k].second, nullptr)});
-        }
-        return v;
-      };
-      const Comparison c = compare_runs(s, name, feeds);
+      bool has_nested = false;
+      const Comparison c = compare_case(entry.path(), name, &has_nested);
       ++ran;
       predicted += c.predicted ? 1 : 0;
       nested += has_nested ? 1 : 0;
@@ -197,6 +213,41 @@ TEST_CASE(
   CHECK(ran >= 1700);
   CHECK(predicted >= 1600);
   CHECK(nested_predicted >= 19);
+}
+
+// The committed models written by onnxruntime's tools (com.microsoft attention, quantized,
+// int4 and fused ops, whose kernels take workspace): every one runs, is planned from shapes,
+// and its plan equals the recorded one.
+TEST_CASE("arenas planned from shapes equal the recorded ones on the committed model folders",
+          "[arena][prediction]") {
+  const fs::path models = fs::path(KILN_SOURCE_DIR) / "models";
+  std::vector<fs::path> dirs;
+  for (auto it = fs::recursive_directory_iterator(models); it != fs::recursive_directory_iterator();
+       ++it) {
+    if (it->path().filename() == "cache") {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_directory() && is_case(it->path())) dirs.push_back(it->path());
+  }
+  std::sort(dirs.begin(), dirs.end());
+  std::vector<std::string> wrong, unplanned;
+  uint64_t served = 0;
+  for (const fs::path& dir : dirs) {
+    const std::string name = fs::relative(dir, models).string();
+    const Comparison c = compare_case(dir, name, nullptr);
+    if (!c.predicted) unplanned.push_back(name);
+    if (!c.wrong.empty()) wrong.push_back(c.wrong);
+    served += c.first.arena_served;
+  }
+  std::string list, not_planned;
+  for (const std::string& w : wrong) list += w + "\n";
+  for (const std::string& n : unplanned) not_planned += n + " ";
+  INFO(dirs.size() << " folders; differ:\n" << list << "not planned from shapes: " << not_planned);
+  CHECK(dirs.size() >= 30);
+  CHECK(wrong.empty());
+  CHECK(unplanned.empty());
+  CHECK(served > 0);
 }
 
 TEST_CASE("the merged Whisper decoder's first run is planned through its If",

@@ -12,6 +12,7 @@
 #include "engine/passes/passes.h"
 #include "engine/plan/plan.h"
 #include "engine/plan/shape_inference.h"
+#include "ops/kernel.h"
 #include "kiln/error.h"
 #include "proto/loader.h"
 #include "test/unit/op_test.h"
@@ -233,4 +234,16 @@ TEST_CASE("a long Loop keeps the shapes its body keeps", "[shapes]") {
   CHECK(ro.values[static_cast<size_t>(open->outputs[0])].shape == Shape{4});
   const auto open_items = build(false, true);
   CHECK_THAT(infer(*open_items).first_unknown, Catch::Contains("trip count M"));
+}
+
+TEST_CASE("every registered op states its output facts (a shape rule)", "[shapes][contract]") {
+  std::string missing;
+  size_t ops_seen = 0;
+  for (const ops::OpRegistration& r : ops::all_ops()) {
+    ++ops_seen;
+    if (!r.shape) missing += std::string(r.domain) + "." + r.op + " ";
+  }
+  INFO("ops without a shape rule: " << missing);
+  CHECK(ops_seen > 200);
+  CHECK(missing.empty());
 }
