@@ -12,8 +12,8 @@
 #include "engine/passes/passes.h"
 #include "engine/plan/plan.h"
 #include "engine/plan/shape_inference.h"
-#include "ops/kernel.h"
 #include "kiln/error.h"
+#include "ops/kernel.h"
 #include "proto/loader.h"
 #include "test/unit/op_test.h"
 
