@@ -179,7 +179,8 @@ class Gemm final : public Kernel {
   template <typename T>
   Tensor& init_output(OpContext& ctx, const Shape& shape, bool has_c) {
     if (!has_c) return ctx.output(0, data_type_of<T>(), shape);
-    const Tensor c = ctx.input(2);
+    // A reference, not a copy: a second handle on C's storage would forbid writing over it.
+    const Tensor& c = ctx.input(2);
     Tensor& y = ctx.output_reusing(0, 2, data_type_of<T>(), shape);
     const T beta = static_cast<T>(beta_);
     if (y.raw_data() == c.raw_data()) {

@@ -143,7 +143,7 @@ size_t ArenaState::start(ArenaRun& run, const std::vector<Value>& inputs) {
              plan_from_shapes(inputs, run.shapes_)) {
     if (pool.begin_arena(run.counts, arena_, 0)) {
       run.used_ = arena_;
-      run.from_shapes_ = true;
+      run.from_shapes_ = run.counts.from_shapes = true;
     }
     pool.begin_recording(run.counts);
   } else if (run.signature_ == last_signature_) {

@@ -46,6 +46,7 @@ struct PoolRun {
   std::atomic<uint64_t> arena_served{0}, arena_missed{0};
   std::atomic<uint64_t> peak_bytes_in_use{0};  // most pool bytes in use while it ran
   bool recording = false, in_arena = false;    // set by the run's own thread only
+  bool from_shapes = false;  // its arena was planned from the op contracts before it ran
 };
 
 // The shared state behind a BufferPool. Pool storages hold a reference to it and hand

@@ -34,9 +34,10 @@ Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape, det
 namespace {
 
 // KILN_CHECK_CONTRACTS=1: after every node, its outputs are compared with what its op's shape
-// rule (ops/contract.h) gives for the inputs it was run with, so tests that run models catch a
-// rule that disagrees with its kernel (the planner's predictions rest on the rules). Off by
-// default: it costs a shape inference per node.
+// rule (ops/contract.h) gives for the inputs it was run with, and, when the run's arena was
+// planned from the contracts, its buffers with where the plan put them, so tests that run
+// models catch a rule that disagrees with its kernel (the planner's predictions rest on the
+// rules). Off by default: it costs a shape inference per node.
 bool check_contracts() {
   static const bool on = [] {
     const char* v = std::getenv("KILN_CHECK_CONTRACTS");
@@ -70,6 +71,19 @@ std::vector<plan::InferredValue> input_facts(const ir::Graph& g, const ir::Node&
     if (v.is_tensor()) values[static_cast<size_t>(id)] = plan::inferred_from(v.tensor());
   }
   return values;
+}
+
+// In a run whose arena was planned from the op contracts, every buffer a kernel asks for falls
+// where the plan put it: one that misses means the node's placement or workspace rule
+// disagrees with what its kernel allocated (`missed_before`: the run's misses before it).
+void check_planned(const detail::PoolRun* run, uint64_t missed_before) {
+  if (!run || !run->from_shapes || !run->in_arena) return;
+  const uint64_t missed = run->arena_missed.load() - missed_before;
+  if (missed == 0) return;
+  throw Error(ErrorKind::Runtime,
+              "contract check: " + std::to_string(missed) +
+                  " of the node's buffers missed the arena planned from the op contracts (its "
+                  "placement or workspace rule disagrees with its kernel)");
 }
 
 void check_contract(const ir::Graph& g, const ir::Node& node,
@@ -367,10 +381,17 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
         profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const uint64_t copied_before = stats_.bytes_copied;
     std::vector<plan::InferredValue> facts;
-    if (check_contracts()) facts = input_facts(g, node, in_ptrs, f.slots);
+    uint64_t missed_before = 0;
+    if (check_contracts()) {
+      facts = input_facts(g, node, in_ptrs, f.slots);
+      if (run_) missed_before = run_->arena_missed.load();
+    }
     try {
       step.kernel->run(ctx);
-      if (check_contracts()) check_contract(g, node, facts, outs);
+      if (check_contracts()) {
+        check_contract(g, node, facts, outs);
+        check_planned(run_, missed_before);
+      }
     } catch (Error& e) {
       e.with_node(node.name, node.op_type);
       throw;

@@ -3,6 +3,7 @@
 // from it, a run that diverges from the recording staying correct,
 // dead graph inputs serving later buffers, and graph inputs placed in the arena.
 #include "engine/runtime/session_internal.h"
+#include "ops/kernel.h"
 #include "test/unit/op_test.h"
 
 using namespace kiln;
@@ -653,5 +654,55 @@ TEST_CASE("Resize with initializer scales is planned from shapes, and shares its
     CHECK(st.arena_missed == 0);
     // a (64 bytes) and, at scale 2, r (256 bytes); at scale 1 r is a, with no bytes of its own.
     CHECK(st.arena_bytes == (scale == 2.0f ? 320u : 64u));
+  }
+}
+
+namespace {
+
+// An op whose contract understates its workspace: its rule declares 256 bytes, its kernel
+// takes 1 KiB, so its request misses the arena planned from the contracts.
+class WrongWorkspace final : public ops::Kernel {
+ public:
+  explicit WrongWorkspace(const ops::NodeInfo&) {}
+  void run(ops::OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    Tensor& y = ctx.output(0, DataType::Float, x.shape());
+    Tensor scratch = ctx.workspace(DataType::Float, 256);
+    for (int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = x.data<const float>()[i];
+  }
+};
+
+KILN_REGISTER_OP({.domain = "kiln.test",
+                  .op = "WrongWorkspace",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 1,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "float",
+                  .shape = [](ops::ShapeContext& c) { c.same(0, 0); },
+                  .workspace = [](const ops::ShapeContext&) -> uint64_t { return 256; },
+                  .create = ops::make<WrongWorkspace>});
+
+}  // namespace
+
+TEST_CASE(
+    "a workspace rule that disagrees with its kernel misses the plan, and fails the contract check",
+    "[arena][shapes][contract]") {
+  GraphBuilder b;
+  b.input("x", DataType::Float, {4, 4});
+  b.node("Mul", {"x", "x"}, {"a"});
+  b.node("WrongWorkspace", {"a"}, {"y"}, {}, "kiln.test");
+  b.output("y");
+  Session s = session_with(b.build(), true, false, false, true);
+  auto run = [&] { return s.run({{"x", Tensor::zeros(DataType::Float, {4, 4})}}); };
+  const char* check = std::getenv("KILN_CHECK_CONTRACTS");
+  if (check && *check && std::string(check) != "0") {
+    CHECK_THROWS_WITH(run(), Catch::Contains("WrongWorkspace") &&
+                                 Catch::Contains("missed the arena planned from the op contracts"));
+  } else {
+    run();
+    CHECK(s.last_run_stats().arena_from_shapes);
+    CHECK(s.last_run_stats().arena_missed == 1);
   }
 }

@@ -233,3 +233,33 @@ TEST_CASE("Cast between equal-size types writes into an owned input, a borrowed 
   CHECK(kept.to_vector<float>() == values);
   CHECK(s.last_run_stats().in_place_ops == 0);
 }
+
+TEST_CASE("Gemm writes Y over a full-size C it is the last reader of", "[inplace][gemm]") {
+  GraphBuilder b;
+  b.input("a", DataType::Float, {2, 3});
+  b.input("b", DataType::Float, {3, 4});
+  b.input("c", DataType::Float, {2, 4});
+  b.node("Gemm", {"a", "b", "c"}, {"y"}, {float_attr("beta", 0.5f)});
+  b.output("y");
+  Session s = make_session(b.build());
+  const std::vector<float> a{1, 2, 3, 4, 5, 6}, bv{1, 0, 0, 1, 0, 1, 0, 1, 0, 0, 1, 1};
+  const std::vector<float> c{2, 4, 6, 8, 10, 12, 14, 16};
+  // y = a b + 0.5 c
+  const std::vector<float> want{2, 4, 6, 10, 9, 11, 13, 23};
+  Tensor owned = Tensor::from_vector<float>({2, 4}, c);
+  const std::byte* storage = owned.raw_data();
+  auto out = s.run({{"a", Tensor::from_vector<float>({2, 3}, a)},
+                    {"b", Tensor::from_vector<float>({3, 4}, bv)},
+                    {"c", std::move(owned)}});
+  CHECK(out[0].value.tensor().to_vector<float>() == want);
+  CHECK(out[0].value.tensor().raw_data() == storage);
+  CHECK(s.last_run_stats().in_place_ops == 1);
+
+  const Tensor kept = Tensor::from_vector<float>({2, 4}, c);
+  out = s.run({{"a", Tensor::from_vector<float>({2, 3}, a)},
+               {"b", Tensor::from_vector<float>({3, 4}, bv)},
+               {"c", kept}});
+  CHECK(out[0].value.tensor().to_vector<float>() == want);
+  CHECK(out[0].value.tensor().raw_data() != kept.raw_data());
+  CHECK(kept.to_vector<float>() == c);
+}
