@@ -9,9 +9,15 @@
 namespace kiln::ops {
 namespace {
 
-int64_t checked_mul(const OpContext& ctx, int64_t a, int64_t b) {
+// The shape functions below are shared by the kernels and the shape rules; they throw
+// kiln::Error without a node (the executor names it; shape inference makes it unknown).
+[[noreturn]] void bad_shape(const std::string& message) {
+  throw Error(ErrorKind::Runtime, message);
+}
+
+int64_t size_product(int64_t a, int64_t b) {
   int64_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r)) ctx.fail("shape size overflows int64");
+  if (__builtin_mul_overflow(a, b, &r)) bad_shape("shape size overflows int64");
   return r;
 }
 
@@ -27,15 +33,14 @@ std::vector<int64_t> read_axes(const OpContext& ctx, const std::vector<int64_t>&
 }
 
 // ONNX Reshape: 0 copies the input's dim (unless allowzero), -1 is inferred.
-Shape reshape_target(const OpContext& ctx, const Shape& in, const std::vector<int64_t>& req,
-                     bool allowzero) {
+Shape reshape_target(const Shape& in, const std::vector<int64_t>& req, bool allowzero) {
   Shape out(req.size());
   int64_t infer = -1, known = 1;
   bool has_zero = false;
   for (size_t i = 0; i < req.size(); ++i) {
     int64_t v = req[i];
     if (v == -1) {
-      if (infer >= 0) ctx.fail("shape has more than one -1");
+      if (infer >= 0) bad_shape("shape has more than one -1");
       infer = static_cast<int64_t>(i);
       continue;
     }
@@ -43,32 +48,81 @@ Shape reshape_target(const OpContext& ctx, const Shape& in, const std::vector<in
       has_zero = true;
       if (!allowzero) {
         if (i >= in.size())
-          ctx.fail("shape has a 0 at index " + std::to_string(i) + " beyond the input's rank " +
-                   std::to_string(in.size()));
+          bad_shape("shape has a 0 at index " + std::to_string(i) + " beyond the input's rank " +
+                    std::to_string(in.size()));
         v = in[i];
       }
     } else if (v < 0) {
-      ctx.fail("shape has a negative dimension " + std::to_string(v));
+      bad_shape("shape has a negative dimension " + std::to_string(v));
     }
     out[i] = v;
-    known = checked_mul(ctx, known, v);
+    known = size_product(known, v);
   }
-  const int64_t numel = shape_numel(in);
+  int64_t numel = 1;
+  for (int64_t d : in) {
+    if (d < 0) bad_shape("input shape " + shape_to_string(in) + " is not known");
+    numel = size_product(numel, d);
+  }
   if (infer >= 0) {
-    if (allowzero && has_zero) ctx.fail("allowzero shape cannot hold both 0 and -1");
+    if (allowzero && has_zero) bad_shape("allowzero shape cannot hold both 0 and -1");
     if (known == 0) {
-      if (numel != 0) ctx.fail("cannot infer -1 next to a zero dimension");
+      if (numel != 0) bad_shape("cannot infer -1 next to a zero dimension");
       out[static_cast<size_t>(infer)] = 0;
     } else {
       if (numel % known != 0) {
-        ctx.fail("cannot reshape " + shape_to_string(in) + " to " + shape_to_string(req));
+        bad_shape("cannot reshape " + shape_to_string(in) + " to " + shape_to_string(req));
       }
       out[static_cast<size_t>(infer)] = numel / known;
     }
   } else if (known != numel) {
-    ctx.fail("cannot reshape " + shape_to_string(in) + " to " + shape_to_string(req));
+    bad_shape("cannot reshape " + shape_to_string(in) + " to " + shape_to_string(req));
   }
   return out;
+}
+
+// Flatten: [prod(in[:axis]), prod(in[axis:])].
+Shape flatten_target(const Shape& in, int64_t axis_attr) {
+  const auto rank = static_cast<int64_t>(in.size());
+  const int64_t axis = axis_attr < 0 ? axis_attr + rank : axis_attr;
+  if (axis < 0 || axis > rank) {
+    bad_shape("axis " + std::to_string(axis_attr) + " is out of range for rank " +
+              std::to_string(rank));
+  }
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < rank; ++d) {
+    int64_t& part = d < axis ? outer : inner;
+    part = size_product(part, in[static_cast<size_t>(d)]);
+  }
+  return {outer, inner};
+}
+
+// Squeeze: which dims of `in` go (`axes`, or every dim of size 1 when there are none).
+std::vector<bool> squeezed_dims(const Shape& in, const std::vector<int64_t>& axes) {
+  const auto rank = static_cast<int64_t>(in.size());
+  std::vector<bool> drop(in.size(), false);
+  if (axes.empty()) {
+    for (size_t d = 0; d < in.size(); ++d) drop[d] = in[d] == 1;
+  }
+  for (int64_t a : axes) {
+    const auto d = static_cast<size_t>(normalize_axis(a, rank));
+    if (in[d] != 1) {
+      bad_shape("cannot squeeze axis " + std::to_string(a) + " of size " + std::to_string(in[d]));
+    }
+    drop[d] = true;
+  }
+  return drop;
+}
+
+// Unsqueeze: which dims of the output (rank `in_rank` + the axes) are the inserted ones.
+std::vector<bool> unsqueezed_dims(size_t in_rank, const std::vector<int64_t>& axes) {
+  const auto out_rank = static_cast<int64_t>(in_rank + axes.size());
+  std::vector<bool> inserted(static_cast<size_t>(out_rank), false);
+  for (int64_t a : axes) {
+    const auto d = static_cast<size_t>(normalize_axis(a, out_rank));
+    if (inserted[d]) bad_shape("axis " + std::to_string(a) + " is repeated");
+    inserted[d] = true;
+  }
+  return inserted;
 }
 
 class Reshape final : public Kernel {
@@ -76,8 +130,7 @@ class Reshape final : public Kernel {
   explicit Reshape(const NodeInfo& info) : allowzero_(info.attr_int("allowzero", 0) != 0) {}
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    ctx.set_output(0,
-                   x.reshaped(reshape_target(ctx, x.shape(), to_int64s(ctx.input(1)), allowzero_)));
+    ctx.set_output(0, x.reshaped(reshape_target(x.shape(), to_int64s(ctx.input(1)), allowzero_)));
   }
 
  private:
@@ -89,17 +142,7 @@ class Flatten final : public Kernel {
   explicit Flatten(const NodeInfo& info) : axis_(info.attr_int("axis", 1)) {}
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    const auto rank = static_cast<int64_t>(x.rank());
-    const int64_t axis = axis_ < 0 ? axis_ + rank : axis_;
-    if (axis < 0 || axis > rank) {
-      ctx.fail("axis " + std::to_string(axis_) + " is out of range for rank " +
-               std::to_string(rank));
-    }
-    int64_t outer = 1, inner = 1;
-    for (int64_t d = 0; d < rank; ++d) {
-      (d < axis ? outer : inner) *= x.dim(static_cast<size_t>(d));
-    }
-    ctx.set_output(0, x.reshaped({outer, inner}));
+    ctx.set_output(0, x.reshaped(flatten_target(x.shape(), axis_)));
   }
 
  private:
@@ -113,22 +156,9 @@ class Squeeze final : public Kernel {
   explicit Squeeze(const NodeInfo& info) : attr_axes_(info.attr_ints("axes")) {}
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    const auto rank = static_cast<int64_t>(x.rank());
     bool given = false;
     const std::vector<int64_t> axes = read_axes(ctx, attr_axes_, 13, &given);
-    std::vector<bool> drop(x.rank(), false);
-    if (!given || axes.empty()) {
-      for (size_t d = 0; d < x.rank(); ++d) drop[d] = x.dim(d) == 1;
-    } else {
-      for (int64_t a : axes) {
-        const auto d = static_cast<size_t>(normalize_axis(a, rank));
-        if (x.dim(d) != 1) {
-          ctx.fail("cannot squeeze axis " + std::to_string(a) + " of size " +
-                   std::to_string(x.dim(d)));
-        }
-        drop[d] = true;
-      }
-    }
+    const std::vector<bool> drop = squeezed_dims(x.shape(), axes);
     Shape shape, strides;
     for (size_t d = 0; d < x.rank(); ++d) {
       if (drop[d]) continue;
@@ -150,13 +180,8 @@ class Unsqueeze final : public Kernel {
     bool given = false;
     const std::vector<int64_t> axes = read_axes(ctx, attr_axes_, 13, &given);
     if (!given) ctx.fail("axes are required");
-    const auto out_rank = static_cast<int64_t>(x.rank() + axes.size());
-    std::vector<bool> inserted(static_cast<size_t>(out_rank), false);
-    for (int64_t a : axes) {
-      const auto d = static_cast<size_t>(normalize_axis(a, out_rank));
-      if (inserted[d]) ctx.fail("axis " + std::to_string(a) + " is repeated");
-      inserted[d] = true;
-    }
+    const std::vector<bool> inserted = unsqueezed_dims(x.rank(), axes);
+    const auto out_rank = static_cast<int64_t>(inserted.size());
     Shape shape(static_cast<size_t>(out_rank)), strides(static_cast<size_t>(out_rank));
     size_t src = x.rank();
     int64_t next_stride = 1;  // any value is valid for a size-1 dim; keep it "contiguous"
@@ -211,85 +236,37 @@ class Size final : public Kernel {
   }
 };
 
-void reshape_shape(ShapeContext& c) {
-  const Shape& in = c.shape(0);
-  const std::vector<int64_t>& req = c.data(1);
-  const bool allowzero = c.attr_i("allowzero", 0) != 0;
-  Shape out(req.size());
-  int64_t known = 1, infer = -1;
-  for (size_t i = 0; i < req.size(); ++i) {
-    int64_t d = req[i];
-    if (d == 0 && !allowzero) {
-      if (i >= in.size()) unknown("0 beyond the input rank");
-      d = in[i];
-    }
-    if (d == -1) {
-      if (infer >= 0) unknown("two -1 dimensions");
-      infer = static_cast<int64_t>(i);
-      continue;
-    }
-    if (d < 0) unknown("negative dimension");
-    out[i] = d;
-    known = ops::checked_mul(known, d);
-  }
-  const int64_t n = numel_or_unknown(in);
-  if (infer >= 0) {
-    if (known == 0 || n % known != 0) unknown("cannot infer -1");
-    out[static_cast<size_t>(infer)] = n / known;
-  } else if (known != n) {
-    unknown("element counts differ");
-  }
+// The rules: the same functions on the inputs' facts; the values of a small integer input
+// pass through (a Shape -> Reshape chain).
+void reshaped_facts(ShapeContext& c, Shape out) {
   const ValueFacts& x = c.in(0);
-  c.set(0, x.dtype, out, x.has_data ? &x.data : nullptr);
+  c.set(0, x.dtype, std::move(out), x.has_data ? &x.data : nullptr);
+}
+
+void reshape_shape(ShapeContext& c) {
+  reshaped_facts(c, reshape_target(c.shape(0), c.data(1), c.attr_i("allowzero", 0) != 0));
 }
 
 void flatten_shape(ShapeContext& c) {
-  const Shape& in = c.shape(0);
-  int64_t axis = c.attr_i("axis", 1);
-  if (axis < 0) axis += static_cast<int64_t>(in.size());
-  if (axis < 0 || axis > static_cast<int64_t>(in.size())) unknown("axis out of range");
-  int64_t outer = 1, inner = 1;
-  for (size_t d = 0; d < in.size(); ++d) {
-    int64_t& part = static_cast<int64_t>(d) < axis ? outer : inner;
-    part = ops::checked_mul(part, in[d]);
-  }
-  const ValueFacts& x = c.in(0);
-  c.set(0, x.dtype, {outer, inner}, x.has_data ? &x.data : nullptr);
+  reshaped_facts(c, flatten_target(c.shape(0), c.attr_i("axis", 1)));
 }
 
 void unsqueeze_shape(ShapeContext& c) {
-  const ValueFacts& x = c.in(0);
-  const std::vector<int64_t> axes = c.ints_from("axes", 13, 1);
-  const size_t rank = x.shape.size() + axes.size();
-  std::vector<bool> inserted(rank, false);
-  for (int64_t a : axes) {
-    const auto k = static_cast<size_t>(ops::normalize_axis(a, static_cast<int64_t>(rank)));
-    if (inserted[k]) unknown("repeated axis");
-    inserted[k] = true;
-  }
+  const Shape& in = c.shape(0);
+  const std::vector<bool> inserted = unsqueezed_dims(in.size(), c.ints_from("axes", 13, 1));
   Shape out;
   size_t next = 0;
-  for (size_t k = 0; k < rank; ++k) out.push_back(inserted[k] ? 1 : x.shape[next++]);
-  c.set(0, x.dtype, out, x.has_data ? &x.data : nullptr);
+  for (const bool one : inserted) out.push_back(one ? 1 : in[next++]);
+  reshaped_facts(c, std::move(out));
 }
 
 void squeeze_shape(ShapeContext& c) {
-  const ValueFacts& x = c.in(0);
-  const std::vector<int64_t> axes = c.ints_from("axes", 13, 1);
-  std::vector<bool> drop(x.shape.size(), false);
-  if (axes.empty()) {
-    for (size_t k = 0; k < x.shape.size(); ++k) drop[k] = x.shape[k] == 1;
-  }
-  for (int64_t a : axes) {
-    const auto k =
-        static_cast<size_t>(ops::normalize_axis(a, static_cast<int64_t>(x.shape.size())));
-    if (x.shape[k] != 1) unknown("squeezed dimension is not 1");
-    drop[k] = true;
-  }
+  const Shape& in = c.shape(0);
+  const std::vector<bool> drop = squeezed_dims(in, c.ints_from("axes", 13, 1));
   Shape out;
-  for (size_t k = 0; k < x.shape.size(); ++k)
-    if (!drop[k]) out.push_back(x.shape[k]);
-  c.set(0, x.dtype, out, x.has_data ? &x.data : nullptr);
+  for (size_t d = 0; d < in.size(); ++d)
+    if (!drop[d]) out.push_back(in[d]);
+  reshaped_facts(c, std::move(out));
 }
 
 // Squeeze and Unsqueeze view their input: the strides of the kept dimensions carry over.
