@@ -12,6 +12,33 @@
 namespace kiln::ops {
 namespace {
 
+// The output shape of Concat along `axis_attr` of the `n` shapes shape_of(0), ...: each must
+// match the first except along the axis. Shared by the kernel and the shape rule; throws
+// kiln::Error without a node (the executor names it; shape inference makes it unknown).
+template <typename ShapeOf>
+Shape concat_output_shape(size_t n, ShapeOf shape_of, int64_t axis_attr, size_t* axis) {
+  if (n == 0) throw Error(ErrorKind::Runtime, "needs at least one input");
+  const Shape& first = shape_of(0);
+  if (first.empty()) throw Error(ErrorKind::Runtime, "cannot concatenate scalars");
+  *axis = static_cast<size_t>(normalize_axis(axis_attr, static_cast<int64_t>(first.size())));
+  Shape shape = first;
+  shape[*axis] = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Shape& s = shape_of(i);
+    bool same = s.size() == first.size();
+    for (size_t d = 0; same && d < s.size(); ++d) same = d == *axis || s[d] == first[d];
+    if (!same) {
+      throw Error(ErrorKind::Runtime, "input " + std::to_string(i) + " " + shape_to_string(s) +
+                                          " does not match input 0 " + shape_to_string(first) +
+                                          " outside axis " + std::to_string(*axis));
+    }
+    if (__builtin_add_overflow(shape[*axis], s[*axis], &shape[*axis])) {
+      throw Error(ErrorKind::Runtime, "output size overflows");
+    }
+  }
+  return shape;
+}
+
 class Concat final : public Kernel {
  public:
   explicit Concat(const NodeInfo& info) : axis_(info.attr_int("axis")) {}
@@ -30,29 +57,15 @@ class Concat final : public Kernel {
   Shape output_shape(const OpContext& ctx, size_t* axis) const {
     if (ctx.num_inputs() == 0) ctx.fail("needs at least one input");
     const Tensor& first = ctx.input(0);
-    if (first.rank() == 0) ctx.fail("cannot concatenate scalars");
     if (first.dtype() != DataType::String && bits_per_element(first.dtype()) < 8) {
       throw_unsupported_type(first.dtype(), "Concat input");
     }
-    *axis = static_cast<size_t>(normalize_axis(axis_, static_cast<int64_t>(first.rank())));
-    Shape shape = first.shape();
-    shape[*axis] = 0;
-    for (size_t i = 0; i < ctx.num_inputs(); ++i) {
-      const Tensor& t = ctx.input(i);
-      if (t.dtype() != first.dtype()) ctx.fail("inputs have different element types");
-      bool same = t.rank() == first.rank();
-      for (size_t d = 0; same && d < t.rank(); ++d) {
-        same = d == *axis || t.dim(d) == first.dim(d);
-      }
-      if (!same) {
-        ctx.fail("input " + std::to_string(i) + " " + t.describe() + " does not match input 0 " +
-                 first.describe() + " outside axis " + std::to_string(*axis));
-      }
-      if (__builtin_add_overflow(shape[*axis], t.dim(*axis), &shape[*axis])) {
-        ctx.fail("output size overflows");
-      }
+    for (size_t i = 1; i < ctx.num_inputs(); ++i) {
+      if (ctx.input(i).dtype() != first.dtype()) ctx.fail("inputs have different element types");
     }
-    return shape;
+    return concat_output_shape(
+        ctx.num_inputs(), [&](size_t i) -> const Shape& { return ctx.input(i).shape(); }, axis_,
+        axis);
   }
 
   // The KV-cache case: input 0 is owned, this is its last use, and its storage has spare
@@ -155,19 +168,14 @@ class Concat final : public Kernel {
 
 void concat_shape(ShapeContext& c) {
   const ValueFacts& first = c.in(0);
-  const auto axis = static_cast<size_t>(
-      normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(first.shape.size())));
-  Shape out = first.shape;
-  out[axis] = 0;
+  size_t axis = 0;
+  const Shape out = concat_output_shape(
+      c.num_inputs(), [&](size_t i) -> const Shape& { return c.shape(i); }, c.attr_i("axis", 0),
+      &axis);
   bool all_data = true;
   std::vector<int64_t> data;
   for (size_t i = 0; i < c.num_inputs(); ++i) {
     const ValueFacts& v = c.in(i);
-    if (v.shape.size() != out.size()) unknown("ranks differ");
-    for (size_t d = 0; d < out.size(); ++d) {
-      if (d != axis && v.shape[d] != out[d]) unknown("shapes differ outside the axis");
-    }
-    out[axis] = checked_add(out[axis], v.shape[axis]);
     all_data = all_data && v.has_data;
     if (v.has_data) data.insert(data.end(), v.data.begin(), v.data.end());
   }
