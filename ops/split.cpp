@@ -11,6 +11,38 @@
 namespace kiln::ops {
 namespace {
 
+// The sizes of the `n` pieces of an axis of size `dim`: `given` ones (n of them, adding up to
+// dim), or equal parts, every part but the last ceil(dim / n) when uneven. Shared by the
+// kernel and the shape rule; throws kiln::Error without a node.
+std::vector<int64_t> split_sizes(int64_t dim, const std::vector<int64_t>* given, int64_t n) {
+  auto fail = [](const std::string& m) { throw Error(ErrorKind::Runtime, m); };
+  if (given) {
+    if (static_cast<int64_t>(given->size()) != n) {
+      fail("split has " + std::to_string(given->size()) + " entries for " + std::to_string(n) +
+           " outputs");
+    }
+    int64_t total = 0;
+    for (int64_t s : *given) {
+      if (s < 0) fail("split has a negative size " + std::to_string(s));
+      if (__builtin_add_overflow(total, s, &total)) fail("split sizes overflow");
+    }
+    if (total != dim) {
+      fail("split sizes add up to " + std::to_string(total) + ", not the axis size " +
+           std::to_string(dim));
+    }
+    return *given;
+  }
+  if (n <= 0) fail("has no outputs");
+  const int64_t part = dim / n + (dim % n != 0 ? 1 : 0);
+  std::vector<int64_t> sizes(static_cast<size_t>(n), part);
+  sizes.back() = dim - part * (n - 1);
+  if (sizes.back() < 0) {
+    fail("cannot split an axis of size " + std::to_string(dim) + " into " + std::to_string(n) +
+         " parts");
+  }
+  return sizes;
+}
+
 class Split final : public Kernel {
  public:
   explicit Split(const NodeInfo& info)
@@ -60,35 +92,10 @@ class Split final : public Kernel {
 
  private:
   std::vector<int64_t> split_sizes(const OpContext& ctx, int64_t dim) const {
-    const auto n = static_cast<int64_t>(ctx.num_outputs());
+    const bool given = ctx.opset() < 13 ? has_attr_split_ : ctx.has_input(1);
     std::vector<int64_t> sizes;
-    if (ctx.opset() < 13 ? has_attr_split_ : ctx.has_input(1)) {
-      sizes = ctx.opset() < 13 ? attr_split_ : to_int64s(ctx.input(1));
-      if (static_cast<int64_t>(sizes.size()) != n) {
-        ctx.fail("split has " + std::to_string(sizes.size()) + " entries for " + std::to_string(n) +
-                 " outputs");
-      }
-      int64_t total = 0;
-      for (int64_t s : sizes) {
-        if (s < 0) ctx.fail("split has a negative size " + std::to_string(s));
-        if (__builtin_add_overflow(total, s, &total)) ctx.fail("split sizes overflow");
-      }
-      if (total != dim) {
-        ctx.fail("split sizes add up to " + std::to_string(total) + ", not the axis size " +
-                 std::to_string(dim));
-      }
-      return sizes;
-    }
-    if (n == 0) ctx.fail("has no outputs");
-    // Equal parts; when uneven every part but the last gets ceil(dim / n).
-    const int64_t part = dim / n + (dim % n != 0 ? 1 : 0);
-    sizes.assign(static_cast<size_t>(n), part);
-    sizes.back() = dim - part * (n - 1);
-    if (sizes.back() < 0) {
-      ctx.fail("cannot split an axis of size " + std::to_string(dim) + " into " +
-               std::to_string(n) + " parts");
-    }
-    return sizes;
+    if (given) sizes = ctx.opset() < 13 ? attr_split_ : to_int64s(ctx.input(1));
+    return ops::split_sizes(dim, given ? &sizes : nullptr, static_cast<int64_t>(ctx.num_outputs()));
   }
 
   int64_t axis_;
@@ -101,16 +108,11 @@ void split_shape(ShapeContext& c) {
   const ValueFacts& x = c.in(0);
   const auto axis = static_cast<size_t>(
       normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(x.shape.size())));
-  std::vector<int64_t> sizes = c.ints_from("split", 13, 1);
   const size_t outputs = c.num_outputs();
-  if (sizes.empty()) {
-    const int64_t parts =
-        c.has_attr("num_outputs") ? c.attr_i("num_outputs", 1) : static_cast<int64_t>(outputs);
-    if (parts <= 0) unknown("no outputs");
-    const int64_t d = x.shape[axis], each = d / parts + (d % parts != 0 ? 1 : 0);
-    for (int64_t p = 0; p < parts; ++p) sizes.push_back(std::clamp<int64_t>(d - p * each, 0, each));
-  }
-  if (sizes.size() != outputs) unknown("split sizes do not match the outputs");
+  const bool given = c.opset() < 13 ? c.has_attr("split") : c.has(1);
+  const std::vector<int64_t> listed = c.ints_from("split", 13, 1);
+  const std::vector<int64_t> sizes =
+      split_sizes(x.shape.at(axis), given ? &listed : nullptr, static_cast<int64_t>(outputs));
   for (size_t i = 0; i < outputs; ++i) {
     Shape s = x.shape;
     s[axis] = sizes[i];
