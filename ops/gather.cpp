@@ -10,6 +10,44 @@
 namespace kiln::ops {
 namespace {
 
+// The shape functions below are shared by the kernels and the shape rules; they throw
+// kiln::Error without a node (the executor names it; shape inference makes it unknown).
+
+// Gather: data[:axis] + indices + data[axis + 1:], axis normalized into `*axis`.
+Shape gather_output_shape(const Shape& data, const Shape& indices, int64_t axis_attr,
+                          int64_t* axis) {
+  const auto rank = static_cast<int64_t>(data.size());
+  if (rank == 0) throw Error(ErrorKind::Runtime, "data must have rank >= 1");
+  *axis = normalize_axis(axis_attr, rank);
+  Shape out(data.begin(), data.begin() + *axis);
+  out.insert(out.end(), indices.begin(), indices.end());
+  out.insert(out.end(), data.begin() + *axis + 1, data.end());
+  return out;
+}
+
+// GatherND with `b` batch dims: indices[:-1] + data[b + k:], k the last dimension of the
+// indices.
+Shape gather_nd_output_shape(const Shape& data, const Shape& indices, int64_t b) {
+  auto fail = [](const std::string& m) { throw Error(ErrorKind::Runtime, m); };
+  const auto r = static_cast<int64_t>(data.size()), q = static_cast<int64_t>(indices.size());
+  if (r < 1 || q < 1) fail("data and indices must have rank >= 1");
+  if (b < 0 || b >= std::min(r, q)) fail("batch_dims must be less than the ranks of both inputs");
+  for (int64_t d = 0; d < b; ++d) {
+    if (data[static_cast<size_t>(d)] != indices[static_cast<size_t>(d)]) {
+      fail("batch dimensions of data " + shape_to_string(data) + " and indices " +
+           shape_to_string(indices) + " differ");
+    }
+  }
+  const int64_t k = indices.back();
+  if (k < 1 || k > r - b) {
+    fail("the last dimension of indices (" + std::to_string(k) +
+         ") must be in [1, rank(data) - batch_dims]");
+  }
+  Shape out(indices.begin(), indices.end() - 1);
+  out.insert(out.end(), data.begin() + b + k, data.end());
+  return out;
+}
+
 struct Bytes16 {
   uint64_t lo, hi;
 };
@@ -71,14 +109,9 @@ class Gather final : public Kernel {
     const Tensor& data = ctx.input(0);
     const Tensor& indices = ctx.input(1);
     check_index_type(ctx, indices);
-    const int64_t rank = static_cast<int64_t>(data.rank());
-    if (rank == 0) ctx.fail("data must have rank >= 1");
-    const int64_t axis = normalize_axis(axis_, rank);
+    int64_t axis = 0;
+    const Shape out_shape = gather_output_shape(data.shape(), indices.shape(), axis_, &axis);
     const std::vector<int64_t> idx = checked_indices(indices, data.dim(axis), "Gather");
-
-    Shape out_shape(data.shape().begin(), data.shape().begin() + axis);
-    out_shape.insert(out_shape.end(), indices.shape().begin(), indices.shape().end());
-    out_shape.insert(out_shape.end(), data.shape().begin() + axis + 1, data.shape().end());
     Tensor& out = ctx.output(0, data.dtype(), out_shape);
 
     const int64_t outer = shape_numel(Shape(data.shape().begin(), data.shape().begin() + axis));
@@ -177,24 +210,10 @@ class GatherND final : public Kernel {
     const Tensor& data = ctx.input(0);
     const Tensor& indices = ctx.input(1);
     if (indices.dtype() != DataType::Int64) ctx.fail("indices must be int64");
+    const Shape out_shape = gather_nd_output_shape(data.shape(), indices.shape(), batch_dims_);
     const size_t b = static_cast<size_t>(batch_dims_);
-    const size_t r = data.rank(), q = indices.rank();
-    if (r < 1 || q < 1) ctx.fail("data and indices must have rank >= 1");
-    if (b >= std::min(r, q)) ctx.fail("batch_dims must be less than the ranks of both inputs");
-    for (size_t d = 0; d < b; ++d) {
-      if (data.dim(d) != indices.dim(d)) {
-        ctx.fail("batch dimensions of data " + data.describe() + " and indices " +
-                 indices.describe() + " differ");
-      }
-    }
+    const size_t q = indices.rank();
     const int64_t k = indices.dim(q - 1);
-    if (k < 1 || static_cast<size_t>(k) > r - b) {
-      ctx.fail("the last dimension of indices (" + std::to_string(k) +
-               ") must be in [1, rank(data) - batch_dims]");
-    }
-    Shape out_shape(indices.shape().begin(), indices.shape().end() - 1);
-    out_shape.insert(out_shape.end(), data.shape().begin() + static_cast<int64_t>(b) + k,
-                     data.shape().end());
     const int64_t slice =
         shape_numel(Shape(data.shape().begin() + static_cast<int64_t>(b) + k, data.shape().end()));
     const int64_t batches = shape_numel(Shape(data.shape().begin(), data.shape().begin() + b));
@@ -238,11 +257,8 @@ class GatherND final : public Kernel {
 void gather_shape(ShapeContext& c) {
   const ValueFacts& x = c.in(0);
   const ValueFacts& idx = c.in(1);
-  const auto axis = static_cast<size_t>(
-      normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(x.shape.size())));
-  Shape out(x.shape.begin(), x.shape.begin() + static_cast<std::ptrdiff_t>(axis));
-  out.insert(out.end(), idx.shape.begin(), idx.shape.end());
-  out.insert(out.end(), x.shape.begin() + static_cast<std::ptrdiff_t>(axis) + 1, x.shape.end());
+  int64_t axis = 0;
+  const Shape out = gather_output_shape(x.shape, idx.shape, c.attr_i("axis", 0), &axis);
   if (x.has_data && idx.has_data && x.shape.size() == 1) {
     std::vector<int64_t> data;
     for (int64_t i : idx.data) {
@@ -263,18 +279,8 @@ void gather_elements_shape(ShapeContext& c) {
 
 // indices[:-1] + data[batch_dims + k:], k the last dimension of the indices.
 void gather_nd_shape(ShapeContext& c) {
-  const Shape& data = c.shape(0);
-  const Shape& idx = c.shape(1);
-  const int64_t b = c.attr_i("batch_dims", 0);
-  const auto r = static_cast<int64_t>(data.size()), q = static_cast<int64_t>(idx.size());
-  if (c.dtype(1) != DataType::Int64 || r < 1 || q < 1 || b < 0 || b >= std::min(r, q)) {
-    unknown("indices or batch_dims GatherND does not take");
-  }
-  const int64_t k = idx.back();
-  if (k < 1 || k > r - b) unknown("last dimension of indices out of range");
-  Shape out(idx.begin(), idx.end() - 1);
-  out.insert(out.end(), data.begin() + b + k, data.end());
-  c.set(0, c.dtype(0), out);
+  if (c.dtype(1) != DataType::Int64) unknown("GatherND takes int64 indices");
+  c.set(0, c.dtype(0), gather_nd_output_shape(c.shape(0), c.shape(1), c.attr_i("batch_dims", 0)));
 }
 
 }  // namespace
