@@ -10,24 +10,6 @@
 namespace kiln::ops {
 namespace {
 
-// Largest element count an output may have: far below where byte counts overflow.
-constexpr int64_t kMaxElements = int64_t{1} << 57;
-
-// Rejects negative dims and element counts above kMaxElements.
-void check_output_shape(const OpContext& ctx, const Shape& shape) {
-  bool empty = false;
-  for (int64_t d : shape) {
-    if (d < 0) ctx.fail("shape " + shape_to_string(shape) + " has a negative dimension");
-    empty = empty || d == 0;
-  }
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (!empty && (__builtin_mul_overflow(n, d, &n) || n > kMaxElements)) {
-      ctx.fail("shape " + shape_to_string(shape) + " is too large");
-    }
-  }
-}
-
 // The block of `t` starting at `start` with `len` elements along each dim.
 Tensor window(const Tensor& t, const Shape& start, const Shape& len) {
   int64_t off = 0;
@@ -74,7 +56,7 @@ class CenterCropPad final : public Kernel {
         pad_start[a] = (t - d) / 2;
       }
     }
-    check_output_shape(ctx, out_shape);
+    check_output_size(out_shape);
     Tensor& y = ctx.output(0, x.dtype(), out_shape);
     if (y.dtype() != DataType::String) std::memset(y.raw_data(), 0, y.nbytes());
     copy_strided(window(x, crop_start, len), window(y, pad_start, len));

@@ -38,6 +38,14 @@ using PodTypes = TypeList<float, double, float16, bfloat16, int8_t, int16_t, int
 
 [[noreturn]] void throw_unsupported_type(DataType dt, const char* what);
 
+// Largest element count an op may make an output of (Expand, Tile, Pad, CenterCropPad,
+// ConstantOfShape, Range): far below where byte counts overflow.
+inline constexpr int64_t kMaxOutputElements = int64_t{1} << 57;
+
+// Throws kiln::Error (no node: the executor names it) for a negative dimension or more than
+// kMaxOutputElements elements.
+void check_output_size(const Shape& shape);
+
 // Calls f.template operator()<T>() for the T in `list` whose DataType is `dt`.
 //   dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() { ... });
 template <typename... Ts, typename F>

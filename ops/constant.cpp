@@ -47,24 +47,6 @@ void fill_bytes(const Tensor& out, const std::byte* elem, size_t es) {
   }
 }
 
-// Largest element count an output may have: far below where byte counts overflow.
-constexpr int64_t kMaxElements = int64_t{1} << 57;
-
-// Rejects negative dims and element counts above kMaxElements.
-void check_output_shape(const OpContext& ctx, const Shape& shape) {
-  bool empty = false;
-  for (int64_t d : shape) {
-    if (d < 0) ctx.fail("shape " + shape_to_string(shape) + " has a negative dimension");
-    empty = empty || d == 0;
-  }
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (!empty && (__builtin_mul_overflow(n, d, &n) || n > kMaxElements)) {
-      ctx.fail("shape " + shape_to_string(shape) + " is too large");
-    }
-  }
-}
-
 // The engine folds Constant nodes into initializers before planning; this kernel serves
 // graphs built without that pass.
 class Constant final : public Kernel {
@@ -98,7 +80,7 @@ class ConstantOfShape final : public Kernel {
 
   void run(OpContext& ctx) override {
     const std::vector<int64_t> dims = to_int64s(ctx.input(0));
-    check_output_shape(ctx, dims);
+    check_output_size(dims);
     Tensor& out = ctx.output(0, value_.dtype(), dims);
     if (value_.dtype() == DataType::String) {
       const std::string& v = value_.data<const std::string>()[0];
@@ -157,7 +139,7 @@ class Range final : public Kernel {
     if (diff != 0 && (diff > 0) == (step > 0)) {
       const __int128 a = diff > 0 ? diff : -diff, b = step > 0 ? step : -step;
       const __int128 count = (a + b - 1) / b;
-      if (count > kMaxElements) ctx.fail("the range has too many elements");
+      if (count > kMaxOutputElements) ctx.fail("the range has too many elements");
       n = static_cast<int64_t>(count);
     }
     T* out = ctx.output(0, data_type_of<T>(), {n}).template data<T>();
@@ -172,7 +154,8 @@ class Range final : public Kernel {
     if (delta == 0) ctx.fail("delta cannot be 0");
     const double count = std::ceil((static_cast<double>(limit) - start) / delta);
     if (std::isnan(count)) ctx.fail("start, limit and delta must be numbers");
-    if (count > static_cast<double>(kMaxElements)) ctx.fail("the range has too many elements");
+    if (count > static_cast<double>(kMaxOutputElements))
+      ctx.fail("the range has too many elements");
     const int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
     T* out = ctx.output(0, data_type_of<T>(), {n}).template data<T>();
     for (int64_t i = 0; i < n; ++i) {

@@ -11,24 +11,6 @@
 namespace kiln::ops {
 namespace {
 
-// Largest element count an output may have: far below where byte counts overflow.
-constexpr int64_t kMaxElements = int64_t{1} << 57;
-
-// Rejects negative dims and element counts above kMaxElements.
-void check_output_shape(const OpContext& ctx, const Shape& shape) {
-  bool empty = false;
-  for (int64_t d : shape) {
-    if (d < 0) ctx.fail("shape " + shape_to_string(shape) + " has a negative dimension");
-    empty = empty || d == 0;
-  }
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (!empty && (__builtin_mul_overflow(n, d, &n) || n > kMaxElements)) {
-      ctx.fail("shape " + shape_to_string(shape) + " is too large");
-    }
-  }
-}
-
 void require_byte_types(const Tensor& x, const char* what) {
   if (x.dtype() != DataType::String && bits_per_element(x.dtype()) < 8) {
     throw_unsupported_type(x.dtype(), what);
@@ -46,7 +28,7 @@ class Expand final : public Kernel {
       if (d < 0) ctx.fail("shape " + shape_to_string(target) + " has a negative dimension");
     }
     const Shape shape = broadcast_shapes(x.shape(), target);
-    check_output_shape(ctx, shape);
+    check_output_size(shape);
     Shape strides = broadcast_strides(x, shape);
     Tensor y = x.view(shape, std::move(strides), x.byte_offset());
     if (x.dtype() == DataType::String && !y.is_contiguous()) {
@@ -77,7 +59,7 @@ class Tile final : public Kernel {
       if (repeats[d] < 0) ctx.fail("repeats has a negative value " + std::to_string(repeats[d]));
       if (__builtin_mul_overflow(x.dim(d), repeats[d], &shape[d])) ctx.fail("output too large");
     }
-    check_output_shape(ctx, shape);
+    check_output_size(shape);
     Tensor& out = ctx.output(0, x.dtype(), shape);
     // Interleave (repeat, dim) pairs: the output in that order is contiguous.
     Shape split(2 * rank), out_strides(2 * rank), in_strides(2 * rank);

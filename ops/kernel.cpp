@@ -172,6 +172,23 @@ void OpContext::fail(const std::string& message, ErrorKind kind) const {
 
 // ---- common.h helpers ----
 
+void check_output_size(const Shape& shape) {
+  bool empty = false;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      throw Error(ErrorKind::Runtime,
+                  "shape " + shape_to_string(shape) + " has a negative dimension");
+    }
+    empty = empty || d == 0;
+  }
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (!empty && (__builtin_mul_overflow(n, d, &n) || n > kMaxOutputElements)) {
+      throw Error(ErrorKind::Runtime, "shape " + shape_to_string(shape) + " is too large");
+    }
+  }
+}
+
 void throw_unsupported_type(DataType dt, const char* what) {
   throw Error(ErrorKind::Unsupported, std::string(what) + " element type " +
                                           std::string(data_type_name(dt)) + " is not supported");

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "ops/common.h"
@@ -17,22 +18,56 @@
 namespace kiln::ops {
 namespace {
 
-// Largest element count an output may have: far below where byte counts overflow.
-constexpr int64_t kMaxElements = int64_t{1} << 57;
+// Where Pad takes the input and puts it: per dim, the part of the input that survives
+// negative pads (from crop_start, len elements) and where it lands in the output of
+// out_shape (from out_start). Shared by the kernel and the shape rule; throws kiln::Error
+// without a node.
+struct PadGeometry {
+  Shape crop_start, len, out_start, out_shape;
+};
 
-// Rejects negative dims and element counts above kMaxElements.
-void check_output_shape(const OpContext& ctx, const Shape& shape) {
-  bool empty = false;
-  for (int64_t d : shape) {
-    if (d < 0) ctx.fail("shape " + shape_to_string(shape) + " has a negative dimension");
-    empty = empty || d == 0;
+// `pads` holds the begins then the ends of `axes` (every dim when null).
+PadGeometry pad_geometry(const Shape& x, const std::vector<int64_t>& pads,
+                         const std::vector<int64_t>* axes, bool constant) {
+  auto fail = [](const std::string& m) { throw Error(ErrorKind::Runtime, m); };
+  const size_t rank = x.size();
+  std::vector<int64_t> all;
+  if (!axes) {
+    for (size_t d = 0; d < rank; ++d) all.push_back(static_cast<int64_t>(d));
+    axes = &all;
   }
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (!empty && (__builtin_mul_overflow(n, d, &n) || n > kMaxElements)) {
-      ctx.fail("shape " + shape_to_string(shape) + " is too large");
+  if (pads.size() != 2 * axes->size()) {
+    fail("pads has " + std::to_string(pads.size()) + " entries for " +
+         std::to_string(axes->size()) + " axes");
+  }
+  Shape begin(rank, 0), end(rank, 0);
+  std::vector<bool> seen(rank, false);
+  for (size_t i = 0; i < axes->size(); ++i) {
+    const auto a = static_cast<size_t>(normalize_axis((*axes)[i], static_cast<int64_t>(rank)));
+    if (seen[a]) fail("axis " + std::to_string((*axes)[i]) + " is repeated");
+    seen[a] = true;
+    begin[a] = pads[i];
+    end[a] = pads[i + axes->size()];
+    if (begin[a] == INT64_MIN || end[a] == INT64_MIN) fail("pads hold a value out of range");
+  }
+  PadGeometry g{Shape(rank), Shape(rank), Shape(rank), Shape(rank)};
+  for (size_t d = 0; d < rank; ++d) {
+    g.crop_start[d] = std::max<int64_t>(0, -begin[d]);
+    g.out_start[d] = std::max<int64_t>(0, begin[d]);
+    if (__builtin_sub_overflow(x[d] - g.crop_start[d], std::max<int64_t>(0, -end[d]), &g.len[d]) ||
+        g.len[d] < 0) {
+      fail("pads crop more than axis " + std::to_string(d) + " holds");
+    }
+    if (__builtin_add_overflow(g.len[d], g.out_start[d] + std::max<int64_t>(0, end[d]),
+                               &g.out_shape[d])) {
+      fail("output too large");
+    }
+    if (!constant && g.len[d] == 0 && g.out_shape[d] > 0) {
+      fail("cannot pad an empty axis except in constant mode");
     }
   }
+  check_output_size(g.out_shape);
+  return g;
 }
 
 // The block of `t` starting at `start` with `len` elements along each dim.
@@ -128,55 +163,25 @@ class Pad final : public Kernel {
     if (x.dtype() != DataType::String && bits_per_element(x.dtype()) < 8) {
       throw_unsupported_type(x.dtype(), "Pad input");
     }
-    const size_t rank = x.rank();
-    Shape begin(rank, 0), end(rank, 0);
-    read_pads(ctx, rank, &begin, &end);
-
-    // The part of the input that survives negative pads, and where it goes.
-    Shape crop_start(rank), len(rank), out_start(rank), out_shape(rank);
-    for (size_t d = 0; d < rank; ++d) {
-      crop_start[d] = std::max<int64_t>(0, -begin[d]);
-      out_start[d] = std::max<int64_t>(0, begin[d]);
-      len[d] = x.dim(d) - crop_start[d] - std::max<int64_t>(0, -end[d]);
-      if (len[d] < 0) ctx.fail("pads crop more than axis " + std::to_string(d) + " holds");
-      if (__builtin_add_overflow(len[d], out_start[d] + std::max<int64_t>(0, end[d]),
-                                 &out_shape[d])) {
-        ctx.fail("output too large");
-      }
-      if (mode_ != Mode::Constant && len[d] == 0 && out_shape[d] > 0) {
-        ctx.fail("cannot pad an empty axis except in constant mode");
-      }
-    }
-    check_output_shape(ctx, out_shape);
-    Tensor& out = ctx.output(0, x.dtype(), out_shape);
+    const PadGeometry g =
+        pad_geometry(x.shape(), read_pads(ctx), read_axes(ctx).get(), mode_ == Mode::Constant);
+    Tensor& out = ctx.output(0, x.dtype(), g.out_shape);
     if (mode_ == Mode::Constant) fill_constant(ctx, out);
-    copy_strided(window(x, crop_start, len), window(out, out_start, len));
-    if (mode_ != Mode::Constant) fill_borders(out, out_start, len);
+    copy_strided(window(x, g.crop_start, g.len), window(out, g.out_start, g.len));
+    if (mode_ != Mode::Constant) fill_borders(out, g.out_start, g.len);
     ctx.count_copy(out.nbytes());
   }
 
  private:
-  // Per-dim begin/end pads from the attribute or inputs 1 and 3.
-  void read_pads(const OpContext& ctx, size_t rank, Shape* begin, Shape* end) const {
-    const std::vector<int64_t> pads = ctx.opset() < 11 ? attr_pads_ : to_int64s(ctx.input(1));
-    std::vector<int64_t> axes;
-    if (ctx.opset() >= 18 && ctx.has_input(3)) {
-      axes = to_int64s(ctx.input(3));
-    } else {
-      for (size_t d = 0; d < rank; ++d) axes.push_back(static_cast<int64_t>(d));
-    }
-    if (pads.size() != 2 * axes.size()) {
-      ctx.fail("pads has " + std::to_string(pads.size()) + " entries for " +
-               std::to_string(axes.size()) + " axes");
-    }
-    std::vector<bool> seen(rank, false);
-    for (size_t i = 0; i < axes.size(); ++i) {
-      const auto a = static_cast<size_t>(normalize_axis(axes[i], static_cast<int64_t>(rank)));
-      if (seen[a]) ctx.fail("axis " + std::to_string(axes[i]) + " is repeated");
-      seen[a] = true;
-      (*begin)[a] = pads[i];
-      (*end)[a] = pads[i + axes.size()];
-    }
+  // The pads: the attribute (before opset 11) or input 1.
+  std::vector<int64_t> read_pads(const OpContext& ctx) const {
+    return ctx.opset() < 11 ? attr_pads_ : to_int64s(ctx.input(1));
+  }
+
+  // The padded axes (input 3, from opset 18); null: every dim.
+  static std::unique_ptr<std::vector<int64_t>> read_axes(const OpContext& ctx) {
+    if (ctx.opset() < 18 || !ctx.has_input(3)) return nullptr;
+    return std::make_unique<std::vector<int64_t>>(to_int64s(ctx.input(3)));
   }
 
   void fill_constant(const OpContext& ctx, const Tensor& out) const {
@@ -228,20 +233,13 @@ class Pad final : public Kernel {
 
 void pad_shape(ShapeContext& c) {
   const ValueFacts& x = c.in(0);
-  const std::vector<int64_t> pads = c.ints_from("pads", 11, 1);
   std::vector<int64_t> axes;
-  if (c.opset() >= 18 && c.has(3)) axes = c.data(3);
-  if (axes.empty()) {
-    for (size_t d = 0; d < x.shape.size(); ++d) axes.push_back(static_cast<int64_t>(d));
-  }
-  if (pads.size() != 2 * axes.size()) unknown("pads do not match the axes");
-  Shape out = x.shape;
-  for (size_t i = 0; i < axes.size(); ++i) {
-    const auto a = static_cast<size_t>(normalize_axis(axes[i], static_cast<int64_t>(out.size())));
-    out[a] = checked_add(out[a], checked_add(pads[i], pads[i + axes.size()]));
-    if (out[a] < 0) unknown("negative padded size");
-  }
-  c.set(0, x.dtype, out);
+  const bool has_axes = c.opset() >= 18 && c.has(3);
+  if (has_axes) axes = c.data(3);
+  const bool constant = c.attr_s("mode", "constant") == "constant";
+  c.set(0, x.dtype,
+        pad_geometry(x.shape, c.ints_from("pads", 11, 1), has_axes ? &axes : nullptr, constant)
+            .out_shape);
 }
 
 }  // namespace
