@@ -95,7 +95,9 @@ class PackedAttention final : public Kernel {
                  ErrorKind::Unsupported);
       }
     }
-    const Tensor x = half ? widen_to_float(ctx, x_in) : x_in;
+    Tensor wide_x;
+    if (half) wide_x = widen_to_float(ctx, x_in);
+    const Tensor& x = half ? wide_x : x_in;
     const DataType want = half ? DataType::Float16 : DataType::Float;
     if (x.rank() != 3) ctx.fail("input " + x.describe() + " must be 3-D [batch, sequence, hidden]");
     Sizes z;
@@ -123,8 +125,8 @@ class PackedAttention final : public Kernel {
         ctx.fail("bias " + b.describe() + " must be 1-D " + std::string(data_type_name(want)) +
                  " of " + std::to_string(cols));
       }
-      bias_f = widen_to_float(ctx, b);
-      bias = bias_f.data<const float>();
+      if (half) bias_f = widen_to_float(ctx, b);
+      bias = half ? bias_f.data<const float>() : b.data<const float>();
     }
     if (quantized_ && !bias) ctx.fail("QAttention needs its bias (input 2)");
     Tensor past_f;
@@ -132,8 +134,8 @@ class PackedAttention final : public Kernel {
     if (ctx.has_input(slots_.past)) {
       const Tensor& p = ctx.input(slots_.past);
       if (p.dtype() != want) ctx.fail("past " + p.describe() + " must have the input's type");
-      past_f = widen_to_float(ctx, p);
-      past = &past_f;
+      if (half) past_f = widen_to_float(ctx, p);
+      past = half ? &past_f : &p;
     }
     if (past) {
       if (past->rank() != 5 || past->dim(0) != 2 || past->dim(1) != z.batch ||
@@ -158,9 +160,11 @@ class PackedAttention final : public Kernel {
                packed_ && packed_.view.k() == z.in && packed_.view.n() == cols) {
       math::sgemm(a, packed_.view, qkv.data<float>(), cols, opt);
     } else {
-      const Tensor wf = widen_to_float(ctx, w);
-      math::sgemm(a, math::MatrixView::row_major(wf.data<const float>(), z.in, cols, cols),
-                  qkv.data<float>(), cols, opt);
+      Tensor wide_w;
+      if (half) wide_w = widen_to_float(ctx, w);
+      const float* pw = half ? wide_w.data<const float>() : w.data<const float>();
+      math::sgemm(a, math::MatrixView::row_major(pw, z.in, cols, cols), qkv.data<float>(), cols,
+                  opt);
     }
 
     // K and V of every key: in the projection, or in present (past followed by this step's).
@@ -303,8 +307,8 @@ class PackedAttention final : public Kernel {
     if (given.dtype() != want) {
       ctx.fail("attention_bias " + given.describe() + " must have the input's type");
     }
-    wide = widen_to_float(ctx, given);
-    const Tensor& a = wide;
+    if (want == DataType::Float16) wide = widen_to_float(ctx, given);
+    const Tensor& a = want == DataType::Float16 ? wide : given;
     if (a.rank() != 4 || (a.dim(0) != 1 && a.dim(0) != z.batch) ||
         (a.dim(1) != 1 && a.dim(1) != heads_) || a.dim(2) != z.seq || a.dim(3) != z.total) {
       ctx.fail("attention_bias " + given.describe() + " must be [B or 1, N or 1, S, T]");

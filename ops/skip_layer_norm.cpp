@@ -48,9 +48,15 @@ class SkipLayerNorm final : public Kernel {
     params.beta = param(ctx, 3, dt, n, "beta", params.wide[1]);
     params.bias = param(ctx, 4, dt, n, "bias", params.wide[2]);
     // float16 is widened into float scratch first, so its outputs may then take the inputs'
-    // storage as float outputs do.
-    const Tensor fa = dt == DataType::Float ? a : widen_to_float(ctx, a);
-    const Tensor fb = dt == DataType::Float ? b : widen_to_float(ctx, b);
+    // storage as float outputs do. (References, not copies: a copy of an input would hold its
+    // storage and keep the output from taking it.)
+    Tensor wide_a, wide_b;
+    if (dt == DataType::Float16) {
+      wide_a = widen_to_float(ctx, a);
+      wide_b = widen_to_float(ctx, b);
+    }
+    const Tensor& fa = dt == DataType::Float ? a : wide_a;
+    const Tensor& fb = dt == DataType::Float ? b : wide_b;
     Tensor& y = a.shape() == shape ? ctx.output_reusing(0, 0, dt, shape) : ctx.output(0, dt, shape);
     Tensor sum;
     if (ctx.has_output(3)) {
@@ -91,14 +97,18 @@ class SkipLayerNorm final : public Kernel {
     const bool same = a.shape() == shape && b.shape() == shape;
     // The sum: the fourth output when requested, else y itself (normalised in place) or,
     // when an operand broadcasts, a scratch buffer.
-    Tensor sum = sum_out;
-    if (!sum.defined()) sum = same ? y : ctx.allocate(DataType::Float, shape);
+    Tensor scratch;
+    const Tensor* sum = &sum_out;
+    if (!sum_out.defined()) {
+      if (!same) scratch = ctx.allocate(DataType::Float, shape);
+      sum = same ? &y : &scratch;
+    }
     if (!same) {
-      binary_loop<float, float, float>(a, b, sum, [](float x, float z) { return x + z; });
+      binary_loop<float, float, float>(a, b, *sum, [](float x, float z) { return x + z; });
     }
     const float* pa = same ? a.data<const float>() : nullptr;
     const float* pb = same ? b.data<const float>() : nullptr;
-    float* ps = sum.data<float>();
+    float* ps = sum->data<float>();
     float* py = y.data<float>();
     float* pm = mean.defined() ? mean.data<float>() : nullptr;
     float* pi = inv_std.defined() ? inv_std.data<float>() : nullptr;
