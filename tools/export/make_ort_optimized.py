@@ -19,6 +19,7 @@ GPT-2 (OUT/gpt2-tiny-ort-optimized): a 2-layer GPT-2 with random weights exporte
 as a decoder with past (text-generation-with-past), rewritten by ORTOptimizer at level O2 (its
 FastGelu takes the bias; SkipLayerNormalization adds the residual). The data set is one
 decoding step of 4 tokens after 3 cached positions, the first 2 of the second sequence padded.
+Also at level O4 (the same ops on float16, as for BERT).
 
     HF_HUB_OFFLINE=1 /work/venv/bin/python tools/export/make_ort_optimized.py models
 
@@ -138,11 +139,12 @@ def main(out: str) -> None:
         gpt2, gpt2_exported = os.path.join(tmp, "gpt2"), os.path.join(tmp, "gpt2-onnx")
         make_gpt2(gpt2)
         main_export(gpt2, output=gpt2_exported, task="text-generation-with-past", library_name="transformers")
-        optimized = os.path.join(tmp, "gpt2-O2")
-        ORTOptimizer.from_pretrained(gpt2_exported, file_names=["model.onnx"]).optimize(
-            AutoOptimizationConfig.O2(), optimized
-        )
-        save(os.path.join(optimized, "model_optimized.onnx"), os.path.join(out, "gpt2-tiny-ort-optimized"), "O2")
+        for level in ("O2", "O4"):
+            optimized = os.path.join(tmp, f"gpt2-{level}")
+            ORTOptimizer.from_pretrained(gpt2_exported, file_names=["model.onnx"]).optimize(
+                getattr(AutoOptimizationConfig, level)(), optimized
+            )
+            save(os.path.join(optimized, "model_optimized.onnx"), os.path.join(out, "gpt2-tiny-ort-optimized"), level)
 
         out = os.path.join(out, "bert-tiny-ort-optimized")
         source, exported = os.path.join(tmp, "bert"), os.path.join(tmp, "onnx")
