@@ -10,10 +10,14 @@
 //
 // A bias holds one value per element of the last axis. Rows of the last axis go to tasks in
 // parallel; each row is added by the dispatched row kernels and activated in place by the
-// vector kernels, while it is in cache.
+// vector kernels, while it is in cache. float16 rows are widened to float first and narrowed
+// back after, as onnxruntime's CPU kernels compute half types.
+#include <cstddef>
 #include <string>
+#include <vector>
 
 #include "ops/common.h"
+#include "ops/half.h"
 #include "ops/math/kernels.h"
 
 namespace kiln::ops {
@@ -30,36 +34,70 @@ class BiasActivation final : public Kernel {
 
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    require_float(ctx, x, "input");
+    const DataType dt = x.dtype();
+    if (dt != DataType::Float && dt != DataType::Float16) {
+      ctx.fail("input must be float or float16, got " + x.describe(), ErrorKind::Unsupported);
+    }
     if (x.rank() == 0) ctx.fail("input " + x.describe() + " must have at least one dim");
     if (kKind == Kind::BiasAdd && x.rank() != 3) {
       ctx.fail("input " + x.describe() + " must be 3-D [N, S, C]");
     }
     const int64_t n = x.dim(x.rank() - 1);
     const int64_t rows = n == 0 ? 0 : x.numel() / n;
-    const float* bias = bias_of(ctx, n);
-    const float* skip = skip_of(ctx, x);
+    std::vector<float> wide_bias;
+    const float* bias = bias_of(ctx, dt, n, wide_bias);
+    const Tensor* skip = skip_of(ctx, x);
     const int64_t out_n = kKind == Kind::BiasSplitGelu ? n / 2 : n;
     if (kKind == Kind::BiasSplitGelu && n % 2 != 0) {
       ctx.fail("the last axis of " + x.describe() + " must be even");
     }
     Shape out_shape = x.shape();
     out_shape.back() = out_n;
-    Tensor& y = kKind == Kind::BiasSplitGelu ? ctx.output(0, DataType::Float, out_shape)
-                                             : ctx.output_reusing(0, 0, DataType::Float, out_shape);
+    Tensor& y = kKind == Kind::BiasSplitGelu ? ctx.output(0, dt, out_shape)
+                                             : ctx.output_reusing(0, 0, dt, out_shape);
     if (rows == 0) return;
+    if (dt == DataType::Float16) {
+      run_half(x, bias, skip, y, rows, n, out_n);
+      return;
+    }
     const float* px = x.data<const float>();
+    const float* ps = skip ? skip->data<const float>() : nullptr;
     float* py = y.data<float>();
     const math::MathKernels& k = math::kernels();
     parallel_for(rows, grain_for(n, kTaskElements), [&](int64_t r0, int64_t r1) {
       std::vector<float> half(kKind == Kind::BiasSplitGelu ? static_cast<size_t>(out_n) : 0);
       for (int64_t r = r0; r < r1; ++r) {
-        row(k, px + r * n, bias, skip ? skip + r * n : nullptr, py + r * out_n, n, half.data());
+        row(k, px + r * n, bias, ps ? ps + r * n : nullptr, py + r * out_n, n, half.data());
       }
     });
   }
 
  private:
+  // float16: each row widened into float, computed as float rows are and narrowed back while
+  // it is in cache.
+  void run_half(const Tensor& x, const float* bias, const Tensor* skip, Tensor& y, int64_t rows,
+                int64_t n, int64_t out_n) const {
+    const std::byte* px = x.raw_data();
+    const std::byte* ps = skip ? skip->raw_data() : nullptr;
+    std::byte* py = y.raw_data();
+    constexpr int64_t kHalf = sizeof(uint16_t);
+    const math::MathKernels& k = math::kernels();
+    parallel_for(rows, grain_for(n, kTaskElements), [&](int64_t r0, int64_t r1) {
+      // Row buffers: x, skip, y and BiasSplitGelu's gelu half.
+      std::vector<float> buf(static_cast<size_t>(3 * n + out_n));
+      float* xs = buf.data();
+      float* ss = xs + n;
+      float* ys = ss + n;
+      float* hs = ys + n;
+      for (int64_t r = r0; r < r1; ++r) {
+        widen_half(px + r * n * kHalf, xs, n);
+        if (ps) widen_half(ps + r * n * kHalf, ss, n);
+        row(k, xs, bias, ps ? ss : nullptr, ys, n, hs);
+        narrow_half(ys, py + r * out_n * kHalf, out_n);
+      }
+    });
+  }
+
   // One row of n inputs into y (n outputs, n / 2 for BiasSplitGelu, which uses `half`).
   void row(const math::MathKernels& k, const float* x, const float* bias, const float* skip,
            float* y, int64_t n, float* half) const {
@@ -88,38 +126,43 @@ class BiasActivation final : public Kernel {
     }
   }
 
-  static void require_float(OpContext& ctx, const Tensor& t, const char* what) {
-    if (t.dtype() != DataType::Float) {
-      ctx.fail(std::string(what) + " must be float, got " + t.describe(), ErrorKind::Unsupported);
-    }
-  }
-
-  // The bias input (index 1) as n contiguous floats; null when the op has none or it is
-  // omitted.
-  static const float* bias_of(OpContext& ctx, int64_t n) {
+  // The bias input (index 1) as n contiguous floats (widened into `wide` when float16); null
+  // when the op has none or it is omitted.
+  static const float* bias_of(OpContext& ctx, DataType dt, int64_t n, std::vector<float>& wide) {
     if (kKind == Kind::Gelu || kKind == Kind::QuickGelu) return nullptr;
     if (!ctx.has_input(1)) {
       if (kKind == Kind::FastGelu) return nullptr;
       ctx.fail("bias is required");
     }
     const Tensor& b = ctx.input(1);
-    require_float(ctx, b, "bias");
+    require_type(ctx, b, dt, "bias");
     if (b.rank() != 1 || b.dim(0) != n || !b.is_contiguous()) {
       ctx.fail("bias " + b.describe() + " must be 1-D with the " + std::to_string(n) +
                " elements of the input's last axis");
     }
-    return b.data<const float>();
+    if (dt == DataType::Float) return b.data<const float>();
+    wide.resize(static_cast<size_t>(n));
+    widen_half(b.raw_data(), wide.data(), n);
+    return wide.data();
   }
 
-  // BiasAdd's skip (index 2): contiguous, of the input's shape.
-  static const float* skip_of(OpContext& ctx, const Tensor& x) {
+  // BiasAdd's skip (index 2): contiguous, of the input's shape and type.
+  static const Tensor* skip_of(OpContext& ctx, const Tensor& x) {
     if (kKind != Kind::BiasAdd) return nullptr;
     const Tensor& s = ctx.input(2);
-    require_float(ctx, s, "skip");
+    require_type(ctx, s, x.dtype(), "skip");
     if (s.shape() != x.shape() || !s.is_contiguous()) {
       ctx.fail("skip " + s.describe() + " must have the input's shape " + x.describe());
     }
-    return s.data<const float>();
+    return &s;
+  }
+
+  static void require_type(OpContext& ctx, const Tensor& t, DataType dt, const char* what) {
+    if (t.dtype() != dt) {
+      ctx.fail(std::string(what) + " must have the input's type " +
+                   std::string(data_type_name(dt)) + ", got " + t.describe(),
+               ErrorKind::Unsupported);
+    }
   }
 
   float alpha_;
@@ -140,7 +183,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .min_inputs = 1,
                   .max_inputs = 1,
                   .in_place = inputs(0),
-                  .types = "float",
+                  .types = "float, float16",
                   .shape = same_shape,
                   .create = make<BiasActivation<Kind::Gelu>>});
 KILN_REGISTER_OP({.domain = "com.microsoft",
@@ -148,7 +191,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .min_inputs = 1,
                   .max_inputs = 2,
                   .in_place = inputs(0),
-                  .types = "float",
+                  .types = "float, float16",
                   .shape = same_shape,
                   .create = make<BiasActivation<Kind::FastGelu>>});
 KILN_REGISTER_OP({.domain = "com.microsoft",
@@ -156,7 +199,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .min_inputs = 2,
                   .max_inputs = 2,
                   .in_place = inputs(0),
-                  .types = "float",
+                  .types = "float, float16",
                   .shape = same_shape,
                   .create = make<BiasActivation<Kind::BiasGelu>>});
 KILN_REGISTER_OP({.domain = "com.microsoft",
@@ -164,7 +207,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .min_inputs = 1,
                   .max_inputs = 1,
                   .in_place = inputs(0),
-                  .types = "float",
+                  .types = "float, float16",
                   .shape = same_shape,
                   .create = make<BiasActivation<Kind::QuickGelu>>});
 KILN_REGISTER_OP({.domain = "com.microsoft",
@@ -172,14 +215,14 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .min_inputs = 3,
                   .max_inputs = 3,
                   .in_place = inputs(0),
-                  .types = "float",
+                  .types = "float, float16",
                   .shape = same_shape,
                   .create = make<BiasActivation<Kind::BiasAdd>>});
 KILN_REGISTER_OP({.domain = "com.microsoft",
                   .op = "BiasSplitGelu",
                   .min_inputs = 2,
                   .max_inputs = 2,
-                  .types = "float",
+                  .types = "float, float16",
                   .shape = split_gelu_shape,
                   .create = make<BiasActivation<Kind::BiasSplitGelu>>});
 

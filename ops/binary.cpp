@@ -8,6 +8,7 @@
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/half.h"
 #include "ops/math/kernels.h"
 
 namespace kiln::ops {
@@ -62,6 +63,41 @@ void check_same_type(const OpContext& ctx) {
   }
 }
 
+// float16 Add/Sub/Mul/Div (contiguous `out`): each row widened block by block into float, run
+// through the float row kernel and narrowed back, as onnxruntime computes half types; an
+// operand broadcast along the row is widened once.
+void half_rows(math::BinaryKernels::Row row, const Tensor& a, const Tensor& b, Tensor& out) {
+  constexpr int64_t kBlock = 256;
+  const auto* pa = reinterpret_cast<const uint16_t*>(a.raw_data());
+  const auto* pb = reinterpret_cast<const uint16_t*>(b.raw_data());
+  auto* po = reinterpret_cast<uint16_t*>(out.raw_data());
+  // m values of a row of stride s into dst; returns the stride to read them with.
+  auto load = [](const uint16_t* src, int64_t s, float* dst, int64_t m) -> int64_t {
+    if (s == 0) {
+      widen_half(src, dst, 1);
+      return 0;
+    }
+    if (s == 1) {
+      widen_half(src, dst, m);
+    } else {
+      for (int64_t i = 0; i < m; ++i) dst[i] = static_cast<float>(float16::from_bits(src[i * s]));
+    }
+    return 1;
+  };
+  std::array<Shape, 3> strides{broadcast_strides(a, out.shape()), broadcast_strides(b, out.shape()),
+                               out.strides()};
+  for_each_row<3>(out.shape(), strides, [&](const int64_t* off, int64_t n, const int64_t* s) {
+    float fa[kBlock], fb[kBlock], fo[kBlock];
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const int64_t m = std::min(kBlock, n - i);
+      const int64_t sa = load(pa + off[0] + i * s[0], s[0], fa, m);
+      const int64_t sb = load(pb + off[1] + i * s[1], s[1], fb, m);
+      row(fa, sa, fb, sb, fo, m);
+      narrow_half(fo, po + off[2] + i, m);
+    }
+  });
+}
+
 // out = fn(a, b) over Fn's types; shared by the numpy-broadcasting and legacy kernels so
 // each op's type grid is instantiated once.
 template <typename Fn>
@@ -90,6 +126,10 @@ void arithmetic(const Fn& fn, const Tensor& a, const Tensor& b, Tensor& out) {
             po[off[2] + i * s[2]] = fn(pa[off[0] + i * s[0]], pb[off[1] + i * s[1]]);
         }
       });
+      return;
+    }
+    if (a.dtype() == DataType::Float16 && out.is_contiguous()) {
+      half_rows(math::kernels().binary.*Fn::kFloatRow, a, b, out);
       return;
     }
   }

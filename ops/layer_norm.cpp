@@ -2,7 +2,8 @@
 //
 // X is seen as rows x N, N the product of the normalised dims [axis, rank). Each row is
 // normalised independently (rows in parallel, tasks of at least kTaskElements elements) over
-// the contiguous row: in float (half types too) by the dispatched row kernels
+// the contiguous row: in float (half types too, float16 rows converted by the dispatched
+// conversion kernels) by the dispatched row kernels
 // (ops/math/impl/vecmath_rows.h), in double with Eigen expressions. Scale and bias are
 // unidirectionally broadcast to X: the usual shapes (the normalised dims) are one vector
 // shared by every row; a scale that also varies over the leading dims is expanded per row.
@@ -13,6 +14,7 @@
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/half.h"
 #include "ops/math/kernels.h"
 
 namespace kiln::ops {
@@ -146,7 +148,11 @@ class Norm final : public Kernel {
             xr = src + r * n;
             yr = dst + r * n;
           } else {
-            for (int64_t i = 0; i < n; ++i) scratch[static_cast<size_t>(i)] = src[r * n + i];
+            if constexpr (std::is_same_v<T, float16>) {
+              widen_half(src + r * n, scratch.data(), n);
+            } else {
+              for (int64_t i = 0; i < n; ++i) scratch[static_cast<size_t>(i)] = src[r * n + i];
+            }
             xr = yr = scratch.data();
           }
           ConstMap<C> xm(xr, n);
@@ -173,7 +179,9 @@ class Norm final : public Kernel {
               ym = (xm - mu) * inv * sm;
             }
           }
-          if constexpr (!std::is_same_v<T, C>) {
+          if constexpr (std::is_same_v<T, float16>) {
+            narrow_half(scratch.data(), dst + r * n, n);
+          } else if constexpr (!std::is_same_v<T, C>) {
             for (int64_t i = 0; i < n; ++i) dst[r * n + i] = T(scratch[static_cast<size_t>(i)]);
           }
           if (mean.defined()) store(mean, r, mu);

@@ -16,6 +16,9 @@
 // reading Q and K in place from the projection (K^T as a column-major view), softmaxes rows
 // with the vector kernels and multiplies by V straight into the output.
 //
+// float16 inputs are widened to float, the block computed in float, and output and present
+// narrowed back to float16, as onnxruntime computes half types on the CPU.
+//
 // com.microsoft QAttention (what onnxruntime's quantize_dynamic makes of Attention) is the same
 // block with a quantized projection: uint8 input and 8-bit weights with their scales and zero
 // points (the weights' per tensor or per column), multiplied in the int8 GEMM layer and scaled
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/half.h"
 #include "ops/math/gemm.h"
 #include "ops/math/kernels.h"
 #include "ops/math/qgemm.h"
@@ -72,22 +76,29 @@ class PackedAttention final : public Kernel {
   }
 
   void run(OpContext& ctx) override {
-    const Tensor& x = ctx.input(0);
+    const Tensor& x_in = ctx.input(0);
     const Tensor& w = ctx.input(1);
+    // float16 (x and weights alike): its inputs widened to float, computed as float, and output
+    // and present narrowed back, as onnxruntime computes half types on the CPU.
+    const bool half = !quantized_ && x_in.dtype() == DataType::Float16;
     if (quantized_) {
-      if (x.dtype() != DataType::UInt8 ||
+      if (x_in.dtype() != DataType::UInt8 ||
           (w.dtype() != DataType::UInt8 && w.dtype() != DataType::Int8)) {
-        ctx.fail("takes uint8 input and uint8 or int8 weights, got " + x.describe() + " and " +
+        ctx.fail("takes uint8 input and uint8 or int8 weights, got " + x_in.describe() + " and " +
                      w.describe(),
                  ErrorKind::Unsupported);
       }
     } else {
-      for (const Tensor* t : {&x, &w}) {
-        if (t->dtype() != DataType::Float) {
-          ctx.fail("takes float input and weights, got " + t->describe(), ErrorKind::Unsupported);
-        }
+      if ((x_in.dtype() != DataType::Float && !half) || w.dtype() != x_in.dtype()) {
+        ctx.fail("takes float or float16 input and weights of one type, got " + x_in.describe() +
+                     " and " + w.describe(),
+                 ErrorKind::Unsupported);
       }
     }
+    Tensor wide_x;
+    if (half) wide_x = widen_to_float(ctx, x_in);
+    const Tensor& x = half ? wide_x : x_in;
+    const DataType want = half ? DataType::Float16 : DataType::Float;
     if (x.rank() != 3) ctx.fail("input " + x.describe() + " must be 3-D [batch, sequence, hidden]");
     Sizes z;
     z.batch = x.dim(0), z.seq = x.dim(1), z.in = x.dim(2), z.heads = heads_;
@@ -107,35 +118,49 @@ class PackedAttention final : public Kernel {
     }
     const int64_t cols = w.dim(1);
     const float* bias = nullptr;
+    Tensor bias_f;
     if (ctx.has_input(2)) {
       const Tensor& b = ctx.input(2);
-      if (b.dtype() != DataType::Float || b.rank() != 1 || b.dim(0) != cols) {
-        ctx.fail("bias " + b.describe() + " must be 1-D float of " + std::to_string(cols));
+      if (b.dtype() != want || b.rank() != 1 || b.dim(0) != cols) {
+        ctx.fail("bias " + b.describe() + " must be 1-D " + std::string(data_type_name(want)) +
+                 " of " + std::to_string(cols));
       }
-      bias = b.data<const float>();
+      if (half) bias_f = widen_to_float(ctx, b);
+      bias = half ? bias_f.data<const float>() : b.data<const float>();
     }
     if (quantized_ && !bias) ctx.fail("QAttention needs its bias (input 2)");
-    const Tensor* past = ctx.has_input(slots_.past) ? &ctx.input(slots_.past) : nullptr;
+    Tensor past_f;
+    const Tensor* past = nullptr;
+    if (ctx.has_input(slots_.past)) {
+      const Tensor& p = ctx.input(slots_.past);
+      if (p.dtype() != want) ctx.fail("past " + p.describe() + " must have the input's type");
+      if (half) past_f = widen_to_float(ctx, p);
+      past = half ? &past_f : &p;
+    }
     if (past) {
-      if (past->dtype() != DataType::Float || past->rank() != 5 || past->dim(0) != 2 ||
-          past->dim(1) != z.batch || past->dim(2) != heads_ || past->dim(4) != z.hq() ||
-          z.dk != z.dv) {
+      if (past->rank() != 5 || past->dim(0) != 2 || past->dim(1) != z.batch ||
+          past->dim(2) != heads_ || past->dim(4) != z.hq() || z.dk != z.dv) {
         ctx.fail("past " + past->describe() + " must be [2, batch, heads, past, head size]");
       }
       z.past = past->dim(3);
     }
     z.total = z.past + z.seq;
     const Mask mask = mask_of(ctx, z);
-    const BiasPlanes attn_bias = attention_bias(ctx, z);
+    Tensor attn_bias_f;
+    const BiasPlanes attn_bias = attention_bias(ctx, z, want, attn_bias_f);
 
     // The outputs, then the projection [B*S, Dq+Dk+Dv] as the workspace, in the order the
-    // contract states them (outputs 0 and 1, then packed_attention_workspace).
-    Tensor& out = ctx.output(0, DataType::Float, {z.batch, z.seq, z.dv});
-    Tensor present;
-    if (ctx.has_output(1)) present = ctx.output(1, DataType::Float, present_shape(z));
+    // contract states them (outputs 0 and 1, then packed_attention_workspace). Float16
+    // outputs are computed in float scratch and narrowed into them at the end.
+    const Shape out_shape{z.batch, z.seq, z.dv};
+    Tensor& out_t = ctx.output(0, want, out_shape);
+    Tensor present_t;
+    if (ctx.has_output(1)) present_t = ctx.output(1, want, present_shape(z));
     const int64_t rows = z.batch * z.seq;
     Tensor qkv = rows * cols > 0 ? ctx.workspace(DataType::Float, rows * cols)
                                  : ctx.allocate(DataType::Float, {rows, cols});
+    Tensor out = half ? ctx.allocate(DataType::Float, out_shape) : out_t;
+    Tensor present = half ? Tensor() : present_t;
     math::GemmOptions opt;
     opt.bias = bias;
     if (quantized_) {
@@ -145,14 +170,18 @@ class PackedAttention final : public Kernel {
                packed_ && packed_.view.k() == z.in && packed_.view.n() == cols) {
       math::sgemm(a, packed_.view, qkv.data<float>(), cols, opt);
     } else {
-      math::sgemm(a, math::MatrixView::row_major(w.data<const float>(), z.in, cols, cols),
-                  qkv.data<float>(), cols, opt);
+      Tensor wide_w;
+      if (half) wide_w = widen_to_float(ctx, w);
+      const float* pw = half ? wide_w.data<const float>() : w.data<const float>();
+      math::sgemm(a, math::MatrixView::row_major(pw, z.in, cols, cols), qkv.data<float>(), cols,
+                  opt);
     }
 
     // K and V of every key: in the projection, or in present (past followed by this step's).
     const float* pq = qkv.data<const float>();
     KeyValues kv{pq + z.dq, pq + z.dq + z.dk, cols, z.seq * cols, z.hq(), 0};
     if (past || ctx.has_output(1)) kv = with_past(ctx, z, past, pq, cols, present);
+    if (half && ctx.has_output(1)) narrow_into(present, present_t);
     if (rows == 0) return;
     const float scale = scale_ != 0 ? scale_ : 1.0f / std::sqrt(static_cast<float>(z.hq()));
     float* po = out.data<float>();
@@ -164,6 +193,7 @@ class PackedAttention final : public Kernel {
              row_bias.data(), po);
       }
     });
+    if (half) narrow_into(out, out_t);
   }
 
  private:
@@ -275,12 +305,18 @@ class PackedAttention final : public Kernel {
     }
   };
 
-  BiasPlanes attention_bias(OpContext& ctx, const Sizes& z) const {
+  // A float16 attention_bias is widened into `wide`.
+  BiasPlanes attention_bias(OpContext& ctx, const Sizes& z, DataType want, Tensor& wide) const {
     if (quantized_ || !ctx.has_input(slots_.attention_bias)) return {};
-    const Tensor& a = ctx.input(slots_.attention_bias);
-    if (a.dtype() != DataType::Float || a.rank() != 4 || (a.dim(0) != 1 && a.dim(0) != z.batch) ||
+    const Tensor& given = ctx.input(slots_.attention_bias);
+    if (given.dtype() != want) {
+      ctx.fail("attention_bias " + given.describe() + " must have the input's type");
+    }
+    if (want == DataType::Float16) wide = widen_to_float(ctx, given);
+    const Tensor& a = want == DataType::Float16 ? wide : given;
+    if (a.rank() != 4 || (a.dim(0) != 1 && a.dim(0) != z.batch) ||
         (a.dim(1) != 1 && a.dim(1) != heads_) || a.dim(2) != z.seq || a.dim(3) != z.total) {
-      ctx.fail("attention_bias " + a.describe() + " must be float [B or 1, N or 1, S, T]");
+      ctx.fail("attention_bias " + given.describe() + " must be [B or 1, N or 1, S, T]");
     }
     const int64_t plane = z.seq * z.total;
     return {a.data<const float>(), a.dim(0) == 1 ? 0 : a.dim(1) * plane, a.dim(1) == 1 ? 0 : plane};
@@ -288,8 +324,9 @@ class PackedAttention final : public Kernel {
 
   Shape present_shape(const Sizes& z) const { return {2, z.batch, heads_, z.total, z.hq()}; }
 
-  // present = past followed by this step's K and V ([2, B, N, T, H]): output 1 when the node
-  // has it (already allocated), else scratch.
+  // present = past followed by this step's K and V ([2, B, N, T, H]): float output 1 when
+  // given (already allocated), else float scratch (no output, or a float16 one the caller
+  // narrows it into).
   KeyValues with_past(OpContext& ctx, const Sizes& z, const Tensor* past, const float* pq,
                       int64_t cols, Tensor& present) const {
     const int64_t hk = z.hq();
@@ -429,7 +466,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .max_inputs = 7,
                   .min_outputs = 1,
                   .max_outputs = 2,
-                  .types = "float",
+                  .types = "float, float16",
                   .shape = packed_attention_shape,
                   .workspace = packed_attention_workspace,
                   .create = make<PackedAttention>});

@@ -9,11 +9,15 @@
 // residual stream, when later nodes read it). gamma, beta and bias hold one value per
 // element of the last axis. When input and skip have one shape, each row is summed and
 // normalised by one dispatched row kernel while it is in cache; skip (or input) may also
-// broadcast numpy-style, which onnxruntime does for a skip of [S, H] or [1, S, H].
+// broadcast numpy-style, which onnxruntime does for a skip of [S, H] or [1, S, H]. float16
+// operands are widened to float and the results narrowed back, as onnxruntime's CPU kernel
+// does; the statistics stay float.
 #include <string>
+#include <vector>
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
+#include "ops/half.h"
 #include "ops/math/kernels.h"
 
 namespace kiln::ops {
@@ -30,46 +34,85 @@ class SkipLayerNorm final : public Kernel {
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
-    if (a.dtype() != DataType::Float || b.dtype() != DataType::Float) {
-      ctx.fail("takes float input and skip, got " + a.describe() + " and " + b.describe(),
+    const DataType dt = a.dtype();
+    if ((dt != DataType::Float && dt != DataType::Float16) || b.dtype() != dt) {
+      ctx.fail("takes float or float16 input and skip of one type, got " + a.describe() + " and " +
+                   b.describe(),
                ErrorKind::Unsupported);
     }
     if (a.rank() == 0 && b.rank() == 0) ctx.fail("input and skip must have at least one dim");
     const Shape shape = broadcast_shapes(a.shape(), b.shape());
     const int64_t n = shape.back();
-    const int64_t rows = n == 0 ? 0 : numel_of(shape) / n;
-    const float* gamma = param(ctx, 2, n, "gamma");
-    const float* beta = param(ctx, 3, n, "beta");
-    const float* bias = param(ctx, 4, n, "bias");
-    const bool same = a.shape() == shape && b.shape() == shape;
-    Tensor& y = a.shape() == shape ? ctx.output_reusing(0, 0, DataType::Float, shape)
-                                   : ctx.output(0, DataType::Float, shape);
-    // The sum: the fourth output when requested, else y itself (normalised in place) or,
-    // when an operand broadcasts, a scratch buffer.
+    Params params;
+    params.gamma = param(ctx, 2, dt, n, "gamma", params.wide[0]);
+    params.beta = param(ctx, 3, dt, n, "beta", params.wide[1]);
+    params.bias = param(ctx, 4, dt, n, "bias", params.wide[2]);
+    // float16 is widened into float scratch first, so its outputs may then take the inputs'
+    // storage as float outputs do. (References, not copies: a copy of an input would hold its
+    // storage and keep the output from taking it.)
+    Tensor wide_a, wide_b;
+    if (dt == DataType::Float16) {
+      wide_a = widen_to_float(ctx, a);
+      wide_b = widen_to_float(ctx, b);
+    }
+    const Tensor& fa = dt == DataType::Float ? a : wide_a;
+    const Tensor& fb = dt == DataType::Float ? b : wide_b;
+    Tensor& y = a.shape() == shape ? ctx.output_reusing(0, 0, dt, shape) : ctx.output(0, dt, shape);
     Tensor sum;
     if (ctx.has_output(3)) {
-      sum = b.shape() == shape ? ctx.output_reusing(3, 1, DataType::Float, shape)
-                               : ctx.output(3, DataType::Float, shape);
-    } else if (same) {
-      sum = y;
-    } else {
-      sum = ctx.allocate(DataType::Float, shape);
+      sum = b.shape() == shape ? ctx.output_reusing(3, 1, dt, shape) : ctx.output(3, dt, shape);
     }
     Shape stat_shape = shape;
     stat_shape.back() = 1;
     Tensor mean, inv_std;
     if (ctx.has_output(1)) mean = ctx.output(1, DataType::Float, stat_shape);
     if (ctx.has_output(2)) inv_std = ctx.output(2, DataType::Float, stat_shape);
+    if (dt == DataType::Float) {
+      normalize(ctx, fa, fb, shape, params, y, sum, mean, inv_std);
+      return;
+    }
+    Tensor fy = ctx.allocate(DataType::Float, shape);
+    Tensor fsum = sum.defined() ? ctx.allocate(DataType::Float, shape) : Tensor();
+    normalize(ctx, fa, fb, shape, params, fy, fsum, mean, inv_std);
+    narrow_into(fy, y);
+    if (sum.defined()) narrow_into(fsum, sum);
+  }
+
+ private:
+  // gamma, beta and bias as n floats each (null when absent); float16 ones widened into `wide`.
+  struct Params {
+    const float* gamma = nullptr;
+    const float* beta = nullptr;
+    const float* bias = nullptr;
+    std::vector<float> wide[3];
+  };
+
+  // The float computation: y, and `sum` when defined, from a + b (broadcast to `shape`).
+  void normalize(OpContext& ctx, const Tensor& a, const Tensor& b, const Shape& shape,
+                 const Params& params, Tensor& y, const Tensor& sum_out, const Tensor& mean,
+                 const Tensor& inv_std) const {
+    const int64_t n = shape.back();
+    const int64_t rows = n == 0 ? 0 : numel_of(shape) / n;
     if (rows == 0) return;
+    const bool same = a.shape() == shape && b.shape() == shape;
+    // The sum: the fourth output when requested, else y itself (normalised in place) or,
+    // when an operand broadcasts, a scratch buffer.
+    Tensor scratch;
+    const Tensor* sum = &sum_out;
+    if (!sum_out.defined()) {
+      if (!same) scratch = ctx.allocate(DataType::Float, shape);
+      sum = same ? &y : &scratch;
+    }
     if (!same) {
-      binary_loop<float, float, float>(a, b, sum, [](float x, float z) { return x + z; });
+      binary_loop<float, float, float>(a, b, *sum, [](float x, float z) { return x + z; });
     }
     const float* pa = same ? a.data<const float>() : nullptr;
     const float* pb = same ? b.data<const float>() : nullptr;
-    float* ps = sum.data<float>();
+    float* ps = sum->data<float>();
     float* py = y.data<float>();
     float* pm = mean.defined() ? mean.data<float>() : nullptr;
     float* pi = inv_std.defined() ? inv_std.data<float>() : nullptr;
+    const float *gamma = params.gamma, *beta = params.beta, *bias = params.bias;
     const math::VecMathKernels& vm = math::kernels().vec;
     parallel_for(rows, grain_for(n, kTaskElements), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
@@ -88,19 +131,23 @@ class SkipLayerNorm final : public Kernel {
     });
   }
 
- private:
-  // Input i as n contiguous floats, or null when it is absent.
-  static const float* param(OpContext& ctx, size_t i, int64_t n, const char* what) {
+  // Input i as n contiguous floats of the input's type (widened into `wide` when float16), or
+  // null when it is absent.
+  static const float* param(OpContext& ctx, size_t i, DataType dt, int64_t n, const char* what,
+                            std::vector<float>& wide) {
     if (!ctx.has_input(i)) {
       if (i == 2) ctx.fail("gamma is required");
       return nullptr;
     }
     const Tensor& t = ctx.input(i);
-    if (t.dtype() != DataType::Float || t.numel() != n || !t.is_contiguous()) {
-      ctx.fail(std::string(what) + " " + t.describe() + " must hold " + std::to_string(n) +
-               " floats (the last axis)");
+    if (t.dtype() != dt || t.numel() != n || !t.is_contiguous()) {
+      ctx.fail(std::string(what) + " " + t.describe() + " must hold " + std::to_string(n) + " " +
+               std::string(data_type_name(dt)) + " values (the last axis)");
     }
-    return t.data<const float>();
+    if (dt == DataType::Float) return t.data<const float>();
+    wide.resize(static_cast<size_t>(n));
+    widen_half(t.raw_data(), wide.data(), n);
+    return wide.data();
   }
 
   static int64_t numel_of(const Shape& s) {
@@ -155,7 +202,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .min_outputs = 1,
                   .max_outputs = 4,
                   .in_place = inputs(0, 1),
-                  .types = "float",
+                  .types = "float, float16 (statistics float)",
                   .shape = skip_layer_norm_shape,
                   .place = place_skip_layer_norm,
                   .create = make<SkipLayerNorm>});

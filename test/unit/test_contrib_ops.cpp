@@ -1,8 +1,9 @@
 // onnxruntime's contrib ops (com.microsoft Gelu family, BiasAdd, the simplified layer norms,
 // EmbedLayerNormalization, Attention) against naive double references written here from
 // onnxruntime's ContribOperators.md: random shapes, optional inputs and outputs, broadcasting
-// biases, and bad inputs failing with an Error naming the node. ctest runs this suite again at
-// every instruction-set level (KILN_ISA), so each level's vector kernels are covered.
+// biases, float16 operands (computed in float, rounded on store), and bad inputs failing with
+// an Error naming the node. ctest runs this suite again at every instruction-set level
+// (KILN_ISA), so each level's vector kernels are covered.
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -16,6 +17,9 @@ using namespace kiln::testing;
 namespace {
 
 constexpr const char* kMs = "com.microsoft";
+// float16 keeps 11 significant bits: rounding a result moves it by at most 2^-11 of itself
+// (4.9e-4); the float arithmetic before it adds about 1e-5 at most.
+constexpr double kHalfTol = 6e-4;
 
 double gelu(double x) {
   return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
@@ -83,6 +87,65 @@ TEST_CASE("com.microsoft Gelu, FastGelu, BiasGelu, QuickGelu, BiasAdd and BiasSp
                           .input(Tensor::zeros(DataType::Float, {2, 4}))
                           .run(),
                       Catch::Contains("BiasAdd") && Catch::Contains("3-D"));
+}
+
+TEST_CASE("the Gelu family and BiasAdd take float16 (computed in float)",
+          "[ops][contrib][float16]") {
+  std::mt19937 rng(21);
+  for (int trial = 0; trial < 8; ++trial) {
+    const int64_t n = std::vector<int64_t>{2, 16, 17, 64}[static_cast<size_t>(trial % 4)];
+    const Shape shape{1 + trial % 2, 1 + (trial * 3) % 5, n};
+    const Tensor x = random_tensor(DataType::Float16, shape, rng, -4, 4);
+    const Tensor bias = random_tensor(DataType::Float16, {n}, rng, -1, 1);
+    const Tensor skip = random_tensor(DataType::Float16, shape, rng, -1, 1);
+    INFO("trial " << trial << ": " << x.describe());
+    std::vector<double> g, fg, fgb, bg, qg, ba;
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const double v = element(x, i), b = element(bias, i % n);
+      g.push_back(gelu(v));
+      fg.push_back(gelu_tanh(v));
+      fgb.push_back(gelu_tanh(v + b));
+      bg.push_back(gelu(v + b));
+      qg.push_back(v / (1 + std::exp(-1.702 * v)));
+      ba.push_back(v + b + element(skip, i));
+    }
+    const Tensor y = OpTest("FastGelu", 1, kMs).input(x).input(bias).run1();
+    CHECK(y.dtype() == DataType::Float16);
+    CHECK(y.shape() == shape);
+    require_near(y, fgb, kHalfTol);
+    require_near(OpTest("FastGelu", 1, kMs).input(x).run1(), fg, kHalfTol);
+    require_near(OpTest("FastGelu", 1, kMs).input(x).constant_input(bias).run1(), fgb, kHalfTol);
+    require_near(OpTest("Gelu", 1, kMs).input(x).run1(), g, kHalfTol);
+    require_near(OpTest("BiasGelu", 1, kMs).input(x).input(bias).run1(), bg, kHalfTol);
+    require_near(OpTest("QuickGelu", 1, kMs).input(x).run1(), qg, kHalfTol);
+    require_near(OpTest("BiasAdd", 1, kMs).input(x).input(bias).input(skip).run1(), ba, kHalfTol);
+    if (n % 2 != 0) continue;
+    std::vector<double> split;
+    const int64_t h = n / 2;
+    for (int64_t r = 0; r < x.numel() / n; ++r) {
+      for (int64_t i = 0; i < h; ++i) {
+        const double left = element(x, r * n + i) + element(bias, i);
+        const double right = element(x, r * n + h + i) + element(bias, h + i);
+        split.push_back(left * gelu(right));
+      }
+    }
+    const Tensor sg = OpTest("BiasSplitGelu", 1, kMs).input(x).input(bias).run1();
+    CHECK(sg.dtype() == DataType::Float16);
+    require_near(sg, split, kHalfTol);
+  }
+  // A bias or skip of another type than the input, bfloat16: each an Error naming the node.
+  const Tensor x = Tensor::zeros(DataType::Float16, {1, 2, 4});
+  REQUIRE_THROWS_WITH(
+      OpTest("FastGelu", 1, kMs).input(x).input(Tensor::zeros(DataType::Float, {4})).run(),
+      Catch::Contains("FastGelu") && Catch::Contains("bias") && Catch::Contains("float16"));
+  REQUIRE_THROWS_WITH(OpTest("BiasAdd", 1, kMs)
+                          .input(x)
+                          .input(Tensor::zeros(DataType::Float16, {4}))
+                          .input(Tensor::zeros(DataType::Float, {1, 2, 4}))
+                          .run(),
+                      Catch::Contains("BiasAdd") && Catch::Contains("skip"));
+  REQUIRE_THROWS_WITH(OpTest("Gelu", 1, kMs).input(Tensor::zeros(DataType::BFloat16, {2})).run(),
+                      Catch::Contains("Gelu") && Catch::Contains("float or float16"));
 }
 
 TEST_CASE("SimplifiedLayerNormalization and SkipSimplifiedLayerNormalization", "[ops][contrib]") {
@@ -408,4 +471,93 @@ TEST_CASE("com.microsoft Attention: packed QKV, masks, causal, past and present"
                           .attr("num_heads", 2)
                           .run(),
                       Catch::Contains("Attention") && Catch::Contains("float"));
+}
+
+TEST_CASE("com.microsoft Attention takes float16 (computed in float, output and present rounded)",
+          "[ops][contrib][attention][float16]") {
+  std::mt19937 rng(22);
+  // Constant weights (packed once from float16) and weights fed at run time; no mask, a [B]
+  // mask, a [B, T] mask with past, causal with attention_bias.
+  const std::vector<AttentionCase> cases = {
+      {2, 5, 16, 2, 8, 0, false, 0, false},
+      {2, 7, 12, 3, 4, 0, false, 1, false},
+      {2, 3, 8, 2, 4, 4, false, 3, false},
+      {1, 6, 16, 4, 4, 0, true, 0, true},
+  };
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const AttentionCase& c = cases[k];
+    INFO("case " << k);
+    const int64_t hidden = c.heads * c.head, T = c.past + c.seq;
+    const Tensor x = random_tensor(DataType::Float16, {c.batch, c.seq, c.in}, rng);
+    const Tensor w = random_tensor(DataType::Float16, {c.in, 3 * hidden}, rng);
+    const Tensor bias = random_tensor(DataType::Float16, {3 * hidden}, rng);
+    const Tensor past =
+        random_tensor(DataType::Float16, {2, c.batch, c.heads, c.past, c.head}, rng);
+    const Tensor ab = random_tensor(DataType::Float16, {c.batch, c.heads, c.seq, T}, rng);
+    Tensor mask;
+    if (c.mask_kind == 1) {
+      std::vector<int32_t> ends;
+      for (int64_t b = 0; b < c.batch; ++b) ends.push_back(static_cast<int32_t>(T - 2 * b));
+      mask = int32_tensor({c.batch}, ends);
+    } else if (c.mask_kind == 3) {
+      std::vector<int32_t> m;
+      for (int64_t i = 0; i < c.batch * T; ++i) m.push_back(i % 3 == 2 ? 0 : 1);
+      mask = int32_tensor({c.batch, T}, m);
+    }
+    OpTest t("Attention", 1, kMs);
+    t.input(x);
+    if (k % 2 == 0) {
+      t.constant_input(w);
+    } else {
+      t.input(w);
+    }
+    t.input(bias);
+    if (c.mask_kind) {
+      t.input(mask);
+    } else {
+      t.no_input();
+    }
+    if (c.past) {
+      t.input(past);
+    } else if (c.attn_bias) {
+      t.no_input();
+    }
+    if (c.attn_bias) t.input(ab);
+    t.attr("num_heads", c.heads).attr("unidirectional", c.unidirectional ? 1 : 0).outputs(2);
+    const auto out = t.run();
+    std::vector<double> present;
+    const std::vector<double> want =
+        attention_reference(c, x, w, bias, c.past ? &past : nullptr, c.mask_kind ? &mask : nullptr,
+                            c.attn_bias ? &ab : nullptr, -10000.0f, &present);
+    CHECK(out[0].tensor().dtype() == DataType::Float16);
+    CHECK(out[0].tensor().shape() == Shape{c.batch, c.seq, hidden});
+    require_near(out[0].tensor(), want, kHalfTol);
+    CHECK(out[1].tensor().dtype() == DataType::Float16);
+    CHECK(out[1].tensor().shape() == Shape{2, c.batch, c.heads, T, c.head});
+    require_near(out[1].tensor(), present, kHalfTol);
+  }
+  // float16 input with float weights, a float bias or past: each an Error naming the node.
+  const Tensor x = Tensor::zeros(DataType::Float16, {1, 2, 4});
+  REQUIRE_THROWS_WITH(OpTest("Attention", 1, kMs)
+                          .input(x)
+                          .input(Tensor::zeros(DataType::Float, {4, 12}))
+                          .attr("num_heads", 2)
+                          .run(),
+                      Catch::Contains("Attention") && Catch::Contains("one type"));
+  REQUIRE_THROWS_WITH(OpTest("Attention", 1, kMs)
+                          .input(x)
+                          .input(Tensor::zeros(DataType::Float16, {4, 12}))
+                          .input(Tensor::zeros(DataType::Float, {12}))
+                          .attr("num_heads", 2)
+                          .run(),
+                      Catch::Contains("Attention") && Catch::Contains("bias"));
+  REQUIRE_THROWS_WITH(OpTest("Attention", 1, kMs)
+                          .input(x)
+                          .input(Tensor::zeros(DataType::Float16, {4, 12}))
+                          .input(Tensor::zeros(DataType::Float16, {12}))
+                          .no_input()
+                          .input(Tensor::zeros(DataType::Float, {2, 1, 2, 3, 2}))
+                          .attr("num_heads", 2)
+                          .run(),
+                      Catch::Contains("Attention") && Catch::Contains("past"));
 }

@@ -9,12 +9,17 @@ with its BERT defaults (which also fuse the embeddings into EmbedLayerNormalizat
 Optimum turns off). Each model goes to OUT/<name>/model.onnx with test_data_set_0: one batch of
 token ids, attention mask and token types, and onnxruntime's outputs for them.
 
-O4 is left out: it is O3 with float16 weights, which Optimum meant for GPUs.
+O4 is O3 with float16 mixed precision (AutoOptimizationConfig.O4(): optimize_for_gpu and fp16,
+which runs the same optimizer and then its float16 conversion, keeping the graph's inputs and
+outputs in their types with a Cast at each end). Optimum prints "There is no gpu for
+onnxruntime to do optimization" and writes the file all the same; onnxruntime's CPU provider
+runs it (computing in float where it has no float16 kernel), and its outputs are the reference.
 
 GPT-2 (OUT/gpt2-tiny-ort-optimized): a 2-layer GPT-2 with random weights exported by Optimum
 as a decoder with past (text-generation-with-past), rewritten by ORTOptimizer at level O2 (its
 FastGelu takes the bias; SkipLayerNormalization adds the residual). The data set is one
 decoding step of 4 tokens after 3 cached positions, the first 2 of the second sequence padded.
+Also at level O4 (the same ops on float16, as for BERT).
 
     HF_HUB_OFFLINE=1 /work/venv/bin/python tools/export/make_ort_optimized.py models
 
@@ -134,17 +139,18 @@ def main(out: str) -> None:
         gpt2, gpt2_exported = os.path.join(tmp, "gpt2"), os.path.join(tmp, "gpt2-onnx")
         make_gpt2(gpt2)
         main_export(gpt2, output=gpt2_exported, task="text-generation-with-past", library_name="transformers")
-        optimized = os.path.join(tmp, "gpt2-O2")
-        ORTOptimizer.from_pretrained(gpt2_exported, file_names=["model.onnx"]).optimize(
-            AutoOptimizationConfig.O2(), optimized
-        )
-        save(os.path.join(optimized, "model_optimized.onnx"), os.path.join(out, "gpt2-tiny-ort-optimized"), "O2")
+        for level in ("O2", "O4"):
+            optimized = os.path.join(tmp, f"gpt2-{level}")
+            ORTOptimizer.from_pretrained(gpt2_exported, file_names=["model.onnx"]).optimize(
+                getattr(AutoOptimizationConfig, level)(), optimized
+            )
+            save(os.path.join(optimized, "model_optimized.onnx"), os.path.join(out, "gpt2-tiny-ort-optimized"), level)
 
         out = os.path.join(out, "bert-tiny-ort-optimized")
         source, exported = os.path.join(tmp, "bert"), os.path.join(tmp, "onnx")
         make_bert(source)
         main_export(source, output=exported, task="feature-extraction", library_name="transformers")
-        for level in ("O1", "O2", "O3"):
+        for level in ("O1", "O2", "O3", "O4"):
             optimized = os.path.join(tmp, level)
             config = getattr(AutoOptimizationConfig, level)()
             ORTOptimizer.from_pretrained(exported).optimize(config, optimized)
