@@ -485,6 +485,32 @@ const ReduceFns& fns_for() {
   if constexpr (K == Kind::SumSquare) return fns<SumR<T, Pre::Square>, T, Post::Store>();
 }
 
+// Which dims a reduction over `axes` reduces (all when there are none, unless `noop`), and
+// the shape it leaves. Shared by the kernels and the shape rule; throw kiln::Error without a
+// node.
+std::vector<bool> reduced_dims(const Shape& x, const std::vector<int64_t>& axes, bool noop) {
+  std::vector<bool> reduced(x.size(), axes.empty() && !noop);
+  for (int64_t a : axes) {
+    const auto d = static_cast<size_t>(normalize_axis(a, static_cast<int64_t>(x.size())));
+    if (reduced[d])
+      throw Error(ErrorKind::Runtime, "axis " + std::to_string(a) + " is listed twice");
+    reduced[d] = true;
+  }
+  return reduced;
+}
+
+Shape reduced_shape(const Shape& x, const std::vector<bool>& reduced, bool keepdims) {
+  Shape out;
+  for (size_t d = 0; d < x.size(); ++d) {
+    if (!reduced[d]) {
+      out.push_back(x[d]);
+    } else if (keepdims) {
+      out.push_back(1);
+    }
+  }
+  return out;
+}
+
 template <Kind K>
 class Reduce final : public Kernel {
  public:
@@ -511,28 +537,14 @@ class Reduce final : public Kernel {
             : (have_const_axes_
                    ? const_axes_
                    : (ctx.has_input(1) ? to_int64s(ctx.input(1)) : std::vector<int64_t>{}));
-    const int64_t rank = static_cast<int64_t>(x.rank());
-    std::vector<bool> reduced(x.rank(), false);
-    if (axes.empty()) {
-      if (!noop_) reduced.assign(x.rank(), true);
-    } else {
-      for (int64_t a : axes) {
-        const auto d = static_cast<size_t>(normalize_axis(a, rank));
-        if (reduced[d]) ctx.fail("axis " + std::to_string(a) + " is listed twice");
-        reduced[d] = true;
-      }
-    }
-    Shape out_shape;
-    int64_t count = 1;
+    const std::vector<bool> reduced = reduced_dims(x.shape(), axes, noop_);
+    const Shape out_shape = reduced_shape(x.shape(), reduced, keepdims_);
     bool any = false;
+    int64_t count = 1;  // elements reduced into each output
     for (size_t d = 0; d < x.rank(); ++d) {
-      if (!reduced[d]) {
-        out_shape.push_back(x.dim(d));
-      } else {
-        any = true;
-        count *= x.dim(d);
-        if (keepdims_) out_shape.push_back(1);
-      }
+      if (!reduced[d]) continue;
+      any = true;
+      count *= x.dim(d);
     }
     using Types = std::conditional_t<K == Kind::Max || K == Kind::Min, ExtremumTypes, ReduceTypes>;
     if (!type_in(Types{}, x.dtype())) throw_unsupported_type(x.dtype(), "input");
@@ -579,17 +591,7 @@ void reduce_shape(ShapeContext& c) {
     c.set(0, x.dtype, x.shape);
     return;
   }
-  std::vector<bool> reduced(x.shape.size(), axes.empty());
-  for (int64_t a : axes)
-    reduced[static_cast<size_t>(normalize_axis(a, static_cast<int64_t>(x.shape.size())))] = true;
-  Shape out;
-  for (size_t d = 0; d < x.shape.size(); ++d) {
-    if (!reduced[d])
-      out.push_back(x.shape[d]);
-    else if (keepdims)
-      out.push_back(1);
-  }
-  c.set(0, x.dtype, out);
+  c.set(0, x.dtype, reduced_shape(x.shape, reduced_dims(x.shape, axes, false), keepdims));
 }
 
 }  // namespace
