@@ -160,6 +160,17 @@ struct QGemmOptions {
   const MathKernels* kernels = nullptr;  // null: the active level's (tests pick a level)
 };
 
+// Float A quantized to uint8 as it is packed, with one scale and zero point (the dynamically
+// quantized products): element (i, p) at data[i * ld + p], quantized as
+// Int8GemmKernels::quantize_u8 quantizes, so the product equals qgemm of the uint8 tensor
+// DynamicQuantizeLinear writes with these parameters, without writing that tensor.
+struct QFloatA {
+  const float* data = nullptr;
+  int64_t rows = 0, cols = 0, ld = 0;
+  float scale = 1.0f;
+  float zero_point = 0.0f;  // an integer in [0, 255]
+};
+
 // Columns [j0, j0 + nc) of all k rows of B, written row-major (row stride nc) at `out`. A
 // convolution lowers its input patches this way, block by block.
 using QBFiller = std::function<void(int64_t j0, int64_t nc, uint8_t* out)>;
@@ -174,6 +185,13 @@ void qgemm(const QMatrixView& a, const QPackedB& b, const QGemmOutput& out,
 // `fill_b` block by block.
 void qgemm(const QPackedA& a, int64_t n, bool b_signed, const QBFiller& fill_b,
            const QGemmOutput& out, const QGemmOptions& options = {});
+
+// R = quantize(A) * B: A's zero point is a.zero_point (options' a_zero and a_zeros are not
+// used); B packed, or packed on the fly.
+void qgemm(const QFloatA& a, const QPackedB& b, const QGemmOutput& out,
+           const QGemmOptions& options = {});
+void qgemm(const QFloatA& a, const QMatrixView& b, const QGemmOutput& out,
+           const QGemmOptions& options = {});
 
 // Counter for tests and benchmarks: B matrices packed by qgemm on the fly (not prepacked).
 uint64_t qgemm_b_packs();
