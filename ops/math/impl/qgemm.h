@@ -366,13 +366,16 @@ void qgemm_requantize(const int32_t* acc, int64_t n, const float* scale, int sca
 }
 
 // y[j] = float(acc[j]) * scale[j * scale_step] (+ bias[j]) (added to y[j] when accumulate),
-// each step rounded to float as the scalar expression rounds it.
+// each step rounded to float as the scalar expression rounds it: the empty asm statement
+// keeps the compiler from contracting the product and the bias into one fused multiply-add,
+// which would round once (the unfused graph's Mul and Add round twice).
 void qgemm_to_float(const int32_t* acc, int64_t n, const float* scale, int scale_step,
                     const float* bias, bool accumulate, float* y) {
   const VF one_scale = vset1(scale[0]);
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
     VF v = vmul(vcvt_float(viload(acc + j)), scale_step ? vload(scale + j) : one_scale);
+    __asm__("" : "+v"(v));
     if (bias) v = vadd(v, vload(bias + j));
     if (accumulate) v = vadd(vload(y + j), v);
     vstore(y + j, v);
@@ -381,6 +384,7 @@ void qgemm_to_float(const int32_t* acc, int64_t n, const float* scale, int scale
     const int left = static_cast<int>(n - j);
     VF v = vmul(vcvt_float(viload_partial(acc + j, left)),
                 scale_step ? vload_partial(scale + j, left) : one_scale);
+    __asm__("" : "+v"(v));
     if (bias) v = vadd(v, vload_partial(bias + j, left));
     if (accumulate) v = vadd(vload_partial(y + j, left), v);
     vstore_partial(y + j, v, left);
