@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/activation.h"
 #include "ops/common.h"
 #include "ops/math/qgemm.h"
 #include "ops/matmul_plan.h"
@@ -112,7 +113,8 @@ struct ASource {
 // DynamicQuantizeMatMul and MatMulIntegerToFloat.
 void matmul_to_float(OpContext& ctx, const ASource& a, const Shape& a_shape, float a_scale,
                      int32_t a_zero, const Tensor& b, const QPackedWeight& packed,
-                     const Tensor& b_scale, const Tensor* b_zero, const Tensor* bias) {
+                     const Tensor& b_scale, const Tensor* b_zero, const Tensor* bias,
+                     math::Activation activation = math::Activation::None) {
   if (!is_int8(b.dtype())) ctx.fail("B must be uint8 or int8, got " + b.describe());
   check_scale(ctx, b_scale, "B's scale");
   if (b_zero && b_zero->dtype() != b.dtype()) {
@@ -163,9 +165,10 @@ void matmul_to_float(OpContext& ctx, const ASource& a, const Shape& a_shape, flo
         multipliers.data() + (scales.values.size() > static_cast<size_t>(scales.per_matrix)
                                   ? bb * scales.per_matrix
                                   : 0);
-    const math::QGemmOutput out =
+    math::QGemmOutput out =
         math::QGemmOutput::to_float(py + bi * p.M * p.N, p.N, mult, scales.per_column(),
                                     bias ? bias->data<const float>() : nullptr);
+    out.f_activation = activation;
     const math::QMatrixView bv =
         math::QMatrixView::row_major(bd + bb * p.K * p.N, p.K, p.N, p.N, b_signed);
     if (a.f) {
@@ -183,7 +186,7 @@ void matmul_to_float(OpContext& ctx, const ASource& a, const Shape& a_shape, flo
 class DynamicQuantizeMatMul final : public Kernel {
  public:
   explicit DynamicQuantizeMatMul(const NodeInfo& info)
-      : packed_(pack_constant_qb(info, 1, false)) {}
+      : packed_(pack_constant_qb(info, 1, false)), activation_(parse_activation(info)) {}
 
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -193,11 +196,12 @@ class DynamicQuantizeMatMul final : public Kernel {
     const DynamicQuant dq = dynamic_quant_params(af, a.numel());
     matmul_to_float(ctx, ASource{.f = af}, a.shape(), dq.scale, dq.zero_point, ctx.input(1),
                     packed_, ctx.input(2), ctx.has_input(3) ? &ctx.input(3) : nullptr,
-                    ctx.has_input(4) ? &ctx.input(4) : nullptr);
+                    ctx.has_input(4) ? &ctx.input(4) : nullptr, activation_);
   }
 
  private:
   QPackedWeight packed_;
+  math::Activation activation_;
 };
 
 class MatMulIntegerToFloat final : public Kernel {
@@ -437,6 +441,18 @@ void qgemm_shape(ShapeContext& c) {
 }  // namespace
 
 KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "DynamicQuantizeMatMul",
+                  .since = 1,
+                  .min_inputs = 3,
+                  .max_inputs = 5,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "float A; uint8, int8 B",
+                  .shape = matmul_to_float_shape,
+                  .create = make<DynamicQuantizeMatMul>});
+// The same with an `activation` attribute (ops/activation.h) applied to each finished tile:
+// made by the graph optimizer from DynamicQuantizeMatMul and the activation reading it.
+KILN_REGISTER_OP({.domain = "kiln",
                   .op = "DynamicQuantizeMatMul",
                   .since = 1,
                   .min_inputs = 3,

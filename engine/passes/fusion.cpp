@@ -1279,6 +1279,33 @@ int fuse_dynamic_quant_matmul(Rewriter& r) {
   return count;
 }
 
+// A com.microsoft.Gelu reading a DynamicQuantizeMatMul alone (the first feed-forward product
+// of a quantized BERT) joins it: kiln.DynamicQuantizeMatMul with the `activation` attribute
+// applies it to each finished tile while the tile is in cache, with the vector kernel the Gelu
+// op runs, element by element: the same results, one pass over the product's output less.
+int fuse_dynamic_quant_activation(Rewriter& r) {
+  int count = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i)) continue;
+    ir::Node& act = r.node(i);
+    if (act.domain != "com.microsoft" || act.op_type != "Gelu" || act.inputs.size() != 1) continue;
+    ir::Node* mm = r.producer(act.inputs[0]);
+    if (!mm || mm->domain != "com.microsoft" || mm->op_type != "DynamicQuantizeMatMul" ||
+        !r.single_use(act.inputs[0])) {
+      continue;
+    }
+    ir::Node fused = *mm;
+    fused.domain = "kiln";
+    fused.attributes.push_back(activation_attr("Gelu"));
+    fused.outputs = {act.outputs[0]};
+    r.remove(mm);
+    r.remove(&act);
+    r.add(std::move(fused));
+    ++count;
+  }
+  return count;
+}
+
 void optimize_graph(ir::Graph& g, GraphOptimization level, OptimizeStats& stats) {
   Rewriter r(g);
   stats.identities_removed += eliminate_identities(r);
@@ -1289,6 +1316,7 @@ void optimize_graph(ir::Graph& g, GraphOptimization level, OptimizeStats& stats)
     stats.fused += fuse_skip_layer_norm(r);
     stats.fused += fuse_matmul_epilogue(r);
     stats.fused += fuse_dynamic_quant_matmul(r);
+    stats.fused += fuse_dynamic_quant_activation(r);
     stats.fused += fuse_attention(r);
     stats.fused += fold_into_matmul(r);
     const int convs = fold_conv_batchnorm(r);

@@ -83,6 +83,7 @@ int64_t groups_of(int64_t k, const Int8GemmKernels& t) {
 // as the tile's row_add[i] + col_add[j] + row_mul[i] * col_mul[j], plus, only when both zero
 // points are vectors, the term -zb'_j * rowsum_i applied after the tile.
 struct Plan {
+  const MathKernels* table = nullptr;
   const Int8GemmKernels* t = nullptr;
   const QGemmOutput* out = nullptr;
   const QGemmOptions* o = nullptr;
@@ -98,8 +99,9 @@ struct Plan {
   int32_t zb_of(int64_t j) const { return zb_cols ? wrap_add(o->b_zeros[j], -b_off) : zb; }
 };
 
-Plan make_plan(const Int8GemmKernels& t, int64_t m, int64_t n, int64_t k, bool a_signed,
+Plan make_plan(const MathKernels& table, int64_t m, int64_t n, int64_t k, bool a_signed,
                bool b_signed, const QGemmOutput& out, const QGemmOptions& o) {
+  const Int8GemmKernels& t = table.int8_gemm;
   if (t.mr > kMaxMr || t.nr > kMaxNr) {
     throw Error(ErrorKind::Runtime, "qgemm: the int8 tile is larger than the driver supports");
   }
@@ -113,6 +115,7 @@ Plan make_plan(const Int8GemmKernels& t, int64_t m, int64_t n, int64_t k, bool a
                 "qgemm: requantized output needs scales with a column step of 0 or 1");
   }
   Plan p;
+  p.table = &table;
   p.t = &t;
   p.out = &out;
   p.o = &o;
@@ -171,14 +174,16 @@ ColumnTerms column_terms(const Plan& p, int64_t j0, int64_t count, int64_t padde
 }
 
 // The float output of a finished tile (dst, row stride ld) at rows [i, i + rows) x columns
-// [j, j + cols), converted by the level's vector kernel.
-void to_float(const Int8GemmKernels& t, const QGemmOutput& out, const int32_t* dst, int64_t ld,
+// [j, j + cols), converted by the level's vector kernel, then activated while in cache.
+void to_float(const MathKernels& table, const QGemmOutput& out, const int32_t* dst, int64_t ld,
               int64_t i, int64_t j, int rows, int cols) {
   const float* scale = out.f_scales + j * out.f_scale_cs;
   const float* bias = out.f_bias ? out.f_bias + j : nullptr;
   for (int r = 0; r < rows; ++r) {
-    t.to_float(dst + r * ld, cols, scale, static_cast<int>(out.f_scale_cs), bias, out.f_accumulate,
-               out.f + (i + r) * out.ldf + j);
+    float* f = out.f + (i + r) * out.ldf + j;
+    table.int8_gemm.to_float(dst + r * ld, cols, scale, static_cast<int>(out.f_scale_cs), bias,
+                             out.f_accumulate, f);
+    activate(out.f_activation, f, cols, table);
   }
 }
 
@@ -229,7 +234,7 @@ void tile(const Plan& p, const int32_t* a, const uint8_t* b, int64_t i, int64_t 
                       out.scale_cs ? 1 : 0, zp, out.y_signed, out.y + row * out.ldy + j);
     }
   }
-  if (out.f) to_float(*p.t, out, dst, ld, i, j, rows, cols);
+  if (out.f) to_float(*p.table, out, dst, ld, i, j, rows, cols);
 }
 
 // Rows of A packed at once: a multiple of the tile rows, mc x k within kABlockBytes.
@@ -408,7 +413,8 @@ namespace {
 template <typename Body>
 void with_packed_b(int64_t m, int64_t k, bool a_signed, const QPackedB& b, const QGemmOutput& out,
                    const QGemmOptions& o, const Body& body) {
-  const Int8GemmKernels& t = table_of(o.kernels).int8_gemm;
+  const MathKernels& table = table_of(o.kernels);
+  const Int8GemmKernels& t = table.int8_gemm;
   if (!same_layout(b.layout(), b.nr(), t, t.nr)) {
     throw Error(ErrorKind::Runtime, std::string("qgemm: B was packed for the ") +
                                         (b.layout() ? b.layout() : "?") + " layout of " +
@@ -421,7 +427,7 @@ void with_packed_b(int64_t m, int64_t k, bool a_signed, const QPackedB& b, const
   }
   const int64_t n = b.n();
   if (m == 0 || n == 0) return;
-  const Plan p = make_plan(t, m, n, k, a_signed, b.is_signed(), out, o);
+  const Plan p = make_plan(table, m, n, k, a_signed, b.is_signed(), out, o);
   const int64_t padded = round_up(n, t.nr);
   std::vector<int32_t> terms(static_cast<size_t>(3 * padded));
   const ColumnTerms ct = column_terms(p, 0, n, padded, b.col_sums(), terms.data());
@@ -487,7 +493,7 @@ void qgemm(const QPackedA& a, int64_t n, bool b_signed, const QBFiller& fill_b,
   }
   const int64_t m = a.m(), k = a.k();
   if (m == 0 || n == 0) return;
-  const Plan p = make_plan(t, m, n, k, a.is_signed(), b_signed, out, o);
+  const Plan p = make_plan(table, m, n, k, a.is_signed(), b_signed, out, o);
   // Columns first: each task then lowers only its own part of B.
   run_split(p, true, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     run_a_packed(p, a, fill_b, m0, m1, n0, n1);

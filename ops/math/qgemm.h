@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 
+#include "ops/math/gemm.h"
 #include "ops/math/kernels.h"
 
 namespace kiln::math {
@@ -112,7 +113,8 @@ class QPackedA {
 // scales[i * scale_rs + j * scale_cs] (scale_cs 0 or 1) and the zero point
 // y_zero_points[i * y_zero_rs] (none: 0), or float (f) scaled back as the dynamically
 // quantized ops do: f = float(R) * f_scales[j * f_scale_cs] + f_bias[j] (no bias when null),
-// added to what f holds when f_accumulate.
+// added to what f holds when f_accumulate, then f_activation applied (with the vector kernels
+// the standalone activation ops use, element by element: the same results).
 struct QGemmOutput {
   int32_t* c = nullptr;
   int64_t ldc = 0;
@@ -129,6 +131,7 @@ struct QGemmOutput {
   int64_t f_scale_cs = 0;
   const float* f_bias = nullptr;
   bool f_accumulate = false;
+  Activation f_activation = Activation::None;  // applied last, to each finished tile row
 
   static QGemmOutput to_float(float* f, int64_t ldf, const float* scales, bool per_column,
                               const float* bias = nullptr, bool accumulate = false) {

@@ -181,3 +181,31 @@ TEST_CASE("dynamically quantized chains the fused ops cannot take are left alone
     CHECK(s.fusions == 0);
   }
 }
+
+TEST_CASE("com.microsoft.Gelu after DynamicQuantizeMatMul joins the product's store",
+          "[passes][fusion][quant]") {
+  for (const bool shared : {false, true}) {
+    auto make = [shared] {
+      GraphBuilder b;
+      b.input("x", DataType::Float, {kRows, kK}, true);
+      b.initializer("w", random_bytes(DataType::Int8, {kK, kN}, 5));
+      b.initializer("w_scale", random_floats({kN}, 6, 0.01f, 0.2f));
+      b.initializer("bias", random_floats({kN}, 8, -1.0f, 1.0f));
+      b.node("DynamicQuantizeMatMul", {"x", "w", "w_scale", "", "bias"}, {"y"}, {},
+             "com.microsoft");
+      b.node("Gelu", {"y"}, {"g"}, {}, "com.microsoft");
+      b.output("g");
+      if (shared) b.output("y");  // the product is read elsewhere: left alone
+      return b.build();
+    };
+    INFO("shared " << shared);
+    const std::vector<NamedValue> f{{"x", random_floats({kRows, kK}, 3, -2.0f, 3.0f)}};
+    Session plain = session(make(), GraphOptimization::None);
+    Session opt = session(make(), GraphOptimization::All);
+    const Tensor x = plain.run(f)[0].value.tensor().contiguous();
+    const Tensor y = opt.run(f)[0].value.tensor().contiguous();
+    REQUIRE(std::memcmp(x.raw_data(), y.raw_data(), static_cast<size_t>(x.nbytes())) == 0);
+    CHECK(opt.load_stats().fusions == (shared ? 0 : 1));
+    CHECK(opt.load_stats().nodes_planned == (shared ? 2u : 1u));
+  }
+}
