@@ -4,7 +4,8 @@
 // from static quantization of Gemm).
 //
 //   DynamicQuantizeMatMul: A (float) quantized per tensor to uint8 as DynamicQuantizeLinear
-//     does, then Y = float((A_q - za)(B - zb)) * (a_scale * b_scale_j) + bias_j
+//     does (straight into the GEMM's packed panels), then Y = float((A_q - za)(B - zb)) * (a_scale
+//     * b_scale_j) + bias_j
 //   MatMulIntegerToFloat: the same from an 8-bit A with its scale and zero point given
 //   QGemm: Y = float((op(A) - za)(op(B) - zb) + C) * (alpha * a_scale * b_scale_j [/ y_scale])
 //     (+ y_zero_point, saturated, when y_zero_point is given)
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/activation.h"
 #include "ops/common.h"
 #include "ops/math/qgemm.h"
 #include "ops/matmul_plan.h"
@@ -99,11 +101,20 @@ float scalar_of(const OpContext& ctx, const Tensor& t, const char* what) {
   }
 }
 
-// The product of 8-bit A (contiguous, `a_shape`) and B scaled to float into y: the body shared
-// by DynamicQuantizeMatMul and MatMulIntegerToFloat.
-void matmul_to_float(OpContext& ctx, const uint8_t* a, bool a_signed, const Shape& a_shape,
-                     float a_scale, int32_t a_zero, const Tensor& b, const QPackedWeight& packed,
-                     const Tensor& b_scale, const Tensor* b_zero, const Tensor* bias) {
+// A of a product to float: 8-bit values, or float values quantized with A's scale and zero
+// point as they are packed (DynamicQuantizeMatMul: no quantized tensor is written).
+struct ASource {
+  const uint8_t* q = nullptr;
+  const float* f = nullptr;
+  bool is_signed = false;
+};
+
+// The product of A (contiguous, `a_shape`) and B scaled to float into y: the body shared by
+// DynamicQuantizeMatMul and MatMulIntegerToFloat.
+void matmul_to_float(OpContext& ctx, const ASource& a, const Shape& a_shape, float a_scale,
+                     int32_t a_zero, const Tensor& b, const QPackedWeight& packed,
+                     const Tensor& b_scale, const Tensor* b_zero, const Tensor* bias,
+                     math::Activation activation = math::Activation::None) {
   if (!is_int8(b.dtype())) ctx.fail("B must be uint8 or int8, got " + b.describe());
   check_scale(ctx, b_scale, "B's scale");
   if (b_zero && b_zero->dtype() != b.dtype()) {
@@ -154,16 +165,20 @@ void matmul_to_float(OpContext& ctx, const uint8_t* a, bool a_signed, const Shap
         multipliers.data() + (scales.values.size() > static_cast<size_t>(scales.per_matrix)
                                   ? bb * scales.per_matrix
                                   : 0);
-    const math::QGemmOutput out =
+    math::QGemmOutput out =
         math::QGemmOutput::to_float(py + bi * p.M * p.N, p.N, mult, scales.per_column(),
                                     bias ? bias->data<const float>() : nullptr);
-    const math::QMatrixView av =
-        math::QMatrixView::row_major(a + ab * p.M * p.K, rows, p.K, p.K, a_signed);
-    if (use_packed) {
-      math::qgemm(av, packed.view, out, o);
+    out.f_activation = activation;
+    const math::QMatrixView bv =
+        math::QMatrixView::row_major(bd + bb * p.K * p.N, p.K, p.N, p.N, b_signed);
+    if (a.f) {
+      const math::QFloatA af{a.f + ab * p.M * p.K,      rows, p.K, p.K, a_scale,
+                             static_cast<float>(a_zero)};
+      use_packed ? math::qgemm(af, packed.view, out, o) : math::qgemm(af, bv, out, o);
     } else {
-      math::qgemm(av, math::QMatrixView::row_major(bd + bb * p.K * p.N, p.K, p.N, p.N, b_signed),
-                  out, o);
+      const math::QMatrixView av =
+          math::QMatrixView::row_major(a.q + ab * p.M * p.K, rows, p.K, p.K, a.is_signed);
+      use_packed ? math::qgemm(av, packed.view, out, o) : math::qgemm(av, bv, out, o);
     }
   }
 }
@@ -171,22 +186,22 @@ void matmul_to_float(OpContext& ctx, const uint8_t* a, bool a_signed, const Shap
 class DynamicQuantizeMatMul final : public Kernel {
  public:
   explicit DynamicQuantizeMatMul(const NodeInfo& info)
-      : packed_(pack_constant_qb(info, 1, false)) {}
+      : packed_(pack_constant_qb(info, 1, false)), activation_(parse_activation(info)) {}
 
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);
     if (a.dtype() != DataType::Float) ctx.fail("A must be float, got " + a.describe());
     const Tensor ac = a.contiguous();
-    Tensor q = ctx.allocate(DataType::UInt8, a.shape());
-    const DynamicQuant dq =
-        dynamic_quantize_u8(ac.data<const float>(), a.numel(), q.data<uint8_t>());
-    matmul_to_float(ctx, q.data<const uint8_t>(), false, a.shape(), dq.scale, dq.zero_point,
-                    ctx.input(1), packed_, ctx.input(2), ctx.has_input(3) ? &ctx.input(3) : nullptr,
-                    ctx.has_input(4) ? &ctx.input(4) : nullptr);
+    const float* af = ac.data<const float>();
+    const DynamicQuant dq = dynamic_quant_params(af, a.numel());
+    matmul_to_float(ctx, ASource{.f = af}, a.shape(), dq.scale, dq.zero_point, ctx.input(1),
+                    packed_, ctx.input(2), ctx.has_input(3) ? &ctx.input(3) : nullptr,
+                    ctx.has_input(4) ? &ctx.input(4) : nullptr, activation_);
   }
 
  private:
   QPackedWeight packed_;
+  math::Activation activation_;
 };
 
 class MatMulIntegerToFloat final : public Kernel {
@@ -206,10 +221,11 @@ class MatMulIntegerToFloat final : public Kernel {
       za = static_cast<int32_t>(scalar_of(ctx, z, "A's zero point"));
     }
     const Tensor ac = a.contiguous();
-    matmul_to_float(
-        ctx, reinterpret_cast<const uint8_t*>(ac.raw_data()), a.dtype() == DataType::Int8,
-        a.shape(), scalar_of(ctx, a_scale, "A's scale"), za, ctx.input(1), packed_, ctx.input(3),
-        ctx.has_input(5) ? &ctx.input(5) : nullptr, ctx.has_input(6) ? &ctx.input(6) : nullptr);
+    const ASource as{.q = reinterpret_cast<const uint8_t*>(ac.raw_data()),
+                     .is_signed = a.dtype() == DataType::Int8};
+    matmul_to_float(ctx, as, a.shape(), scalar_of(ctx, a_scale, "A's scale"), za, ctx.input(1),
+                    packed_, ctx.input(3), ctx.has_input(5) ? &ctx.input(5) : nullptr,
+                    ctx.has_input(6) ? &ctx.input(6) : nullptr);
   }
 
  private:
@@ -425,6 +441,18 @@ void qgemm_shape(ShapeContext& c) {
 }  // namespace
 
 KILN_REGISTER_OP({.domain = "com.microsoft",
+                  .op = "DynamicQuantizeMatMul",
+                  .since = 1,
+                  .min_inputs = 3,
+                  .max_inputs = 5,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "float A; uint8, int8 B",
+                  .shape = matmul_to_float_shape,
+                  .create = make<DynamicQuantizeMatMul>});
+// The same with an `activation` attribute (ops/activation.h) applied to each finished tile:
+// made by the graph optimizer from DynamicQuantizeMatMul and the activation reading it.
+KILN_REGISTER_OP({.domain = "kiln",
                   .op = "DynamicQuantizeMatMul",
                   .since = 1,
                   .min_inputs = 3,

@@ -440,7 +440,7 @@ KILN_REGISTER_OP({.op = "DynamicQuantizeLinear",
                   .shape = dynamic_quantize_shape,
                   .create = make<DynamicQuantizeLinear>});
 
-DynamicQuant dynamic_quantize_u8(const float* px, int64_t n, uint8_t* py) {
+DynamicQuant dynamic_quant_params(const float* px, int64_t n) {
   const math::Int8GemmKernels& k = math::kernels().int8_gemm;
   constexpr int64_t kPart = 1 << 16;
   const int64_t parts = (n + kPart - 1) / kPart;
@@ -459,9 +459,16 @@ DynamicQuant dynamic_quantize_u8(const float* px, int64_t n, uint8_t* py) {
   const float scale = (mx == mn ? 1.0f : mx - mn) / 255.0f;
   const float zp_f = std::clamp(0.0f - mn / scale, 0.0f, 255.0f);
   const float zp = std::isnan(zp_f) ? 0.0f : std::nearbyint(zp_f);
-  parallel_for(n, 1 << 14,
-               [&](int64_t b, int64_t e) { k.quantize_u8(px + b, e - b, scale, zp, py + b); });
   return {scale, static_cast<uint8_t>(zp)};
+}
+
+DynamicQuant dynamic_quantize_u8(const float* px, int64_t n, uint8_t* py) {
+  const math::Int8GemmKernels& k = math::kernels().int8_gemm;
+  const DynamicQuant q = dynamic_quant_params(px, n);
+  const float zp = q.zero_point;
+  parallel_for(n, 1 << 14,
+               [&](int64_t b, int64_t e) { k.quantize_u8(px + b, e - b, q.scale, zp, py + b); });
+  return q;
 }
 
 }  // namespace kiln::ops

@@ -18,4 +18,8 @@ struct DynamicQuant {
 // scale) + zero point).
 DynamicQuant dynamic_quantize_u8(const float* x, int64_t n, uint8_t* y);
 
+// Only the scale and zero point dynamic_quantize_u8 would use for x[0, n): the fused products
+// quantize A as they pack it (math::QFloatA).
+DynamicQuant dynamic_quant_params(const float* x, int64_t n);
+
 }  // namespace kiln::ops

@@ -176,6 +176,15 @@ class Analysis {
       }
     }
     if (out.dtype == DataType::Undefined) out.dtype = declared.dtype;
+    // A Shape of a value whose rank only the declared output tells (the output of an op these
+    // rules do not follow, such as a com.microsoft one): its elements are unknown, but their
+    // number is, so constants concatenated to them stay known (a Reshape's fixed head size).
+    if (n.op_type == "Shape" && !out.has_vals && out.has_rank && out.dims.size() == 1 &&
+        out.dims[0] != kUnknown && static_cast<size_t>(out.dims[0]) <= kMaxValues) {
+      out.has_vals = true;
+      out.dtype = DataType::Int64;
+      out.vals.assign(static_cast<size_t>(out.dims[0]), std::nullopt);
+    }
     parts_[static_cast<size_t>(n.outputs[0])] = std::move(out);
   }
 

@@ -223,12 +223,20 @@ struct Int8GemmKernels {
   // j < n, as int8 when out_signed, else uint8; scale_step is 0 or 1, products in float.
   void (*requantize)(const int32_t* acc, int64_t n, const float* scale, int scale_step,
                      int32_t zero_point, bool out_signed, uint8_t* y) = nullptr;
+  // y[j] = float(acc[j]) * scale[j * scale_step] (+ bias[j] when given), added to y[j] when
+  // accumulate, for j < n: the float output of the dynamically quantized products.
+  void (*to_float)(const int32_t* acc, int64_t n, const float* scale, int scale_step,
+                   const float* bias, bool accumulate, float* y) = nullptr;
   // Dynamic quantization of float activations to uint8 (ops/quantize.h): the smallest and
   // largest of x[0, n) and 0, NaNs skipped; and y[i] = saturate(round_half_even(x[i] / scale)
   // + zero_point), a NaN giving 0.
   void (*quant_range)(const float* x, int64_t n, float* lo, float* hi) = nullptr;
   void (*quantize_u8)(const float* x, int64_t n, float scale, float zero_point,
                       uint8_t* y) = nullptr;
+  // rows (<= mr) x k of float A (row stride lda) quantized as quantize_u8 does, packed as
+  // pack_a packs uint8 A, in one pass: dynamic quantization fused into the packing.
+  void (*pack_a_quantized)(const float* a, int64_t lda, int rows, int64_t k, float scale,
+                           float zero_point, int32_t* out, int32_t* row_sums) = nullptr;
 };
 
 // B of com.microsoft.MatMulNBits as onnxruntime lays it out: column j (of n) holds its k

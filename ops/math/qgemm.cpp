@@ -83,6 +83,7 @@ int64_t groups_of(int64_t k, const Int8GemmKernels& t) {
 // as the tile's row_add[i] + col_add[j] + row_mul[i] * col_mul[j], plus, only when both zero
 // points are vectors, the term -zb'_j * rowsum_i applied after the tile.
 struct Plan {
+  const MathKernels* table = nullptr;
   const Int8GemmKernels* t = nullptr;
   const QGemmOutput* out = nullptr;
   const QGemmOptions* o = nullptr;
@@ -98,8 +99,9 @@ struct Plan {
   int32_t zb_of(int64_t j) const { return zb_cols ? wrap_add(o->b_zeros[j], -b_off) : zb; }
 };
 
-Plan make_plan(const Int8GemmKernels& t, int64_t m, int64_t n, int64_t k, bool a_signed,
+Plan make_plan(const MathKernels& table, int64_t m, int64_t n, int64_t k, bool a_signed,
                bool b_signed, const QGemmOutput& out, const QGemmOptions& o) {
+  const Int8GemmKernels& t = table.int8_gemm;
   if (t.mr > kMaxMr || t.nr > kMaxNr) {
     throw Error(ErrorKind::Runtime, "qgemm: the int8 tile is larger than the driver supports");
   }
@@ -113,6 +115,7 @@ Plan make_plan(const Int8GemmKernels& t, int64_t m, int64_t n, int64_t k, bool a
                 "qgemm: requantized output needs scales with a column step of 0 or 1");
   }
   Plan p;
+  p.table = &table;
   p.t = &t;
   p.out = &out;
   p.o = &o;
@@ -171,19 +174,16 @@ ColumnTerms column_terms(const Plan& p, int64_t j0, int64_t count, int64_t padde
 }
 
 // The float output of a finished tile (dst, row stride ld) at rows [i, i + rows) x columns
-// [j, j + cols).
-void to_float(const QGemmOutput& out, const int32_t* dst, int64_t ld, int64_t i, int64_t j,
-              int rows, int cols) {
+// [j, j + cols), converted by the level's vector kernel, then activated while in cache.
+void to_float(const MathKernels& table, const QGemmOutput& out, const int32_t* dst, int64_t ld,
+              int64_t i, int64_t j, int rows, int cols) {
   const float* scale = out.f_scales + j * out.f_scale_cs;
   const float* bias = out.f_bias ? out.f_bias + j : nullptr;
   for (int r = 0; r < rows; ++r) {
-    const int32_t* src = dst + r * ld;
     float* f = out.f + (i + r) * out.ldf + j;
-    for (int c = 0; c < cols; ++c) {
-      float v = static_cast<float>(src[c]) * scale[c * out.f_scale_cs];
-      if (bias) v += bias[c];
-      f[c] = out.f_accumulate ? f[c] + v : v;
-    }
+    table.int8_gemm.to_float(dst + r * ld, cols, scale, static_cast<int>(out.f_scale_cs), bias,
+                             out.f_accumulate, f);
+    activate(out.f_activation, f, cols, table);
   }
 }
 
@@ -234,7 +234,7 @@ void tile(const Plan& p, const int32_t* a, const uint8_t* b, int64_t i, int64_t 
                       out.scale_cs ? 1 : 0, zp, out.y_signed, out.y + row * out.ldy + j);
     }
   }
-  if (out.f) to_float(out, dst, ld, i, j, rows, cols);
+  if (out.f) to_float(*p.table, out, dst, ld, i, j, rows, cols);
 }
 
 // Rows of A packed at once: a multiple of the tile rows, mc x k within kABlockBytes.
@@ -251,8 +251,10 @@ int64_t col_block(const Plan& p) {
   return std::clamp<int64_t>(fit, nr, 16 * nr);
 }
 
-// Strided A, packed B: rows [m0, m1) x columns [n0, n1) (n0 a multiple of nr).
-void run_a_view(const Plan& p, const QMatrixView& a, const uint8_t* b, const ColumnTerms& ct,
+// A packed a row block at a time by pack_rows(i, rows, out, row_sums) (rows <= mr), packed
+// B: rows [m0, m1) x columns [n0, n1) (n0 a multiple of nr).
+template <typename PackRows>
+void run_a_rows(const Plan& p, const PackRows& pack_rows, const uint8_t* b, const ColumnTerms& ct,
                 int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   const Int8GemmKernels& t = *p.t;
   const int mr = t.mr, nr = t.nr;
@@ -260,13 +262,11 @@ void run_a_view(const Plan& p, const QMatrixView& a, const uint8_t* b, const Col
   const int64_t panel_bytes = p.groups * nr * t.kb;
   int32_t* apack = scratch(kAPanels).get<int32_t>(mc * std::max<int64_t>(p.groups, 1));
   int32_t* rsum = p.need_row_sums ? scratch(kRowSums).get<int32_t>(mc) : nullptr;
-  const auto* ad = static_cast<const uint8_t*>(a.data);
   for (int64_t i0 = m0; i0 < m1; i0 += mc) {
     const int64_t rows = std::min(mc, m1 - i0);
     for (int64_t r = 0; r < rows; r += mr) {
       const int tr = static_cast<int>(std::min<int64_t>(mr, rows - r));
-      t.pack_a(ad + (i0 + r) * a.rs, a.rs, a.cs, tr, p.k, p.a_flip, apack + r * p.groups,
-               rsum ? rsum + r : nullptr);
+      pack_rows(i0 + r, tr, apack + r * p.groups, rsum ? rsum + r : nullptr);
     }
     for (int64_t j0 = n0; j0 < n1; j0 += nr) {
       const int tc = static_cast<int>(std::min<int64_t>(nr, n1 - j0));
@@ -277,6 +277,16 @@ void run_a_view(const Plan& p, const QMatrixView& a, const uint8_t* b, const Col
       }
     }
   }
+}
+
+// Strided A, packed B.
+void run_a_view(const Plan& p, const QMatrixView& a, const uint8_t* b, const ColumnTerms& ct,
+                int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  const auto* ad = static_cast<const uint8_t*>(a.data);
+  const auto pack = [&](int64_t i, int rows, int32_t* out, int32_t* sums) {
+    p.t->pack_a(ad + i * a.rs, a.rs, a.cs, rows, p.k, p.a_flip, out, sums);
+  };
+  run_a_rows(p, pack, b, ct, m0, m1, n0, n1);
 }
 
 // Packed A, B from a filler: rows [m0, m1) x columns [n0, n1) (both multiples of the tile).
@@ -397,7 +407,12 @@ const int32_t* QPackedA::panel(int64_t i) const {
   return data_ + i / mr_ * groups_ * mr_;
 }
 
-void qgemm(const QMatrixView& a, const QPackedB& b, const QGemmOutput& out, const QGemmOptions& o) {
+namespace {
+
+// The checks and column terms of a product with packed B, then body(plan, column terms).
+template <typename Body>
+void with_packed_b(int64_t m, int64_t k, bool a_signed, const QPackedB& b, const QGemmOutput& out,
+                   const QGemmOptions& o, const Body& body) {
   const MathKernels& table = table_of(o.kernels);
   const Int8GemmKernels& t = table.int8_gemm;
   if (!same_layout(b.layout(), b.nr(), t, t.nr)) {
@@ -406,18 +421,51 @@ void qgemm(const QMatrixView& a, const QPackedB& b, const QGemmOutput& out, cons
                                         std::to_string(b.nr()) + " columns, the kernels use " +
                                         t.layout + " of " + std::to_string(t.nr));
   }
-  if (a.cols != b.k()) {
-    throw Error(ErrorKind::Runtime, "qgemm: A has " + std::to_string(a.cols) +
-                                        " columns but B has " + std::to_string(b.k()) + " rows");
+  if (k != b.k()) {
+    throw Error(ErrorKind::Runtime, "qgemm: A has " + std::to_string(k) + " columns but B has " +
+                                        std::to_string(b.k()) + " rows");
   }
-  const int64_t m = a.rows, n = b.n(), k = b.k();
+  const int64_t n = b.n();
   if (m == 0 || n == 0) return;
-  const Plan p = make_plan(t, m, n, k, a.is_signed, b.is_signed(), out, o);
+  const Plan p = make_plan(table, m, n, k, a_signed, b.is_signed(), out, o);
   const int64_t padded = round_up(n, t.nr);
   std::vector<int32_t> terms(static_cast<size_t>(3 * padded));
   const ColumnTerms ct = column_terms(p, 0, n, padded, b.col_sums(), terms.data());
-  run_split(p, false, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-    run_a_view(p, a, b.panels(), ct, m0, m1, n0, n1);
+  body(p, ct);
+}
+
+}  // namespace
+
+void qgemm(const QFloatA& a, const QPackedB& b, const QGemmOutput& out, const QGemmOptions& o) {
+  QGemmOptions oa = o;
+  oa.a_zero = static_cast<int32_t>(a.zero_point);
+  oa.a_zeros = nullptr;
+  with_packed_b(a.rows, a.cols, false, b, out, oa, [&](const Plan& p, const ColumnTerms& ct) {
+    const auto pack = [&](int64_t i, int rows, int32_t* panel, int32_t* sums) {
+      p.t->pack_a_quantized(a.data + i * a.ld, a.ld, rows, p.k, a.scale, a.zero_point, panel, sums);
+    };
+    run_split(p, false, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+      run_a_rows(p, pack, b.panels(), ct, m0, m1, n0, n1);
+    });
+  });
+}
+
+void qgemm(const QFloatA& a, const QMatrixView& b, const QGemmOutput& out, const QGemmOptions& o) {
+  if (a.cols != b.rows) {
+    throw Error(ErrorKind::Runtime, "qgemm: A has " + std::to_string(a.cols) +
+                                        " columns but B has " + std::to_string(b.rows) + " rows");
+  }
+  if (a.rows == 0 || b.cols == 0) return;
+  b_packs.fetch_add(1, std::memory_order_relaxed);
+  const QPackedB packed(b, &table_of(o.kernels));
+  qgemm(a, packed, out, o);
+}
+
+void qgemm(const QMatrixView& a, const QPackedB& b, const QGemmOutput& out, const QGemmOptions& o) {
+  with_packed_b(a.rows, a.cols, a.is_signed, b, out, o, [&](const Plan& p, const ColumnTerms& ct) {
+    run_split(p, false, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+      run_a_view(p, a, b.panels(), ct, m0, m1, n0, n1);
+    });
   });
 }
 
@@ -445,7 +493,7 @@ void qgemm(const QPackedA& a, int64_t n, bool b_signed, const QBFiller& fill_b,
   }
   const int64_t m = a.m(), k = a.k();
   if (m == 0 || n == 0) return;
-  const Plan p = make_plan(t, m, n, k, a.is_signed(), b_signed, out, o);
+  const Plan p = make_plan(table, m, n, k, a.is_signed(), b_signed, out, o);
   // Columns first: each task then lowers only its own part of B.
   run_split(p, true, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     run_a_packed(p, a, fill_b, m0, m1, n0, n1);

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 
+#include "ops/math/gemm.h"
 #include "ops/math/kernels.h"
 
 namespace kiln::math {
@@ -112,7 +113,8 @@ class QPackedA {
 // scales[i * scale_rs + j * scale_cs] (scale_cs 0 or 1) and the zero point
 // y_zero_points[i * y_zero_rs] (none: 0), or float (f) scaled back as the dynamically
 // quantized ops do: f = float(R) * f_scales[j * f_scale_cs] + f_bias[j] (no bias when null),
-// added to what f holds when f_accumulate.
+// added to what f holds when f_accumulate, then f_activation applied (with the vector kernels
+// the standalone activation ops use, element by element: the same results).
 struct QGemmOutput {
   int32_t* c = nullptr;
   int64_t ldc = 0;
@@ -129,6 +131,7 @@ struct QGemmOutput {
   int64_t f_scale_cs = 0;
   const float* f_bias = nullptr;
   bool f_accumulate = false;
+  Activation f_activation = Activation::None;  // applied last, to each finished tile row
 
   static QGemmOutput to_float(float* f, int64_t ldf, const float* scales, bool per_column,
                               const float* bias = nullptr, bool accumulate = false) {
@@ -160,6 +163,17 @@ struct QGemmOptions {
   const MathKernels* kernels = nullptr;  // null: the active level's (tests pick a level)
 };
 
+// Float A quantized to uint8 as it is packed, with one scale and zero point (the dynamically
+// quantized products): element (i, p) at data[i * ld + p], quantized as
+// Int8GemmKernels::quantize_u8 quantizes, so the product equals qgemm of the uint8 tensor
+// DynamicQuantizeLinear writes with these parameters, without writing that tensor.
+struct QFloatA {
+  const float* data = nullptr;
+  int64_t rows = 0, cols = 0, ld = 0;
+  float scale = 1.0f;
+  float zero_point = 0.0f;  // an integer in [0, 255]
+};
+
 // Columns [j0, j0 + nc) of all k rows of B, written row-major (row stride nc) at `out`. A
 // convolution lowers its input patches this way, block by block.
 using QBFiller = std::function<void(int64_t j0, int64_t nc, uint8_t* out)>;
@@ -174,6 +188,13 @@ void qgemm(const QMatrixView& a, const QPackedB& b, const QGemmOutput& out,
 // `fill_b` block by block.
 void qgemm(const QPackedA& a, int64_t n, bool b_signed, const QBFiller& fill_b,
            const QGemmOutput& out, const QGemmOptions& options = {});
+
+// R = quantize(A) * B: A's zero point is a.zero_point (options' a_zero and a_zeros are not
+// used); B packed, or packed on the fly.
+void qgemm(const QFloatA& a, const QPackedB& b, const QGemmOutput& out,
+           const QGemmOptions& options = {});
+void qgemm(const QFloatA& a, const QMatrixView& b, const QGemmOutput& out,
+           const QGemmOptions& options = {});
 
 // Counter for tests and benchmarks: B matrices packed by qgemm on the fly (not prepacked).
 uint64_t qgemm_b_packs();

@@ -181,59 +181,69 @@ inline int32_t qgemm_a_word(const uint8_t* src, int64_t step, int count, uint8_t
   return static_cast<int32_t>(w);
 }
 
+// One row of A, element p at src[p * cs] xor flip, into its words of a panel (`o`, step
+// kQgemmMr); returns the sum of its flipped values when `want_sum`, else 0.
+inline int64_t qgemm_pack_a_row(const uint8_t* src, int64_t cs, int64_t k, uint8_t flip, int32_t* o,
+                                bool want_sum) {
+  const int64_t groups = (k + kQgemmKb - 1) / kQgemmKb, full = k / kQgemmKb;
+  const __m128i vflip = _mm_set1_epi8(static_cast<char>(flip)), zero = _mm_setzero_si128();
+  int64_t g = 0;
+  int64_t sum = 0;
+  if (cs == 1) {
+    // 16 bytes at a time; psadbw sums them on the way.
+    constexpr int kPer = 16 / kQgemmKb;  // groups in 16 bytes
+    __m128i sad = zero;
+    for (; g + kPer <= full; g += kPer) {
+      const __m128i x = _mm_xor_si128(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + g * kQgemmKb)), vflip);
+      sad = _mm_add_epi64(sad, _mm_sad_epu8(x, zero));
+      int32_t* og = o + g * kQgemmMr;
+      if constexpr (kQgemmKb == 4) {
+        og[0] = _mm_cvtsi128_si32(x);
+        og[kQgemmMr] = _mm_extract_epi32(x, 1);
+        og[2 * kQgemmMr] = _mm_extract_epi32(x, 2);
+        og[3 * kQgemmMr] = _mm_extract_epi32(x, 3);
+      } else {
+        const __m128i lo = _mm_cvtepu8_epi16(x), hi = _mm_unpackhi_epi8(x, zero);
+        og[0] = _mm_cvtsi128_si32(lo);
+        og[kQgemmMr] = _mm_extract_epi32(lo, 1);
+        og[2 * kQgemmMr] = _mm_extract_epi32(lo, 2);
+        og[3 * kQgemmMr] = _mm_extract_epi32(lo, 3);
+        og[4 * kQgemmMr] = _mm_cvtsi128_si32(hi);
+        og[5 * kQgemmMr] = _mm_extract_epi32(hi, 1);
+        og[6 * kQgemmMr] = _mm_extract_epi32(hi, 2);
+        og[7 * kQgemmMr] = _mm_extract_epi32(hi, 3);
+      }
+    }
+    sum = _mm_cvtsi128_si64(sad) + _mm_extract_epi64(sad, 1);
+  }
+  if (want_sum) {
+    for (int64_t p = g * kQgemmKb; p < k; ++p) sum += static_cast<uint8_t>(src[p * cs] ^ flip);
+  }
+  for (; g < full; ++g) o[g * kQgemmMr] = qgemm_a_word(src + g * kQgemmKb * cs, cs, kQgemmKb, flip);
+  if (full < groups) {
+    o[full * kQgemmMr] =
+        qgemm_a_word(src + full * kQgemmKb * cs, cs, static_cast<int>(k - full * kQgemmKb), flip);
+  }
+  return want_sum ? sum : 0;
+}
+
+// Zero words for rows [rows, kQgemmMr) of a panel of `groups` groups.
+inline void qgemm_pad_a(int rows, int64_t groups, int32_t* out) {
+  for (int r = rows; r < kQgemmMr; ++r) {
+    for (int64_t g = 0; g < groups; ++g) out[g * kQgemmMr + r] = 0;
+  }
+}
+
 // rows (<= kQgemmMr) x k of A, element (r, p) at a[r * rs + p * cs] xor flip, into one panel;
 // with row_sums, each row's sum of flipped values.
 void qgemm_pack_a(const uint8_t* a, int64_t rs, int64_t cs, int rows, int64_t k, uint8_t flip,
                   int32_t* out, int32_t* row_sums) {
-  const int64_t groups = (k + kQgemmKb - 1) / kQgemmKb, full = k / kQgemmKb;
-  const __m128i vflip = _mm_set1_epi8(static_cast<char>(flip)), zero = _mm_setzero_si128();
   for (int r = 0; r < rows; ++r) {
-    const uint8_t* src = a + r * rs;
-    int32_t* o = out + r;
-    int64_t g = 0;
-    int64_t sum = 0;
-    if (cs == 1) {
-      // 16 bytes at a time; psadbw sums them on the way.
-      constexpr int kPer = 16 / kQgemmKb;  // groups in 16 bytes
-      __m128i sad = zero;
-      for (; g + kPer <= full; g += kPer) {
-        const __m128i x = _mm_xor_si128(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + g * kQgemmKb)), vflip);
-        sad = _mm_add_epi64(sad, _mm_sad_epu8(x, zero));
-        int32_t* og = o + g * kQgemmMr;
-        if constexpr (kQgemmKb == 4) {
-          og[0] = _mm_cvtsi128_si32(x);
-          og[kQgemmMr] = _mm_extract_epi32(x, 1);
-          og[2 * kQgemmMr] = _mm_extract_epi32(x, 2);
-          og[3 * kQgemmMr] = _mm_extract_epi32(x, 3);
-        } else {
-          const __m128i lo = _mm_cvtepu8_epi16(x), hi = _mm_unpackhi_epi8(x, zero);
-          og[0] = _mm_cvtsi128_si32(lo);
-          og[kQgemmMr] = _mm_extract_epi32(lo, 1);
-          og[2 * kQgemmMr] = _mm_extract_epi32(lo, 2);
-          og[3 * kQgemmMr] = _mm_extract_epi32(lo, 3);
-          og[4 * kQgemmMr] = _mm_cvtsi128_si32(hi);
-          og[5 * kQgemmMr] = _mm_extract_epi32(hi, 1);
-          og[6 * kQgemmMr] = _mm_extract_epi32(hi, 2);
-          og[7 * kQgemmMr] = _mm_extract_epi32(hi, 3);
-        }
-      }
-      sum = _mm_cvtsi128_si64(sad) + _mm_extract_epi64(sad, 1);
-    }
-    if (row_sums) {
-      for (int64_t p = g * kQgemmKb; p < k; ++p) sum += static_cast<uint8_t>(src[p * cs] ^ flip);
-    }
-    for (; g < full; ++g)
-      o[g * kQgemmMr] = qgemm_a_word(src + g * kQgemmKb * cs, cs, kQgemmKb, flip);
-    if (full < groups) {
-      o[full * kQgemmMr] =
-          qgemm_a_word(src + full * kQgemmKb * cs, cs, static_cast<int>(k - full * kQgemmKb), flip);
-    }
+    const int64_t sum = qgemm_pack_a_row(a + r * rs, cs, k, flip, out + r, row_sums != nullptr);
     if (row_sums) row_sums[r] = static_cast<int32_t>(sum);
   }
-  for (int r = rows; r < kQgemmMr; ++r) {
-    for (int64_t g = 0; g < groups; ++g) out[g * kQgemmMr + r] = 0;
-  }
+  qgemm_pad_a(rows, (k + kQgemmKb - 1) / kQgemmKb, out);
 }
 
 // Columns [0, kCols) (8 or 16) of one k group of a full panel: row t of the group is kCols
@@ -355,6 +365,32 @@ void qgemm_requantize(const int32_t* acc, int64_t n, const float* scale, int sca
   }
 }
 
+// y[j] = float(acc[j]) * scale[j * scale_step] (+ bias[j]) (added to y[j] when accumulate),
+// each step rounded to float as the scalar expression rounds it: the empty asm statement
+// keeps the compiler from contracting the product and the bias into one fused multiply-add,
+// which would round once (the unfused graph's Mul and Add round twice).
+void qgemm_to_float(const int32_t* acc, int64_t n, const float* scale, int scale_step,
+                    const float* bias, bool accumulate, float* y) {
+  const VF one_scale = vset1(scale[0]);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    VF v = vmul(vcvt_float(viload(acc + j)), scale_step ? vload(scale + j) : one_scale);
+    __asm__("" : "+v"(v));
+    if (bias) v = vadd(v, vload(bias + j));
+    if (accumulate) v = vadd(vload(y + j), v);
+    vstore(y + j, v);
+  }
+  if (j < n) {
+    const int left = static_cast<int>(n - j);
+    VF v = vmul(vcvt_float(viload_partial(acc + j, left)),
+                scale_step ? vload_partial(scale + j, left) : one_scale);
+    __asm__("" : "+v"(v));
+    if (bias) v = vadd(v, vload_partial(bias + j, left));
+    if (accumulate) v = vadd(vload_partial(y + j, left), v);
+    vstore_partial(y + j, v, left);
+  }
+}
+
 void qgemm_quant_range(const float* x, int64_t n, float* lo, float* hi) {
   // vmin/vmax return their second operand when the first is NaN: NaNs are skipped.
   VF vlo = vzero(), vhi = vzero();
@@ -395,6 +431,27 @@ void qgemm_quantize_u8(const float* x, int64_t n, float scale, float zero_point,
   }
 }
 
+// rows (<= kQgemmMr) x k of float A (row stride lda) quantized as qgemm_quantize_u8 does
+// straight into one panel, as qgemm_pack_a packs uint8 A (no flip); with row_sums, each row's
+// sum of quantized values. A row goes through a small stack buffer a chunk at a time, which
+// stays in L1, so the quantized tensor is never written out.
+void qgemm_pack_a_quantized(const float* a, int64_t lda, int rows, int64_t k, float scale,
+                            float zero_point, int32_t* out, int32_t* row_sums) {
+  constexpr int64_t kChunk = 256;  // a multiple of kQgemmKb and of 16
+  alignas(64) uint8_t buf[kChunk];
+  for (int r = 0; r < rows; ++r) {
+    int64_t sum = 0;
+    for (int64_t p0 = 0; p0 < k; p0 += kChunk) {
+      const int64_t len = k - p0 < kChunk ? k - p0 : kChunk;
+      qgemm_quantize_u8(a + r * lda + p0, len, scale, zero_point, buf);
+      sum +=
+          qgemm_pack_a_row(buf, 1, len, 0, out + r + p0 / kQgemmKb * kQgemmMr, row_sums != nullptr);
+    }
+    if (row_sums) row_sums[r] = static_cast<int32_t>(sum);
+  }
+  qgemm_pad_a(rows, (k + kQgemmKb - 1) / kQgemmKb, out);
+}
+
 constexpr Int8GemmKernels kInt8GemmKernels{.layout = QDot::kName,
                                            .mr = kQgemmMr,
                                            .nr = kQgemmNr,
@@ -403,5 +460,7 @@ constexpr Int8GemmKernels kInt8GemmKernels{.layout = QDot::kName,
                                            .pack_b = qgemm_pack_b,
                                            .kernel = qgemm_kernel,
                                            .requantize = qgemm_requantize,
+                                           .to_float = qgemm_to_float,
                                            .quant_range = qgemm_quant_range,
-                                           .quantize_u8 = qgemm_quantize_u8};
+                                           .quantize_u8 = qgemm_quantize_u8,
+                                           .pack_a_quantized = qgemm_pack_a_quantized};
