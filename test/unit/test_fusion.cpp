@@ -139,6 +139,47 @@ TEST_CASE("GELU from Div, Erf, Add and Muls becomes one Gelu", "[passes][fusion]
   CHECK(s.load_stats().fusions == 0);
 }
 
+TEST_CASE("GPT-2's tanh GELU (Pow, Muls, Adds, Tanh) becomes one Gelu(approximate tanh)",
+          "[passes][fusion]") {
+  // 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * Pow(x, 3)))), as GPT-2's gelu_new is
+  // exported. Variants 0 and 1: the two forms of the outer part; 2 and 3 near misses: the
+  // cube's exponent 2, the inner constant 0.05 (not the approximation: no fusion).
+  for (int variant = 0; variant < 4; ++variant) {
+    auto make = [variant] {
+      GraphBuilder b;
+      b.input("x", DataType::Float, {4, 37}, true);
+      b.initializer("three", Tensor::scalar<float>(variant == 2 ? 2.0f : 3.0f));
+      b.initializer("c", Tensor::scalar<float>(variant == 3 ? 0.05f : 0.044715f));
+      b.initializer("k", Tensor::scalar<float>(0.7978845608f));
+      b.initializer("one", Tensor::scalar<float>(1.0f));
+      b.initializer("half", Tensor::scalar<float>(0.5f));
+      b.node("Pow", {"x", "three"}, {"cube"});
+      b.node("Mul", {"cube", "c"}, {"cc"});
+      b.node("Add", {"x", "cc"}, {"inner"});
+      b.node("Mul", {"k", "inner"}, {"scaled"});
+      b.node("Tanh", {"scaled"}, {"t"});
+      b.node("Add", {"t", "one"}, {"a"});
+      if (variant == 1) {  // (x * 0.5) * (1 + tanh)
+        b.node("Mul", {"x", "half"}, {"h"});
+        b.node("Mul", {"h", "a"}, {"y"});
+      } else {  // (x * (1 + tanh)) * 0.5
+        b.node("Mul", {"x", "a"}, {"m"});
+        b.node("Mul", {"half", "m"}, {"y"});
+      }
+      b.node("Neg", {"y"}, {"z"});
+      b.output("z");
+      return b.build();
+    };
+    INFO("variant " << variant);
+    LoadStats stats;
+    check_same(make, {{"x", random_floats({4, 37}, 3, -6.0f, 6.0f)}}, GraphOptimization::All, 1e-6,
+               &stats);
+    const bool fires = variant < 2;
+    CHECK(stats.fusions == (fires ? 1 : 0));
+    CHECK(stats.nodes_planned == (fires ? 2u : 9u));  // Gelu, Neg or all nine
+  }
+}
+
 TEST_CASE("MatMul, its bias Add and an activation become one FusedMatMul", "[passes][fusion]") {
   for (const char* act : {"", "Relu", "Gelu"}) {
     auto make = [act] {
