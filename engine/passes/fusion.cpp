@@ -357,6 +357,75 @@ int eliminate_identities(Rewriter& r) {
 
 // ---- GELU ----
 
+// The outer part both GELU forms share, around f (erf(x / sqrt2) or tanh(...)): 1 + f, then
+// (x * (1 + f)) * 0.5 or (x * 0.5) * (1 + f), in any operand order. Appends its nodes to
+// `drop` and returns the node whose output is the GELU, or null.
+ir::Node* gelu_outer(Rewriter& r, ir::ValueId x, ir::ValueId f, std::vector<ir::Node*>& drop) {
+  if (!r.single_use(f)) return nullptr;
+  ir::Node* one = nullptr;
+  for (size_t j = 0; j < r.size() && !one; ++j) {
+    if (r.removed(j) || !is(r.node(j), "Add") || r.node(j).inputs.size() != 2) continue;
+    ir::Node& a = r.node(j);
+    if (a.inputs[0] != f && a.inputs[1] != f) continue;
+    const auto c = r.scalar(other_input(a, f));
+    if (c && *c == 1.0) one = &a;
+  }
+  if (!one || !r.single_use(one->outputs[0])) return nullptr;
+  ir::Node* m1 = nullptr;  // the Mul reading 1 + f
+  for (size_t j = 0; j < r.size() && !m1; ++j) {
+    if (r.removed(j) || !is(r.node(j), "Mul") || r.node(j).inputs.size() != 2) continue;
+    ir::Node& m = r.node(j);
+    if (m.inputs[0] == one->outputs[0] || m.inputs[1] == one->outputs[0]) m1 = &m;
+  }
+  if (!m1) return nullptr;
+  const ir::ValueId partner = other_input(*m1, one->outputs[0]);
+  if (partner == x) {
+    // (x * (1 + f)) * 0.5
+    if (!r.single_use(m1->outputs[0])) return nullptr;
+    for (size_t j = 0; j < r.size(); ++j) {
+      if (r.removed(j) || !is(r.node(j), "Mul") || r.node(j).inputs.size() != 2) continue;
+      ir::Node& m = r.node(j);
+      if (m.inputs[0] != m1->outputs[0] && m.inputs[1] != m1->outputs[0]) continue;
+      const auto c = r.scalar(other_input(m, m1->outputs[0]));
+      if (!c || *c != 0.5) continue;
+      drop.insert(drop.end(), {one, m1, &m});
+      return &m;
+    }
+    return nullptr;
+  }
+  // (x * 0.5) * (1 + f)
+  ir::Node* half = r.producer(partner, "Mul");
+  if (!half || !r.single_use(partner) || half->inputs.size() != 2) return nullptr;
+  bool ok = false;
+  for (int s = 0; s < 2; ++s) {
+    const auto c = r.scalar(half->inputs[s]);
+    ok = ok || (c && *c == 0.5 && half->inputs[1 - s] == x);
+  }
+  if (!ok) return nullptr;
+  drop.insert(drop.end(), {one, m1, half});
+  return m1;
+}
+
+// One Gelu (opset 20, `approximate` "tanh" or none) in place of `drop`, named after `last`.
+void replace_with_gelu(Rewriter& r, ir::ValueId x, ir::Node* last,
+                       const std::vector<ir::Node*>& drop, bool tanh) {
+  ir::Node gelu;
+  gelu.name = last->name.empty() ? "gelu" : last->name + "/gelu";
+  gelu.op_type = "Gelu";
+  gelu.opset = 20;
+  gelu.inputs = {x};
+  gelu.outputs = {last->outputs[0]};
+  if (tanh) {
+    ir::Attribute a;
+    a.name = "approximate";
+    a.kind = ir::AttrKind::String;
+    a.s = "tanh";
+    gelu.attributes = {a};
+  }
+  for (ir::Node* d : drop) r.remove(d);
+  r.add(std::move(gelu));
+}
+
 // 0.5 * x * (1 + erf(x / sqrt(2))) as torch exports it (Div or Mul by 1/sqrt2, the 0.5
 // applied first or last, operands in either order): rewritten as Gelu (opset 20).
 int fuse_gelu(Rewriter& r) {
@@ -364,7 +433,6 @@ int fuse_gelu(Rewriter& r) {
   for (size_t i = 0; i < r.size(); ++i) {
     if (r.removed(i) || !is(r.node(i), "Erf")) continue;
     ir::Node* erf = &r.node(i);
-    if (!r.single_use(erf->outputs[0])) continue;
     // Erf's input: x / sqrt2 or x * (1 / sqrt2).
     ir::Node* scale = r.producer(erf->inputs[0]);
     if (!scale || !r.single_use(erf->inputs[0]) || scale->inputs.size() != 2) continue;
@@ -379,60 +447,60 @@ int fuse_gelu(Rewriter& r) {
       }
     }
     if (x == ir::kNoValue) continue;
-    // 1 + erf.
-    ir::Node* one = nullptr;
-    for (size_t j = 0; j < r.size() && !one; ++j) {
-      if (r.removed(j) || !is(r.node(j), "Add") || r.node(j).inputs.size() != 2) continue;
-      ir::Node& a = r.node(j);
-      if (a.inputs[0] != erf->outputs[0] && a.inputs[1] != erf->outputs[0]) continue;
-      const auto c = r.scalar(other_input(a, erf->outputs[0]));
-      if (c && *c == 1.0) one = &a;
-    }
-    if (!one || !r.single_use(one->outputs[0])) continue;
-    // The two Muls: (x * (1 + erf)) * 0.5, or (x * 0.5) * (1 + erf), in any operand order.
-    ir::Node* m1 = nullptr;  // the Mul reading 1 + erf
-    for (size_t j = 0; j < r.size() && !m1; ++j) {
-      if (r.removed(j) || !is(r.node(j), "Mul") || r.node(j).inputs.size() != 2) continue;
-      ir::Node& m = r.node(j);
-      if (m.inputs[0] == one->outputs[0] || m.inputs[1] == one->outputs[0]) m1 = &m;
-    }
-    if (!m1) continue;
-    const ir::ValueId partner = other_input(*m1, one->outputs[0]);
-    ir::Node* last = nullptr;  // the node whose output is the GELU
-    std::vector<ir::Node*> drop{scale, erf, one, m1};
-    if (partner == x) {
-      // (x * (1 + erf)) * 0.5
-      if (!r.single_use(m1->outputs[0])) continue;
-      for (size_t j = 0; j < r.size() && !last; ++j) {
-        if (r.removed(j) || !is(r.node(j), "Mul") || r.node(j).inputs.size() != 2) continue;
-        ir::Node& m = r.node(j);
-        if (m.inputs[0] != m1->outputs[0] && m.inputs[1] != m1->outputs[0]) continue;
-        const auto c = r.scalar(other_input(m, m1->outputs[0]));
-        if (c && *c == 0.5) last = &m;
+    std::vector<ir::Node*> drop{scale, erf};
+    ir::Node* last = gelu_outer(r, x, erf->outputs[0], drop);
+    if (!last) continue;
+    replace_with_gelu(r, x, last, drop, false);
+    ++count;
+  }
+  return count;
+}
+
+// The Mul node computing c * v (either operand order, c a float scalar near `want`) when its
+// output is read once: the node and v, else null.
+std::pair<ir::Node*, ir::ValueId> scaled(Rewriter& r, ir::ValueId out, double want) {
+  ir::Node* m = r.producer(out, "Mul");
+  if (!m || m->inputs.size() != 2 || !r.single_use(out)) return {nullptr, ir::kNoValue};
+  for (int s = 0; s < 2; ++s) {
+    const auto c = r.scalar(m->inputs[s]);
+    if (c && near(*c, want)) return {m, m->inputs[1 - s]};
+  }
+  return {nullptr, ir::kNoValue};
+}
+
+// The tanh approximation 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))) (GPT-2's
+// gelu_new, x^3 as Pow(x, 3)), with the outer part in the forms the erf GELU takes:
+// Gelu(approximate = "tanh"), whose vector kernel reads x once instead of eight ops.
+int fuse_gelu_tanh(Rewriter& r) {
+  int count = 0;
+  const double sqrt_2_over_pi = std::sqrt(2.0 / 3.14159265358979323846);
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i) || !is(r.node(i), "Tanh") || r.node(i).inputs.size() != 1) continue;
+    ir::Node* tanh = &r.node(i);
+    const auto [outer_scale, inner] = scaled(r, tanh->inputs[0], sqrt_2_over_pi);
+    ir::Node* sum = outer_scale ? r.producer(inner, "Add") : nullptr;
+    if (!sum || sum->inputs.size() != 2 || !r.single_use(inner)) continue;
+    // x + 0.044715 * Pow(x, 3), in either order.
+    ir::ValueId x = ir::kNoValue;
+    ir::Node *cube_scale = nullptr, *cube = nullptr;
+    for (int s = 0; s < 2 && x == ir::kNoValue; ++s) {
+      const auto [m, p] = scaled(r, sum->inputs[s], 0.044715);
+      ir::Node* pow = m ? r.producer(p, "Pow") : nullptr;
+      if (!pow || pow->inputs.size() != 2 || !r.single_use(p) ||
+          pow->inputs[0] != sum->inputs[1 - s]) {
+        continue;
       }
-      if (!last) continue;
-      drop.push_back(last);
-    } else {
-      // (x * 0.5) * (1 + erf)
-      ir::Node* half = r.producer(partner, "Mul");
-      if (!half || !r.single_use(partner) || half->inputs.size() != 2) continue;
-      bool ok = false;
-      for (int s = 0; s < 2; ++s) {
-        const auto c = r.scalar(half->inputs[s]);
-        ok = ok || (c && *c == 0.5 && half->inputs[1 - s] == x);
-      }
-      if (!ok) continue;
-      last = m1;
-      drop.push_back(half);
+      const auto e = r.scalar(pow->inputs[1]);
+      if (!e || *e != 3.0) continue;
+      x = pow->inputs[0];
+      cube_scale = m;
+      cube = pow;
     }
-    ir::Node gelu;
-    gelu.name = last->name.empty() ? "gelu" : last->name + "/gelu";
-    gelu.op_type = "Gelu";
-    gelu.opset = 20;
-    gelu.inputs = {x};
-    gelu.outputs = {last->outputs[0]};
-    for (ir::Node* d : drop) r.remove(d);
-    r.add(std::move(gelu));
+    if (x == ir::kNoValue) continue;
+    std::vector<ir::Node*> drop{cube, cube_scale, sum, outer_scale, tanh};
+    ir::Node* last = gelu_outer(r, x, tanh->outputs[0], drop);
+    if (!last) continue;
+    replace_with_gelu(r, x, last, drop, true);
     ++count;
   }
   return count;
@@ -1311,6 +1379,7 @@ void optimize_graph(ir::Graph& g, GraphOptimization level, OptimizeStats& stats)
   stats.identities_removed += eliminate_identities(r);
   if (level == GraphOptimization::All) {
     stats.fused += fuse_gelu(r);
+    stats.fused += fuse_gelu_tanh(r);
     stats.fused += fuse_swish(r);
     stats.fused += fuse_layer_norm(r);
     stats.fused += fuse_skip_layer_norm(r);

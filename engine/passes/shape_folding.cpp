@@ -161,10 +161,25 @@ class Analysis {
   }
 
   void visit(const ir::Node& n) {
-    if (!n.domain.empty() || n.outputs.empty() || n.outputs[0] == ir::kNoValue) return;
-    Partial out = infer(n);
+    if (!n.domain.empty() || n.outputs.empty()) return;
+    if (n.op_type == "Split") {
+      std::vector<Partial> outs = split(n);
+      for (size_t k = 0; k < outs.size() && k < n.outputs.size(); ++k) {
+        record(n.outputs[k], std::move(outs[k]));
+      }
+      return;
+    }
+    if (n.outputs[0] == ir::kNoValue) return;
+    record(n.outputs[0], infer(n), n.op_type == "Shape");
+  }
+
+ private:
+  // What was found of `id` plus what its declared type says (`shape_op`: `id` is a Shape's
+  // output).
+  void record(ir::ValueId id, Partial out, bool shape_op = false) {
+    if (id == ir::kNoValue) return;
     // A declared output shape may know more than the rules (a dimension the rule left open).
-    const Partial declared = from_type(g_.value(n.outputs[0]).type);
+    const Partial declared = from_type(g_.value(id).type);
     if (declared.has_rank) {
       if (!out.has_rank) {
         out.has_rank = true;
@@ -179,16 +194,47 @@ class Analysis {
     // A Shape of a value whose rank only the declared output tells (the output of an op these
     // rules do not follow, such as a com.microsoft one): its elements are unknown, but their
     // number is, so constants concatenated to them stay known (a Reshape's fixed head size).
-    if (n.op_type == "Shape" && !out.has_vals && out.has_rank && out.dims.size() == 1 &&
+    if (shape_op && !out.has_vals && out.has_rank && out.dims.size() == 1 &&
         out.dims[0] != kUnknown && static_cast<size_t>(out.dims[0]) <= kMaxValues) {
       out.has_vals = true;
       out.dtype = DataType::Int64;
       out.vals.assign(static_cast<size_t>(out.dims[0]), std::nullopt);
     }
-    parts_[static_cast<size_t>(n.outputs[0])] = std::move(out);
+    parts_[static_cast<size_t>(id)] = std::move(out);
   }
 
- private:
+  // Split's outputs: x's rank, the split axis's length where the sizes are known (an input
+  // or attribute `split`, or an even split of a known length).
+  std::vector<Partial> split(const ir::Node& n) const {
+    const Partial& x = at(n.inputs.empty() ? ir::kNoValue : n.inputs[0]);
+    const size_t count = n.outputs.size();
+    std::vector<Partial> outs(count);
+    if (!x.has_rank) return outs;
+    const ir::Attribute* a = n.attr("axis");
+    const auto axis = normalize(a ? a->i : 0, x.dims.size());
+    if (!axis) return outs;
+    std::optional<std::vector<int64_t>> sizes;
+    if (n.opset >= 13) {
+      if (n.inputs.size() > 1 && n.inputs[1] != ir::kNoValue) sizes = ints(n, 1);
+    } else if (const ir::Attribute* s = n.attr("split")) {
+      sizes = s->ints;
+    }
+    const bool given = n.opset >= 13 ? n.inputs.size() > 1 && n.inputs[1] != ir::kNoValue
+                                     : n.attr("split") != nullptr;
+    const int64_t d = x.dims[*axis];
+    if (!given && d != kUnknown && count > 0 && d % static_cast<int64_t>(count) == 0) {
+      sizes = std::vector<int64_t>(count, d / static_cast<int64_t>(count));
+    }
+    if (sizes && sizes->size() != count) sizes.reset();
+    for (size_t k = 0; k < count; ++k) {
+      std::vector<int64_t> dims = x.dims;
+      dims[*axis] = sizes ? (*sizes)[k] : kUnknown;
+      outs[k] = with_rank(std::move(dims));
+      outs[k].dtype = x.dtype;
+    }
+    return outs;
+  }
+
   Partial infer(const ir::Node& n) const {
     const std::string& op = n.op_type;
     auto in = [&](size_t i) -> const Partial& {
@@ -213,7 +259,11 @@ class Analysis {
         "Min",   "Mod",  "BitShift"};
     const Partial& x = in(0);
     if (op == "Shape") {
-      if (!x.has_rank) return {};
+      if (!x.has_rank) {  // a 1-D int64 tensor of unknown length
+        Partial p = with_rank({kUnknown});
+        p.dtype = DataType::Int64;
+        return p;
+      }
       const size_t r = x.dims.size();
       auto clampi = [&](int64_t v) {
         if (v < 0) v += static_cast<int64_t>(r);
@@ -377,7 +427,7 @@ class Analysis {
       if (!axis) return {};
       std::vector<int64_t> dims = x.dims;
       dims[static_cast<size_t>(*axis)] = 0;
-      bool vals = x.dims.size() == 1;
+      bool vals = x.dims.size() == 1, all_valued = true;
       std::vector<std::optional<int64_t>> all;
       for (size_t i = 0; i < n.inputs.size(); ++i) {
         const Partial& p = in(i);
@@ -390,12 +440,19 @@ class Analysis {
             d = p.dims[k];
           }
         }
-        vals = vals && p.has_vals;
-        if (vals) all.insert(all.end(), p.vals.begin(), p.vals.end());
+        // A 1-D piece of known length whose elements are not known adds unknown elements.
+        all_valued = all_valued && p.has_vals;
+        vals = vals && (p.has_vals || (p.dims[0] != kUnknown &&
+                                       all.size() + static_cast<size_t>(p.dims[0]) <= kMaxValues));
+        if (vals && p.has_vals) {
+          all.insert(all.end(), p.vals.begin(), p.vals.end());
+        } else if (vals) {
+          all.insert(all.end(), static_cast<size_t>(p.dims[0]), std::nullopt);
+        }
       }
       Partial p = with_rank(std::move(dims));
       p.dtype = x.dtype;
-      if (vals && all.size() <= kMaxValues) {
+      if (vals && all.size() <= kMaxValues && (all_valued || int_type(x.dtype))) {
         p.has_vals = true;
         p.vals = std::move(all);
       }
@@ -564,6 +621,37 @@ class Analysis {
       }
       Partial target = with_rank(std::move(dims));
       Partial p = broadcast({&x, &target});
+      p.dtype = x.dtype;
+      return p;
+    }
+    if (op == "Gemm") {
+      const Partial& y = in(1);
+      Partial p = with_rank({kUnknown, kUnknown});
+      p.dtype = x.dtype;
+      if (x.has_rank && x.dims.size() == 2) p.dims[0] = x.dims[attr_i("transA", 0) ? 1 : 0];
+      if (y.has_rank && y.dims.size() == 2) p.dims[1] = y.dims[attr_i("transB", 0) ? 0 : 1];
+      return p;
+    }
+    if (op == "Flatten") {
+      if (!x.has_rank) return {};
+      const auto r = static_cast<int64_t>(x.dims.size());
+      int64_t axis = attr_i("axis", 1);
+      if (axis < 0) axis += r;
+      if (axis < 0 || axis > r) return {};
+      int64_t outer = 1, inner = 1;
+      for (int64_t k = 0; k < r; ++k) {
+        int64_t& part = k < axis ? outer : inner;
+        const int64_t d = x.dims[static_cast<size_t>(k)];
+        if (part != kUnknown && (d == kUnknown || __builtin_mul_overflow(part, d, &part))) {
+          part = kUnknown;
+        }
+      }
+      Partial p = with_rank({outer, inner});
+      p.dtype = x.dtype;
+      return p;
+    }
+    if (op == "Range") {
+      Partial p = with_rank({kUnknown});
       p.dtype = x.dtype;
       return p;
     }

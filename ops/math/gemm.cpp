@@ -131,8 +131,7 @@ void run_block(const GemmKernels& g, const MatrixView& a, const BSource& b, int6
 void run(const GemmKernels& g, const MatrixView& a, const BSource& b, int64_t k, int64_t n,
          float* c, int64_t ldc, const GemmOptions& o) {
   const int64_t m = a.rows;
-  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  const int tasks = task_count(work, o.max_threads);
+  const int tasks = task_count(product_work(m, n, k, g.mr), o.max_threads);
   run_split(split_for(tasks, m, n, g.mr, g.nr, SplitPolicy::RowsFirst), m, n, g.mr, g.nr,
             [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
               run_block(g, a, b, k, c, ldc, o, m0, m1, n0, n1);
@@ -165,7 +164,7 @@ void gemv_by_rows(const GemmKernels& g, const MatrixView& a, const MatrixView& b
   // another product that uses it.)
   std::vector<float> xcopy;
   const float* x = contiguous_row(a, k, xcopy);
-  const int tasks = task_count(static_cast<double>(k) * static_cast<double>(n), o.max_threads);
+  const int tasks = task_count(product_work(1, n, k, g.mr), o.max_threads);
   run_tasks(tasks, [&](int t) {
     const int64_t j0 = n * t / tasks, j1 = n * (t + 1) / tasks;
     if (!o.accumulate && o.alpha == 1.0f) {
@@ -192,7 +191,7 @@ void gemv_columns(const GemmKernels& g, const MatrixView& a, const MatrixView& b
   // x must be contiguous for the dot kernel (not in the thread's scratch: see gemv_by_rows).
   std::vector<float> xcopy;
   const float* x = contiguous_row(a, k, xcopy);
-  const int tasks = task_count(static_cast<double>(k) * static_cast<double>(n), o.max_threads);
+  const int tasks = task_count(product_work(1, n, k, g.mr), o.max_threads);
   run_tasks(tasks, [&](int t) {
     const int64_t j0 = n * t / tasks, j1 = n * (t + 1) / tasks;
     if (!o.accumulate && o.alpha == 1.0f) {

@@ -26,6 +26,18 @@ inline int task_count(double work, int max_threads = 0) {
   return by_work < threads ? static_cast<int>(by_work) : threads;
 }
 
+// A product of a single row tile (a decode step's GEMV, m <= mr) uses each weight of B for
+// only m multiply-adds: its time is B streaming from memory, about this many multiply-adds
+// of a compute-bound product per weight (4 bytes at a core's ~15 GB/s against its FMA rate).
+// Counted so, a [768 x 768] weight (9.4 M) is split where its 0.6 M multiply-adds were not.
+constexpr double kStreamedWeightWork = 16;
+
+// The work of an m x n x k float product for task_count.
+inline double product_work(int64_t m, int64_t n, int64_t k, int mr) {
+  const double nk = static_cast<double>(n) * static_cast<double>(k);
+  return m <= mr ? nk * kStreamedWeightWork : static_cast<double>(m) * nk;
+}
+
 // What the tasks of run_tasks call. oneTBB holds it by reference, so every task knows its
 // address before reading anything: the key of the hand-off stated to ThreadSanitizer
 // (tsan.h), the tasks seeing the caller's writes and the caller theirs.

@@ -5,6 +5,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/passes/passes.h"
@@ -136,6 +137,47 @@ TEST_CASE("GELU from Div, Erf, Add and Muls becomes one Gelu", "[passes][fusion]
   b.output("z");
   Session s = session(b.build(), GraphOptimization::All);
   CHECK(s.load_stats().fusions == 0);
+}
+
+TEST_CASE("GPT-2's tanh GELU (Pow, Muls, Adds, Tanh) becomes one Gelu(approximate tanh)",
+          "[passes][fusion]") {
+  // 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * Pow(x, 3)))), as GPT-2's gelu_new is
+  // exported. Variants 0 and 1: the two forms of the outer part; 2 and 3 near misses: the
+  // cube's exponent 2, the inner constant 0.05 (not the approximation: no fusion).
+  for (int variant = 0; variant < 4; ++variant) {
+    auto make = [variant] {
+      GraphBuilder b;
+      b.input("x", DataType::Float, {4, 37}, true);
+      b.initializer("three", Tensor::scalar<float>(variant == 2 ? 2.0f : 3.0f));
+      b.initializer("c", Tensor::scalar<float>(variant == 3 ? 0.05f : 0.044715f));
+      b.initializer("k", Tensor::scalar<float>(0.7978845608f));
+      b.initializer("one", Tensor::scalar<float>(1.0f));
+      b.initializer("half", Tensor::scalar<float>(0.5f));
+      b.node("Pow", {"x", "three"}, {"cube"});
+      b.node("Mul", {"cube", "c"}, {"cc"});
+      b.node("Add", {"x", "cc"}, {"inner"});
+      b.node("Mul", {"k", "inner"}, {"scaled"});
+      b.node("Tanh", {"scaled"}, {"t"});
+      b.node("Add", {"t", "one"}, {"a"});
+      if (variant == 1) {  // (x * 0.5) * (1 + tanh)
+        b.node("Mul", {"x", "half"}, {"h"});
+        b.node("Mul", {"h", "a"}, {"y"});
+      } else {  // (x * (1 + tanh)) * 0.5
+        b.node("Mul", {"x", "a"}, {"m"});
+        b.node("Mul", {"half", "m"}, {"y"});
+      }
+      b.node("Neg", {"y"}, {"z"});
+      b.output("z");
+      return b.build();
+    };
+    INFO("variant " << variant);
+    LoadStats stats;
+    check_same(make, {{"x", random_floats({4, 37}, 3, -6.0f, 6.0f)}}, GraphOptimization::All, 1e-6,
+               &stats);
+    const bool fires = variant < 2;
+    CHECK(stats.fusions == (fires ? 1 : 0));
+    CHECK(stats.nodes_planned == (fires ? 2u : 9u));  // Gelu, Neg or all nine
+  }
 }
 
 TEST_CASE("MatMul, its bias Add and an activation become one FusedMatMul", "[passes][fusion]") {
@@ -368,6 +410,93 @@ TEST_CASE("BERT-style attention with a scale computed from the head size becomes
     CHECK(stats.folded_nodes == 5);  // Slice, Cast, Sqrt, Div, Sqrt
     // Transpose (K^T back to K, a view), Unsqueeze, Cast, Sub, Mul and Attention.
     CHECK(stats.nodes_planned == 7);
+  }
+}
+
+TEST_CASE("cached attention whose mask is cut by Slice from an Expanded causal mask fuses",
+          "[passes][fusion]") {
+  // As the cached branch of Optimum's decoders builds it: the causal mask over all T keys
+  // (LessOrEqual of two Ranges up to T = the key count read from Shape(k)), Expanded to a
+  // target that Concat makes of run-time pieces, its last L rows cut by a Slice with
+  // run-time starts, then Where(mask, 0, -inf). Shape folding gives the Expand and the Slice
+  // their rank (4) from the target's length, so the mask is one Attention can take.
+  //   target 0: [batch?, 1, T?, T?] (fires);
+  //   target 1: a graph input of unknown length (the mask's rank is unknown: no fusion);
+  //   target 2: [batch?, 1, T?, 1] over the rows' mask alone (the mask broadcasts along the
+  //             keys, which Attention would read as a shorter mask: no fusion).
+  const int64_t H = 2, D = 8;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int target = 0; target < 3; ++target) {
+    auto make = [target, inf] {
+      GraphBuilder b;
+      b.input("q", DataType::Float, {-1, H, -1, D}, true);
+      b.input("k", DataType::Float, {-1, H, -1, D}, true);
+      b.input("v", DataType::Float, {-1, H, -1, D}, true);
+      if (target == 1) b.input("target_in", DataType::Int64, {-1}, true);
+      b.initializer("zero", Tensor::scalar<int64_t>(0));
+      b.initializer("one", Tensor::scalar<int64_t>(1));
+      b.initializer("two", Tensor::scalar<int64_t>(2));
+      b.initializer("axis0", Tensor::from_vector<int64_t>({1}, {0}));
+      b.initializer("axis1", Tensor::from_vector<int64_t>({1}, {1}));
+      b.initializer("axes01", Tensor::from_vector<int64_t>({2}, {0, 1}));
+      b.initializer("ones1", Tensor::from_vector<int64_t>({1}, {1}));
+      b.initializer("slice_axes", Tensor::from_vector<int64_t>({1}, {2}));
+      b.initializer("fzero", Tensor::scalar<float>(0.0f));
+      b.initializer("minus_inf", Tensor::scalar<float>(-inf));
+      b.initializer("scale", Tensor::scalar<float>(0.35f));
+      // T and L as scalars and as 1-D pieces.
+      b.node("Shape", {"k"}, {"kshape"});
+      b.node("Gather", {"kshape", "two"}, {"t"}, {int_attr("axis", 0)});
+      b.node("Gather", {"kshape", "zero"}, {"batch"}, {int_attr("axis", 0)});
+      b.node("Shape", {"q"}, {"qshape"});
+      b.node("Gather", {"qshape", "two"}, {"l"}, {int_attr("axis", 0)});
+      b.node("Unsqueeze", {"t", "axis0"}, {"t1"});
+      b.node("Unsqueeze", {"l", "axis0"}, {"l1"});
+      b.node("Unsqueeze", {"batch", "axis0"}, {"batch1"});
+      // The causal mask [1, 1, T, T] (or the rows' [1, 1, T, 1]).
+      b.node("Range", {"zero", "t", "one"}, {"pos"});
+      b.node("Unsqueeze", {"pos", "axis1"}, {"rows"});
+      b.node("Unsqueeze", {"pos", "axis0"}, {"cols"});
+      if (target == 2) {
+        b.node("GreaterOrEqual", {"rows", "zero"}, {"causal"});
+      } else {
+        b.node("LessOrEqual", {"cols", "rows"}, {"causal"});
+      }
+      b.node("Unsqueeze", {"causal", "axes01"}, {"causal4"});
+      if (target == 0) {
+        b.node("Concat", {"batch1", "ones1", "t1", "t1"}, {"target"}, {int_attr("axis", 0)});
+      } else if (target == 2) {
+        b.node("Concat", {"batch1", "ones1", "t1", "ones1"}, {"target"}, {int_attr("axis", 0)});
+      }
+      b.node("Expand", {"causal4", target == 1 ? "target_in" : "target"}, {"expanded"});
+      // Its last L rows.
+      b.node("Sub", {"t1", "l1"}, {"first_row"});
+      b.node("Slice", {"expanded", "first_row", "t1", "slice_axes"}, {"cut"});
+      b.node("Where", {"cut", "fzero", "minus_inf"}, {"mask"});
+      b.node("Transpose", {"k"}, {"kt"}, {ints_attr("perm", {0, 1, 3, 2})});
+      b.node("MatMul", {"q", "kt"}, {"s"});
+      b.node("Mul", {"s", "scale"}, {"s2"});
+      b.node("Add", {"s2", "mask"}, {"sm"});
+      b.node("Softmax", {"sm"}, {"p"}, {int_attr("axis", -1)});
+      b.node("IsNaN", {"p"}, {"nan"});
+      b.node("Where", {"nan", "fzero", "p"}, {"pz"});
+      b.node("MatMul", {"pz", "v"}, {"y"});
+      b.output("y");
+      return b.build();
+    };
+    for (const auto& [B, L, T] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 9}, {2, 3, 7}}) {
+      INFO("target " << target << " B " << B << " L " << L << " T " << T);
+      std::vector<NamedValue> feeds = {{"q", random_floats({B, H, L, D}, 50)},
+                                       {"k", random_floats({B, H, T, D}, 51)},
+                                       {"v", random_floats({B, H, T, D}, 52)}};
+      if (target == 1) {
+        feeds.push_back({"target_in", Tensor::from_vector<int64_t>({4}, {B, 1, T, T})});
+      }
+      check_same(make, feeds, GraphOptimization::All, 1e-5);
+      const bool fused = session(make(), GraphOptimization::All).graph_text().find("Attention(") !=
+                         std::string::npos;
+      CHECK(fused == (target == 0));
+    }
   }
 }
 

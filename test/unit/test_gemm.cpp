@@ -11,6 +11,7 @@
 #include "kiln/data_type.h"
 #include "kiln/error.h"
 #include "ops/math/gemm.h"
+#include "ops/math/threading.h"
 #include "test/unit/isa_test.h"
 
 using namespace kiln;
@@ -171,6 +172,44 @@ KILN_ISA_TEST_CASE("sgemm crosses k blocks, row blocks and threads", "[math][gem
       {1000, 8, 300, false, true, true, false, true, false, false, 1.0f},     // tall and thin
   };
   for (const Case& t : cases) check_case(t, isa_kernels, rng);
+}
+
+TEST_CASE("a one-row product is split across threads from a smaller size than a compute-bound one",
+          "[math][gemm]") {
+  tbb::task_arena arena(4);
+  arena.execute([] {
+    // A [768 x 768] weight: 0.6 M multiply-adds, too few to split were they compute-bound,
+    // but each weight streams from memory for one row: split four ways.
+    CHECK(math::task_count(math::product_work(1, 768, 768, 12)) == 4);
+    CHECK(math::task_count(math::product_work(12, 768, 768, 12)) == 4);  // one row tile
+    CHECK(math::task_count(math::product_work(1, 64, 64, 12)) == 1);     // 16 KiB of weights
+    // More than one row tile: counted in multiply-adds (1.2 M: one task).
+    CHECK(math::task_count(math::product_work(200, 768, 8, 12)) == 1);
+    CHECK(math::task_count(math::product_work(13, 768, 768, 12)) == 4);
+  });
+}
+
+KILN_ISA_TEST_CASE("one-row products split across threads match the naive product",
+                   "[math][gemm]") {
+  KILN_REQUIRE_ISA();
+  std::mt19937 rng(123);
+  tbb::task_arena arena(3);
+  arena.execute([&] {
+    for (const int64_t n : {int64_t{97}, int64_t{768}, int64_t{2304}}) {
+      for (int flags = 0; flags < 8; ++flags) {
+        Case t{};
+        t.m = 1;
+        t.n = n;
+        t.k = 768;
+        t.b_col_major = flags & 1;
+        t.packed = flags & 2;
+        t.bias = flags & 4;
+        t.alpha = 1.0f;
+        INFO("n " << n << " flags " << flags);
+        check_case(t, isa_kernels, rng);
+      }
+    }
+  });
 }
 
 KILN_ISA_TEST_CASE("sgemm with k = 0 writes zeros (or keeps C) and the epilogue", "[math][gemm]") {
