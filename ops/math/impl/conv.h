@@ -33,11 +33,17 @@ inline void dc_copy_row(const float* src, int64_t width, int64_t base, int64_t s
     hi = h < lo ? lo : (h > n ? n : h);
   }
   for (int64_t i = 0; i < lo; ++i) dst[i] = fill;
-  if (hi > lo && s == 1) {
+  if (hi > lo) {
+    // A constant stride lets the compiler vectorise the gather (two loads and a permute per
+    // vector for stride 2); a runtime stride leaves it one float at a time.
     const float* from = src + base;
-    for (int64_t i = lo; i < hi; ++i) dst[i] = from[i];
-  } else if (hi > lo) {
-    for (int64_t i = lo; i < hi; ++i) dst[i] = src[base + i * s];
+    if (s == 1) {
+      for (int64_t i = lo; i < hi; ++i) dst[i] = from[i];
+    } else if (s == 2) {
+      for (int64_t i = lo; i < hi; ++i) dst[i] = from[2 * i];
+    } else {
+      for (int64_t i = lo; i < hi; ++i) dst[i] = from[i * s];
+    }
   }
   for (int64_t i = hi; i < n; ++i) dst[i] = fill;
 }
@@ -120,6 +126,138 @@ void dc_padded_plane(const float* xp, const float* w, const int64_t* off, const 
       }
       for (; oh < g.out[1]; ++oh) {
         dc_rows<1>(slice + oh * row_step, row_step, wv, o, n_taps, g.out[2], ys + oh * g.out[2]);
+      }
+    }
+  }
+}
+
+// The unpadded direct convolution (ConvKernels::direct_plane) keeps one lane mask per
+// filter column for each vector of output columns.
+constexpr int64_t kDirectMaxWidth = ConvKernels::direct_max_width;
+
+// Output rows [0, R) (row r at yr + r * out[2]) of the unpadded direct convolution, vector
+// by vector: acc = init, then for each of the n filter rows (row_tap[i]; its input row for
+// output row r at x + row_off[i] + r * row_step, inside the input where bit r of
+// row_valid[i] is set, else read as zeros) every column tap's weight times the input row at
+// the tap's column shift, loaded under the mask of the columns inside the input (so padding
+// reads as zero without a padded copy); then max(acc, 0) for `relu` and the store. R rows
+// keep R independent chains of FMAs in flight.
+template <int R>
+void dc_direct_rows(const float* x, const int64_t* row_off, const int64_t* row_tap,
+                    const int* row_valid, int64_t n, int64_t row_step, const float* w,
+                    const ConvGeometry& g, float bias, bool accumulate, bool relu, float* yr) {
+  const int64_t kw_n = g.k[2], width = g.in[2], out_w = g.out[2];
+  const VF vbias = vset1(bias);
+  constexpr int kAll = (1 << R) - 1;
+  for (int64_t j = 0; j < out_w; j += kLanes) {
+    const int lanes = static_cast<int>(dc_min(kLanes, out_w - j));
+    VM mask[kDirectMaxWidth];
+    int64_t shift[kDirectMaxWidth];
+    bool full[kDirectMaxWidth];
+    for (int64_t kw = 0; kw < kw_n; ++kw) {
+      const int64_t c0 = j + kw * g.dil[2] - g.pad[2];  // input column of lane 0
+      const int lo = static_cast<int>(dc_min(dc_max(-c0, 0), kLanes));
+      const int hi = static_cast<int>(dc_max(lo, dc_min(width - c0, kLanes)));
+      shift[kw] = c0;
+      full[kw] = lo == 0 && hi == kLanes;
+      mask[kw] = vlanes_between(lo, hi);
+    }
+    VF acc[R];
+    for (int r = 0; r < R; ++r) {
+      float* yv = yr + r * out_w + j;
+      acc[r] =
+          accumulate ? vadd(lanes == kLanes ? vload(yv) : vload_partial(yv, lanes), vbias) : vbias;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = x + row_off[i];
+      const float* wr = w + row_tap[i] * kw_n;
+      const int valid = row_valid[i];
+      for (int64_t kw = 0; kw < kw_n; ++kw) {
+        const VF wv = vset1(wr[kw]);
+        const float* src = row + shift[kw];
+        if (valid == kAll && full[kw]) {
+          for (int r = 0; r < R; ++r) acc[r] = vfmadd(wv, vload(src + r * row_step), acc[r]);
+        } else {
+          for (int r = 0; r < R; ++r) {
+            const VF v = (valid >> r) & 1 ? vload_masked(src + r * row_step, mask[kw]) : vzero();
+            acc[r] = vfmadd(wv, v, acc[r]);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      if (relu) acc[r] = vmax(acc[r], vzero());
+      if (lanes == kLanes) {
+        vstore(yr + r * out_w + j, acc[r]);
+      } else {
+        vstore_partial(yr + r * out_w + j, acc[r], lanes);
+      }
+    }
+  }
+}
+
+// Rows [oh, oh + R) of one output depth slice (od) of the unpadded direct convolution: the
+// filter rows with some of the R input rows inside the input, kMaxTaps at a time (the first
+// pass starts from init, later ones add onto it, the last applies the Relu).
+template <int R>
+void dc_direct_block(const float* x, const float* w, const ConvGeometry& g, int64_t od, int64_t oh,
+                     float bias, bool accumulate, bool relu, float* yr) {
+  constexpr int64_t kMaxTaps = 64;
+  int64_t row_off[kMaxTaps], row_tap[kMaxTaps];
+  int row_valid[kMaxTaps];
+  const int64_t row_step = g.stride[1] * g.in[2];
+  int64_t n = 0;
+  bool first = true;
+  for (int64_t t = 0; t < g.k[0] * g.k[1]; ++t) {
+    const int64_t id = od * g.stride[0] - g.pad[0] + (t / g.k[1]) * g.dil[0];
+    if (id < 0 || id >= g.in[0]) continue;
+    const int64_t ih = oh * g.stride[1] - g.pad[1] + (t % g.k[1]) * g.dil[1];
+    int valid = 0;
+    for (int r = 0; r < R; ++r) {
+      const int64_t h = ih + r * g.stride[1];
+      if (h >= 0 && h < g.in[1]) valid |= 1 << r;
+    }
+    if (valid == 0) continue;
+    row_off[n] = (id * g.in[1] + ih) * g.in[2];
+    row_tap[n] = t;
+    row_valid[n++] = valid;
+    if (n == kMaxTaps) {
+      dc_direct_rows<R>(x, row_off, row_tap, row_valid, n, row_step, w, g, first ? bias : 0.0f,
+                        !first || accumulate, false, yr);
+      n = 0;
+      first = false;
+    }
+  }
+  dc_direct_rows<R>(x, row_off, row_tap, row_valid, n, row_step, w, g, first ? bias : 0.0f,
+                    !first || accumulate, relu, yr);
+}
+
+// y = init + w (*) x over one output plane, read straight from the input plane (no padded
+// copy), for unit column stride and filters at most kDirectMaxWidth wide: init is y plus
+// `bias` when `accumulate`, else `bias`; max(y, 0) after when `relu`. The taps sum in
+// filter order from init, as dc_padded_plane's do (a tap outside the input adds w * 0).
+void dc_direct_plane(const float* x, const float* w, const ConvGeometry& g, float bias,
+                     bool accumulate, bool relu, float* y) {
+  for (int64_t od = 0; od < g.out[0]; ++od) {
+    for (int64_t oh = 0; oh < g.out[1];) {
+      float* yr = y + (od * g.out[1] + oh) * g.out[2];
+      switch (dc_min(4, g.out[1] - oh)) {
+        case 4:
+          dc_direct_block<4>(x, w, g, od, oh, bias, accumulate, relu, yr);
+          oh += 4;
+          break;
+        case 3:
+          dc_direct_block<3>(x, w, g, od, oh, bias, accumulate, relu, yr);
+          oh += 3;
+          break;
+        case 2:
+          dc_direct_block<2>(x, w, g, od, oh, bias, accumulate, relu, yr);
+          oh += 2;
+          break;
+        default:
+          dc_direct_block<1>(x, w, g, od, oh, bias, accumulate, relu, yr);
+          oh += 1;
+          break;
       }
     }
   }
@@ -246,4 +384,5 @@ void im2col_panels(const float* x, const ConvGeometry& g, int64_t p0, int64_t kc
 constexpr ConvKernels kConvKernels{.pad_plane = dc_pad_plane,
                                    .padded_plane = dc_padded_plane,
                                    .im2col_panels = im2col_panels,
-                                   .pool_plane = dc_pool_plane};
+                                   .pool_plane = dc_pool_plane,
+                                   .direct_plane = dc_direct_plane};
