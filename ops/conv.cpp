@@ -170,9 +170,9 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
   const math::ConvKernels& k = math::kernels().conv;
   const math::ConvGeometry dg = conv_geometry(g);
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size();
-  // Unit column stride: read the input planes in place (masked loads at the borders), with
+  // Column stride 1 or 2: read the input planes in place (masked loads at the borders), with
   // the bias, the channel sum and a Relu in the same pass over each output plane.
-  if (g.stride[2] == 1 && g.k[2] <= math::ConvKernels::direct_max_width) {
+  if (g.stride[2] <= 2 && g.k[2] <= math::ConvKernels::direct_max_width) {
     const bool relu = e.activation == math::Activation::Relu;
     parallel_for(s.n * s.m, grain_for(op * kp * s.cg), [&](int64_t lo, int64_t hi) {
       for (int64_t plane = lo; plane < hi; ++plane) {

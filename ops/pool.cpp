@@ -254,12 +254,19 @@ void pool_planes_float(const float* x, float* y, int64_t planes, const Geometry&
       inv[i].push_back(reciprocal<float>(count_pad ? t.padded[o] : t.hi[o] - t.lo[o]));
     }
   }
+  // Column stride 1 or 2 reads each plane in place; others pool a padded copy.
+  const bool in_place = cg.stride[2] <= 2 && cg.k[2] <= math::ConvKernels::direct_max_width;
   parallel_for(planes, grain_for(op * kp), [&](int64_t lo, int64_t hi) {
-    std::vector<float> buf(padded);
+    std::vector<float> buf(in_place ? 0 : padded);
     for (int64_t p = lo; p < hi; ++p) {
-      k.pad_plane(x + p * ip, cg, max ? -std::numeric_limits<float>::infinity() : 0.0f, buf.data());
       float* yp = y + p * op;
-      k.pool_plane(buf.data(), offsets.data(), cg, max, yp);
+      if (in_place) {
+        k.direct_pool_plane(x + p * ip, cg, max, yp);
+      } else {
+        k.pad_plane(x + p * ip, cg, max ? -std::numeric_limits<float>::infinity() : 0.0f,
+                    buf.data());
+        k.pool_plane(buf.data(), offsets.data(), cg, max, yp);
+      }
       if (max) continue;
       for (int64_t od = 0; od < g.out[0]; ++od) {
         for (int64_t oh = 0; oh < g.out[1]; ++oh) {

@@ -88,7 +88,7 @@ KILN_ISA_TEST_CASE("the direct convolution plane matches a naive loop", "[math][
   }
 }
 
-KILN_ISA_TEST_CASE("the unpadded direct plane matches a naive loop and the padded plane",
+KILN_ISA_TEST_CASE("the in-place direct plane matches a naive loop and the padded plane",
                    "[math][conv]") {
   KILN_REQUIRE_ISA();
   const math::ConvKernels& k = isa_kernels.conv;
@@ -104,7 +104,7 @@ KILN_ISA_TEST_CASE("the unpadded direct plane matches a naive loop and the padde
       // Now and then a filter taller than the kernel's chunk of 64 rows.
       const bool tall = d == 1 && iter % 16 == 0;
       g.k[d] = tall ? pick(65, 80) : pick(1, d == 2 ? math::ConvKernels::direct_max_width : 7);
-      g.stride[d] = d == 2 ? 1 : pick(1, 3);
+      g.stride[d] = d == 2 ? pick(1, 2) : pick(1, 3);
       g.dil[d] = tall ? 1 : pick(1, 2);
       g.pad[d] = pick(0, 3);
       const int64_t ek = (g.k[d] - 1) * g.dil[d] + 1;
@@ -206,7 +206,7 @@ KILN_ISA_TEST_CASE("im2col panels equal the naive patch matrix", "[math][conv]")
   }
 }
 
-KILN_ISA_TEST_CASE("the pooling plane matches a naive max and sum", "[math][conv]") {
+KILN_ISA_TEST_CASE("the pooling planes match a naive max and sum", "[math][conv][pool]") {
   KILN_REQUIRE_ISA();
   const math::ConvKernels& k = isa_kernels.conv;
   std::mt19937 rng(11);
@@ -214,7 +214,7 @@ KILN_ISA_TEST_CASE("the pooling plane matches a naive max and sum", "[math][conv
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
   std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
-  for (int iter = 0; iter < 150; ++iter) {
+  for (int iter = 0; iter < 300; ++iter) {
     math::ConvGeometry g;
     const int dims = static_cast<int>(pick(1, 3));
     for (int d = 3 - dims; d < 3; ++d) {
@@ -225,6 +225,8 @@ KILN_ISA_TEST_CASE("the pooling plane matches a naive max and sum", "[math][conv
       const int64_t ek = (g.k[d] - 1) * g.dil[d] + 1;
       g.in[d] = std::max<int64_t>(ek - 2 * g.pad[d], 1) + pick(0, iter % 5 == 0 ? 40 : 9);
       g.out[d] = (g.in[d] + 2 * g.pad[d] - ek) / g.stride[d] + 1;
+      // ceil_mode: a last window that runs past the right padding.
+      if (iter % 3 == 0 && (g.in[d] + 2 * g.pad[d] - ek) % g.stride[d] != 0) ++g.out[d];
     }
     const int64_t ip = g.in[0] * g.in[1] * g.in[2], op = g.out[0] * g.out[1] * g.out[2];
     const int64_t kp = g.k[0] * g.k[1] * g.k[2];
@@ -239,6 +241,17 @@ KILN_ISA_TEST_CASE("the pooling plane matches a naive max and sum", "[math][conv
       k.pad_plane(x.data(), g, fill, xp.data());
       std::vector<float> y(static_cast<size_t>(op), 123.0f);
       k.pool_plane(xp.data(), taps.data(), g, max, y.data());
+      // The in-place kernel (column stride 1 or 2) takes the same taps in the same order:
+      // the same floats.
+      if (g.stride[2] <= 2) {
+        std::vector<float> direct(static_cast<size_t>(op + 1), 123.0f);
+        k.direct_pool_plane(x.data(), g, max, direct.data());
+        CHECK(direct.back() == 123.0f);  // nothing written past the plane
+        for (size_t i = 0; i < y.size(); ++i) {
+          INFO("iteration " << iter << " max " << max << " output " << i);
+          REQUIRE((direct[i] == y[i] || (std::isnan(direct[i]) && std::isnan(y[i]))));
+        }
+      }
       for (int64_t od = 0; od < g.out[0]; ++od)
         for (int64_t oh = 0; oh < g.out[1]; ++oh)
           for (int64_t ow = 0; ow < g.out[2]; ++ow) {

@@ -131,62 +131,110 @@ void dc_padded_plane(const float* xp, const float* w, const int64_t* off, const 
   }
 }
 
-// The unpadded direct convolution (ConvKernels::direct_plane) keeps one lane mask per
-// filter column for each vector of output columns.
+// The unpadded direct kernels (ConvKernels::direct_plane, direct_pool_plane) keep one
+// column loader per filter column for each vector of output columns.
 constexpr int64_t kDirectMaxWidth = ConvKernels::direct_max_width;
 
-// Output rows [0, R) (row r at yr + r * out[2]) of the unpadded direct convolution, vector
-// by vector: acc = init, then for each of the n filter rows (row_tap[i]; its input row for
+// The inputs of one filter column for a vector of output columns at column stride S (1 or
+// 2): lane l reads the input row at column shift + S * l, zero outside [0, width). Lanes
+// whose column is outside the input are masked off the loads, so nothing outside the row is
+// read and no padded copy is needed; stride 2 loads 2 * kLanes columns and keeps the even
+// ones.
+template <int S>
+struct DcColumn {
+  int64_t shift = 0;
+  bool full = false;  // every column the vector reads is inside the input: plain loads
+  VM lanes{};         // output lanes whose column is inside the input
+  VM m0{}, m1{};      // the columns read, in the first and second kLanes of the row
+
+  void set(int64_t c0, int64_t width) {
+    shift = c0;
+    // Lanes [lo, hi) are inside: c0 + S * l in [0, width).
+    const int64_t lo = dc_min(dc_first_at_least(c0, S, 0), kLanes);
+    const int64_t hi = dc_max(lo, dc_min(dc_first_at_least(c0, S, width), kLanes));
+    full = lo == 0 && c0 + S * kLanes <= width;
+    lanes = vlanes_between(static_cast<int>(lo), static_cast<int>(hi));
+    // Elements [S * lo, S * (hi - 1) + 1) of the row from c0.
+    const int64_t e0 = S * lo, e1 = hi > lo ? S * (hi - 1) + 1 : e0;
+    m0 = vlanes_between(static_cast<int>(dc_min(e0, kLanes)), static_cast<int>(dc_min(e1, kLanes)));
+    if (S == 2) {
+      m1 = vlanes_between(static_cast<int>(dc_min(dc_max(e0 - kLanes, 0), kLanes)),
+                          static_cast<int>(dc_min(dc_max(e1 - kLanes, 0), kLanes)));
+    }
+  }
+  VF load_full(const float* row) const {
+    const float* p = row + shift;
+    return S == 1 ? vload(p) : vpack_even(vload(p), vload(p + kLanes));
+  }
+  VF load_masked(const float* row) const {
+    const float* p = row + shift;
+    return S == 1 ? vload_masked(p, m0)
+                  : vpack_even(vload_masked(p, m0), vload_masked(p + kLanes, m1));
+  }
+};
+
+// What the unpadded direct kernels compute over their taps.
+enum class DcMode { Conv, Max, Sum };
+
+// One tap of an unpadded direct kernel: the weight times v added, the larger (v > acc is
+// false for a NaN v, so NaN inputs are skipped), or the sum.
+template <DcMode Mode>
+inline VF dc_step(VF wv, VF v, VF acc) {
+  if (Mode == DcMode::Conv) return vfmadd(wv, v, acc);
+  if (Mode == DcMode::Sum) return vadd(acc, v);
+  return vselect(vgt(v, acc), v, acc);
+}
+
+// Output rows [0, R) (row r at yr + r * out[2]) of an unpadded direct kernel, vector by
+// vector: acc = init, then for each of the n filter rows (row_tap[i]; its input row for
 // output row r at x + row_off[i] + r * row_step, inside the input where bit r of
-// row_valid[i] is set, else read as zeros) every column tap's weight times the input row at
-// the tap's column shift, loaded under the mask of the columns inside the input (so padding
-// reads as zero without a padded copy); then max(acc, 0) for `relu` and the store. R rows
-// keep R independent chains of FMAs in flight.
-template <int R>
+// row_valid[i] is set, else skipped) every filter column's inputs (DcColumn): Conv adds the
+// tap's weight times them (init: bias, plus y when `accumulate`; max(acc, 0) after for
+// `relu`), Max keeps the larger (skipping NaN inputs, from -inf, as dc_pool_rows does), Sum
+// adds them (from 0). R rows keep R independent chains in flight.
+template <int R, int S, DcMode Mode>
 void dc_direct_rows(const float* x, const int64_t* row_off, const int64_t* row_tap,
                     const int* row_valid, int64_t n, int64_t row_step, const float* w,
                     const ConvGeometry& g, float bias, bool accumulate, bool relu, float* yr) {
-  const int64_t kw_n = g.k[2], width = g.in[2], out_w = g.out[2];
-  const VF vbias = vset1(bias);
+  const int64_t kw_n = g.k[2], out_w = g.out[2];
+  const VF init = Mode == DcMode::Max ? vset1(-__builtin_inff()) : vset1(bias);
   constexpr int kAll = (1 << R) - 1;
   for (int64_t j = 0; j < out_w; j += kLanes) {
     const int lanes = static_cast<int>(dc_min(kLanes, out_w - j));
-    VM mask[kDirectMaxWidth];
-    int64_t shift[kDirectMaxWidth];
-    bool full[kDirectMaxWidth];
-    for (int64_t kw = 0; kw < kw_n; ++kw) {
-      const int64_t c0 = j + kw * g.dil[2] - g.pad[2];  // input column of lane 0
-      const int lo = static_cast<int>(dc_min(dc_max(-c0, 0), kLanes));
-      const int hi = static_cast<int>(dc_max(lo, dc_min(width - c0, kLanes)));
-      shift[kw] = c0;
-      full[kw] = lo == 0 && hi == kLanes;
-      mask[kw] = vlanes_between(lo, hi);
-    }
+    DcColumn<S> col[kDirectMaxWidth];
+    for (int64_t kw = 0; kw < kw_n; ++kw) col[kw].set(j * S + kw * g.dil[2] - g.pad[2], g.in[2]);
     VF acc[R];
     for (int r = 0; r < R; ++r) {
       float* yv = yr + r * out_w + j;
-      acc[r] =
-          accumulate ? vadd(lanes == kLanes ? vload(yv) : vload_partial(yv, lanes), vbias) : vbias;
+      if (!accumulate) {
+        acc[r] = init;
+        continue;
+      }
+      const VF prev = lanes == kLanes ? vload(yv) : vload_partial(yv, lanes);
+      acc[r] = Mode == DcMode::Max ? prev : vadd(prev, init);
     }
     for (int64_t i = 0; i < n; ++i) {
       const float* row = x + row_off[i];
-      const float* wr = w + row_tap[i] * kw_n;
+      const float* wr = Mode == DcMode::Conv ? w + row_tap[i] * kw_n : nullptr;
       const int valid = row_valid[i];
       for (int64_t kw = 0; kw < kw_n; ++kw) {
-        const VF wv = vset1(wr[kw]);
-        const float* src = row + shift[kw];
-        if (valid == kAll && full[kw]) {
-          for (int r = 0; r < R; ++r) acc[r] = vfmadd(wv, vload(src + r * row_step), acc[r]);
-        } else {
-          for (int r = 0; r < R; ++r) {
-            const VF v = (valid >> r) & 1 ? vload_masked(src + r * row_step, mask[kw]) : vzero();
-            acc[r] = vfmadd(wv, v, acc[r]);
-          }
+        const DcColumn<S>& c = col[kw];
+        const VF wv = Mode == DcMode::Conv ? vset1(wr[kw]) : init;
+        if (valid == kAll && c.full) {  // the interior: plain loads, no lane to fill
+          for (int r = 0; r < R; ++r)
+            acc[r] = dc_step<Mode>(wv, c.load_full(row + r * row_step), acc[r]);
+          continue;
+        }
+        for (int r = 0; r < R; ++r) {
+          if (!((valid >> r) & 1)) continue;
+          VF v = c.load_masked(row + r * row_step);
+          if (Mode == DcMode::Max) v = vselect(c.lanes, v, init);
+          acc[r] = dc_step<Mode>(wv, v, acc[r]);
         }
       }
     }
     for (int r = 0; r < R; ++r) {
-      if (relu) acc[r] = vmax(acc[r], vzero());
+      if (Mode == DcMode::Conv && relu) acc[r] = vmax(acc[r], vzero());
       if (lanes == kLanes) {
         vstore(yr + r * out_w + j, acc[r]);
       } else {
@@ -196,10 +244,10 @@ void dc_direct_rows(const float* x, const int64_t* row_off, const int64_t* row_t
   }
 }
 
-// Rows [oh, oh + R) of one output depth slice (od) of the unpadded direct convolution: the
-// filter rows with some of the R input rows inside the input, kMaxTaps at a time (the first
-// pass starts from init, later ones add onto it, the last applies the Relu).
-template <int R>
+// Rows [oh, oh + R) of one output depth slice (od) of an unpadded direct kernel: the filter
+// rows with some of the R input rows inside the input, kMaxTaps at a time (the first pass
+// starts from init, later ones continue from y, the last applies the Relu).
+template <int R, int S, DcMode Mode>
 void dc_direct_block(const float* x, const float* w, const ConvGeometry& g, int64_t od, int64_t oh,
                      float bias, bool accumulate, bool relu, float* yr) {
   constexpr int64_t kMaxTaps = 64;
@@ -222,44 +270,72 @@ void dc_direct_block(const float* x, const float* w, const ConvGeometry& g, int6
     row_tap[n] = t;
     row_valid[n++] = valid;
     if (n == kMaxTaps) {
-      dc_direct_rows<R>(x, row_off, row_tap, row_valid, n, row_step, w, g, first ? bias : 0.0f,
-                        !first || accumulate, false, yr);
+      dc_direct_rows<R, S, Mode>(x, row_off, row_tap, row_valid, n, row_step, w, g,
+                                 first ? bias : 0.0f, !first || accumulate, false, yr);
       n = 0;
       first = false;
     }
   }
-  dc_direct_rows<R>(x, row_off, row_tap, row_valid, n, row_step, w, g, first ? bias : 0.0f,
-                    !first || accumulate, relu, yr);
+  dc_direct_rows<R, S, Mode>(x, row_off, row_tap, row_valid, n, row_step, w, g, first ? bias : 0.0f,
+                             !first || accumulate, relu, yr);
 }
 
-// y = init + w (*) x over one output plane, read straight from the input plane (no padded
-// copy), for unit column stride and filters at most kDirectMaxWidth wide: init is y plus
-// `bias` when `accumulate`, else `bias`; max(y, 0) after when `relu`. The taps sum in
-// filter order from init, as dc_padded_plane's do (a tap outside the input adds w * 0).
-void dc_direct_plane(const float* x, const float* w, const ConvGeometry& g, float bias,
-                     bool accumulate, bool relu, float* y) {
+// One output plane of an unpadded direct kernel, four output rows at a time.
+template <int S, DcMode Mode>
+void dc_direct_plane_of(const float* x, const float* w, const ConvGeometry& g, float bias,
+                        bool accumulate, bool relu, float* y) {
   for (int64_t od = 0; od < g.out[0]; ++od) {
     for (int64_t oh = 0; oh < g.out[1];) {
       float* yr = y + (od * g.out[1] + oh) * g.out[2];
       switch (dc_min(4, g.out[1] - oh)) {
         case 4:
-          dc_direct_block<4>(x, w, g, od, oh, bias, accumulate, relu, yr);
+          dc_direct_block<4, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, yr);
           oh += 4;
           break;
         case 3:
-          dc_direct_block<3>(x, w, g, od, oh, bias, accumulate, relu, yr);
+          dc_direct_block<3, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, yr);
           oh += 3;
           break;
         case 2:
-          dc_direct_block<2>(x, w, g, od, oh, bias, accumulate, relu, yr);
+          dc_direct_block<2, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, yr);
           oh += 2;
           break;
         default:
-          dc_direct_block<1>(x, w, g, od, oh, bias, accumulate, relu, yr);
+          dc_direct_block<1, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, yr);
           oh += 1;
           break;
       }
     }
+  }
+}
+
+// y = init + w (*) x over one output plane, read straight from the input plane (no padded
+// copy), for column stride 1 or 2 and filters at most kDirectMaxWidth wide: init is y plus
+// `bias` when `accumulate`, else `bias`; max(y, 0) after when `relu`. The taps sum in
+// filter order from init, as dc_padded_plane's do (which adds w * 0 for a tap outside the
+// input where this skips it).
+void dc_direct_plane(const float* x, const float* w, const ConvGeometry& g, float bias,
+                     bool accumulate, bool relu, float* y) {
+  if (g.stride[2] == 1) {
+    dc_direct_plane_of<1, DcMode::Conv>(x, w, g, bias, accumulate, relu, y);
+  } else {
+    dc_direct_plane_of<2, DcMode::Conv>(x, w, g, bias, accumulate, relu, y);
+  }
+}
+
+// Max or sum pooling of one plane straight from the input plane, over each window's taps
+// inside the input, for column stride 1 or 2 and windows at most kDirectMaxWidth wide.
+void dc_direct_pool_plane(const float* x, const ConvGeometry& g, bool max, float* y) {
+  if (g.stride[2] == 1) {
+    if (max) {
+      dc_direct_plane_of<1, DcMode::Max>(x, nullptr, g, 0.0f, false, false, y);
+    } else {
+      dc_direct_plane_of<1, DcMode::Sum>(x, nullptr, g, 0.0f, false, false, y);
+    }
+  } else if (max) {
+    dc_direct_plane_of<2, DcMode::Max>(x, nullptr, g, 0.0f, false, false, y);
+  } else {
+    dc_direct_plane_of<2, DcMode::Sum>(x, nullptr, g, 0.0f, false, false, y);
   }
 }
 
@@ -385,4 +461,5 @@ constexpr ConvKernels kConvKernels{.pad_plane = dc_pad_plane,
                                    .padded_plane = dc_padded_plane,
                                    .im2col_panels = im2col_panels,
                                    .pool_plane = dc_pool_plane,
-                                   .direct_plane = dc_direct_plane};
+                                   .direct_plane = dc_direct_plane,
+                                   .direct_pool_plane = dc_direct_pool_plane};

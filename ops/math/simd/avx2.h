@@ -135,6 +135,11 @@ inline VM vlanes_between(int lo, int hi) {
 inline VF vload_masked(const float* p, VM m) {
   return _mm256_maskload_ps(p, _mm256_castps_si256(m));
 }
+// The even lanes of a then of b: lane i is element 2i of the concatenation a, b.
+inline VF vpack_even(VF a, VF b) {
+  const __m256 t = _mm256_shuffle_ps(a, b, 0x88);  // a0 a2 b0 b2 | a4 a6 b4 b6
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), 0xD8));
+}
 
 inline VI vcvt_int(VF a) {
   return _mm256_cvtps_epi32(a);

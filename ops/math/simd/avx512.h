@@ -133,6 +133,11 @@ inline VM vlanes_between(int lo, int hi) {
 inline VF vload_masked(const float* p, VM m) {
   return _mm512_maskz_loadu_ps(m, p);
 }
+// The even lanes of a then of b: lane i is element 2i of the concatenation a, b.
+inline VF vpack_even(VF a, VF b) {
+  const __m512i idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  return _mm512_permutex2var_ps(a, idx, b);
+}
 
 inline VI vcvt_int(VF a) {
   return _mm512_cvtps_epi32(a);

@@ -154,6 +154,10 @@ inline VF vload_masked(const float* p, VM m) {
   }
   return _mm_load_ps(t);
 }
+// The even lanes of a then of b: lane i is element 2i of the concatenation a, b.
+inline VF vpack_even(VF a, VF b) {
+  return _mm_shuffle_ps(a, b, 0x88);
+}
 
 // Integer lanes: conversions and the bits of a float.
 inline VI vcvt_int(VF a) {
