@@ -142,10 +142,12 @@ constexpr int64_t kDirectMaxWidth = ConvKernels::direct_max_width;
 // ones.
 template <int S>
 struct DcColumn {
-  int64_t shift = 0;
-  bool full = false;  // every column the vector reads is inside the input: plain loads
-  VM lanes{};         // output lanes whose column is inside the input
-  VM m0{}, m1{};      // the columns read, in the first and second kLanes of the row
+  // No initialisers: the kernels keep an array of these per vector of outputs and set()
+  // only the ones they use.
+  int64_t shift;
+  bool full;  // every column the vector reads is inside the input: plain loads
+  VM lanes;   // output lanes whose column is inside the input
+  VM m0, m1;  // the columns read, in the first and second kLanes of the row
 
   void set(int64_t c0, int64_t width) {
     shift = c0;
@@ -157,6 +159,7 @@ struct DcColumn {
     // Elements [S * lo, S * (hi - 1) + 1) of the row from c0.
     const int64_t e0 = S * lo, e1 = hi > lo ? S * (hi - 1) + 1 : e0;
     m0 = vlanes_between(static_cast<int>(dc_min(e0, kLanes)), static_cast<int>(dc_min(e1, kLanes)));
+    m1 = m0;
     if (S == 2) {
       m1 = vlanes_between(static_cast<int>(dc_min(dc_max(e0 - kLanes, 0), kLanes)),
                           static_cast<int>(dc_min(dc_max(e1 - kLanes, 0), kLanes)));
@@ -223,6 +226,14 @@ void dc_direct_rows(const float* x, const int64_t* row_off, const int64_t* row_t
         if (valid == kAll && c.full) {  // the interior: plain loads, no lane to fill
           for (int r = 0; r < R; ++r)
             acc[r] = dc_step<Mode>(wv, c.load_full(row + r * row_step), acc[r]);
+          continue;
+        }
+        if (valid == kAll) {  // every row inside, the columns at a border
+          for (int r = 0; r < R; ++r) {
+            VF v = c.load_masked(row + r * row_step);
+            if (Mode == DcMode::Max) v = vselect(c.lanes, v, init);
+            acc[r] = dc_step<Mode>(wv, v, acc[r]);
+          }
           continue;
         }
         for (int r = 0; r < R; ++r) {
