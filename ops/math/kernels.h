@@ -143,8 +143,10 @@ struct ConvKernels {
                        bool accumulate, bool relu, float* y) = nullptr;
   // Pooling of one plane straight from the unpadded input plane, the same shapes as
   // direct_plane: y = the maximum (`max`, NaN inputs skipped) or the sum of each window's
-  // taps inside the input.
-  void (*direct_pool_plane)(const float* x, const ConvGeometry& g, bool max, float* y) = nullptr;
+  // taps inside the input, a sum times row_scale[od * out[1] + oh] * col_scale[ow] when
+  // row_scale is given (average pooling's divisors, in the same pass).
+  void (*direct_pool_plane)(const float* x, const ConvGeometry& g, bool max, const float* row_scale,
+                            const float* col_scale, float* y) = nullptr;
   static constexpr int64_t direct_max_width = 16;
 };
 

@@ -245,11 +245,25 @@ KILN_ISA_TEST_CASE("the pooling planes match a naive max and sum", "[math][conv]
       // the same floats.
       if (g.stride[2] <= 2) {
         std::vector<float> direct(static_cast<size_t>(op + 1), 123.0f);
-        k.direct_pool_plane(x.data(), g, max, direct.data());
+        k.direct_pool_plane(x.data(), g, max, nullptr, nullptr, direct.data());
         CHECK(direct.back() == 123.0f);  // nothing written past the plane
         for (size_t i = 0; i < y.size(); ++i) {
           INFO("iteration " << iter << " max " << max << " output " << i);
           REQUIRE((direct[i] == y[i] || (std::isnan(direct[i]) && std::isnan(y[i]))));
+        }
+        if (!max) {  // sums scaled per row and column as they are stored
+          std::vector<float> rs(static_cast<size_t>(g.out[0] * g.out[1])),
+              cs(static_cast<size_t>(g.out[2]));
+          for (auto& v : rs) v = dist(rng);
+          for (auto& v : cs) v = dist(rng);
+          k.direct_pool_plane(x.data(), g, false, rs.data(), cs.data(), direct.data());
+          for (size_t i = 0; i < y.size(); ++i) {
+            const auto oh_all = static_cast<size_t>(i / static_cast<size_t>(g.out[2]));
+            const auto ow = static_cast<size_t>(i % static_cast<size_t>(g.out[2]));
+            INFO("iteration " << iter << " scaled output " << i);
+            const float want = y[i] * (rs[oh_all] * cs[ow]);
+            REQUIRE((direct[i] == want || (std::isnan(direct[i]) && std::isnan(want))));
+          }
         }
       }
       for (int64_t od = 0; od < g.out[0]; ++od)

@@ -179,6 +179,13 @@ struct DcColumn {
 // What the unpadded direct kernels compute over their taps.
 enum class DcMode { Conv, Max, Sum };
 
+// Sums scaled when stored (average pooling's divisors): output (row, column) times
+// row[row] * col[column]; none when row is null.
+struct DcScale {
+  const float* row = nullptr;
+  const float* col = nullptr;
+};
+
 // One tap of an unpadded direct kernel: the weight times v added, the larger (v > acc is
 // false for a NaN v, so NaN inputs are skipped), or the sum.
 template <DcMode Mode>
@@ -198,7 +205,8 @@ inline VF dc_step(VF wv, VF v, VF acc) {
 template <int R, int S, DcMode Mode>
 void dc_direct_rows(const float* x, const int64_t* row_off, const int64_t* row_tap,
                     const int* row_valid, int64_t n, int64_t row_step, const float* w,
-                    const ConvGeometry& g, float bias, bool accumulate, bool relu, float* yr) {
+                    const ConvGeometry& g, float bias, bool accumulate, bool relu,
+                    const DcScale& scale, float* yr) {
   const int64_t kw_n = g.k[2], out_w = g.out[2];
   const VF init = Mode == DcMode::Max ? vset1(-__builtin_inff()) : vset1(bias);
   constexpr int kAll = (1 << R) - 1;
@@ -244,6 +252,10 @@ void dc_direct_rows(const float* x, const int64_t* row_off, const int64_t* row_t
         }
       }
     }
+    if (Mode == DcMode::Sum && scale.row) {
+      const VF cs = lanes == kLanes ? vload(scale.col + j) : vload_partial(scale.col + j, lanes);
+      for (int r = 0; r < R; ++r) acc[r] = vmul(acc[r], vmul(vset1(scale.row[r]), cs));
+    }
     for (int r = 0; r < R; ++r) {
       if (Mode == DcMode::Conv && relu) acc[r] = vmax(acc[r], vzero());
       if (lanes == kLanes) {
@@ -260,7 +272,7 @@ void dc_direct_rows(const float* x, const int64_t* row_off, const int64_t* row_t
 // starts from init, later ones continue from y, the last applies the Relu).
 template <int R, int S, DcMode Mode>
 void dc_direct_block(const float* x, const float* w, const ConvGeometry& g, int64_t od, int64_t oh,
-                     float bias, bool accumulate, bool relu, float* yr) {
+                     float bias, bool accumulate, bool relu, const DcScale& scale, float* yr) {
   constexpr int64_t kMaxTaps = 64;
   int64_t row_off[kMaxTaps], row_tap[kMaxTaps];
   int row_valid[kMaxTaps];
@@ -282,37 +294,39 @@ void dc_direct_block(const float* x, const float* w, const ConvGeometry& g, int6
     row_valid[n++] = valid;
     if (n == kMaxTaps) {
       dc_direct_rows<R, S, Mode>(x, row_off, row_tap, row_valid, n, row_step, w, g,
-                                 first ? bias : 0.0f, !first || accumulate, false, yr);
+                                 first ? bias : 0.0f, !first || accumulate, false, DcScale{}, yr);
       n = 0;
       first = false;
     }
   }
+  // The rows of this block in the scale's row table.
+  const DcScale here{scale.row ? scale.row + od * g.out[1] + oh : nullptr, scale.col};
   dc_direct_rows<R, S, Mode>(x, row_off, row_tap, row_valid, n, row_step, w, g, first ? bias : 0.0f,
-                             !first || accumulate, relu, yr);
+                             !first || accumulate, relu, here, yr);
 }
 
 // One output plane of an unpadded direct kernel, four output rows at a time.
 template <int S, DcMode Mode>
 void dc_direct_plane_of(const float* x, const float* w, const ConvGeometry& g, float bias,
-                        bool accumulate, bool relu, float* y) {
+                        bool accumulate, bool relu, const DcScale& scale, float* y) {
   for (int64_t od = 0; od < g.out[0]; ++od) {
     for (int64_t oh = 0; oh < g.out[1];) {
       float* yr = y + (od * g.out[1] + oh) * g.out[2];
       switch (dc_min(4, g.out[1] - oh)) {
         case 4:
-          dc_direct_block<4, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, yr);
+          dc_direct_block<4, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, scale, yr);
           oh += 4;
           break;
         case 3:
-          dc_direct_block<3, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, yr);
+          dc_direct_block<3, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, scale, yr);
           oh += 3;
           break;
         case 2:
-          dc_direct_block<2, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, yr);
+          dc_direct_block<2, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, scale, yr);
           oh += 2;
           break;
         default:
-          dc_direct_block<1, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, yr);
+          dc_direct_block<1, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, scale, yr);
           oh += 1;
           break;
       }
@@ -328,25 +342,28 @@ void dc_direct_plane_of(const float* x, const float* w, const ConvGeometry& g, f
 void dc_direct_plane(const float* x, const float* w, const ConvGeometry& g, float bias,
                      bool accumulate, bool relu, float* y) {
   if (g.stride[2] == 1) {
-    dc_direct_plane_of<1, DcMode::Conv>(x, w, g, bias, accumulate, relu, y);
+    dc_direct_plane_of<1, DcMode::Conv>(x, w, g, bias, accumulate, relu, DcScale{}, y);
   } else {
-    dc_direct_plane_of<2, DcMode::Conv>(x, w, g, bias, accumulate, relu, y);
+    dc_direct_plane_of<2, DcMode::Conv>(x, w, g, bias, accumulate, relu, DcScale{}, y);
   }
 }
 
 // Max or sum pooling of one plane straight from the input plane, over each window's taps
-// inside the input, for column stride 1 or 2 and windows at most kDirectMaxWidth wide.
-void dc_direct_pool_plane(const float* x, const ConvGeometry& g, bool max, float* y) {
+// inside the input, for column stride 1 or 2 and windows at most kDirectMaxWidth wide; each
+// sum times row_scale[row] * col_scale[column] when row_scale is given.
+void dc_direct_pool_plane(const float* x, const ConvGeometry& g, bool max, const float* row_scale,
+                          const float* col_scale, float* y) {
+  const DcScale scale{row_scale, col_scale};
   if (g.stride[2] == 1) {
     if (max) {
-      dc_direct_plane_of<1, DcMode::Max>(x, nullptr, g, 0.0f, false, false, y);
+      dc_direct_plane_of<1, DcMode::Max>(x, nullptr, g, 0.0f, false, false, scale, y);
     } else {
-      dc_direct_plane_of<1, DcMode::Sum>(x, nullptr, g, 0.0f, false, false, y);
+      dc_direct_plane_of<1, DcMode::Sum>(x, nullptr, g, 0.0f, false, false, scale, y);
     }
   } else if (max) {
-    dc_direct_plane_of<2, DcMode::Max>(x, nullptr, g, 0.0f, false, false, y);
+    dc_direct_plane_of<2, DcMode::Max>(x, nullptr, g, 0.0f, false, false, scale, y);
   } else {
-    dc_direct_plane_of<2, DcMode::Sum>(x, nullptr, g, 0.0f, false, false, y);
+    dc_direct_plane_of<2, DcMode::Sum>(x, nullptr, g, 0.0f, false, false, scale, y);
   }
 }
 
