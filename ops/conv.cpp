@@ -170,6 +170,25 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
   const math::ConvKernels& k = math::kernels().conv;
   const math::ConvGeometry dg = conv_geometry(g);
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size();
+  // Column stride 1 or 2: read the input planes in place (masked loads at the borders), with
+  // the bias, the channel sum and a Relu in the same pass over each output plane.
+  if (g.stride[2] <= 2 && g.k[2] <= math::ConvKernels::direct_max_width) {
+    const bool relu = e.activation == math::Activation::Relu;
+    parallel_for(s.n * s.m, grain_for(op * kp * s.cg), [&](int64_t lo, int64_t hi) {
+      for (int64_t plane = lo; plane < hi; ++plane) {
+        const int64_t n = plane / s.m, m = plane % s.m, grp = m / s.mg;
+        float* yp = y + plane * op;
+        const float b = bias ? bias[m] : 0.0f;
+        for (int64_t c = 0; c < s.cg; ++c) {
+          const bool last = c + 1 == s.cg;
+          k.direct_plane(x + (n * s.c + grp * s.cg + c) * ip, w + (m * s.cg + c) * kp, dg,
+                         c == 0 ? b : 0.0f, c > 0 || e.accumulate, last && relu, yp);
+        }
+        if (!relu) apply_activation(e.activation, yp, op);
+      }
+    });
+    return;
+  }
   const auto padded = static_cast<size_t>(math::conv_padded_floats(dg));
   std::vector<int64_t> offsets(static_cast<size_t>(kp));
   math::conv_tap_offsets(dg, offsets.data());

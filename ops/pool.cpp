@@ -254,20 +254,32 @@ void pool_planes_float(const float* x, float* y, int64_t planes, const Geometry&
       inv[i].push_back(reciprocal<float>(count_pad ? t.padded[o] : t.hi[o] - t.lo[o]));
     }
   }
+  // The divisor of output (od, oh, ow) is outer[od * out[1] + oh] * inv[2][ow].
+  std::vector<float> outer;
+  for (int64_t od = 0; od < g.out[0] && !max; ++od) {
+    for (int64_t oh = 0; oh < g.out[1]; ++oh) {
+      outer.push_back(inv[0][static_cast<size_t>(od)] * inv[1][static_cast<size_t>(oh)]);
+    }
+  }
+  // Column stride 1 or 2 reads each plane in place and divides in the same pass; others
+  // pool a padded copy, then divide.
+  const bool in_place = cg.stride[2] <= 2 && cg.k[2] <= math::ConvKernels::direct_max_width;
   parallel_for(planes, grain_for(op * kp), [&](int64_t lo, int64_t hi) {
-    std::vector<float> buf(padded);
+    std::vector<float> buf(in_place ? 0 : padded);
     for (int64_t p = lo; p < hi; ++p) {
-      k.pad_plane(x + p * ip, cg, max ? -std::numeric_limits<float>::infinity() : 0.0f, buf.data());
       float* yp = y + p * op;
+      if (in_place) {
+        k.direct_pool_plane(x + p * ip, cg, max, max ? nullptr : outer.data(),
+                            max ? nullptr : inv[2].data(), yp);
+        continue;
+      }
+      k.pad_plane(x + p * ip, cg, max ? -std::numeric_limits<float>::infinity() : 0.0f, buf.data());
       k.pool_plane(buf.data(), offsets.data(), cg, max, yp);
       if (max) continue;
-      for (int64_t od = 0; od < g.out[0]; ++od) {
-        for (int64_t oh = 0; oh < g.out[1]; ++oh) {
-          const float outer = inv[0][static_cast<size_t>(od)] * inv[1][static_cast<size_t>(oh)];
-          float* row = yp + (od * g.out[1] + oh) * g.out[2];
-          for (int64_t ow = 0; ow < g.out[2]; ++ow)
-            row[ow] *= outer * inv[2][static_cast<size_t>(ow)];
-        }
+      for (int64_t r = 0; r < g.out[0] * g.out[1]; ++r) {
+        float* row = yp + r * g.out[2];
+        for (int64_t ow = 0; ow < g.out[2]; ++ow)
+          row[ow] *= outer[static_cast<size_t>(r)] * inv[2][static_cast<size_t>(ow)];
       }
     }
   });

@@ -1165,6 +1165,87 @@ int fold_conv_batchnorm(Rewriter& r) {
   return count;
 }
 
+// The values of a float constant `c` that scales or shifts a convolution's output (rank
+// `rank`, m channels) per output channel: m values along axis 1 (its shape right-aligned to
+// the output's, every other axis 1) or one value for all; empty otherwise.
+std::vector<double> per_channel(Rewriter& r, ir::ValueId c, int64_t rank, int64_t m) {
+  const Tensor* t = r.constant(c);
+  if (!t || t->dtype() != DataType::Float) return {};
+  const auto t_rank = static_cast<int64_t>(t->rank());
+  if (t_rank > rank) return {};
+  const Tensor v = t->contiguous();
+  const float* p = v.data<const float>();
+  if (t->numel() == 1) return std::vector<double>(static_cast<size_t>(m), p[0]);
+  const int64_t channel_axis = t_rank - (rank - 1);  // axis 1 of the output, in t
+  for (int64_t a = 0; a < t_rank; ++a) {
+    if (t->dim(static_cast<size_t>(a)) != (a == channel_axis ? m : 1)) return {};
+  }
+  if (channel_axis < 0) return {};
+  return std::vector<double>(p, p + m);
+}
+
+// Conv(X, W, B) -> Mul or Add by a per-output-channel float constant (a batch normalization
+// written out as a scale and a shift, as Caffe2's exports have it), the convolution's output
+// read by that node alone: one Conv(X, W', B') with W' = W * s and B' = B * s for a Mul,
+// B' = B + a for an Add, computed in double. Repeats along a chain of them.
+int fold_conv_scale_shift(Rewriter& r) {
+  int count = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i)) continue;
+    ir::Node* op = &r.node(i);
+    const bool mul = is(*op, "Mul");
+    if ((!mul && !is(*op, "Add")) || op->inputs.size() != 2) continue;
+    ir::Node* conv = nullptr;
+    ir::ValueId y = ir::kNoValue;
+    for (ir::ValueId v : op->inputs) {
+      ir::Node* p = r.producer(v, "Conv");
+      if (p && r.single_use(v) && other_input(*op, v) != v) conv = p, y = v;
+    }
+    if (!conv || conv->inputs.size() < 2) continue;
+    const Tensor* w = r.constant(conv->inputs[1]);
+    if (!w || w->dtype() != DataType::Float || w->rank() < 3 || w->dim(0) == 0) continue;
+    const int64_t m = w->dim(0), per = w->numel() / m;
+    const std::vector<double> f =
+        per_channel(r, other_input(*op, y), static_cast<int64_t>(w->rank()), m);
+    if (f.empty()) continue;
+    std::vector<double> b(static_cast<size_t>(m), 0.0);
+    if (conv->inputs.size() > 2 && conv->inputs[2] != ir::kNoValue) {
+      b = float_values(r, conv->inputs[2], m);
+      if (b.empty()) continue;
+    }
+    Tensor nb(DataType::Float, Shape{m},
+              Storage::heap_uninitialized(storage_bytes(DataType::Float, m)));
+    for (int64_t c = 0; c < m; ++c) {
+      const auto k = static_cast<size_t>(c);
+      nb.data<float>()[c] = static_cast<float>(mul ? b[k] * f[k] : b[k] + f[k]);
+    }
+    const std::string base = r.graph().value(op->outputs[0]).name;
+    ir::Node folded = *conv;
+    folded.inputs = {conv->inputs[0], conv->inputs[1],
+                     r.new_constant(base + "/conv_bias", std::move(nb))};
+    if (mul) {
+      Tensor nw(DataType::Float, w->shape(),
+                Storage::heap_uninitialized(storage_bytes(DataType::Float, w->numel())));
+      const Tensor wc = w->contiguous();
+      const float* src = wc.data<const float>();
+      float* dst = nw.data<float>();
+      for (int64_t c = 0; c < m; ++c) {
+        for (int64_t j = 0; j < per; ++j) {
+          dst[c * per + j] =
+              static_cast<float>(static_cast<double>(src[c * per + j]) * f[static_cast<size_t>(c)]);
+        }
+      }
+      folded.inputs[1] = r.new_constant(base + "/conv_weight", std::move(nw));
+    }
+    folded.outputs = {op->outputs[0]};
+    r.remove(conv);
+    r.remove(op);
+    r.add(std::move(folded));
+    ++count;
+  }
+  return count;
+}
+
 // A float Conv, then optionally an Add of another tensor Z (a residual connection; it may
 // broadcast), then optionally an activation, each reading the previous output alone: one
 // kiln.FusedConv(X, W, B, Z) with the `activation` attribute, y = act(conv + B + Z), which
@@ -1388,7 +1469,7 @@ void optimize_graph(ir::Graph& g, GraphOptimization level, OptimizeStats& stats)
     stats.fused += fuse_dynamic_quant_activation(r);
     stats.fused += fuse_attention(r);
     stats.fused += fold_into_matmul(r);
-    const int convs = fold_conv_batchnorm(r);
+    const int convs = fold_conv_batchnorm(r) + fold_conv_scale_shift(r);
     stats.fused += convs + fuse_conv_epilogue(r);
     r.commit();
     if (convs > 0) drop_unused_initializers(g);  // the filters and biases folded

@@ -136,6 +136,18 @@ struct ConvKernels {
   // window's taps (tap offsets as conv_tap_offsets gives them), written over y.
   void (*pool_plane)(const float* xp, const int64_t* tap_offsets, const ConvGeometry& g, bool max,
                      float* y) = nullptr;
+  // y = init + w (*) x over one output plane straight from the unpadded input plane `x`, for
+  // convolutions with column stride 1 or 2 and at most direct_max_width filter columns:
+  // init is y's values plus `bias` when `accumulate`, else `bias`; then max(y, 0) when `relu`.
+  void (*direct_plane)(const float* x, const float* w, const ConvGeometry& g, float bias,
+                       bool accumulate, bool relu, float* y) = nullptr;
+  // Pooling of one plane straight from the unpadded input plane, the same shapes as
+  // direct_plane: y = the maximum (`max`, NaN inputs skipped) or the sum of each window's
+  // taps inside the input, a sum times row_scale[od * out[1] + oh] * col_scale[ow] when
+  // row_scale is given (average pooling's divisors, in the same pass).
+  void (*direct_pool_plane)(const float* x, const ConvGeometry& g, bool max, const float* row_scale,
+                            const float* col_scale, float* y) = nullptr;
+  static constexpr int64_t direct_max_width = 16;
 };
 
 // Float arithmetic on rows: y[i] = a[i * sa] op b[i * sb] (impl/binary.h). Fast when both

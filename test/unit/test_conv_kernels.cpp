@@ -88,6 +88,68 @@ KILN_ISA_TEST_CASE("the direct convolution plane matches a naive loop", "[math][
   }
 }
 
+KILN_ISA_TEST_CASE("the in-place direct plane matches a naive loop and the padded plane",
+                   "[math][conv]") {
+  KILN_REQUIRE_ISA();
+  const math::ConvKernels& k = isa_kernels.conv;
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int iter = 0; iter < 400; ++iter) {
+    math::ConvGeometry g;
+    const int dims = static_cast<int>(pick(1, 3));
+    for (int d = 3 - dims; d < 3; ++d) {
+      // Now and then a filter taller than the kernel's chunk of 64 rows.
+      const bool tall = d == 1 && iter % 16 == 0;
+      g.k[d] = tall ? pick(65, 80) : pick(1, d == 2 ? math::ConvKernels::direct_max_width : 7);
+      g.stride[d] = d == 2 ? pick(1, 2) : pick(1, 3);
+      g.dil[d] = tall ? 1 : pick(1, 2);
+      g.pad[d] = pick(0, 3);
+      const int64_t ek = (g.k[d] - 1) * g.dil[d] + 1;
+      g.in[d] = std::max<int64_t>(ek - 2 * g.pad[d], 1) + pick(0, 40);
+      g.out[d] = (g.in[d] + 2 * g.pad[d] - ek) / g.stride[d] + 1;
+    }
+    const int64_t ip = g.in[0] * g.in[1] * g.in[2], op = g.out[0] * g.out[1] * g.out[2];
+    const int64_t kp = g.k[0] * g.k[1] * g.k[2];
+    std::vector<float> x(static_cast<size_t>(ip)), w(static_cast<size_t>(kp)),
+        y0(static_cast<size_t>(op));
+    for (auto& v : x) v = dist(rng);
+    for (auto& v : w) v = dist(rng);
+    for (auto& v : y0) v = dist(rng);
+    const float bias = dist(rng);
+    const bool accumulate = iter % 2 == 1, relu = iter % 3 == 0;
+    // The padded plane from the same start: y0 + bias or bias.
+    std::vector<float> start(y0);
+    for (auto& v : start) v = accumulate ? v + bias : bias;
+    std::vector<float> padded_y(start);
+    std::vector<float> padded(static_cast<size_t>(math::conv_padded_floats(g)));
+    k.pad_plane(x.data(), g, 0.0f, padded.data());
+    std::vector<int64_t> offsets(static_cast<size_t>(kp));
+    math::conv_tap_offsets(g, offsets.data());
+    k.padded_plane(padded.data(), w.data(), offsets.data(), g, padded_y.data());
+    std::vector<double> want = naive_plane(x, w, g, start);
+    std::vector<float> y(y0);
+    y.push_back(7.0f);  // nothing written past the plane
+    k.direct_plane(x.data(), w.data(), g, bias, accumulate, relu, y.data());
+    CHECK(y.back() == 7.0f);
+    INFO("in " << g.in[0] << "x" << g.in[1] << "x" << g.in[2] << " k " << g.k[0] << "x" << g.k[1]
+               << "x" << g.k[2] << " stride " << g.stride[1] << " dil " << g.dil[2] << " pad "
+               << g.pad[2] << " accumulate " << accumulate << " relu " << relu);
+    double worst = 0;
+    size_t differ = 0;
+    for (size_t i = 0; i < static_cast<size_t>(op); ++i) {
+      const double ref = relu ? std::max(want[i], 0.0) : want[i];
+      worst = std::max(worst, std::abs(y[i] - ref) / (1 + std::abs(ref)));
+      // The same taps summed in the same order as the padded plane's: the same floats.
+      if (y[i] != (relu ? std::max(padded_y[i], 0.0f) : padded_y[i])) ++differ;
+    }
+    REQUIRE(worst <= 2e-6 * std::sqrt(static_cast<double>(kp)) + 1e-6);
+    REQUIRE(differ == 0);
+  }
+}
+
 KILN_ISA_TEST_CASE("im2col panels equal the naive patch matrix", "[math][conv]") {
   KILN_REQUIRE_ISA();
   const math::ConvKernels& k = isa_kernels.conv;
@@ -144,7 +206,7 @@ KILN_ISA_TEST_CASE("im2col panels equal the naive patch matrix", "[math][conv]")
   }
 }
 
-KILN_ISA_TEST_CASE("the pooling plane matches a naive max and sum", "[math][conv]") {
+KILN_ISA_TEST_CASE("the pooling planes match a naive max and sum", "[math][conv][pool]") {
   KILN_REQUIRE_ISA();
   const math::ConvKernels& k = isa_kernels.conv;
   std::mt19937 rng(11);
@@ -152,7 +214,7 @@ KILN_ISA_TEST_CASE("the pooling plane matches a naive max and sum", "[math][conv
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
   std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
-  for (int iter = 0; iter < 150; ++iter) {
+  for (int iter = 0; iter < 300; ++iter) {
     math::ConvGeometry g;
     const int dims = static_cast<int>(pick(1, 3));
     for (int d = 3 - dims; d < 3; ++d) {
@@ -163,6 +225,8 @@ KILN_ISA_TEST_CASE("the pooling plane matches a naive max and sum", "[math][conv
       const int64_t ek = (g.k[d] - 1) * g.dil[d] + 1;
       g.in[d] = std::max<int64_t>(ek - 2 * g.pad[d], 1) + pick(0, iter % 5 == 0 ? 40 : 9);
       g.out[d] = (g.in[d] + 2 * g.pad[d] - ek) / g.stride[d] + 1;
+      // ceil_mode: a last window that runs past the right padding.
+      if (iter % 3 == 0 && (g.in[d] + 2 * g.pad[d] - ek) % g.stride[d] != 0) ++g.out[d];
     }
     const int64_t ip = g.in[0] * g.in[1] * g.in[2], op = g.out[0] * g.out[1] * g.out[2];
     const int64_t kp = g.k[0] * g.k[1] * g.k[2];
@@ -177,6 +241,31 @@ KILN_ISA_TEST_CASE("the pooling plane matches a naive max and sum", "[math][conv
       k.pad_plane(x.data(), g, fill, xp.data());
       std::vector<float> y(static_cast<size_t>(op), 123.0f);
       k.pool_plane(xp.data(), taps.data(), g, max, y.data());
+      // The in-place kernel (column stride 1 or 2) takes the same taps in the same order:
+      // the same floats.
+      if (g.stride[2] <= 2) {
+        std::vector<float> direct(static_cast<size_t>(op + 1), 123.0f);
+        k.direct_pool_plane(x.data(), g, max, nullptr, nullptr, direct.data());
+        CHECK(direct.back() == 123.0f);  // nothing written past the plane
+        for (size_t i = 0; i < y.size(); ++i) {
+          INFO("iteration " << iter << " max " << max << " output " << i);
+          REQUIRE((direct[i] == y[i] || (std::isnan(direct[i]) && std::isnan(y[i]))));
+        }
+        if (!max) {  // sums scaled per row and column as they are stored
+          std::vector<float> rs(static_cast<size_t>(g.out[0] * g.out[1])),
+              cs(static_cast<size_t>(g.out[2]));
+          for (auto& v : rs) v = dist(rng);
+          for (auto& v : cs) v = dist(rng);
+          k.direct_pool_plane(x.data(), g, false, rs.data(), cs.data(), direct.data());
+          for (size_t i = 0; i < y.size(); ++i) {
+            const auto oh_all = static_cast<size_t>(i / static_cast<size_t>(g.out[2]));
+            const auto ow = static_cast<size_t>(i % static_cast<size_t>(g.out[2]));
+            INFO("iteration " << iter << " scaled output " << i);
+            const float want = y[i] * (rs[oh_all] * cs[ow]);
+            REQUIRE((direct[i] == want || (std::isnan(direct[i]) && std::isnan(want))));
+          }
+        }
+      }
       for (int64_t od = 0; od < g.out[0]; ++od)
         for (int64_t oh = 0; oh < g.out[1]; ++oh)
           for (int64_t ow = 0; ow < g.out[2]; ++ow) {

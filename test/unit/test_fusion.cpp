@@ -547,6 +547,55 @@ TEST_CASE("Conv, BatchNormalization, a residual Add and an activation become one
   }
 }
 
+TEST_CASE("A per-channel Mul and Add after a Conv fold into its filter and bias",
+          "[passes][fusion]") {
+  // Caffe2's exports write a batch normalization out as Mul and Add by [M, 1, 1] constants;
+  // either operand order, a bias or none, a scalar. A constant along a spatial axis, or one
+  // that would broadcast the output to a larger rank, stays a Mul.
+  const int64_t c = 6, m = 4;
+  for (const bool bias : {true, false}) {
+    for (const bool const_first : {false, true}) {
+      for (const int kind : {0, 1, 2}) {  // 0: per channel, 1: scalar, 2: along the width
+        auto make = [&] {
+          GraphBuilder b;
+          b.input("x", DataType::Float, {1, c, 9, 9}, true);
+          b.initializer("w", random_floats({m, c, 3, 3}, 31));
+          b.initializer("b", random_floats({m}, 32));
+          const Shape scale_shape = kind == 0   ? Shape{m, 1, 1}
+                                    : kind == 1 ? Shape{1}
+                                                : Shape{1, 1, 9};
+          b.initializer("s", random_floats(scale_shape, 33, 0.5f, 1.5f));
+          b.initializer("a", random_floats({1, m, 1, 1}, 34));
+          b.node(
+              "Conv",
+              bias ? std::vector<std::string>{"x", "w", "b"} : std::vector<std::string>{"x", "w"},
+              {"y"}, {ints_attr("pads", {1, 1, 1, 1})});
+          b.node(
+              "Mul",
+              const_first ? std::vector<std::string>{"s", "y"} : std::vector<std::string>{"y", "s"},
+              {"p"});
+          b.node("Add", {"p", "a"}, {"q"});
+          b.node("Relu", {"q"}, {"r"});
+          b.node("Neg", {"r"}, {"out"});
+          b.output("out");
+          return b.build();
+        };
+        INFO("bias " << bias << " constant first " << const_first << " kind " << kind);
+        LoadStats stats;
+        check_same(make, {{"x", random_floats({1, c, 9, 9}, 35)}}, GraphOptimization::All, 1e-5,
+                   &stats);
+        if (kind == 2) {
+          CHECK(stats.fusions == 0);
+          CHECK(stats.nodes_planned == 5u);  // Conv, Mul, Add, Relu, Neg
+        } else {
+          CHECK(stats.fusions == 3);         // the Mul, the Add, the FusedConv with Relu
+          CHECK(stats.nodes_planned == 2u);  // FusedConv, Neg
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("Conv fusions leave shared outputs and run-time filters alone", "[passes][fusion]") {
   // The convolution's output is also a graph output: nothing folds into it. A filter that is
   // an input cannot absorb the normalization (and the ReLU reads the normalization).

@@ -33,11 +33,17 @@ inline void dc_copy_row(const float* src, int64_t width, int64_t base, int64_t s
     hi = h < lo ? lo : (h > n ? n : h);
   }
   for (int64_t i = 0; i < lo; ++i) dst[i] = fill;
-  if (hi > lo && s == 1) {
+  if (hi > lo) {
+    // A constant stride lets the compiler vectorise the gather (two loads and a permute per
+    // vector for stride 2); a runtime stride leaves it one float at a time.
     const float* from = src + base;
-    for (int64_t i = lo; i < hi; ++i) dst[i] = from[i];
-  } else if (hi > lo) {
-    for (int64_t i = lo; i < hi; ++i) dst[i] = src[base + i * s];
+    if (s == 1) {
+      for (int64_t i = lo; i < hi; ++i) dst[i] = from[i];
+    } else if (s == 2) {
+      for (int64_t i = lo; i < hi; ++i) dst[i] = from[2 * i];
+    } else {
+      for (int64_t i = lo; i < hi; ++i) dst[i] = from[i * s];
+    }
   }
   for (int64_t i = hi; i < n; ++i) dst[i] = fill;
 }
@@ -122,6 +128,242 @@ void dc_padded_plane(const float* xp, const float* w, const int64_t* off, const 
         dc_rows<1>(slice + oh * row_step, row_step, wv, o, n_taps, g.out[2], ys + oh * g.out[2]);
       }
     }
+  }
+}
+
+// The unpadded direct kernels (ConvKernels::direct_plane, direct_pool_plane) keep one
+// column loader per filter column for each vector of output columns.
+constexpr int64_t kDirectMaxWidth = ConvKernels::direct_max_width;
+
+// The inputs of one filter column for a vector of output columns at column stride S (1 or
+// 2): lane l reads the input row at column shift + S * l, zero outside [0, width). Lanes
+// whose column is outside the input are masked off the loads, so nothing outside the row is
+// read and no padded copy is needed; stride 2 loads 2 * kLanes columns and keeps the even
+// ones.
+template <int S>
+struct DcColumn {
+  // No initialisers: the kernels keep an array of these per vector of outputs and set()
+  // only the ones they use.
+  int64_t shift;
+  bool full;  // every column the vector reads is inside the input: plain loads
+  VM lanes;   // output lanes whose column is inside the input
+  VM m0, m1;  // the columns read, in the first and second kLanes of the row
+
+  void set(int64_t c0, int64_t width) {
+    shift = c0;
+    // Lanes [lo, hi) are inside: c0 + S * l in [0, width).
+    const int64_t lo = dc_min(dc_first_at_least(c0, S, 0), kLanes);
+    const int64_t hi = dc_max(lo, dc_min(dc_first_at_least(c0, S, width), kLanes));
+    full = lo == 0 && c0 + S * kLanes <= width;
+    lanes = vlanes_between(static_cast<int>(lo), static_cast<int>(hi));
+    // Elements [S * lo, S * (hi - 1) + 1) of the row from c0.
+    const int64_t e0 = S * lo, e1 = hi > lo ? S * (hi - 1) + 1 : e0;
+    m0 = vlanes_between(static_cast<int>(dc_min(e0, kLanes)), static_cast<int>(dc_min(e1, kLanes)));
+    m1 = m0;
+    if (S == 2) {
+      m1 = vlanes_between(static_cast<int>(dc_min(dc_max(e0 - kLanes, 0), kLanes)),
+                          static_cast<int>(dc_min(dc_max(e1 - kLanes, 0), kLanes)));
+    }
+  }
+  VF load_full(const float* row) const {
+    const float* p = row + shift;
+    return S == 1 ? vload(p) : vpack_even(vload(p), vload(p + kLanes));
+  }
+  VF load_masked(const float* row) const {
+    const float* p = row + shift;
+    return S == 1 ? vload_masked(p, m0)
+                  : vpack_even(vload_masked(p, m0), vload_masked(p + kLanes, m1));
+  }
+};
+
+// What the unpadded direct kernels compute over their taps.
+enum class DcMode { Conv, Max, Sum };
+
+// Sums scaled when stored (average pooling's divisors): output (row, column) times
+// row[row] * col[column]; none when row is null.
+struct DcScale {
+  const float* row = nullptr;
+  const float* col = nullptr;
+};
+
+// One tap of an unpadded direct kernel: the weight times v added, the larger (v > acc is
+// false for a NaN v, so NaN inputs are skipped), or the sum.
+template <DcMode Mode>
+inline VF dc_step(VF wv, VF v, VF acc) {
+  if (Mode == DcMode::Conv) return vfmadd(wv, v, acc);
+  if (Mode == DcMode::Sum) return vadd(acc, v);
+  return vselect(vgt(v, acc), v, acc);
+}
+
+// Output rows [0, R) (row r at yr + r * out[2]) of an unpadded direct kernel, vector by
+// vector: acc = init, then for each of the n filter rows (row_tap[i]; its input row for
+// output row r at x + row_off[i] + r * row_step, inside the input where bit r of
+// row_valid[i] is set, else skipped) every filter column's inputs (DcColumn): Conv adds the
+// tap's weight times them (init: bias, plus y when `accumulate`; max(acc, 0) after for
+// `relu`), Max keeps the larger (skipping NaN inputs, from -inf, as dc_pool_rows does), Sum
+// adds them (from 0). R rows keep R independent chains in flight.
+template <int R, int S, DcMode Mode>
+void dc_direct_rows(const float* x, const int64_t* row_off, const int64_t* row_tap,
+                    const int* row_valid, int64_t n, int64_t row_step, const float* w,
+                    const ConvGeometry& g, float bias, bool accumulate, bool relu,
+                    const DcScale& scale, float* yr) {
+  const int64_t kw_n = g.k[2], out_w = g.out[2];
+  const VF init = Mode == DcMode::Max ? vset1(-__builtin_inff()) : vset1(bias);
+  constexpr int kAll = (1 << R) - 1;
+  for (int64_t j = 0; j < out_w; j += kLanes) {
+    const int lanes = static_cast<int>(dc_min(kLanes, out_w - j));
+    DcColumn<S> col[kDirectMaxWidth];
+    for (int64_t kw = 0; kw < kw_n; ++kw) col[kw].set(j * S + kw * g.dil[2] - g.pad[2], g.in[2]);
+    VF acc[R];
+    for (int r = 0; r < R; ++r) {
+      float* yv = yr + r * out_w + j;
+      if (!accumulate) {
+        acc[r] = init;
+        continue;
+      }
+      const VF prev = lanes == kLanes ? vload(yv) : vload_partial(yv, lanes);
+      acc[r] = Mode == DcMode::Max ? prev : vadd(prev, init);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = x + row_off[i];
+      const float* wr = Mode == DcMode::Conv ? w + row_tap[i] * kw_n : nullptr;
+      const int valid = row_valid[i];
+      for (int64_t kw = 0; kw < kw_n; ++kw) {
+        const DcColumn<S>& c = col[kw];
+        const VF wv = Mode == DcMode::Conv ? vset1(wr[kw]) : init;
+        if (valid == kAll && c.full) {  // the interior: plain loads, no lane to fill
+          for (int r = 0; r < R; ++r)
+            acc[r] = dc_step<Mode>(wv, c.load_full(row + r * row_step), acc[r]);
+          continue;
+        }
+        if (valid == kAll) {  // every row inside, the columns at a border
+          for (int r = 0; r < R; ++r) {
+            VF v = c.load_masked(row + r * row_step);
+            if (Mode == DcMode::Max) v = vselect(c.lanes, v, init);
+            acc[r] = dc_step<Mode>(wv, v, acc[r]);
+          }
+          continue;
+        }
+        for (int r = 0; r < R; ++r) {
+          if (!((valid >> r) & 1)) continue;
+          VF v = c.load_masked(row + r * row_step);
+          if (Mode == DcMode::Max) v = vselect(c.lanes, v, init);
+          acc[r] = dc_step<Mode>(wv, v, acc[r]);
+        }
+      }
+    }
+    if (Mode == DcMode::Sum && scale.row) {
+      const VF cs = lanes == kLanes ? vload(scale.col + j) : vload_partial(scale.col + j, lanes);
+      for (int r = 0; r < R; ++r) acc[r] = vmul(acc[r], vmul(vset1(scale.row[r]), cs));
+    }
+    for (int r = 0; r < R; ++r) {
+      if (Mode == DcMode::Conv && relu) acc[r] = vmax(acc[r], vzero());
+      if (lanes == kLanes) {
+        vstore(yr + r * out_w + j, acc[r]);
+      } else {
+        vstore_partial(yr + r * out_w + j, acc[r], lanes);
+      }
+    }
+  }
+}
+
+// Rows [oh, oh + R) of one output depth slice (od) of an unpadded direct kernel: the filter
+// rows with some of the R input rows inside the input, kMaxTaps at a time (the first pass
+// starts from init, later ones continue from y, the last applies the Relu).
+template <int R, int S, DcMode Mode>
+void dc_direct_block(const float* x, const float* w, const ConvGeometry& g, int64_t od, int64_t oh,
+                     float bias, bool accumulate, bool relu, const DcScale& scale, float* yr) {
+  constexpr int64_t kMaxTaps = 64;
+  int64_t row_off[kMaxTaps], row_tap[kMaxTaps];
+  int row_valid[kMaxTaps];
+  const int64_t row_step = g.stride[1] * g.in[2];
+  int64_t n = 0;
+  bool first = true;
+  for (int64_t t = 0; t < g.k[0] * g.k[1]; ++t) {
+    const int64_t id = od * g.stride[0] - g.pad[0] + (t / g.k[1]) * g.dil[0];
+    if (id < 0 || id >= g.in[0]) continue;
+    const int64_t ih = oh * g.stride[1] - g.pad[1] + (t % g.k[1]) * g.dil[1];
+    int valid = 0;
+    for (int r = 0; r < R; ++r) {
+      const int64_t h = ih + r * g.stride[1];
+      if (h >= 0 && h < g.in[1]) valid |= 1 << r;
+    }
+    if (valid == 0) continue;
+    row_off[n] = (id * g.in[1] + ih) * g.in[2];
+    row_tap[n] = t;
+    row_valid[n++] = valid;
+    if (n == kMaxTaps) {
+      dc_direct_rows<R, S, Mode>(x, row_off, row_tap, row_valid, n, row_step, w, g,
+                                 first ? bias : 0.0f, !first || accumulate, false, DcScale{}, yr);
+      n = 0;
+      first = false;
+    }
+  }
+  // The rows of this block in the scale's row table.
+  const DcScale here{scale.row ? scale.row + od * g.out[1] + oh : nullptr, scale.col};
+  dc_direct_rows<R, S, Mode>(x, row_off, row_tap, row_valid, n, row_step, w, g, first ? bias : 0.0f,
+                             !first || accumulate, relu, here, yr);
+}
+
+// One output plane of an unpadded direct kernel, four output rows at a time.
+template <int S, DcMode Mode>
+void dc_direct_plane_of(const float* x, const float* w, const ConvGeometry& g, float bias,
+                        bool accumulate, bool relu, const DcScale& scale, float* y) {
+  for (int64_t od = 0; od < g.out[0]; ++od) {
+    for (int64_t oh = 0; oh < g.out[1];) {
+      float* yr = y + (od * g.out[1] + oh) * g.out[2];
+      switch (dc_min(4, g.out[1] - oh)) {
+        case 4:
+          dc_direct_block<4, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, scale, yr);
+          oh += 4;
+          break;
+        case 3:
+          dc_direct_block<3, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, scale, yr);
+          oh += 3;
+          break;
+        case 2:
+          dc_direct_block<2, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, scale, yr);
+          oh += 2;
+          break;
+        default:
+          dc_direct_block<1, S, Mode>(x, w, g, od, oh, bias, accumulate, relu, scale, yr);
+          oh += 1;
+          break;
+      }
+    }
+  }
+}
+
+// y = init + w (*) x over one output plane, read straight from the input plane (no padded
+// copy), for column stride 1 or 2 and filters at most kDirectMaxWidth wide: init is y plus
+// `bias` when `accumulate`, else `bias`; max(y, 0) after when `relu`. The taps sum in
+// filter order from init, as dc_padded_plane's do (which adds w * 0 for a tap outside the
+// input where this skips it).
+void dc_direct_plane(const float* x, const float* w, const ConvGeometry& g, float bias,
+                     bool accumulate, bool relu, float* y) {
+  if (g.stride[2] == 1) {
+    dc_direct_plane_of<1, DcMode::Conv>(x, w, g, bias, accumulate, relu, DcScale{}, y);
+  } else {
+    dc_direct_plane_of<2, DcMode::Conv>(x, w, g, bias, accumulate, relu, DcScale{}, y);
+  }
+}
+
+// Max or sum pooling of one plane straight from the input plane, over each window's taps
+// inside the input, for column stride 1 or 2 and windows at most kDirectMaxWidth wide; each
+// sum times row_scale[row] * col_scale[column] when row_scale is given.
+void dc_direct_pool_plane(const float* x, const ConvGeometry& g, bool max, const float* row_scale,
+                          const float* col_scale, float* y) {
+  const DcScale scale{row_scale, col_scale};
+  if (g.stride[2] == 1) {
+    if (max) {
+      dc_direct_plane_of<1, DcMode::Max>(x, nullptr, g, 0.0f, false, false, scale, y);
+    } else {
+      dc_direct_plane_of<1, DcMode::Sum>(x, nullptr, g, 0.0f, false, false, scale, y);
+    }
+  } else if (max) {
+    dc_direct_plane_of<2, DcMode::Max>(x, nullptr, g, 0.0f, false, false, scale, y);
+  } else {
+    dc_direct_plane_of<2, DcMode::Sum>(x, nullptr, g, 0.0f, false, false, scale, y);
   }
 }
 
@@ -246,4 +488,6 @@ void im2col_panels(const float* x, const ConvGeometry& g, int64_t p0, int64_t kc
 constexpr ConvKernels kConvKernels{.pad_plane = dc_pad_plane,
                                    .padded_plane = dc_padded_plane,
                                    .im2col_panels = im2col_panels,
-                                   .pool_plane = dc_pool_plane};
+                                   .pool_plane = dc_pool_plane,
+                                   .direct_plane = dc_direct_plane,
+                                   .direct_pool_plane = dc_direct_pool_plane};

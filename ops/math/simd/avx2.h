@@ -125,6 +125,21 @@ inline float vfirst(VF a) {
 inline VM vlanes_below(int n) {
   return _mm256_castsi256_ps(vtail_mask(n));
 }
+// Lanes [lo, hi) on (0 <= lo <= hi <= kLanes), and a load of just those lanes (the others
+// zero; memory under the off lanes is not read, so p may point before or past a buffer).
+inline VM vlanes_between(int lo, int hi) {
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(lo), iota),
+                                                 _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), iota)));
+}
+inline VF vload_masked(const float* p, VM m) {
+  return _mm256_maskload_ps(p, _mm256_castps_si256(m));
+}
+// The even lanes of a then of b: lane i is element 2i of the concatenation a, b.
+inline VF vpack_even(VF a, VF b) {
+  const __m256 t = _mm256_shuffle_ps(a, b, 0x88);  // a0 a2 b0 b2 | a4 a6 b4 b6
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), 0xD8));
+}
 
 inline VI vcvt_int(VF a) {
   return _mm256_cvtps_epi32(a);

@@ -125,6 +125,19 @@ inline float vfirst(VF a) {
 inline VM vlanes_below(int n) {
   return vtail_mask(n);
 }
+// Lanes [lo, hi) on (0 <= lo <= hi <= kLanes), and a load of just those lanes (the others
+// zero; memory under the off lanes is not read, so p may point before or past a buffer).
+inline VM vlanes_between(int lo, int hi) {
+  return static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+inline VF vload_masked(const float* p, VM m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+// The even lanes of a then of b: lane i is element 2i of the concatenation a, b.
+inline VF vpack_even(VF a, VF b) {
+  const __m512i idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  return _mm512_permutex2var_ps(a, idx, b);
+}
 
 inline VI vcvt_int(VF a) {
   return _mm512_cvtps_epi32(a);

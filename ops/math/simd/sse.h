@@ -139,6 +139,25 @@ inline float vfirst(VF a) {
 inline VM vlanes_below(int n) {
   return _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3)));
 }
+// Lanes [lo, hi) on (0 <= lo <= hi <= kLanes), and a load of just those lanes (the others
+// zero; memory under the off lanes is not read, so p may point before or past a buffer).
+inline VM vlanes_between(int lo, int hi) {
+  const __m128i iota = _mm_setr_epi32(0, 1, 2, 3);
+  return _mm_castsi128_ps(_mm_andnot_si128(_mm_cmpgt_epi32(_mm_set1_epi32(lo), iota),
+                                           _mm_cmpgt_epi32(_mm_set1_epi32(hi), iota)));
+}
+inline VF vload_masked(const float* p, VM m) {
+  const int bits = _mm_movemask_ps(m);
+  alignas(16) float t[4] = {0, 0, 0, 0};
+  for (int i = 0; i < 4; ++i) {
+    if (bits & (1 << i)) t[i] = p[i];
+  }
+  return _mm_load_ps(t);
+}
+// The even lanes of a then of b: lane i is element 2i of the concatenation a, b.
+inline VF vpack_even(VF a, VF b) {
+  return _mm_shuffle_ps(a, b, 0x88);
+}
 
 // Integer lanes: conversions and the bits of a float.
 inline VI vcvt_int(VF a) {
