@@ -42,6 +42,9 @@ struct QDot {
 // MatMulNBits' int8 blocks: four products a lane per instruction, exact in int32.
 struct NBitsDot {
   static __m256i dot(__m256i acc, __m256i w, __m256i a) { return _mm256_dpbusd_epi32(acc, w, a); }
+  static __m512i dot512(__m512i acc, __m512i w, __m512i a) {
+    return _mm512_dpbusd_epi32(acc, w, a);
+  }
 };
 
 #include "ops/math/impl/nbits_int8.h"

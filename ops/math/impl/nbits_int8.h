@@ -147,9 +147,65 @@ inline void nbits_i8_column(const int8_t* a, const float* sa, const float* sums,
   }
 }
 
+#if defined(__AVX512BW__)
+// One row and blocks of 32 on 512-bit vectors: a pair of blocks per step, the low eight
+// int32 lanes the first block's, the high eight the second's, each scaled by its pair of
+// scales spread over its lanes. Steps alternate between two sums, as in nbits_i8_column.
+inline void nbits_i8_pair(const int8_t* a, const float* sa, const float* sums, const NBitsMatrix& b,
+                          int64_t j, int64_t blk, __m512& total, float& shift) {
+  const uint8_t* q = b.data + (j * b.blocks + blk) * 16;
+  const __m256i low = _mm256_set1_epi8(15);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  // [low nibbles of both blocks | high nibbles of both], then block by block.
+  const __m512i halves = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, low)),
+                                            _mm256_and_si256(_mm256_srli_epi16(v, 4), low), 1);
+  const __m512i w = _mm512_shuffle_i64x2(halves, halves, _MM_SHUFFLE(3, 1, 2, 0));
+  const __m512i x = _mm512_loadu_si512(a + blk * 32);
+  const __m512i d = NBitsDot::dot512(_mm512_setzero_si512(), w, x);
+  const float* s = b.scales + j * b.blocks + blk;
+  const __m128 sc =
+      _mm_mul_ps(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(s))),
+                 _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sa + blk))));
+  const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d),
+                          _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sc)), total);
+  shift +=
+      s[0] * b.zero_point(j, blk) * sums[blk] + s[1] * b.zero_point(j, blk + 1) * sums[blk + 1];
+}
+
+inline void nbits_i8_column_pairs(const int8_t* a, const float* sa, const float* sums,
+                                  const NBitsMatrix& b, int64_t j, float* y) {
+  __m512 total[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  float shift[2] = {0.0f, 0.0f};
+  int64_t blk = 0;
+  for (; blk + 3 < b.blocks; blk += 4) {
+    nbits_i8_pair(a, sa, sums, b, j, blk, total[0], shift[0]);
+    nbits_i8_pair(a, sa, sums, b, j, blk + 2, total[1], shift[1]);
+  }
+  if (blk + 1 < b.blocks) {
+    nbits_i8_pair(a, sa, sums, b, j, blk, total[0], shift[0]);
+    blk += 2;
+  }
+  float rest = 0.0f;
+  if (blk < b.blocks) {
+    const uint8_t* q = b.data + (j * b.blocks + blk) * 16;
+    const float s = b.scales[j * b.blocks + blk];
+    rest = s * (sa[blk] * static_cast<float>(nbits_i8_block_dot(a + blk * 32, q, b)) -
+                b.zero_point(j, blk) * sums[blk]);
+  }
+  *y = _mm512_reduce_add_ps(_mm512_add_ps(total[0], total[1])) - (shift[0] + shift[1]) + rest;
+}
+#endif
+
 template <int Rows>
 inline void nbits_i8_columns(const int8_t* a, const float* sa, const float* sums,
                              const NBitsMatrix& b, int64_t j0, int64_t j1, float* y, int64_t ldy) {
+#if defined(__AVX512BW__)
+  if (Rows == 1 && b.block == 32) {
+    for (int64_t j = j0; j < j1; ++j) nbits_i8_column_pairs(a, sa, sums, b, j, y + j);
+    return;
+  }
+#endif
   for (int64_t j = j0; j < j1; ++j) nbits_i8_column<Rows>(a, sa, sums, b, j, y + j, ldy);
 }
 #endif
