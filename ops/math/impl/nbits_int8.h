@@ -169,8 +169,16 @@ inline void nbits_i8_pair(const int8_t* a, const float* sa, const float* sums, c
   const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d),
                           _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sc)), total);
-  shift +=
-      s[0] * b.zero_point(j, blk) * sums[blk] + s[1] * b.zero_point(j, blk + 1) * sums[blk + 1];
+  float z0 = 8.0f, z1 = 8.0f;
+  if (b.zero_points) {  // blk is even: one byte holds both blocks' zero points
+    const uint8_t zp = b.zero_points[j * b.zp_bytes() + blk / 2];
+    z0 = static_cast<float>(zp & 15);
+    z1 = static_cast<float>(zp >> 4);
+  } else if (b.float_zero_points) {
+    z0 = b.float_zero_points[j * b.blocks + blk];
+    z1 = b.float_zero_points[j * b.blocks + blk + 1];
+  }
+  shift += s[0] * z0 * sums[blk] + s[1] * z1 * sums[blk + 1];
 }
 
 inline void nbits_i8_column_pairs(const int8_t* a, const float* sa, const float* sums,
