@@ -10,8 +10,10 @@
 // The weights are never widened to a float copy. Up to kGemvRows rows (a decode step) stream
 // the packed blocks once through the dispatched NBitsKernels::gemv, columns split across
 // threads. More rows dequantize one panel of columns at a time into a per-thread buffer
-// and hand it to the float GEMM. accuracy_level is accepted: every product is computed in
-// float, onnxruntime's most accurate level.
+// and hand it to the float GEMM. accuracy_level follows the model, as onnxruntime does:
+// at 4, few rows of A are quantized to int8 per block and each block of 4-bit weights is an
+// integer dot product (NBitsKernels::gemv_int8, onnxruntime's CompInt8); levels 0-3, 8-bit
+// weights and many rows compute in float.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -52,7 +54,7 @@ class MatMulNBits final : public Kernel {
     if (info.has_input(kGIdx)) {
       info.fail("g_idx (act-order quantization) is not supported", ErrorKind::Unsupported);
     }
-    (void)info.attr_int("accuracy_level", 0);
+    accuracy_level_ = info.attr_int("accuracy_level", 0);
   }
 
   void run(OpContext& ctx) override {
@@ -70,7 +72,10 @@ class MatMulNBits final : public Kernel {
     Tensor& y = ctx.output(0, DataType::Float, out);
     const int64_t m = a.numel() / k_;
     if (m == 0) return;
-    if (m <= kGemvRows) {
+    if (m <= kGemvRows && accuracy_level_ == 4 && bits_ == 4) {
+      stream_int8(b, a.data<const float>(), m, y.data<float>());
+      if (bias) add_bias(bias, m, y.data<float>());
+    } else if (m <= kGemvRows) {
       stream(b, a.data<const float>(), m, y.data<float>());
       if (bias) add_bias(bias, m, y.data<float>());
     } else {
@@ -144,6 +149,25 @@ class MatMulNBits final : public Kernel {
     });
   }
 
+  // stream() with A quantized to int8 per block (accuracy_level 4).
+  void stream_int8(const math::NBitsMatrix& b, const float* a, int64_t m, float* y) const {
+    const math::NBitsKernels& nk = math::kernels().nbits;
+    const int64_t padded = b.blocks * b.block;
+    std::vector<int8_t> quantized(static_cast<size_t>(m * padded));
+    std::vector<float> scales(static_cast<size_t>(m * b.blocks)), sums(scales.size());
+    nk.quantize_a(a, k_, static_cast<int>(m), b, quantized.data(), scales.data(), sums.data());
+    const double work = static_cast<double>(m) * static_cast<double>(n_) * static_cast<double>(k_);
+    const int tasks = static_cast<int>(std::min<int64_t>(math::task_count(work), n_));
+    math::run_tasks(tasks, [&](int t) {
+      const int64_t j0 = n_ * t / tasks, j1 = n_ * (t + 1) / tasks;
+      for (int64_t r = 0; r < m; r += nk.max_rows) {
+        const int rows = static_cast<int>(std::min<int64_t>(nk.max_rows, m - r));
+        nk.gemv_int8(quantized.data() + r * padded, scales.data() + r * b.blocks,
+                     sums.data() + r * b.blocks, rows, b, j0, j1, y + r * n_, n_);
+      }
+    });
+  }
+
   void add_bias(const float* bias, int64_t m, float* y) const {
     const math::BinaryKernels& bk = math::kernels().binary;
     for (int64_t r = 0; r < m; ++r) bk.add(y + r * n_, 1, bias, 1, y + r * n_, n_);
@@ -190,6 +214,7 @@ class MatMulNBits final : public Kernel {
   }
 
   int64_t k_, n_, bits_, block_;
+  int64_t accuracy_level_ = 0;
 };
 
 // Y: A's shape with its last dimension N.

@@ -39,6 +39,16 @@ struct QDot {
 
 #include "ops/math/impl/qgemm.h"
 
+// MatMulNBits' int8 blocks: four products a lane per instruction, exact in int32.
+struct NBitsDot {
+  static __m256i dot(__m256i acc, __m256i w, __m256i a) { return _mm256_dpbusd_epi32(acc, w, a); }
+  static __m512i dot512(__m512i acc, __m512i w, __m512i a) {
+    return _mm512_dpbusd_epi32(acc, w, a);
+  }
+};
+
+#include "ops/math/impl/nbits_int8.h"
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -47,7 +57,13 @@ struct QDot {
 }  // namespace vnni
 
 constexpr MathKernels kTable = level_table(Isa::Avx512, kInt8GemmKernels);
-constexpr MathKernels kVnniTable = level_table(Isa::Avx512, vnni::kInt8GemmKernels);
+// The level's table with the VNNI int8 GEMM and MatMulNBits int8 step.
+constexpr MathKernels vnni_table() {
+  MathKernels t = level_table(Isa::Avx512, vnni::kInt8GemmKernels);
+  t.nbits.gemv_int8 = vnni::nbits_gemv_int8;
+  return t;
+}
+constexpr MathKernels kVnniTable = vnni_table();
 
 const MathKernels& table() {
   return cpu_has_avx512_vnni() ? kVnniTable : kTable;

@@ -289,6 +289,15 @@ struct NBitsKernels {
   // Columns [j0, j1) of B as float, column j in the row out + (j - j0) * blocks * block, in
   // prepare_a's order (a prepared row of A times such a row is their product).
   void (*dequantize_rows)(const NBitsMatrix& b, int64_t j0, int64_t j1, float* out) = nullptr;
+  // accuracy_level 4 (impl/nbits_int8.h): rows x k of A quantized to int8 per block of B,
+  // into `out` (rows x blocks * block bytes, zero padded, 4-bit blocks in chunks of 32 with
+  // each chunk's even-indexed values first); each block's scale (amax / 127) into
+  // scales[r * blocks + b] and that scale times the block's quantized sum into sums.
+  void (*quantize_a)(const float* a, int64_t lda, int rows, const NBitsMatrix& b, int8_t* out,
+                     float* scales, float* sums) = nullptr;
+  // gemv with quantize_a's rows: each block an integer dot product, scaled in float.
+  void (*gemv_int8)(const int8_t* a, const float* scales, const float* sums, int rows,
+                    const NBitsMatrix& b, int64_t j0, int64_t j1, float* y, int64_t ldy) = nullptr;
 };
 
 struct MathKernels {

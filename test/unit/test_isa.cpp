@@ -95,6 +95,8 @@ KILN_ISA_TEST_CASE("every entry of the level's table is filled", "[math][isa]") 
   CHECK(k.nbits.prepare_a);
   CHECK(k.nbits.gemv);
   CHECK(k.nbits.dequantize_rows);
+  CHECK(k.nbits.quantize_a);
+  CHECK(k.nbits.gemv_int8);
   CHECK(k.binary.add);
   CHECK(k.binary.sub);
   CHECK(k.binary.mul);

@@ -400,3 +400,154 @@ TEST_CASE("GatherBlockQuantized reads int4 data along any axis with float16 scal
     }
   }
 }
+
+// accuracy_level 4 (onnxruntime's CompInt8): A quantized per block to int8 as onnxruntime's
+// QuantizeARow does (scale amax / 127, rounded to nearest even), written here independently.
+namespace {
+
+struct QuantA {
+  std::vector<int> q;         // [rows][k] in natural order
+  std::vector<double> scale;  // [rows][blocks]
+};
+
+QuantA quantize_reference(const Tensor& a, int64_t rows, int64_t k, int64_t block) {
+  const int64_t blocks = (k + block - 1) / block;
+  QuantA r;
+  r.q.resize(static_cast<size_t>(rows * k));
+  r.scale.resize(static_cast<size_t>(rows * blocks));
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t p0 = blk * block, p1 = std::min(k, p0 + block);
+      float amax = 0;
+      for (int64_t p = p0; p < p1; ++p)
+        amax = std::max(amax, std::fabs(a.data<const float>()[i * k + p]));
+      const float inv = amax != 0 ? 127.0f / amax : 0.0f;
+      r.scale[static_cast<size_t>(i * blocks + blk)] = amax / 127.0f;
+      for (int64_t p = p0; p < p1; ++p) {
+        r.q[static_cast<size_t>(i * k + p)] =
+            static_cast<int>(std::nearbyint(a.data<const float>()[i * k + p] * inv));
+      }
+    }
+  }
+  return r;
+}
+
+// y = sum over blocks of s_b * sa * sum_p qa_p (q_p - z), in double, from the dequantized w.
+std::vector<double> int8_reference(const QuantA& qa, const QuantB& b, int64_t rows,
+                                   const std::vector<float>* bias) {
+  std::vector<double> y(static_cast<size_t>(rows * b.n), 0.0);
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < b.n; ++j) {
+      double s = bias ? (*bias)[static_cast<size_t>(j)] : 0.0;
+      for (int64_t p = 0; p < b.k; ++p) {
+        s += qa.scale[static_cast<size_t>(i * b.blocks + p / b.block)] *
+             qa.q[static_cast<size_t>(i * b.k + p)] * b.w[static_cast<size_t>(p * b.n + j)];
+      }
+      y[static_cast<size_t>(i * b.n + j)] = s;
+    }
+  }
+  return y;
+}
+
+// The float rounding of a scaled int32 sum per block: far tighter than the int8 rounding.
+void require_close(const float* got, const std::vector<double>& want, int64_t k) {
+  const double tol = 1e-5 * std::sqrt(static_cast<double>(k));
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("element " << i);
+    REQUIRE(std::fabs(got[i] - want[i]) <= tol * (1 + std::fabs(want[i])));
+  }
+}
+
+void check_int8_kernels(const math::NBitsKernels& nk, std::mt19937& rng) {
+  for (int trial = 0; trial < 24; ++trial) {
+    const int bits = trial % 6 == 5 ? 8 : 4;
+    const int64_t block = int64_t{16} << (trial / 2 % 4);
+    const int64_t k = std::uniform_int_distribution<int64_t>(1, 400)(rng);
+    const int64_t n = 2 * (trial % 5) + 1;
+    const Zp zp = static_cast<Zp>(trial % 3);
+    // Every block width with one and more rows (one row of blocks of 32 has its own kernel).
+    const int rows = 1 + (trial / 8 + trial % 2) % nk.max_rows;
+    INFO("trial " << trial << ": bits " << bits << " block " << block << " K " << k << " N " << n
+                  << " rows " << rows);
+    const QuantB q = random_b(bits, k, n, block, zp, rng);
+    math::NBitsMatrix b;
+    b.data = q.data.data();
+    b.scales = q.scales.data();
+    b.zero_points = zp == Zp::Packed ? q.zp_packed.data() : nullptr;
+    b.float_zero_points = zp == Zp::Float ? q.zp_float.data() : nullptr;
+    b.bits = bits;
+    b.k = k;
+    b.n = n;
+    b.block = block;
+    b.blocks = q.blocks;
+    // Values up to 4: the blocks' largest values land on +-127.
+    const Tensor a = random_tensor(DataType::Float, {rows, k}, rng, -4, 4);
+    const QuantA want = quantize_reference(a, rows, k, block);
+    const int64_t padded = q.blocks * block;
+    std::vector<int8_t> quantized(static_cast<size_t>(rows * padded), 99);
+    std::vector<float> scales(static_cast<size_t>(rows * q.blocks)), sums(scales.size());
+    nk.quantize_a(a.data<const float>(), k, rows, b, quantized.data(), scales.data(), sums.data());
+    // Every value of A, and the padding as zeros, where the documented order puts them.
+    for (int r = 0; r < rows; ++r) {
+      for (int64_t p = 0; p < padded; ++p) {
+        const int64_t blk = p / block, i = p % block;
+        const int64_t c = std::min<int64_t>(block, 32), ci = i % c;
+        const int64_t at = bits == 4 ? blk * block + i - ci + (ci % 2) * (c / 2) + ci / 2 : p;
+        const int expect = p < k ? want.q[static_cast<size_t>(r * k + p)] : 0;
+        REQUIRE(quantized[static_cast<size_t>(r * padded + at)] == expect);
+      }
+      for (int64_t blk = 0; blk < q.blocks; ++blk) {
+        const size_t s = static_cast<size_t>(r * q.blocks + blk);
+        REQUIRE(scales[s] == static_cast<float>(want.scale[s]));
+        int sum = 0;
+        for (int64_t p = blk * block; p < std::min(k, (blk + 1) * block); ++p) {
+          sum += want.q[static_cast<size_t>(r * k + p)];
+        }
+        REQUIRE(sums[s] == Approx(want.scale[s] * sum).epsilon(1e-6));
+      }
+    }
+    std::vector<float> y(static_cast<size_t>(rows * n));
+    nk.gemv_int8(quantized.data(), scales.data(), sums.data(), rows, b, 0, n, y.data(), n);
+    require_close(y.data(), int8_reference(want, q, rows, nullptr), k);
+  }
+}
+
+}  // namespace
+
+KILN_ISA_TEST_CASE("the MatMulNBits int8 kernels match an int8 reference at every level",
+                   "[math][nbits]") {
+  KILN_REQUIRE_ISA();
+  std::mt19937 rng(41);
+  check_int8_kernels(isa_kernels.nbits, rng);
+  // The level without AVX512-VNNI (pmaddubsw) where the processor has it.
+  check_int8_kernels(math::kernels_without_extensions(TestType::isa).nbits, rng);
+}
+
+TEST_CASE("MatMulNBits at accuracy_level 4 computes with int8 activations",
+          "[ops][contrib][nbits]") {
+  std::mt19937 rng(23);
+  for (int trial = 0; trial < 12; ++trial) {
+    const int64_t block = int64_t{16} << (trial % 4);
+    const int64_t k = std::uniform_int_distribution<int64_t>(1, 300)(rng);
+    const int64_t n = std::uniform_int_distribution<int64_t>(1, 40)(rng) * 2 + 1;
+    const int64_t m = 1 + trial % 8;
+    const Zp zp = static_cast<Zp>(trial % 3);
+    const bool with_bias = trial % 2 == 1;
+    INFO("trial " << trial << ": block " << block << " M " << m << " K " << k << " N " << n);
+    const QuantB b = random_b(4, k, n, block, zp, rng);
+    const Tensor a = random_tensor(DataType::Float, {m, k}, rng, -1, 1);
+    std::vector<float> bias(static_cast<size_t>(n));
+    for (auto& v : bias) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+    OpTest op = nbits_op(b, a, zp, with_bias ? &bias : nullptr);
+    op.attr("accuracy_level", int64_t{4});
+    const Tensor y = op.run1();
+    const std::vector<double> want =
+        int8_reference(quantize_reference(a, m, k, block), b, m, with_bias ? &bias : nullptr);
+    require_close(y.data<const float>(), want, k);
+    // And not the float product: the int8 rounding shows.
+    const std::vector<double> exact = reference(a, b, with_bias ? &bias : nullptr);
+    double diff = 0;
+    for (size_t i = 0; i < exact.size(); ++i) diff = std::max(diff, std::fabs(exact[i] - want[i]));
+    if (k >= 16) CHECK(diff > 1e-5);
+  }
+}

@@ -24,7 +24,9 @@ nested Ifs and LSTMs, with the time per executed node; one decode step of a GPT-
 (--gpt2, case "gpt2", tools/export/make_gpt2.py --size gpt2) at past lengths --gpt2-past-lens,
 with the bytes read per step (weights + KV cache) over the time; the same GPT-2 quantized to int4 by
 onnxruntime's MatMulNBitsQuantizer (case "gpt2-int4", made from --gpt2 into --gpt2-int4 when missing), with
-its memory floor (packed int4 bytes per step over the measured read bandwidth); MiniLM quantized to int8 with
+its memory floor (packed int4 bytes per step over the measured read bandwidth), and that file with
+accuracy_level 4 on every MatMulNBits (case "gpt2-int4-acc4", written beside it as --gpt2-int4 + "-acc4":
+both engines quantize the activations to int8 per block); MiniLM quantized to int8 with
 dynamic activations (case "minilm-int8"): onnxruntime.quantization.quantize_dynamic's int8
 weights (what ORTQuantizer's avx512_vnni dynamic configuration writes), saved by onnxruntime at
 its extended optimization level (DynamicQuantizeMatMul, MatMulIntegerToFloat), both engines on
@@ -487,13 +489,38 @@ def packed_int4_bytes(path):
     return total
 
 
-def gpt2_int4_section(runner, args, tmp, past_lens):
+def make_gpt2_int4_acc4(source, folder):
+    """The int4 GPT-2 in `source` with accuracy_level 4 on every MatMulNBits (make_nbits.py's)."""
+    import shutil
+
+    import onnx
+
+    sys.path.insert(0, os.path.join(ROOT, "tools", "export"))
+    from make_nbits import with_accuracy_level
+
+    print(f"  making {folder} from {source} (accuracy_level 4)", flush=True)
+    os.makedirs(folder, exist_ok=True)
+    onnx.save(with_accuracy_level(onnx.load(os.path.join(source, "model.onnx")), 4),
+              os.path.join(folder, "model.onnx"))
+    for name in ("config.json", "generation_config.json"):
+        if os.path.exists(os.path.join(source, name)):
+            shutil.copy(os.path.join(source, name), folder)
+
+
+def gpt2_int4_section(runner, args, tmp, past_lens, accuracy4=False):
     """One decode step of the real-size GPT-2 quantized to int4 (MatMulNBits), beside onnxruntime,
-    with the memory floor: the packed int4 bytes per step over the measured read bandwidth."""
+    with the memory floor: the packed int4 bytes per step over the measured read bandwidth. With
+    accuracy4, the same file with accuracy_level 4 on every MatMulNBits."""
     folder = args.gpt2_int4
     path = os.path.join(folder, "model.onnx")
     if not os.path.exists(path):
         make_gpt2_int4(args.gpt2, folder)
+    name = "gpt2-int4"
+    if accuracy4:
+        name, folder = "gpt2-int4-acc4", folder + "-acc4"
+        if not os.path.exists(os.path.join(folder, "model.onnx")):
+            make_gpt2_int4_acc4(args.gpt2_int4, folder)
+        path = os.path.join(folder, "model.onnx")
     with open(os.path.join(folder, "config.json")) as f:
         cfg = json.load(f)
     layers, heads, d = cfg["n_layer"], cfg["n_head"], cfg["n_embd"]
@@ -502,19 +529,19 @@ def gpt2_int4_section(runner, args, tmp, past_lens):
     rows = []
     for plen in past_lens:
         arrays = gpt2_step_inputs(cfg, plen, rng)
-        idir = write_inputs(os.path.join(tmp, f"gpt2-int4-{plen}"), arrays)
+        idir = write_inputs(os.path.join(tmp, f"{name}-{plen}"), arrays)
         kv_bytes = sum(v.nbytes for k, v in arrays.items() if k.startswith("past_key_values."))
         for t in args.threads:
             bw = run_child([runner.kiln, "gemm", "1", "384", "384", "--threads", str(t), "--warmup", "1",
                             "--iterations", "3"])["read_bandwidth_gbps"]
-            res, diff = runner.measure(f"gpt2-int4-past-{plen}", "run", path, idir, t,
+            res, diff = runner.measure(f"{name}-past-{plen}", "run", path, idir, t,
                                        ["--kv-capacity", str(cfg["n_positions"])], compare_output="logits")
             k, o = summarize(res["kiln"]), summarize(res["onnxruntime"])
             floor_ms = (packed + kv_bytes) / (bw * 1e9) * 1000
             for s in (k, o):
                 s["rate_label"] = "floor / time (int4 weights + KV at measured bandwidth)"
                 s["rate"] = f"{floor_ms / s['median']:.2f}"
-            print(f"  gpt2-int4 past {plen} threads={t}: kiln {k['median']:.2f} ms, onnxruntime "
+            print(f"  {name} past {plen} threads={t}: kiln {k['median']:.2f} ms, onnxruntime "
                   f"{o['median']:.2f} ms, kiln/ORT {k['median'] / o['median']:.2f}; memory floor "
                   f"{floor_ms:.2f} ms ({(packed + kv_bytes) / 1e6:.1f} MB at {bw:.1f} GB/s measured); "
                   f"max |logits diff| {diff:.2e}", flush=True)
@@ -526,6 +553,10 @@ def gpt2_int4_section(runner, args, tmp, past_lens):
             f"floor is the packed int4 bytes a step streams ({packed / 1e6:.1f} MB of values, scales and "
             "zero points) plus the KV cache, over the read bandwidth `kiln-bench gemm` measures on the "
             "same threads; the rate column is floor / time (1.0 = at the floor).")
+    if accuracy4:
+        desc += (" This file has accuracy_level 4 on every MatMulNBits: both engines quantize the activations "
+                 "to int8 per block and compute each block's product in integers.")
+        return ("GPT-2 int4 (MatMulNBits, accuracy_level 4), one decode step", desc, rows, "past")
     return ("GPT-2 int4 (MatMulNBits), one decode step", desc, rows, "past")
 
 
@@ -976,7 +1007,7 @@ def main():
     p.add_argument("--gpt2-int4", default=os.path.join(ROOT, "models/cache/gpt2-random-int4"),
                    help="folder of the int4 GPT-2 (case gpt2-int4; made from --gpt2 when missing)")
     p.add_argument("--cases",
-                   default="encoder,decoder-step,minilm,minilm-int8,decode,light,resnet,small,gpt2,gpt2-int4,gemm,bf16")
+                   default="encoder,decoder-step,minilm,minilm-int8,decode,light,resnet,small,gpt2,gpt2-int4,gpt2-int4-acc4,gemm,bf16")
     p.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
     p.add_argument("--raw", help="also write every child's JSON result to this file")
     args = p.parse_args()
@@ -988,7 +1019,7 @@ def main():
         p.error("--threads and --past-lens take comma-separated integers")
     cases = args.cases.split(",")
     unknown = set(cases) - {"encoder", "decoder-step", "minilm", "minilm-int8", "decode", "light", "resnet",
-                            "small", "gpt2", "gpt2-int4", "gemm", "bf16"}
+                            "small", "gpt2", "gpt2-int4", "gpt2-int4-acc4", "gemm", "bf16"}
     if unknown:
         p.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     if min(args.threads) < 1 or args.rounds < 1 or args.iterations < 1 or args.decode_rounds < 1:
@@ -997,7 +1028,7 @@ def main():
         p.error(f"{args.kiln_bench}: not found (build kiln first: cmake --build build)")
     whisper_cases = {"encoder", "decoder-step", "decode", "bf16"} & set(cases)
     for folder, needed in ((args.whisper, whisper_cases), (args.minilm, {"minilm", "minilm-int8"} & set(cases)),
-                           (args.resnet, {"resnet"} & set(cases)), (args.gpt2, {"gpt2", "gpt2-int4"} & set(cases))):
+                           (args.resnet, {"resnet"} & set(cases)), (args.gpt2, {"gpt2", "gpt2-int4", "gpt2-int4-acc4"} & set(cases))):
         if needed and not os.path.isdir(folder):
             p.error(f"{folder}: no such model folder (see models/README.md to make it)")
     if "light" in cases and not os.path.isdir(args.light):
@@ -1123,6 +1154,8 @@ def main():
             sections.append(gpt2_section(runner, args, tmp, gpt2_past_lens))
         if "gpt2-int4" in cases:
             sections.append(gpt2_int4_section(runner, args, tmp, gpt2_past_lens))
+        if "gpt2-int4-acc4" in cases:
+            sections.append(gpt2_int4_section(runner, args, tmp, gpt2_past_lens, accuracy4=True))
         if "bf16" in cases:
             extra.append(bf16_section(runner, args, dirs, past_lens))
         if "gemm" in cases:

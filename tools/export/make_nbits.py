@@ -10,6 +10,10 @@ data when symmetric, uint4 with zero points otherwise). In the asymmetric model 
 Add after a MatMulNBits whose bias is an initializer is folded into the op's bias input, so
 that input is checked too.
 
+OUT/accuracy4 is the asymmetric model with accuracy_level = 4 on every MatMulNBits: onnxruntime
+then quantizes the activations to int8 per block and computes each block in integers (its
+CompInt8 kernels), which kiln follows; its outputs are onnxruntime's at that level.
+
 Each folder holds model.onnx, the tiny model's config files, test_data_set_0 (a prefill of
 the prompt) and test_data_set_1 (the decoding step after it) with onnxruntime's outputs, and
 expected_tokens.json: onnxruntime's greedy decode of MAX_NEW_TOKENS tokens.
@@ -90,6 +94,19 @@ def quantize(symmetric: bool) -> onnx.ModelProto:
     return result
 
 
+def with_accuracy_level(model: onnx.ModelProto, level: int) -> onnx.ModelProto:
+    """A copy of the model with accuracy_level = level on every MatMulNBits."""
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    for n in result.graph.node:
+        if n.op_type != "MatMulNBits":
+            continue
+        kept = [a for a in n.attribute if a.name != "accuracy_level"]
+        del n.attribute[:]
+        n.attribute.extend(kept + [helper.make_attribute("accuracy_level", level)])
+    return result
+
+
 def session(path: str) -> ort.InferenceSession:
     options = ort.SessionOptions()
     # The file as written is the reference: onnxruntime must not rewrite it further.
@@ -153,7 +170,10 @@ def write_folder(model: onnx.ModelProto, folder: str) -> None:
 
 def main(out: str) -> None:
     for name, symmetric in (("symmetric", True), ("asymmetric", False)):
-        write_folder(quantize(symmetric), os.path.join(out, name))
+        model = quantize(symmetric)
+        write_folder(model, os.path.join(out, name))
+        if not symmetric:
+            write_folder(with_accuracy_level(model, 4), os.path.join(out, "accuracy4"))
 
 
 if __name__ == "__main__":

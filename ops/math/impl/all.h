@@ -13,6 +13,9 @@
 #include "ops/math/impl/vecmath.h"
 #include "ops/math/impl/vecmath_rows.h"
 
+#include "ops/math/impl/nbits_dot.h"
+#include "ops/math/impl/nbits_int8.h"
+
 #include "ops/math/impl/nbits.h"
 
 // The int8 GEMM, with the dot-product step it is compiled with defined first.

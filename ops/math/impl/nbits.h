@@ -189,4 +189,6 @@ void nbits_dequantize_rows(const NBitsMatrix& b, int64_t j0, int64_t j1, float* 
 constexpr NBitsKernels kNBitsKernels{.max_rows = kNBitsRows,
                                      .prepare_a = nbits_prepare_a,
                                      .gemv = nbits_gemv,
-                                     .dequantize_rows = nbits_dequantize_rows};
+                                     .dequantize_rows = nbits_dequantize_rows,
+                                     .quantize_a = nbits_quantize_a,
+                                     .gemv_int8 = nbits_gemv_int8};
