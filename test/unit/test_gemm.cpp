@@ -212,6 +212,32 @@ KILN_ISA_TEST_CASE("one-row products split across threads match the naive produc
   });
 }
 
+KILN_ISA_TEST_CASE("products with an unpacked B split by columns, each task packing its own",
+                   "[math][gemm]") {
+  KILN_REQUIRE_ISA();
+  std::mt19937 rng(321);
+  tbb::task_arena arena(3);
+  arena.execute([&] {
+    // Enough columns for three parts (uneven ones too), every epilogue, both B layouts.
+    for (const int64_t n : {int64_t{130}, int64_t{384}}) {
+      for (int flags = 0; flags < 16; ++flags) {
+        Case t{};
+        t.m = 128;
+        t.n = n;
+        t.k = 300;
+        t.b_col_major = flags & 1;
+        t.bias = flags & 2;
+        t.row_bias = flags & 4;
+        t.accumulate = flags & 8;
+        t.relu = flags & 4;
+        t.alpha = flags & 1 ? 0.5f : 1.0f;
+        INFO("n " << n << " flags " << flags);
+        check_case(t, isa_kernels, rng);
+      }
+    }
+  });
+}
+
 KILN_ISA_TEST_CASE("sgemm with k = 0 writes zeros (or keeps C) and the epilogue", "[math][gemm]") {
   KILN_REQUIRE_ISA();
   std::mt19937 rng(5);
