@@ -137,15 +137,9 @@ class MatMulNBits final : public Kernel {
     std::vector<float> prepared(static_cast<size_t>(m * padded));
     std::vector<float> sums(static_cast<size_t>(m * b.blocks));
     nk.prepare_a(a, k_, static_cast<int>(m), b, prepared.data(), sums.data());
-    const double work = static_cast<double>(m) * static_cast<double>(n_) * static_cast<double>(k_);
-    const int tasks = static_cast<int>(std::min<int64_t>(math::task_count(work), n_));
-    math::run_tasks(tasks, [&](int t) {
-      const int64_t j0 = n_ * t / tasks, j1 = n_ * (t + 1) / tasks;
-      for (int64_t r = 0; r < m; r += nk.max_rows) {
-        const int rows = static_cast<int>(std::min<int64_t>(nk.max_rows, m - r));
-        nk.gemv(prepared.data() + r * padded, sums.data() + r * b.blocks, rows, b, j0, j1,
-                y + r * n_, n_);
-      }
+    over_columns(m, nk.max_rows, [&](int64_t r, int rows, int64_t j0, int64_t j1) {
+      nk.gemv(prepared.data() + r * padded, sums.data() + r * b.blocks, rows, b, j0, j1, y + r * n_,
+              n_);
     });
   }
 
@@ -156,14 +150,22 @@ class MatMulNBits final : public Kernel {
     std::vector<int8_t> quantized(static_cast<size_t>(m * padded));
     std::vector<float> scales(static_cast<size_t>(m * b.blocks)), sums(scales.size());
     nk.quantize_a(a, k_, static_cast<int>(m), b, quantized.data(), scales.data(), sums.data());
+    over_columns(m, nk.max_rows, [&](int64_t r, int rows, int64_t j0, int64_t j1) {
+      nk.gemv_int8(quantized.data() + r * padded, scales.data() + r * b.blocks,
+                   sums.data() + r * b.blocks, rows, b, j0, j1, y + r * n_, n_);
+    });
+  }
+
+  // rows(r, count, j0, j1) for the m rows of A in groups of at most max_rows, over column
+  // ranges [j0, j1) split across the tasks the product's work pays for.
+  template <typename Rows>
+  void over_columns(int64_t m, int max_rows, Rows&& rows) const {
     const double work = static_cast<double>(m) * static_cast<double>(n_) * static_cast<double>(k_);
     const int tasks = static_cast<int>(std::min<int64_t>(math::task_count(work), n_));
     math::run_tasks(tasks, [&](int t) {
       const int64_t j0 = n_ * t / tasks, j1 = n_ * (t + 1) / tasks;
-      for (int64_t r = 0; r < m; r += nk.max_rows) {
-        const int rows = static_cast<int>(std::min<int64_t>(nk.max_rows, m - r));
-        nk.gemv_int8(quantized.data() + r * padded, scales.data() + r * b.blocks,
-                     sums.data() + r * b.blocks, rows, b, j0, j1, y + r * n_, n_);
+      for (int64_t r = 0; r < m; r += max_rows) {
+        rows(r, static_cast<int>(std::min<int64_t>(max_rows, m - r)), j0, j1);
       }
     });
   }

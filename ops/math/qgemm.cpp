@@ -450,7 +450,12 @@ void qgemm(const QFloatA& a, const QPackedB& b, const QGemmOutput& out, const QG
   });
 }
 
-void qgemm(const QFloatA& a, const QMatrixView& b, const QGemmOutput& out, const QGemmOptions& o) {
+namespace {
+
+// A product with an unpacked B: B packed for this call, then the product with the packed B.
+template <typename AOperand>
+void with_b_packed_now(const AOperand& a, const QMatrixView& b, const QGemmOutput& out,
+                       const QGemmOptions& o) {
   if (a.cols != b.rows) {
     throw Error(ErrorKind::Runtime, "qgemm: A has " + std::to_string(a.cols) +
                                         " columns but B has " + std::to_string(b.rows) + " rows");
@@ -459,6 +464,12 @@ void qgemm(const QFloatA& a, const QMatrixView& b, const QGemmOutput& out, const
   b_packs.fetch_add(1, std::memory_order_relaxed);
   const QPackedB packed(b, &table_of(o.kernels));
   qgemm(a, packed, out, o);
+}
+
+}  // namespace
+
+void qgemm(const QFloatA& a, const QMatrixView& b, const QGemmOutput& out, const QGemmOptions& o) {
+  with_b_packed_now(a, b, out, o);
 }
 
 void qgemm(const QMatrixView& a, const QPackedB& b, const QGemmOutput& out, const QGemmOptions& o) {
@@ -471,14 +482,7 @@ void qgemm(const QMatrixView& a, const QPackedB& b, const QGemmOutput& out, cons
 
 void qgemm(const QMatrixView& a, const QMatrixView& b, const QGemmOutput& out,
            const QGemmOptions& o) {
-  if (a.cols != b.rows) {
-    throw Error(ErrorKind::Runtime, "qgemm: A has " + std::to_string(a.cols) +
-                                        " columns but B has " + std::to_string(b.rows) + " rows");
-  }
-  if (a.rows == 0 || b.cols == 0) return;
-  b_packs.fetch_add(1, std::memory_order_relaxed);
-  const QPackedB packed(b, &table_of(o.kernels));
-  qgemm(a, packed, out, o);
+  with_b_packed_now(a, b, out, o);
 }
 
 void qgemm(const QPackedA& a, int64_t n, bool b_signed, const QBFiller& fill_b,
