@@ -163,9 +163,11 @@ inline void nbits_i8_pair(const int8_t* a, const float* sa, const float* sums, c
   const __m512i x = _mm512_loadu_si512(a + blk * 32);
   const __m512i d = NBitsDot::dot512(_mm512_setzero_si512(), w, x);
   const float* s = b.scales + j * b.blocks + blk;
+  // Two floats each (the pair's scales), loaded unaligned (_mm_loadl_epi64 makes no
+  // alignment claim; a double load of a float pointer would).
   const __m128 sc =
-      _mm_mul_ps(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(s))),
-                 _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(sa + blk))));
+      _mm_mul_ps(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s))),
+                 _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sa + blk))));
   const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d),
                           _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(sc)), total);
