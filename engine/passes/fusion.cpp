@@ -1104,6 +1104,61 @@ std::vector<double> float_values(Rewriter& r, ir::ValueId v, int64_t n) {
   return std::vector<double>(p, p + n);
 }
 
+// A Conv whose filter a fold may rewrite: its constant float filter (rank >= 3, at least one
+// output channel), the channel count m, the filter values per channel, and its bias as
+// doubles (zeros when it has none).
+struct FoldableConv {
+  const Tensor* w = nullptr;
+  int64_t m = 0, per = 0;
+  std::vector<double> bias;
+};
+
+std::optional<FoldableConv> foldable_conv(Rewriter& r, const ir::Node& conv) {
+  if (conv.inputs.size() < 2) return std::nullopt;
+  const Tensor* w = r.constant(conv.inputs[1]);
+  if (!w || w->dtype() != DataType::Float || w->rank() < 3 || w->dim(0) == 0) return std::nullopt;
+  FoldableConv f{w, w->dim(0), w->numel() / w->dim(0), {}};
+  f.bias.assign(static_cast<size_t>(f.m), 0.0);
+  if (conv.inputs.size() > 2 && conv.inputs[2] != ir::kNoValue) {
+    f.bias = float_values(r, conv.inputs[2], f.m);
+    if (f.bias.empty()) return std::nullopt;
+  }
+  return f;
+}
+
+// `conv` and the node `after` reading it replaced by one Conv writing after's output: its
+// filter scaled per output channel by `scale` in double (kept as it is when `scale` is
+// empty), its bias `bias`; the new constants are named after that output.
+void replace_with_folded_conv(Rewriter& r, ir::Node* conv, ir::Node* after, const FoldableConv& f,
+                              const std::vector<double>& scale, const std::vector<double>& bias) {
+  const std::string base = r.graph().value(after->outputs[0]).name;
+  ir::Node folded = *conv;
+  ir::ValueId weight = conv->inputs[1];
+  if (!scale.empty()) {
+    Tensor nw(DataType::Float, f.w->shape(),
+              Storage::heap_uninitialized(storage_bytes(DataType::Float, f.w->numel())));
+    const Tensor wc = f.w->contiguous();
+    const float* src = wc.data<const float>();
+    float* dst = nw.data<float>();
+    for (int64_t c = 0; c < f.m; ++c) {
+      const double s = scale[static_cast<size_t>(c)];
+      for (int64_t j = 0; j < f.per; ++j) {
+        dst[c * f.per + j] = static_cast<float>(static_cast<double>(src[c * f.per + j]) * s);
+      }
+    }
+    weight = r.new_constant(base + "/conv_weight", std::move(nw));
+  }
+  Tensor nb(DataType::Float, Shape{f.m},
+            Storage::heap_uninitialized(storage_bytes(DataType::Float, f.m)));
+  for (int64_t c = 0; c < f.m; ++c)
+    nb.data<float>()[c] = static_cast<float>(bias[static_cast<size_t>(c)]);
+  folded.inputs = {conv->inputs[0], weight, r.new_constant(base + "/conv_bias", std::move(nb))};
+  folded.outputs = {after->outputs[0]};
+  r.remove(conv);
+  r.remove(after);
+  r.add(std::move(folded));
+}
+
 // Conv(X, W, B) -> BatchNormalization at inference, W, B and the normalization's scale,
 // bias, mean and variance constants: one Conv(X, W', B') with W' = W * s per output channel
 // and B' = (B - mean) * s + bias, s = scale / sqrt(variance + epsilon), computed in double.
@@ -1121,15 +1176,10 @@ int fold_conv_batchnorm(Rewriter& r) {
     const ir::Attribute* spatial = bn->attr("spatial");
     if (statistics_used || (training && training->i != 0) || (spatial && spatial->i == 0)) continue;
     ir::Node* conv = r.producer(bn->inputs[0], "Conv");
-    if (!conv || !r.single_use(bn->inputs[0]) || conv->inputs.size() < 2) continue;
-    const Tensor* w = r.constant(conv->inputs[1]);
-    if (!w || w->dtype() != DataType::Float || w->rank() < 3 || w->dim(0) == 0) continue;
-    const int64_t m = w->dim(0), per = w->numel() / m;
-    std::vector<double> b(static_cast<size_t>(m), 0.0);
-    if (conv->inputs.size() > 2 && conv->inputs[2] != ir::kNoValue) {
-      b = float_values(r, conv->inputs[2], m);
-      if (b.empty()) continue;
-    }
+    if (!conv || !r.single_use(bn->inputs[0])) continue;
+    const std::optional<FoldableConv> fc = foldable_conv(r, *conv);
+    if (!fc) continue;
+    const int64_t m = fc->m;
     const std::vector<double> scale = float_values(r, bn->inputs[1], m),
                               shift = float_values(r, bn->inputs[2], m),
                               mean = float_values(r, bn->inputs[3], m),
@@ -1137,29 +1187,12 @@ int fold_conv_batchnorm(Rewriter& r) {
     if (scale.empty() || shift.empty() || mean.empty() || var.empty()) continue;
     const ir::Attribute* eps = bn->attr("epsilon");
     const double epsilon = eps ? static_cast<double>(eps->f) : 1e-5;
-    Tensor nw(DataType::Float, w->shape(),
-              Storage::heap_uninitialized(storage_bytes(DataType::Float, w->numel())));
-    Tensor nb(DataType::Float, Shape{m},
-              Storage::heap_uninitialized(storage_bytes(DataType::Float, m)));
-    const Tensor wc = w->contiguous();
-    const float* src = wc.data<const float>();
-    float* dst = nw.data<float>();
-    for (int64_t c = 0; c < m; ++c) {
-      const auto k = static_cast<size_t>(c);
-      const double f = scale[k] / std::sqrt(var[k] + epsilon);
-      for (int64_t j = 0; j < per; ++j) {
-        dst[c * per + j] = static_cast<float>(static_cast<double>(src[c * per + j]) * f);
-      }
-      nb.data<float>()[c] = static_cast<float>((b[k] - mean[k]) * f + shift[k]);
+    std::vector<double> factor(static_cast<size_t>(m)), bias(static_cast<size_t>(m));
+    for (size_t k = 0; k < factor.size(); ++k) {
+      factor[k] = scale[k] / std::sqrt(var[k] + epsilon);
+      bias[k] = (fc->bias[k] - mean[k]) * factor[k] + shift[k];
     }
-    const std::string base = r.graph().value(bn->outputs[0]).name;
-    ir::Node folded = *conv;
-    folded.inputs = {conv->inputs[0], r.new_constant(base + "/conv_weight", std::move(nw)),
-                     r.new_constant(base + "/conv_bias", std::move(nb))};
-    folded.outputs = {bn->outputs[0]};
-    r.remove(conv);
-    r.remove(bn);
-    r.add(std::move(folded));
+    replace_with_folded_conv(r, conv, bn, *fc, factor, bias);
     ++count;
   }
   return count;
@@ -1201,46 +1234,16 @@ int fold_conv_scale_shift(Rewriter& r) {
       ir::Node* p = r.producer(v, "Conv");
       if (p && r.single_use(v) && other_input(*op, v) != v) conv = p, y = v;
     }
-    if (!conv || conv->inputs.size() < 2) continue;
-    const Tensor* w = r.constant(conv->inputs[1]);
-    if (!w || w->dtype() != DataType::Float || w->rank() < 3 || w->dim(0) == 0) continue;
-    const int64_t m = w->dim(0), per = w->numel() / m;
+    if (!conv) continue;
+    const std::optional<FoldableConv> fc = foldable_conv(r, *conv);
+    if (!fc) continue;
     const std::vector<double> f =
-        per_channel(r, other_input(*op, y), static_cast<int64_t>(w->rank()), m);
+        per_channel(r, other_input(*op, y), static_cast<int64_t>(fc->w->rank()), fc->m);
     if (f.empty()) continue;
-    std::vector<double> b(static_cast<size_t>(m), 0.0);
-    if (conv->inputs.size() > 2 && conv->inputs[2] != ir::kNoValue) {
-      b = float_values(r, conv->inputs[2], m);
-      if (b.empty()) continue;
-    }
-    Tensor nb(DataType::Float, Shape{m},
-              Storage::heap_uninitialized(storage_bytes(DataType::Float, m)));
-    for (int64_t c = 0; c < m; ++c) {
-      const auto k = static_cast<size_t>(c);
-      nb.data<float>()[c] = static_cast<float>(mul ? b[k] * f[k] : b[k] + f[k]);
-    }
-    const std::string base = r.graph().value(op->outputs[0]).name;
-    ir::Node folded = *conv;
-    folded.inputs = {conv->inputs[0], conv->inputs[1],
-                     r.new_constant(base + "/conv_bias", std::move(nb))};
-    if (mul) {
-      Tensor nw(DataType::Float, w->shape(),
-                Storage::heap_uninitialized(storage_bytes(DataType::Float, w->numel())));
-      const Tensor wc = w->contiguous();
-      const float* src = wc.data<const float>();
-      float* dst = nw.data<float>();
-      for (int64_t c = 0; c < m; ++c) {
-        for (int64_t j = 0; j < per; ++j) {
-          dst[c * per + j] =
-              static_cast<float>(static_cast<double>(src[c * per + j]) * f[static_cast<size_t>(c)]);
-        }
-      }
-      folded.inputs[1] = r.new_constant(base + "/conv_weight", std::move(nw));
-    }
-    folded.outputs = {op->outputs[0]};
-    r.remove(conv);
-    r.remove(op);
-    r.add(std::move(folded));
+    std::vector<double> bias(fc->bias.size());
+    for (size_t k = 0; k < bias.size(); ++k)
+      bias[k] = mul ? fc->bias[k] * f[k] : fc->bias[k] + f[k];
+    replace_with_folded_conv(r, conv, op, *fc, mul ? f : std::vector<double>{}, bias);
     ++count;
   }
   return count;
