@@ -20,9 +20,11 @@ inline int64_t first_at_least(int64_t base, int64_t s, int64_t limit) {
 
 // The output [N, C, image...] of a Col2Im of `x` [N, C * prod(block_shape), L], after checking
 // that x holds one column per position of the block grid (the windows of block_shape sliding
-// over the padded image). The kernel and the shape rule both use it.
+// over the padded image), which go to `grid` when given. The kernel and the shape rule both
+// use it.
 Shape col2im_shape(const Shape& x, const std::vector<int64_t>& image,
-                   const std::vector<int64_t>& block, const WindowAttrs& window) {
+                   const std::vector<int64_t>& block, const WindowAttrs& window,
+                   std::vector<WindowAxis>* grid = nullptr) {
   const size_t r = image.size();
   if (r == 0 || r > 3 || block.size() != r) {
     throw Error(r > 3 ? ErrorKind::Unsupported : ErrorKind::Runtime,
@@ -31,7 +33,8 @@ Shape col2im_shape(const Shape& x, const std::vector<int64_t>& image,
   if (x.size() != 3)
     throw Error(ErrorKind::Runtime, "input must be 3-D, got " + shape_to_string(x));
   int64_t kp = 1, positions = 1;
-  for (const WindowAxis& a : forward_windows(image, block, window)) {
+  const std::vector<WindowAxis> axes = forward_windows(image, block, window);
+  for (const WindowAxis& a : axes) {
     // A product that overflows cannot match the input's sizes.
     if (__builtin_mul_overflow(kp, a.kernel, &kp) ||
         __builtin_mul_overflow(positions, a.out, &positions)) {
@@ -46,6 +49,7 @@ Shape col2im_shape(const Shape& x, const std::vector<int64_t>& image,
   Shape shape{x[0], x[1] / kp};
   shape.insert(shape.end(), image.begin(), image.end());
   check_output_elements(shape);
+  if (grid) *grid = axes;
   return shape;
 }
 
@@ -61,9 +65,9 @@ class Col2Im final : public Kernel {
     const Tensor& x = ctx.input(0);
     const std::vector<int64_t> image = to_int64s(ctx.input(1));
     const std::vector<int64_t> block = to_int64s(ctx.input(2));
-    const Shape shape = col2im_shape(x.shape(), image, block, window_);
     // The block grid is the windows of block_shape sliding over the padded image.
-    const std::vector<WindowAxis> axes = forward_windows(image, block, window_);
+    std::vector<WindowAxis> axes;
+    const Shape shape = col2im_shape(x.shape(), image, block, window_, &axes);
     // Three dimensions: image (out), block grid (grid), kernel (k); leading ones are 1.
     std::array<int64_t, 3> out{1, 1, 1}, grid{1, 1, 1}, k{1, 1, 1}, st{1, 1, 1}, dil{1, 1, 1},
         pad{0, 0, 0};

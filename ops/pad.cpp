@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <memory>
+#include <optional>
 #include <string>
 
 #include "ops/common.h"
@@ -163,8 +163,9 @@ class Pad final : public Kernel {
     if (x.dtype() != DataType::String && bits_per_element(x.dtype()) < 8) {
       throw_unsupported_type(x.dtype(), "Pad input");
     }
+    const std::optional<std::vector<int64_t>> axes = read_axes(ctx);
     const PadGeometry g =
-        pad_geometry(x.shape(), read_pads(ctx), read_axes(ctx).get(), mode_ == Mode::Constant);
+        pad_geometry(x.shape(), read_pads(ctx), axes ? &*axes : nullptr, mode_ == Mode::Constant);
     Tensor& out = ctx.output(0, x.dtype(), g.out_shape);
     if (mode_ == Mode::Constant) fill_constant(ctx, out);
     copy_strided(window(x, g.crop_start, g.len), window(out, g.out_start, g.len));
@@ -179,9 +180,9 @@ class Pad final : public Kernel {
   }
 
   // The padded axes (input 3, from opset 18); null: every dim.
-  static std::unique_ptr<std::vector<int64_t>> read_axes(const OpContext& ctx) {
-    if (ctx.opset() < 18 || !ctx.has_input(3)) return nullptr;
-    return std::make_unique<std::vector<int64_t>>(to_int64s(ctx.input(3)));
+  static std::optional<std::vector<int64_t>> read_axes(const OpContext& ctx) {
+    if (ctx.opset() < 18 || !ctx.has_input(3)) return std::nullopt;
+    return to_int64s(ctx.input(3));
   }
 
   void fill_constant(const OpContext& ctx, const Tensor& out) const {
