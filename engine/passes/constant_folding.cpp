@@ -15,10 +15,6 @@
 namespace kiln::passes {
 namespace {
 
-// Outputs above this are left to run time: folding must not turn a small model into a huge
-// resident one (a 1 GiB weight is already larger than any this engine's users load).
-constexpr uint64_t kMaxFoldedBytes = uint64_t{1} << 30;
-
 // Ops whose results differ from run to run.
 bool nondeterministic(const ir::Node& node) {
   static const std::unordered_set<std::string> ops = {"RandomNormal",     "RandomUniform",
@@ -30,10 +26,11 @@ bool nondeterministic(const ir::Node& node) {
 // A kernel run at load: outputs on the heap, no input overwritten, no nested graphs.
 class LoadTimeHooks final : public ops::ExecutionHooks {
  public:
+  explicit LoadTimeHooks(uint64_t max_bytes) : max_bytes_(max_bytes) {}
   Tensor allocate(DataType dtype, const Shape& shape) override {
     const int64_t n = checked_numel(shape);
     const size_t bytes = storage_bytes(dtype, n);
-    if (bytes > kMaxFoldedBytes) throw Error(ErrorKind::Runtime, "too large to fold");
+    if (bytes > max_bytes_) throw Error(ErrorKind::Runtime, "too large to fold");
     if (dtype == DataType::String) return Tensor::zeros(dtype, shape);
     return Tensor(dtype, shape, Storage::heap_uninitialized(bytes));
   }
@@ -46,6 +43,9 @@ class LoadTimeHooks final : public ops::ExecutionHooks {
   std::vector<Value> run_subgraph(int, std::vector<Value>, ops::CaptureMode) override {
     throw Error(ErrorKind::Runtime, "constant folding runs no nested graph");
   }
+
+ private:
+  uint64_t max_bytes_;
 };
 
 // The constant behind value `id` of `g` (an initializer here or in an enclosing graph), or
@@ -66,7 +66,7 @@ const Tensor* known(const ir::Graph& g, ir::ValueId id) {
 }
 
 // Runs `node` on its constant inputs; the outputs, or an empty vector when it cannot be folded.
-std::vector<Tensor> evaluate(const ir::Graph& g, const ir::Node& node) {
+std::vector<Tensor> evaluate(const ir::Graph& g, const ir::Node& node, uint64_t max_bytes) {
   if (nondeterministic(node) || !node.graph_attributes().empty() || node.inputs.empty()) {
     return {};
   }
@@ -93,7 +93,7 @@ std::vector<Tensor> evaluate(const ir::Graph& g, const ir::Node& node) {
   std::vector<Value> outputs(node.outputs.size());
   try {
     std::unique_ptr<ops::Kernel> kernel = reg->create(ops::NodeInfo(g, node, *reg));
-    LoadTimeHooks hooks;
+    LoadTimeHooks hooks(max_bytes);
     ops::OpContext ctx(node, inputs, outputs, hooks);
     kernel->run(ctx);
   } catch (const std::exception&) {
@@ -110,14 +110,15 @@ std::vector<Tensor> evaluate(const ir::Graph& g, const ir::Node& node) {
     // Kernels may return views (Reshape, Transpose): initializers are stored contiguous.
     Tensor t = outputs[i].tensor().contiguous();
     bytes += t.nbytes();
-    if (bytes > kMaxFoldedBytes) return {};
+    if (bytes > max_bytes) return {};
     out.push_back(std::move(t));
   }
   return out;
 }
 
 // Drops initializers nothing reads any more (inputs of folded nodes).
-void fold_graph(ir::Graph& g, const std::function<Tensor(Tensor)>& keep, FoldStats& stats) {
+void fold_graph(ir::Graph& g, const std::function<Tensor(Tensor)>& keep, uint64_t max_bytes,
+                FoldStats& stats) {
   std::vector<bool> graph_output(g.values.size(), false);
   for (ir::ValueId id : g.outputs) graph_output[static_cast<size_t>(id)] = true;
   std::vector<bool> folded(g.nodes.size(), false);
@@ -128,7 +129,7 @@ void fold_graph(ir::Graph& g, const std::function<Tensor(Tensor)>& keep, FoldSta
       feeds_output = feeds_output || (id != ir::kNoValue && graph_output[static_cast<size_t>(id)]);
     }
     if (feeds_output) continue;
-    std::vector<Tensor> out = evaluate(g, node);
+    std::vector<Tensor> out = evaluate(g, node, max_bytes);
     if (out.empty()) continue;
     for (size_t i = 0; i < out.size(); ++i) {
       const ir::ValueId id = node.outputs[i];
@@ -154,8 +155,8 @@ void fold_graph(ir::Graph& g, const std::function<Tensor(Tensor)>& keep, FoldSta
   // Nested graphs after their parent, so they see the parent's folded values.
   for (ir::Node& node : g.nodes) {
     for (ir::Attribute& a : node.attributes) {
-      if (a.g) fold_graph(*a.g, keep, stats);
-      for (auto& sub : a.graphs) fold_graph(*sub, keep, stats);
+      if (a.g) fold_graph(*a.g, keep, max_bytes, stats);
+      for (auto& sub : a.graphs) fold_graph(*sub, keep, max_bytes, stats);
     }
   }
 }
@@ -198,15 +199,16 @@ void drop_unused_initializers(ir::Graph& g) {
   g.initializers = std::move(kept);
 }
 
-FoldStats fold_constants(ir::Graph& graph, const std::function<Tensor(Tensor)>& keep) {
+FoldStats fold_constants(ir::Graph& graph, const std::function<Tensor(Tensor)>& keep,
+                         uint64_t max_bytes) {
   FoldStats stats;
-  fold_graph(graph, keep, stats);
+  fold_graph(graph, keep, max_bytes, stats);
   // Values computed from fixed dimensions of symbolic shapes, then what reads them.
   const FoldStats shapes = fold_static_shapes(graph, keep);
   if (shapes.nodes > 0) {
     stats.nodes += shapes.nodes;
     stats.bytes += shapes.bytes;
-    fold_graph(graph, keep, stats);
+    fold_graph(graph, keep, max_bytes, stats);
   }
   return stats;
 }

@@ -252,6 +252,8 @@ class Rewriter {
 
  private:
   const ir::TypeInfo& declared(ir::ValueId v) const {
+    static const ir::TypeInfo none;
+    if (v == ir::kNoValue) return none;  // an omitted optional input (or a malformed node)
     const ir::Graph* graph = &g_;
     const ir::ValueInfo* info = &graph->value(v);
     while (info->origin == ir::ValueOrigin::Capture && graph->parent &&

@@ -22,11 +22,16 @@ struct FoldStats {
 // Runs, once, every node (in all nested graphs) whose inputs are all constants (initializers
 // of its graph or of an enclosing one) with its own kernel, and turns its outputs into
 // initializers; initializers read only by folded nodes are dropped. Left alone: random ops,
-// nodes with nested graphs or without inputs, nodes producing graph outputs, outputs over
-// 1 GiB, and any node whose kernel fails (it fails again, with its message, at run time).
-// `keep` (optional) receives each folded tensor and returns the one to store (the session
-// shares equal ones between sessions through the weights cache).
-FoldStats fold_constants(ir::Graph& graph, const std::function<Tensor(Tensor)>& keep = {});
+// nodes with nested graphs or without inputs, nodes producing graph outputs, nodes whose
+// outputs come to more than `max_bytes` (default 1 GiB: folding must not turn a small model
+// into a huge resident one; a session with a memory limit passes that, so a hostile size fails
+// at run time with the limit's error instead of being allocated at load), and any node whose
+// kernel fails (it fails again, with its message, at run time). `keep` (optional) receives
+// each folded tensor and returns the one to store (the session shares equal ones between
+// sessions through the weights cache).
+inline constexpr uint64_t kMaxFoldedBytes = uint64_t{1} << 30;
+FoldStats fold_constants(ir::Graph& graph, const std::function<Tensor(Tensor)>& keep = {},
+                         uint64_t max_bytes = kMaxFoldedBytes);
 
 // Shape-aware folding of the graph and then of each nested graph, which sees what the
 // enclosing one found of the values it captures (fold_constants runs it): shapes are tracked with

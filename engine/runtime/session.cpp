@@ -278,7 +278,11 @@ struct Session::Impl {
       load_stats.nodes_loaded = count_nodes(*model.graph);
       passes::fold_constant_nodes(*model.graph);
       if (options.optimization != GraphOptimization::None) {
-        const passes::FoldStats folded = passes::fold_constants(*model.graph, shared_folded());
+        const uint64_t fold_limit = options.memory_limit > 0
+                                        ? std::min(options.memory_limit, passes::kMaxFoldedBytes)
+                                        : passes::kMaxFoldedBytes;
+        const passes::FoldStats folded =
+            passes::fold_constants(*model.graph, shared_folded(), fold_limit);
         load_stats.folded_nodes += static_cast<uint64_t>(folded.nodes);
         load_stats.folded_bytes += folded.bytes;
         const passes::OptimizeStats opt = passes::optimize(*model.graph, options.optimization);

@@ -322,6 +322,38 @@ TEST_CASE("SessionOptions::memory_limit fails the node whose output would go ove
   CHECK(run_error(ok, {{"x", Tensor::from_vector<float>({1}, {1})}}).empty());
 }
 
+TEST_CASE("constant folding at load keeps to SessionOptions::memory_limit", "[limits][folding]") {
+  // Range over constants of 67M elements (512 MiB), what a fuzzed RMSNormalization made of
+  // its axis: with a 1 MB limit it is not computed at load; the run fails at the Range.
+  GraphBuilder b;
+  b.input("x", DataType::Float, {3}, true);
+  b.initializer("start", Tensor::scalar<int64_t>(-67108863));
+  b.initializer("limit", Tensor::scalar<int64_t>(2));
+  b.initializer("delta", Tensor::scalar<int64_t>(1));
+  b.node("Range", {"start", "limit", "delta"}, {"axes"});
+  b.node("ReduceSum", {"x", "axes"}, {"y"});
+  b.output("y");
+  SessionOptions so;
+  so.environment = std::make_shared<Environment>(1);
+  so.memory_limit = 1'000'000;
+  Session s = session_from_model(make_model(b.build()), so);
+  CHECK(s.load_stats().folded_nodes == 0);
+  CHECK_THAT(run_error(s, {{"x", Tensor::zeros(DataType::Float, {3})}}),
+             Catch::Contains("(Range)") && Catch::Contains("over the memory limit of 1.0 MB"));
+  // Without a limit a small Range folds as before.
+  GraphBuilder small;
+  small.input("x", DataType::Float, {3}, true);
+  small.initializer("start", Tensor::scalar<int64_t>(0));
+  small.initializer("limit", Tensor::scalar<int64_t>(1));
+  small.initializer("delta", Tensor::scalar<int64_t>(1));
+  small.node("Range", {"start", "limit", "delta"}, {"axes"});
+  small.node("ReduceSum", {"x", "axes"}, {"y"});
+  small.output("y");
+  Session ok = session_from_model(make_model(small.build()), so);
+  CHECK(ok.load_stats().folded_nodes == 1);
+  CHECK(run_error(ok, {{"x", Tensor::zeros(DataType::Float, {3})}}).empty());
+}
+
 TEST_CASE("LayerNormalization takes a scale with leading dims of 1 beyond the axis", "[limits]") {
   // Found by the graph fuzzer: a scale of higher rank than the normalised axes.
   Tensor x = Tensor::from_vector<float>({2, 1, 4}, {1, 2, 3, 4, 4, 3, 2, 1});
