@@ -2,6 +2,7 @@
 // ahead (a weight) and unpacked (an activation), beside the machine's measured FMA peak and
 // streaming read bandwidth, and beside Eigen's product compiled into this binary (for the
 // build's baseline instruction set, as every Eigen product in kiln was before the GEMM layer).
+// A one-row product is also timed on weights streamed from memory (a decode step's case).
 #include "tools/bench/kiln-bench/gemm_case.h"
 
 #include <tbb/parallel_for.h>
@@ -102,10 +103,28 @@ int run_gemm_case(int64_t m, int64_t n, int64_t k, int threads, int warmup, int 
   const double flops =
       2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
 
-  double t_packed = 0, t_unpacked = 0, t_eigen = 0, peak = 0, bandwidth = 0;
+  // A one-row product as a decode step runs it: its weights come from memory, not from the
+  // cache the previous call left them in. Calls cycle through copies of the packed B that
+  // together exceed any cache (256 MiB).
+  const bool one_row = m <= table.gemm.mr;
+  std::vector<math::PackedB> copies;
+  if (one_row) {
+    const int64_t bytes = k * n * 4;
+    const int64_t count = std::max<int64_t>(2, ((int64_t{256} << 20) + bytes - 1) / bytes);
+    for (int64_t i = 0; i < count; ++i) copies.emplace_back(bv);
+  }
+
+  double t_packed = 0, t_unpacked = 0, t_streamed = 0, t_eigen = 0, peak = 0, bandwidth = 0;
   arena.execute([&] {
     t_packed = median_seconds(warmup, iterations, [&] { math::sgemm(av, packed, c.data(), n); });
     t_unpacked = median_seconds(warmup, iterations, [&] { math::sgemm(av, bv, c.data(), n); });
+    size_t next = 0;
+    if (one_row) {
+      t_streamed = median_seconds(warmup, std::max<int>(iterations, 100), [&] {
+        math::sgemm(av, copies[next], c.data(), n);
+        next = (next + 1) % copies.size();
+      });
+    }
     // Eigen's own threading is off in kiln (EIGEN_DONT_PARALLELIZE), so its product runs on
     // one thread whatever --threads says.
     using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -138,6 +157,7 @@ int run_gemm_case(int64_t m, int64_t n, int64_t k, int threads, int warmup, int 
   j["results"] = {result("kiln packed B", t_packed, false),
                   result("kiln unpacked B", t_unpacked, false),
                   result("eigen (one thread, baseline build)", t_eigen, true)};
+  if (one_row) j["results"].push_back(result("kiln packed B, streamed", t_streamed, false));
   tooling::write_json(std::cout, j);
   return 0;
 }
