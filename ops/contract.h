@@ -10,7 +10,8 @@
 //             `in_place` inputs when the executor allows, and every other output is fresh;
 //             buffer prediction (engine/plan/buffer_prediction.h) runs these;
 //   .workspace — the scratch bytes one run of the kernel takes from OpContext::workspace for
-//             given input shapes, planned into the arena with a one-step lifetime.
+//             given input shapes and thread count, planned into the arena with a one-step
+//             lifetime (ops/workspace.h lays out workspaces of several parts).
 //
 // The planner reads only this header and ops/kernel.h, never an op's own code.
 #pragma once
@@ -113,12 +114,18 @@ class ShapeContext {
                                            const std::vector<ValueFacts>& inputs) const;
   void set_nested(NestedInference* nested) { nested_ = nested; }
 
+  // The threads the kernel may run on (the session's Environment::threads()): workspace rules
+  // of kernels that keep per-thread scratch size it for this many (OpContext::threads()).
+  int threads() const { return threads_; }
+  void set_threads(int threads) { threads_ = threads < 1 ? 1 : threads; }
+
  private:
   const ir::Graph& graph_;
   const ir::Node& node_;
   const std::vector<ValueFacts>& values_;
   std::vector<ValueFacts>* out_;
   NestedInference* nested_ = nullptr;
+  int threads_ = 1;
 };
 
 // Shape rules many ops share.

@@ -32,6 +32,7 @@
 #include "ops/geometry.h"
 #include "ops/math/gemm.h"
 #include "ops/math/threading.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops {
 namespace {
@@ -99,6 +100,7 @@ void im2col(const T* x, int64_t channels, const Geometry& g, int64_t p0, int64_t
 
 // Floats of pack_filter_into's form of a filter [M, cg, kernel...] with `groups` groups.
 int64_t packed_filter_floats(const Tensor& w, int64_t groups) {
+  if (w.numel() == 0) return 0;
   const int64_t mg = w.dim(0) / groups, kk = w.numel() / w.dim(0);
   return groups * math::PackedA::packed_floats(mg, kk, math::kernels().gemm.mr);
 }
@@ -527,6 +529,54 @@ void parse_ort_activation(const NodeInfo& info, math::Activation& fused, ParamAc
   post.b = count > 1 ? params[1] : 0.0f;
 }
 
+// Whether a constant filter is packed for the GEMM once, at load (not for the direct
+// convolutions, which read it as it is; see use_direct).
+bool packable_filter(const Tensor& w, int64_t groups) {
+  return w.rank() >= 3 && w.numel() > 0 && w.dim(0) % groups == 0 && w.dim(1) > 1 &&
+         w.dim(0) / groups > 2 &&
+         (w.dtype() == DataType::Float || w.dtype() == DataType::Float16 ||
+          w.dtype() == DataType::BFloat16);
+}
+
+// Whether input i is an initializer of the node's graph (ShapeContext::constant's test).
+bool is_initializer(const NodeInfo& info, size_t i) {
+  if (!info.has_input(i)) return false;
+  const ir::ValueInfo& v = info.graph().value(info.node().inputs[i]);
+  return v.origin == ir::ValueOrigin::Initializer && v.constant.defined();
+}
+
+// The workspace of one convolution, as both the kernel and conv_workspace lay it out: for half
+// types X, the bias, the filter of the direct loops and Y in float; the packed filter when it
+// was not packed at load (`filter_at_load`); the convolution before a broadcasting Z is added
+// (kiln.FusedConv); the wide path's buffers (wide_floats). Double reads everything in place.
+struct ConvParts {
+  WorkspaceLayout layout;
+  int x = -1, bias = -1, w = -1, packed = -1, y = -1, conv = -1, wide = -1;
+};
+
+ConvParts conv_parts(DataType dtype, const Sizes& s, const Geometry& g, bool has_bias,
+                     bool filter_at_load, bool z_broadcasts) {
+  ConvParts p;
+  if (dtype == DataType::Double) return p;
+  WorkspaceLayout& l = p.layout;
+  const bool half = dtype != DataType::Float;
+  const int64_t kk = s.cg * g.k_size(), out = s.n * s.m * g.out_size();
+  if (half) {
+    p.x = l.add(DataType::Float, s.n * s.c * g.in_size());
+    if (has_bias) p.bias = l.add(DataType::Float, s.m);
+  }
+  if (use_direct(s, g)) {
+    if (half) p.w = l.add(DataType::Float, s.m * kk);
+  } else if (!filter_at_load) {
+    p.packed = l.add(DataType::Float,
+                     s.groups * math::PackedA::packed_floats(s.mg, kk, math::kernels().gemm.mr));
+  }
+  if (half) p.y = l.add(DataType::Float, out);
+  if (z_broadcasts) p.conv = l.add(DataType::Float, out);
+  p.wide = l.add(DataType::Float, wide_floats(s, g));
+  return p;
+}
+
 // Which convolution a Conv kernel runs.
 enum class ConvKind : uint8_t { Plain, KilnFused, OrtFused };
 
@@ -543,10 +593,9 @@ class Conv final : public Kernel {
     // A constant filter is packed for the GEMM once (not for the direct convolutions, which
     // read it as it is; see use_direct).
     const Tensor* w = info.constant_input(1);
-    if (w && w->rank() >= 3 && w->numel() > 0 && w->dim(0) % group_ == 0 && w->dim(1) > 1 &&
-        w->dim(0) / group_ > 2 &&
-        (w->dtype() == DataType::Float || w->dtype() == DataType::Float16 ||
-         w->dtype() == DataType::BFloat16)) {
+    filter_planned_ = is_initializer(info, 1) &&
+                      packable_filter(info.graph().value(info.node().inputs[1]).constant, group_);
+    if (w && packable_filter(*w, group_)) {
       const math::MathKernels& t = math::kernels();
       const int64_t groups = group_;
       packed_ = info.prepared_input(1,
@@ -595,35 +644,33 @@ class Conv final : public Kernel {
     }
 
     dispatch(TypeList<float, double, float16, bfloat16>{}, x.dtype(), [&]<typename T>() {
+      Tensor& y = ctx.output(0, x.dtype(), out_shape);
       if constexpr (std::is_same_v<T, double>) {
-        Tensor& y = ctx.output(0, x.dtype(), out_shape);
         convolve<T>(x.data<const T>(), w.data<const T>(), nullptr,
                     has_bias ? ctx.input(2).data<const T>() : nullptr, y.data<T>(), s, g);
       } else {
-        // Float, or a half type computed in float.
-        auto widen = [&](const Tensor& t) {
+        // Float, or a half type computed in float in the workspace (conv_parts), which
+        // follows the output.
+        const ConvParts parts = conv_parts(x.dtype(), s, g, has_bias, filter_planned_, false);
+        const Workspace space(ctx, parts.layout);
+        auto widen = [&](const Tensor& t, int part) {
           if (t.dtype() == DataType::Float) return t;
-          Tensor f = ctx.allocate(DataType::Float, t.shape());
+          Tensor f = space.tensor(part, t.shape());
           unary_loop<T, float>(t, f, [](T v) { return static_cast<float>(v); });
           return f;
         };
-        const Tensor fx = widen(x);
-        const Tensor fb = has_bias ? widen(ctx.input(2)) : Tensor();
+        const Tensor fx = widen(x, parts.x);
+        const Tensor fb = has_bias ? widen(ctx.input(2), parts.bias) : Tensor();
         Tensor fw, packed_now;
-        const float* packed = filter(ctx, s, g, widen, fw, packed_now);
+        const float* packed = filter(
+            ctx, s, g, [&](const Tensor& t) { return widen(t, parts.w); },
+            space.data<float>(parts.packed), fw, packed_now);
         const bool is_float = std::is_same_v<T, float>;
-        Tensor fy = is_float ? Tensor() : ctx.allocate(DataType::Float, out_shape);
-        Tensor& y = is_float ? ctx.output(0, x.dtype(), out_shape) : fy;
-        // Float only: a half type's output is allocated after the product, and the
-        // workspace must follow the outputs.
-        const Tensor space = is_float ? workspace(ctx, s, g) : Tensor();
+        Tensor fy = is_float ? y : space.tensor(parts.y, out_shape);
         convolve<float>(fx.data<const float>(), fw.defined() ? fw.data<const float>() : nullptr,
-                        packed, has_bias ? fb.data<const float>() : nullptr, y.data<float>(), s, g,
-                        {}, &ctx, space.defined() ? space.data<float>() : nullptr);
-        if (!is_float) {
-          Tensor& out = ctx.output(0, x.dtype(), out_shape);
-          unary_loop<float, T>(fy, out, [](float v) { return T(v); });
-        }
+                        packed, has_bias ? fb.data<const float>() : nullptr, fy.data<float>(), s, g,
+                        {}, &ctx, space.data<float>(parts.wide));
+        if (!is_float) unary_loop<float, T>(fy, y, [](float v) { return T(v); });
       }
     });
   }
@@ -631,19 +678,25 @@ class Conv final : public Kernel {
  private:
   // The filter as the convolution reads it: for the direct loops `fw` (widened to float by
   // `widen`), else the packed GEMM form returned (the cached one, or packed into
-  // `packed_now` from a filter computed at run time).
+  // `room`, the workspace's part for it, from a filter computed at run time; scratch in
+  // `packed_now` only should a filter the rule saw packed at load not be).
   template <typename Widen>
   const float* filter(OpContext& ctx, const Sizes& s, const Geometry& g, const Widen& widen,
-                      Tensor& fw, Tensor& packed_now) const {
+                      float* room, Tensor& fw, Tensor& packed_now) const {
     const Tensor& w = ctx.input(1);
     if (use_direct(s, g)) {
       fw = widen(w);  // direct loops read the filter as it is
       return nullptr;
     }
     if (packed_ && packed_groups_ == s.groups) return packed_->data<const float>();
-    packed_now = ctx.allocate(DataType::Float, Shape{packed_filter_floats(w, s.groups)});
-    pack_filter_into(w, s.groups, packed_now.data<float>());
-    return packed_now.data<const float>();
+    const int64_t floats = packed_filter_floats(w, s.groups);
+    if (floats == 0) return nullptr;  // an empty product reads no filter
+    if (!room) {
+      packed_now = ctx.allocate(DataType::Float, Shape{floats});
+      room = packed_now.data<float>();
+    }
+    pack_filter_into(w, s.groups, room);
+    return room;
   }
 
   // kiln.FusedConv: y = activation(conv + bias + Z); returns y.
@@ -652,61 +705,61 @@ class Conv final : public Kernel {
     if (x.dtype() != DataType::Float) ctx.fail("takes float inputs, got " + x.describe());
     const bool has_bias = ctx.has_input(2), has_z = ctx.has_input(3);
     const float* bias = has_bias ? ctx.input(2).data<const float>() : nullptr;
-    Tensor fw, packed_now;
-    const float* packed = filter(
-        ctx, s, g, [](const Tensor& t) { return t; }, fw, packed_now);
-    const float* w = fw.defined() ? fw.data<const float>() : nullptr;
     ConvEpilogue e;
     e.activation = activation_;
-    if (!has_z) {
-      Tensor& y = ctx.output(0, DataType::Float, out_shape);
-      const Tensor space = workspace(ctx, s, g);
-      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx,
-                      space.defined() ? space.data<float>() : nullptr);
-      return y;
+    const Tensor* z = has_z ? &ctx.input(3) : nullptr;
+    if (z && z->dtype() != DataType::Float) ctx.fail("Z " + z->describe() + " must be float");
+    // Z of another shape broadcasts (to the convolution's shape or beyond): the sum is a
+    // broadcasting Add of the convolution, made in the workspace.
+    const bool z_broadcasts = z && z->shape() != out_shape;
+    Shape sum_shape = out_shape;
+    if (z_broadcasts) {
+      try {
+        sum_shape = broadcast_shapes(out_shape, z->shape());
+      } catch (const Error&) {
+        ctx.fail("Z " + z->describe() + " does not broadcast to the convolution's output " +
+                 shape_to_string(out_shape));
+      }
     }
-    const Tensor& z = ctx.input(3);
-    if (z.dtype() != DataType::Float) ctx.fail("Z " + z.describe() + " must be float");
-    if (z.shape() == out_shape) {
+    Tensor* out = nullptr;
+    if (z && !z_broadcasts) {
       // Accumulate onto Z: in place when Z dies here, else onto a copy of it.
       e.accumulate = true;
-      Tensor& y = ctx.can_overwrite(3) ? ctx.output_reusing(0, 3, DataType::Float, out_shape)
-                                       : ctx.output(0, DataType::Float, out_shape);
-      if (y.raw_data() == z.raw_data()) {
+      out = ctx.can_overwrite(3) ? &ctx.output_reusing(0, 3, DataType::Float, out_shape)
+                                 : &ctx.output(0, DataType::Float, out_shape);
+      if (out->raw_data() == z->raw_data()) {
         ctx.count_in_place();
       } else {
-        copy_elements(z, y);
-        ctx.count_copy(static_cast<uint64_t>(y.nbytes()));
+        copy_elements(*z, *out);
+        ctx.count_copy(static_cast<uint64_t>(out->nbytes()));
       }
-      const Tensor space = workspace(ctx, s, g);
-      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx,
-                      space.defined() ? space.data<float>() : nullptr);
+    } else {
+      out = &ctx.output(0, DataType::Float, sum_shape);
+    }
+    Tensor& y = *out;
+    // The workspace follows the output.
+    const ConvParts parts =
+        conv_parts(DataType::Float, s, g, has_bias, filter_planned_, z_broadcasts);
+    const Workspace space(ctx, parts.layout);
+    Tensor fw, packed_now;
+    const float* packed = filter(
+        ctx, s, g, [](const Tensor& t) { return t; }, space.data<float>(parts.packed), fw,
+        packed_now);
+    const float* w = fw.defined() ? fw.data<const float>() : nullptr;
+    float* wide = space.data<float>(parts.wide);
+    if (!z_broadcasts) {
+      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx, wide);
       return y;
     }
-    // Z broadcasts (to the convolution's shape or beyond): the sum is a broadcasting Add.
-    Tensor conv = ctx.allocate(DataType::Float, out_shape);
-    convolve<float>(x.data<const float>(), w, packed, bias, conv.data<float>(), s, g, {}, &ctx);
-    Shape sum_shape;
-    try {
-      sum_shape = broadcast_shapes(out_shape, z.shape());
-    } catch (const Error&) {
-      ctx.fail("Z " + z.describe() + " does not broadcast to the convolution's output " +
-               shape_to_string(out_shape));
-    }
-    Tensor& y = ctx.output(0, DataType::Float, sum_shape);
-    binary_loop<float, float, float>(conv, z, y, [](float a, float b) { return a + b; });
+    Tensor conv = space.tensor(parts.conv, out_shape);
+    convolve<float>(x.data<const float>(), w, packed, bias, conv.data<float>(), s, g, {}, &ctx,
+                    wide);
+    binary_loop<float, float, float>(conv, *z, y, [](float a, float b) { return a + b; });
     apply_activation(activation_, y.data<float>(), y.numel());
     return y;
   }
 
   // The spatial axes right-aligned in three dimensions.
-  // The workspace conv_workspace declares for a float convolution of these sizes, taken
-  // after the output.
-  static Tensor workspace(OpContext& ctx, const Sizes& s, const Geometry& g) {
-    const int64_t floats = wide_floats(s, g);
-    return floats > 0 ? ctx.workspace(DataType::Float, floats) : Tensor();
-  }
-
   bool fused_;
   bool ort_;  // com.microsoft.FusedConv
   math::Activation activation_;
@@ -715,6 +768,9 @@ class Conv final : public Kernel {
   WindowAttrs window_;
   std::shared_ptr<const Tensor> packed_;  // the weights cache's packed filter
   int64_t packed_groups_ = 0;
+  // The filter is an initializer packed at load: the workspace has no room to pack it
+  // (conv_parts' `filter_at_load`, as the workspace rule decides it).
+  bool filter_planned_ = false;
 };
 
 Shape conv_output_shape(const ShapeContext& c) {
@@ -725,21 +781,22 @@ void conv_shape(ShapeContext& c) {
   c.set(0, c.dtype(0), conv_output_shape(c));
 }
 
-// The wide path's buffers of a float convolution (Conv::workspace), unless kiln.FusedConv's
-// Z broadcasts (its output is then allocated after the product).
+// The kernel's workspace (conv_parts) for these shapes.
 uint64_t conv_workspace(const ShapeContext& c) {
-  if (c.dtype(0) != DataType::Float) return 0;
   const Shape& x = c.shape(0);
   const Shape& w = c.shape(1);
   const Shape out = conv_output_shape(c);
-  if (c.has(3) && c.shape(3) != out) return 0;
   const int64_t groups = c.attr_i("group", 1);
   if (groups <= 0 || w[0] % groups != 0) unknown("bad group");
   const Sizes s{x[0], x[1], w[0], groups, w[1], w[0] / groups};
   const WindowAttrs a = window_attrs(c.node());
   const Geometry g =
       right_aligned(forward_windows(spatial_dims(x), conv_kernel(a, spatial_dims(w)), a));
-  return static_cast<uint64_t>(wide_floats(s, g)) * sizeof(float);
+  const Tensor* filter = c.constant(1);
+  const bool z_broadcasts = c.has(3) && c.shape(3) != out;
+  return conv_parts(c.dtype(0), s, g, c.has(2), filter && packable_filter(*filter, groups),
+                    z_broadcasts)
+      .layout.bytes();
 }
 
 // kiln.FusedConv: the convolution plus Z, which may broadcast.

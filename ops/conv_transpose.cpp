@@ -22,6 +22,7 @@
 #include "ops/geometry.h"
 #include "ops/math/gemm.h"
 #include "ops/math/threading.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops {
 namespace {
@@ -105,11 +106,53 @@ Tensor pack_filter(const Tensor& w, int64_t groups) {
 // Columns of one channel block are at most this many elements (they stay in L2 for col2im).
 constexpr int64_t kScratchElems = 1 << 18;
 
+// How the product runs in blocks of output channels, and the columns' scratch it takes:
+// `slots` blocks of `chans * per_channel` elements (one per thread when blocks run in
+// parallel). A function of the sizes and the thread count alone: the workspace rule and the
+// kernel both call it.
+struct ChannelBlocks {
+  int64_t chans = 0, blocks = 0, per_channel = 0, slots = 0;
+  bool by_block = false;
+  int64_t scratch_elements() const { return slots * chans * per_channel; }
+};
+
+ChannelBlocks channel_blocks(const Sizes& s, const Geometry& g, bool is_float, int threads) {
+  ChannelBlocks b;
+  const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size(), wrow = s.mg * kp;
+  if (op == 0 || s.m == 0 || s.n == 0 || s.cg == 0) return b;  // no product
+  const int64_t units = s.n * s.groups;
+  const int64_t mr = math::kernels().gemm.mr;
+  // A block of output channels starts at a panel of the packed filter: its first row
+  // (channel * kernel) is a multiple of the tile height.
+  const int64_t step = is_float ? mr / std::gcd<int64_t>(kp, mr) : 1;
+  b.per_channel = kp * ip;
+  auto to_step = [&](int64_t c) {
+    c = std::max<int64_t>(step, (c + step - 1) / step * step);
+    return std::min(c, s.mg);
+  };
+  b.chans = to_step(kScratchElems / std::max<int64_t>(b.per_channel, 1) / step * step);
+  const double work = static_cast<double>(units) * static_cast<double>(wrow) *
+                      static_cast<double>(s.cg) * static_cast<double>(ip);
+  const int tasks = math::tasks_for(work, threads);
+  b.blocks = (s.mg + b.chans - 1) / b.chans;
+  if (tasks > 1 && units * b.blocks < 2 * tasks) {  // smaller blocks, to give every task work
+    const int64_t want = (2 * tasks + units - 1) / units;
+    b.chans = to_step((s.mg + want - 1) / want);
+    b.blocks = (s.mg + b.chans - 1) / b.chans;
+  }
+  // Enough blocks for every task: one single-threaded product each; else one block after
+  // another, each product split across the threads.
+  b.by_block = tasks > 1 && units * b.blocks >= tasks;
+  b.slots = b.by_block ? threads : 1;
+  return b;
+}
+
 // Y for all images and groups; x, bias (may be null) and y contiguous. Float reads the filter
-// as pack_filter made it (`packed`); double reads W (`w`) in place.
+// as pack_filter made it (`packed`); double reads W (`w`) in place. `scratch` holds
+// `b.scratch_elements()` (channel_blocks of these sizes).
 template <typename T>
-void transpose_convolve(OpContext& ctx, const T* x, const T* w, const float* packed, const T* bias,
-                        T* y, const Sizes& s, const Geometry& g) {
+void transpose_convolve(const T* x, const T* w, const float* packed, const T* bias, T* y,
+                        const Sizes& s, const Geometry& g, const ChannelBlocks& b, T* scratch) {
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size(), wrow = s.mg * kp;
   if (op == 0 || s.m == 0 || s.n == 0) return;
   if (s.cg == 0) {  // no input channels: the bias alone
@@ -121,29 +164,9 @@ void transpose_convolve(OpContext& ctx, const T* x, const T* w, const float* pac
   const int64_t units = s.n * s.groups;
   const math::MathKernels& t = math::kernels();
   constexpr bool kFloat = std::is_same_v<T, float>;
-  // A block of output channels starts at a panel of the packed filter: its first row
-  // (channel * kernel) is a multiple of the tile height.
-  const int64_t step = kFloat ? t.gemm.mr / std::gcd<int64_t>(kp, t.gemm.mr) : 1;
-  const int64_t per_channel = kp * ip;
-  auto to_step = [&](int64_t c) {
-    c = std::max<int64_t>(step, (c + step - 1) / step * step);
-    return std::min(c, s.mg);
-  };
-  int64_t chans = to_step(kScratchElems / std::max<int64_t>(per_channel, 1) / step * step);
-  const double work = static_cast<double>(units) * static_cast<double>(wrow) *
-                      static_cast<double>(s.cg) * static_cast<double>(ip);
-  const int tasks = math::task_count(work);
-  int64_t blocks = (s.mg + chans - 1) / chans;
-  if (tasks > 1 && units * blocks < 2 * tasks) {  // smaller blocks, to give every task work
-    const int64_t want = (2 * tasks + units - 1) / units;
-    chans = to_step((s.mg + want - 1) / want);
-    blocks = (s.mg + chans - 1) / chans;
-  }
-  // Enough blocks for every task: one single-threaded product each; else one block after
-  // another, each product split across the threads.
-  const bool by_block = tasks > 1 && units * blocks >= tasks;
-  const int64_t slots = by_block ? std::max(tbb::this_task_arena::max_concurrency(), 1) : 1;
-  Tensor scratch = ctx.allocate(data_type_of<T>(), {slots, chans * per_channel});
+  const int64_t chans = b.chans, blocks = b.blocks, per_channel = b.per_channel;
+  const bool by_block = b.by_block;
+  const int64_t slots = b.slots;
   math::GemmOptions o;
   if (by_block) o.max_threads = 1;
   const int64_t per = kFloat ? math::PackedA::packed_floats(wrow, s.cg, t.gemm.mr) : 0;
@@ -154,7 +177,7 @@ void transpose_convolve(OpContext& ctx, const T* x, const T* w, const float* pac
     const int64_t m0 = blk * chans, m1 = std::min(s.mg, m0 + chans);
     int slot = by_block ? tbb::this_task_arena::current_thread_index() : 0;
     if (slot < 0 || slot >= slots) slot = 0;
-    T* col = scratch.data<T>() + slot * chans * per_channel;
+    T* col = scratch + slot * chans * per_channel;
     const T* xg = x + (n * s.c + grp * s.cg) * ip;
     // col ([channels * kernel] x input positions) = W^T (rows of this block) * X
     if constexpr (kFloat) {
@@ -184,6 +207,30 @@ void transpose_convolve(OpContext& ctx, const T* x, const T* w, const float* pac
   } else {
     for (int64_t task = 0; task < units * blocks; ++task) block(task);
   }
+}
+
+// The workspace of one transposed convolution: the columns' scratch (channel_blocks), and for
+// half types X, the bias and Y in float.
+struct Parts {
+  WorkspaceLayout layout;
+  ChannelBlocks blocks;
+  int x = -1, bias = -1, y = -1, columns = -1;
+};
+
+Parts workspace_parts(DataType dtype, const Sizes& s, const Geometry& g, bool has_bias,
+                      int threads) {
+  Parts p;
+  const bool half = dtype == DataType::Float16 || dtype == DataType::BFloat16;
+  if (half) {
+    p.x = p.layout.add(DataType::Float, s.n * s.c * g.in_size());
+    if (has_bias) p.bias = p.layout.add(DataType::Float, s.m);
+    p.y = p.layout.add(DataType::Float, s.n * s.m * g.out_size());
+  }
+  const bool is_double = dtype == DataType::Double;
+  p.blocks = channel_blocks(s, g, !is_double, threads);
+  p.columns =
+      p.layout.add(is_double ? DataType::Double : DataType::Float, p.blocks.scratch_elements());
+  return p;
 }
 
 class ConvTranspose final : public Kernel {
@@ -234,21 +281,25 @@ class ConvTranspose final : public Kernel {
     const Geometry g = right_aligned(axes);
     const Shape out_shape = windowed_shape(s.n, s.m, axes);
 
+    // The output, then the workspace (conv_transpose_workspace).
+    Tensor& y = ctx.output(0, x.dtype(), out_shape);
+    const Parts parts = workspace_parts(x.dtype(), s, g, has_bias, ctx.threads());
+    const Workspace space(ctx, parts.layout);
     dispatch(TypeList<float, double, float16, bfloat16>{}, x.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, double>) {
-        Tensor& y = ctx.output(0, x.dtype(), out_shape);
-        transpose_convolve<T>(ctx, x.data<const T>(), w.data<const T>(), nullptr,
-                              has_bias ? ctx.input(2).data<const T>() : nullptr, y.data<T>(), s, g);
+        transpose_convolve<T>(x.data<const T>(), w.data<const T>(), nullptr,
+                              has_bias ? ctx.input(2).data<const T>() : nullptr, y.data<T>(), s, g,
+                              parts.blocks, space.data<T>(parts.columns));
       } else {
-        // Float, or a half type computed in float.
-        auto widen = [&](const Tensor& t) {
+        // Float, or a half type computed in float (X, the bias and Y widened in the workspace).
+        auto widen = [&](const Tensor& t, int part) {
           if (t.dtype() == DataType::Float) return t;
-          Tensor f = ctx.allocate(DataType::Float, t.shape());
+          Tensor f = space.tensor(part, t.shape());
           unary_loop<T, float>(t, f, [](T v) { return static_cast<float>(v); });
           return f;
         };
-        const Tensor fx = widen(x);
-        const Tensor fb = has_bias ? widen(ctx.input(2)) : Tensor();
+        const Tensor fx = widen(x, parts.x);
+        const Tensor fb = has_bias ? widen(ctx.input(2), parts.bias) : Tensor();
         // The filter packed when the session was planned, or now (a filter computed at run
         // time).
         Tensor packed_now;
@@ -257,15 +308,11 @@ class ConvTranspose final : public Kernel {
                               : packed_now.defined() ? packed_now.data<const float>()
                                                      : nullptr;
         const bool direct = std::is_same_v<T, float>;
-        Tensor fy = direct ? Tensor() : ctx.allocate(DataType::Float, out_shape);
-        Tensor& y = direct ? ctx.output(0, x.dtype(), out_shape) : fy;
-        transpose_convolve<float>(ctx, fx.data<const float>(), nullptr, packed,
-                                  has_bias ? fb.data<const float>() : nullptr, y.data<float>(), s,
-                                  g);
-        if (!direct) {
-          Tensor& out = ctx.output(0, x.dtype(), out_shape);
-          unary_loop<float, T>(fy, out, [](float v) { return T(v); });
-        }
+        Tensor fy = direct ? y : space.tensor(parts.y, out_shape);
+        transpose_convolve<float>(fx.data<const float>(), nullptr, packed,
+                                  has_bias ? fb.data<const float>() : nullptr, fy.data<float>(), s,
+                                  g, parts.blocks, space.data<float>(parts.columns));
+        if (!direct) unary_loop<float, T>(fy, y, [](float v) { return T(v); });
       }
     });
   }
@@ -288,6 +335,21 @@ void conv_transpose_shape(ShapeContext& c) {
         windowed_shape(x[0], channels, transposed_windows(spatial_dims(x), kernel, a)));
 }
 
+// The kernel's workspace (workspace_parts) for these shapes on c.threads() threads.
+uint64_t conv_transpose_workspace(const ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  const Shape& w = c.shape(1);
+  if (x.size() < 3 || x.size() > 5 || w.size() != x.size()) unknown("ranks of X and W");
+  const int64_t groups = c.attr_i("group", 1);
+  if (groups < 1 || x[1] % groups != 0) unknown("bad group");
+  Sizes s{x[0], x[1], 0, groups, x[1] / groups, w[1]};
+  s.m = checked_mul(s.mg, groups);
+  const WindowAttrs a = window_attrs(c.node());
+  const Geometry g =
+      right_aligned(transposed_windows(spatial_dims(x), conv_kernel(a, spatial_dims(w)), a));
+  return workspace_parts(c.dtype(0), s, g, c.has(2), c.threads()).layout.bytes();
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "ConvTranspose",
@@ -298,6 +360,7 @@ KILN_REGISTER_OP({.op = "ConvTranspose",
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
                   .shape = conv_transpose_shape,
+                  .workspace = conv_transpose_workspace,
                   .create = make<ConvTranspose>});
 
 }  // namespace kiln::ops

@@ -8,6 +8,7 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -18,6 +19,7 @@
 #include "ops/geometry.h"
 #include "ops/math/gemm.h"
 #include "ops/math/threading.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops {
 namespace {
@@ -41,28 +43,49 @@ T bilinear(const T* x, int64_t height, int64_t width, T h, T w) {
          lh * ((T(1) - lw) * at(h0 + 1, w0) + lw * at(h0 + 1, w0 + 1));
 }
 
+// How the positions of each (image, group) split into blocks of `blk` for the tasks, and the
+// patches' scratch: `slots` buffers of `kk * blk` elements (one per thread when tasks run in
+// parallel). A function of the sizes and the thread count alone: the workspace rule and the
+// kernel both call it.
+struct PositionBlocks {
+  int64_t cb = 0, blk = 0, kk = 0, slots = 0;
+  int tasks = 1;
+  int64_t scratch_elements() const { return slots * kk * blk; }
+};
+
+PositionBlocks position_blocks(const Problem& p, int threads) {
+  PositionBlocks b;
+  const int64_t kp = p.kh * p.kw, op = p.oh * p.ow;
+  b.kk = p.cg * kp;
+  if (op == 0 || p.m == 0 || p.n == 0) return b;
+  constexpr int64_t kScratchElems = 1 << 18;
+  const int64_t units = p.n * p.groups;
+  int64_t cb = (b.kk * op + kScratchElems - 1) / kScratchElems;
+  // Multiply-adds of the products plus the sampling (four taps per patch element).
+  const double work = static_cast<double>(units) * static_cast<double>(b.kk) *
+                      static_cast<double>(op) * static_cast<double>(p.mg + 4);
+  b.tasks = math::tasks_for(work, threads);
+  if (b.tasks > 1 && units * cb < 2 * b.tasks) {
+    cb = std::max(cb, std::min<int64_t>((2 * b.tasks + units - 1) / units, op / 16));
+  }
+  b.cb = std::clamp<int64_t>(cb, 1, op);
+  b.blk = (op + b.cb - 1) / b.cb;
+  // The tasks sample and multiply blocks of output positions; each product stays on its
+  // task's thread.
+  b.slots = b.tasks > 1 ? threads : 1;
+  return b;
+}
+
+// `scratch` holds `b.scratch_elements()` (position_blocks of these sizes).
 template <typename T>
-void deform_convolve(OpContext& ctx, const Problem& p, const T* x, const T* w, const T* offset,
-                     const T* mask, const T* bias, T* y) {
+void deform_convolve(const Problem& p, const PositionBlocks& b, T* scratch, const T* x, const T* w,
+                     const T* offset, const T* mask, const T* bias, T* y) {
   const int64_t kp = p.kh * p.kw, kk = p.cg * kp, op = p.oh * p.ow, ip = p.ih * p.iw;
   if (op == 0 || p.m == 0 || p.n == 0) return;
   const int64_t cpo = p.c / p.offset_groups;  // input channels per offset group
-  constexpr int64_t kScratchElems = 1 << 18;
   const int64_t units = p.n * p.groups;
-  int64_t cb = (kk * op + kScratchElems - 1) / kScratchElems;
-  // Multiply-adds of the products plus the sampling (four taps per patch element).
-  const double work = static_cast<double>(units) * static_cast<double>(kk) *
-                      static_cast<double>(op) * static_cast<double>(p.mg + 4);
-  const int tasks = math::task_count(work);
-  if (tasks > 1 && units * cb < 2 * tasks) {
-    cb = std::max(cb, std::min<int64_t>((2 * tasks + units - 1) / units, op / 16));
-  }
-  cb = std::clamp<int64_t>(cb, 1, op);
-  const int64_t blk = (op + cb - 1) / cb;
-  // The tasks sample and multiply blocks of output positions; each product stays on its
-  // task's thread.
-  const int64_t slots = tasks > 1 ? std::max(tbb::this_task_arena::max_concurrency(), 1) : 1;
-  Tensor scratch = ctx.allocate(data_type_of<T>(), {slots, kk * blk});
+  const int64_t cb = b.cb, blk = b.blk, slots = b.slots;
+  const int tasks = b.tasks;
   math::GemmOptions o;
   o.max_threads = 1;
 
@@ -73,7 +96,7 @@ void deform_convolve(OpContext& ctx, const Problem& p, const T* x, const T* w, c
       if (p0 >= p1) continue;
       int slot = slots > 1 ? tbb::this_task_arena::current_thread_index() : 0;
       if (slot < 0 || slot >= slots) slot = 0;
-      T* col = scratch.data<T>() + slot * kk * blk;
+      T* col = scratch + slot * kk * blk;
       const int64_t len = p1 - p0;
       for (int64_t c = 0; c < p.cg; ++c) {
         const int64_t ch = g * p.cg + c, og = ch / cpo;
@@ -114,6 +137,58 @@ void deform_convolve(OpContext& ctx, const Problem& p, const T* x, const T* w, c
   });
 }
 
+// The sizes of one deformable convolution of X and W of these (4-D) shapes.
+Problem problem_of(const Shape& x, const Shape& w, int64_t groups, int64_t offset_groups,
+                   const WindowAttrs& window) {
+  Problem p{};
+  p.n = x[0];
+  p.c = x[1];
+  p.m = w[0];
+  p.groups = groups;
+  p.cg = w[1];
+  p.mg = p.m / p.groups;
+  p.offset_groups = offset_groups;
+  p.ih = x[2];
+  p.iw = x[3];
+  const std::vector<WindowAxis> axes =
+      forward_windows(spatial_dims(x), conv_kernel(window, spatial_dims(w)), window);
+  p.kh = axes[0].kernel;
+  p.kw = axes[1].kernel;
+  p.sh = axes[0].stride;
+  p.sw = axes[1].stride;
+  p.dh = axes[0].dilation;
+  p.dw = axes[1].dilation;
+  p.ph = axes[0].pad_begin;
+  p.pw = axes[1].pad_begin;
+  p.oh = axes[0].out;
+  p.ow = axes[1].out;
+  return p;
+}
+
+// The workspace of one run: the patches' scratch (position_blocks), and for half types the
+// inputs (of `shapes`, empty when absent) and Y in float.
+struct Parts {
+  WorkspaceLayout layout;
+  PositionBlocks blocks;
+  std::array<int, 5> wide{-1, -1, -1, -1, -1};
+  int y = -1, columns = -1;
+};
+
+Parts workspace_parts(DataType dtype, const Problem& p, const std::array<Shape, 5>& shapes,
+                      int threads) {
+  Parts r;
+  const bool half = dtype == DataType::Float16 || dtype == DataType::BFloat16;
+  if (half) {
+    for (size_t i = 0; i < shapes.size(); ++i)
+      if (!shapes[i].empty()) r.wide[i] = r.layout.add(DataType::Float, shape_numel(shapes[i]));
+    r.y = r.layout.add(DataType::Float, p.n * p.m * p.oh * p.ow);
+  }
+  r.blocks = position_blocks(p, threads);
+  r.columns = r.layout.add(dtype == DataType::Double ? DataType::Double : DataType::Float,
+                           r.blocks.scratch_elements());
+  return r;
+}
+
 class DeformConv final : public Kernel {
  public:
   explicit DeformConv(const NodeInfo& info)
@@ -146,33 +221,12 @@ class DeformConv final : public Kernel {
         ctx.fail("inputs have different element types");
       }
     }
-    Problem p{};
-    p.n = x.dim(0);
-    p.c = x.dim(1);
-    p.m = w.dim(0);
-    p.groups = group_;
-    p.cg = w.dim(1);
-    p.offset_groups = offset_group_;
-    p.ih = x.dim(2);
-    p.iw = x.dim(3);
-    const std::vector<WindowAxis> axes = forward_windows(
-        spatial_dims(x.shape()), conv_kernel(window_, spatial_dims(w.shape())), window_);
-    p.kh = axes[0].kernel;
-    p.kw = axes[1].kernel;
+    const Problem p = problem_of(x.shape(), w.shape(), group_, offset_group_, window_);
     if (p.cg * p.groups != p.c || p.m % p.groups != 0) {
       ctx.fail("weight " + w.describe() + " does not match input " + x.describe() + " with group " +
                std::to_string(p.groups));
     }
     if (p.c % p.offset_groups != 0) ctx.fail("input channels are not divisible by offset_group");
-    p.mg = p.m / p.groups;
-    p.sh = axes[0].stride;
-    p.sw = axes[1].stride;
-    p.dh = axes[0].dilation;
-    p.dw = axes[1].dilation;
-    p.ph = axes[0].pad_begin;
-    p.pw = axes[1].pad_begin;
-    p.oh = axes[0].out;
-    p.ow = axes[1].out;
     const int64_t kp = p.kh * p.kw;
     if (off.shape() != Shape{p.n, p.offset_groups * kp * 2, p.oh, p.ow}) {
       ctx.fail("offset " + off.describe() + " does not match the output size");
@@ -181,26 +235,34 @@ class DeformConv final : public Kernel {
       ctx.fail("mask " + ctx.input(4).describe() + " does not match the output size");
     }
     if (has_bias && ctx.input(3).numel() != p.m) ctx.fail("bias must have one value per channel");
-    const Shape out_shape = windowed_shape(p.n, p.m, axes);
+    const Shape out_shape{p.n, p.m, p.oh, p.ow};
+    // The output, then the workspace (deform_conv_workspace).
+    Tensor& y = ctx.output(0, x.dtype(), out_shape);
+    std::array<Shape, 5> shapes;
+    for (size_t i = 0; i < 5; ++i)
+      if (ctx.has_input(i)) shapes[i] = ctx.input(i).shape();
+    const Parts parts = workspace_parts(x.dtype(), p, shapes, ctx.threads());
+    const Workspace space(ctx, parts.layout);
     dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
+        // Computed in float: the inputs and Y widened in the workspace.
         auto widen = [&](size_t i) {
           if (!ctx.has_input(i)) return Tensor();
           const Tensor& t = ctx.input(i);
-          Tensor f = ctx.allocate(DataType::Float, t.shape());
+          Tensor f = space.tensor(parts.wide[i], t.shape());
           unary_loop<T, float>(t, f, [](T v) { return static_cast<float>(v); });
           return f;
         };
         const Tensor fx = widen(0), fw = widen(1), fo = widen(2), fb = widen(3), fm = widen(4);
-        Tensor fy = ctx.allocate(DataType::Float, out_shape);
-        deform_convolve<float>(ctx, p, fx.data<const float>(), fw.data<const float>(),
+        Tensor fy = space.tensor(parts.y, out_shape);
+        deform_convolve<float>(p, parts.blocks, space.data<float>(parts.columns),
+                               fx.data<const float>(), fw.data<const float>(),
                                fo.data<const float>(), has_mask ? fm.data<const float>() : nullptr,
                                has_bias ? fb.data<const float>() : nullptr, fy.data<float>());
-        Tensor& y = ctx.output(0, x.dtype(), out_shape);
         unary_loop<float, T>(fy, y, [](float v) { return T(v); });
       } else {
-        Tensor& y = ctx.output(0, x.dtype(), out_shape);
-        deform_convolve<T>(ctx, p, x.data<const T>(), w.data<const T>(), off.data<const T>(),
+        deform_convolve<T>(p, parts.blocks, space.data<T>(parts.columns), x.data<const T>(),
+                           w.data<const T>(), off.data<const T>(),
                            has_mask ? ctx.input(4).data<const T>() : nullptr,
                            has_bias ? ctx.input(3).data<const T>() : nullptr, y.data<T>());
       }
@@ -216,6 +278,19 @@ void deform_conv_shape(ShapeContext& c) {
   c.set(0, c.dtype(0), conv_output_shape(c.shape(0), c.shape(1), window_attrs(c.node())));
 }
 
+// The kernel's workspace (workspace_parts) for these shapes on c.threads() threads.
+uint64_t deform_conv_workspace(const ShapeContext& c) {
+  std::array<Shape, 5> shapes;
+  for (size_t i = 0; i < 5; ++i)
+    if (c.has(i)) shapes[i] = c.shape(i);
+  if (shapes[0].size() != 4 || shapes[1].size() != 4) unknown("X or W not 4-D");
+  const int64_t groups = c.attr_i("group", 1);
+  if (groups < 1 || shapes[1][0] % groups != 0) unknown("bad group");
+  const Problem p =
+      problem_of(shapes[0], shapes[1], groups, c.attr_i("offset_group", 1), window_attrs(c.node()));
+  return workspace_parts(c.dtype(0), p, shapes, c.threads()).layout.bytes();
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "DeformConv",
@@ -226,6 +301,7 @@ KILN_REGISTER_OP({.op = "DeformConv",
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16 (2-D only)",
                   .shape = deform_conv_shape,
+                  .workspace = deform_conv_workspace,
                   .create = make<DeformConv>});
 
 }  // namespace kiln::ops

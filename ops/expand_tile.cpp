@@ -17,17 +17,40 @@ void require_byte_types(const Tensor& x, const char* what) {
   }
 }
 
+// Expand's output shape: `x` broadcast with `target`, whose dimensions must not be negative.
+Shape expand_output_shape(const Shape& x, const std::vector<int64_t>& target) {
+  for (int64_t d : target) {
+    if (d < 0)
+      throw Error(ErrorKind::Runtime,
+                  "shape " + shape_to_string(target) + " has a negative dimension");
+  }
+  return broadcast_shapes(x, target);
+}
+
+// Tile's output shape: each dimension of `x` times its repeat.
+Shape tile_output_shape(const Shape& x, const std::vector<int64_t>& repeats) {
+  if (repeats.size() != x.size()) {
+    throw Error(ErrorKind::Runtime, "repeats has " + std::to_string(repeats.size()) +
+                                        " entries for an input of rank " +
+                                        std::to_string(x.size()));
+  }
+  Shape shape(x.size());
+  for (size_t d = 0; d < x.size(); ++d) {
+    if (repeats[d] < 0)
+      throw Error(ErrorKind::Runtime, "repeats has a negative value " + std::to_string(repeats[d]));
+    if (__builtin_mul_overflow(x[d], repeats[d], &shape[d]))
+      throw Error(ErrorKind::Runtime, "output too large");
+  }
+  return shape;
+}
+
 class Expand final : public Kernel {
  public:
   explicit Expand(const NodeInfo&) {}
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
     require_byte_types(x, "Expand input");
-    const std::vector<int64_t> target = to_int64s(ctx.input(1));
-    for (int64_t d : target) {
-      if (d < 0) ctx.fail("shape " + shape_to_string(target) + " has a negative dimension");
-    }
-    const Shape shape = broadcast_shapes(x.shape(), target);
+    const Shape shape = expand_output_shape(x.shape(), to_int64s(ctx.input(1)));
     check_output_size(shape);
     Shape strides = broadcast_strides(x, shape);
     Tensor y = x.view(shape, std::move(strides), x.byte_offset());
@@ -50,15 +73,7 @@ class Tile final : public Kernel {
     require_byte_types(x, "Tile input");
     const std::vector<int64_t> repeats = to_int64s(ctx.input(1));
     const size_t rank = x.rank();
-    if (repeats.size() != rank) {
-      ctx.fail("repeats has " + std::to_string(repeats.size()) + " entries for an input of rank " +
-               std::to_string(rank));
-    }
-    Shape shape(rank);
-    for (size_t d = 0; d < rank; ++d) {
-      if (repeats[d] < 0) ctx.fail("repeats has a negative value " + std::to_string(repeats[d]));
-      if (__builtin_mul_overflow(x.dim(d), repeats[d], &shape[d])) ctx.fail("output too large");
-    }
+    const Shape shape = tile_output_shape(x.shape(), repeats);
     check_output_size(shape);
     Tensor& out = ctx.output(0, x.dtype(), shape);
     // Interleave (repeat, dim) pairs: the output in that order is contiguous.
@@ -79,7 +94,7 @@ class Tile final : public Kernel {
 
 void expand_shape(ShapeContext& c) {
   const ValueFacts& x = c.in(0);
-  const Shape out = broadcast_shapes(x.shape, c.data(1));
+  const Shape out = expand_output_shape(x.shape, c.data(1));
   const int64_t n = numel_or_unknown(out);
   if (x.has_data && n <= kMaxKnownData) {
     std::vector<int64_t> data;
@@ -106,11 +121,7 @@ void place_expand(Placement& p) {
 
 void tile_shape(ShapeContext& c) {
   const ValueFacts& x = c.in(0);
-  const std::vector<int64_t>& repeats = c.data(1);
-  if (repeats.size() != x.shape.size()) unknown("repeats do not match the rank");
-  Shape out = x.shape;
-  for (size_t d = 0; d < out.size(); ++d) out[d] = checked_mul(out[d], repeats[d]);
-  c.set(0, x.dtype, out);
+  c.set(0, x.dtype, tile_output_shape(x.shape, c.data(1)));
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "ops/half.h"
 
+#include <stdexcept>
+
 #include "ops/common.h"
 #include "ops/math/kernels.h"
 
@@ -24,12 +26,20 @@ Tensor widen_to_float(OpContext& ctx, const Tensor& t) {
   const Tensor c = t.contiguous();
   if (c.dtype() == DataType::Float) return c;
   if (c.dtype() != DataType::Float16) ctx.fail("cannot widen " + c.describe() + " to float");
-  Tensor f = ctx.allocate(DataType::Float, c.shape());
+  return widen_into(c, ctx.allocate(DataType::Float, c.shape()));
+}
+
+Tensor widen_into(const Tensor& t, Tensor dst) {
+  const Tensor c = t.contiguous();
+  if (c.dtype() != DataType::Float16 || dst.dtype() != DataType::Float ||
+      dst.numel() != c.numel() || !dst.is_contiguous()) {
+    throw std::logic_error("widen_into: " + c.describe() + " into " + dst.describe());
+  }
   const auto* s = reinterpret_cast<const uint16_t*>(c.raw_data());
-  float* d = f.data<float>();
+  float* d = dst.data<float>();
   parallel_for(c.numel(), kConvertGrain,
                [&](int64_t lo, int64_t hi) { widen_half(s + lo, d + lo, hi - lo); });
-  return f;
+  return dst;
 }
 
 void narrow_into(const Tensor& src, Tensor& dst) {

@@ -18,6 +18,10 @@ void narrow_half(const float* src, void* dst, int64_t n);
 // values widened into scratch from `ctx`, in parallel.
 Tensor widen_to_float(OpContext& ctx, const Tensor& t);
 
+// The float16 tensor `t` widened into `dst` (a contiguous float tensor of as many elements,
+// a kernel's workspace), in parallel; returns `dst`.
+Tensor widen_into(const Tensor& t, Tensor dst);
+
 // The contiguous float tensor `src` narrowed into the contiguous float16 tensor `dst` of as
 // many elements, in parallel.
 void narrow_into(const Tensor& src, Tensor& dst);

@@ -1,5 +1,8 @@
 #include "ops/kernel.h"
 
+#include <tbb/task_arena.h>
+
+#include <algorithm>
 #include <string>
 
 #include "ops/common.h"
@@ -142,6 +145,10 @@ Tensor& OpContext::output(size_t i, DataType dtype, const Shape& shape) {
 
 Tensor OpContext::workspace(DataType dtype, int64_t elements) {
   return hooks_.allocate(dtype, Shape{elements});
+}
+
+int OpContext::threads() const {
+  return std::max(tbb::this_task_arena::max_concurrency(), 1);
 }
 
 Tensor& OpContext::output_reusing(size_t i, size_t in, DataType dtype, const Shape& shape) {

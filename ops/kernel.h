@@ -210,6 +210,9 @@ class OpContext {
   // every output is allocated. It is planned into the arena with the step's lifetime; hold
   // it no longer than run().
   Tensor workspace(DataType dtype, int64_t elements);
+  // The threads this run's kernel may use (its arena's): what a workspace rule's
+  // ShapeContext::threads() says for the session.
+  int threads() const;
   // Allocates output i and returns it.
   Tensor& output(size_t i, DataType dtype, const Shape& shape);
   // Output i written over input `in` when the executor allows it (the input is owned, this

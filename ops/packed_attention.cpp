@@ -24,6 +24,8 @@
 // points (the weights' per tensor or per column), multiplied in the int8 GEMM layer and scaled
 // back to float with the bias added, as onnxruntime does; its mask_index and past are inputs
 // 5 and 8, and it takes no attention_bias.
+#include <tbb/task_arena.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -36,6 +38,7 @@
 #include "ops/math/kernels.h"
 #include "ops/math/qgemm.h"
 #include "ops/packed_weights.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops {
 namespace {
@@ -54,6 +57,56 @@ struct InputSlots {
 constexpr InputSlots kAttentionSlots{3, 4, 5};
 constexpr InputSlots kQAttentionSlots{5, 8, 0};
 
+// What the workspace holds beside the projection (workspace_parts).
+struct Request {
+  bool half = false, quantized = false, present_out = false, has_past = false;
+  bool widen_w = false;  // float16 weights that are not an initializer (not packed at load)
+  // Elements of the inputs (0 when absent): widened when half; QAttention's weight scales
+  // and zero points.
+  int64_t x = 0, bias = 0, past = 0, attn_bias = 0, w = 0, scales = 0, zeros = 0;
+  int threads = 1;
+};
+
+// The workspace of one run, as both the kernel and packed_attention_workspace lay it out: the
+// projection [B*S, Dq+Dk+Dv]; present in float when it is not a float output 1; each
+// thread's scores [S, T] and mask row [T]; for float16, the inputs and output in float; for
+// QAttention, the products of the scales and the weights' zero points. Parts not taken are
+// empty.
+struct Parts {
+  WorkspaceLayout layout;
+  int qkv = -1, present = -1, scores = -1, x = -1, bias = -1, past = -1, attn_bias = -1;
+  int w = -1, out = -1, mult = -1, zeros = -1;
+  int64_t per_thread = 0;  // floats of each thread's slot of `scores`
+};
+
+Parts workspace_parts(const Sizes& z, int64_t cols, const Request& r) {
+  Parts p;
+  WorkspaceLayout& l = p.layout;
+  const int64_t rows = z.batch * z.seq, h = r.half ? 1 : 0;
+  p.qkv = l.add(DataType::Float, rows * cols);
+  const bool present_scratch = (r.has_past || r.present_out) && (r.half || !r.present_out);
+  p.present =
+      l.add(DataType::Float, present_scratch ? 2 * z.batch * z.heads * z.total * z.hq() : 0);
+  p.per_thread = z.seq * z.total + z.total;
+  p.scores = l.add(DataType::Float, rows > 0 ? r.threads * p.per_thread : 0);
+  p.x = l.add(DataType::Float, h * r.x);
+  p.bias = l.add(DataType::Float, h * r.bias);
+  p.past = l.add(DataType::Float, h * r.past);
+  p.attn_bias = l.add(DataType::Float, h * r.attn_bias);
+  p.w = l.add(DataType::Float, r.half && r.widen_w ? r.w : 0);
+  p.out = l.add(DataType::Float, h * z.batch * z.seq * z.dv);
+  p.mult = l.add(DataType::Float, r.quantized ? r.scales : 0);
+  p.zeros = l.add(DataType::Int32, r.quantized ? r.zeros : 0);
+  return p;
+}
+
+// Whether input i is an initializer of the node's graph (ShapeContext::constant's test).
+bool is_initializer(const NodeInfo& info, size_t i) {
+  if (!info.has_input(i)) return false;
+  const ir::ValueInfo& v = info.graph().value(info.node().inputs[i]);
+  return v.origin == ir::ValueOrigin::Initializer && v.constant.defined();
+}
+
 class PackedAttention final : public Kernel {
  public:
   explicit PackedAttention(const NodeInfo& info, bool quantized = false)
@@ -65,7 +118,8 @@ class PackedAttention final : public Kernel {
         filter_(info.attr_float("mask_filter_value", -10000.0f)),
         qkv_sizes_(info.attr_ints("qkv_hidden_sizes")),
         packed_(quantized ? PackedWeight{} : pack_constant_b(info, 1, false)),
-        qpacked_(quantized ? pack_constant_qb(info, 1, false) : QPackedWeight{}) {
+        qpacked_(quantized ? pack_constant_qb(info, 1, false) : QPackedWeight{}),
+        w_initializer_(is_initializer(info, 1)) {
     if (heads_ <= 0) info.fail("num_heads must be positive");
     if (info.attr_int("do_rotary", 0) != 0)
       info.fail("do_rotary is not supported", ErrorKind::Unsupported);
@@ -76,28 +130,25 @@ class PackedAttention final : public Kernel {
   }
 
   void run(OpContext& ctx) override {
-    const Tensor& x_in = ctx.input(0);
+    const Tensor& x = ctx.input(0);
     const Tensor& w = ctx.input(1);
     // float16 (x and weights alike): its inputs widened to float, computed as float, and output
     // and present narrowed back, as onnxruntime computes half types on the CPU.
-    const bool half = !quantized_ && x_in.dtype() == DataType::Float16;
+    const bool half = !quantized_ && x.dtype() == DataType::Float16;
     if (quantized_) {
-      if (x_in.dtype() != DataType::UInt8 ||
+      if (x.dtype() != DataType::UInt8 ||
           (w.dtype() != DataType::UInt8 && w.dtype() != DataType::Int8)) {
-        ctx.fail("takes uint8 input and uint8 or int8 weights, got " + x_in.describe() + " and " +
+        ctx.fail("takes uint8 input and uint8 or int8 weights, got " + x.describe() + " and " +
                      w.describe(),
                  ErrorKind::Unsupported);
       }
     } else {
-      if ((x_in.dtype() != DataType::Float && !half) || w.dtype() != x_in.dtype()) {
-        ctx.fail("takes float or float16 input and weights of one type, got " + x_in.describe() +
+      if ((x.dtype() != DataType::Float && !half) || w.dtype() != x.dtype()) {
+        ctx.fail("takes float or float16 input and weights of one type, got " + x.describe() +
                      " and " + w.describe(),
                  ErrorKind::Unsupported);
       }
     }
-    Tensor wide_x;
-    if (half) wide_x = widen_to_float(ctx, x_in);
-    const Tensor& x = half ? wide_x : x_in;
     const DataType want = half ? DataType::Float16 : DataType::Float;
     if (x.rank() != 3) ctx.fail("input " + x.describe() + " must be 3-D [batch, sequence, hidden]");
     Sizes z;
@@ -117,61 +168,83 @@ class PackedAttention final : public Kernel {
                std::to_string(heads_) + " heads");
     }
     const int64_t cols = w.dim(1);
-    const float* bias = nullptr;
-    Tensor bias_f;
+    const Tensor* bias_in = nullptr;
     if (ctx.has_input(2)) {
-      const Tensor& b = ctx.input(2);
-      if (b.dtype() != want || b.rank() != 1 || b.dim(0) != cols) {
-        ctx.fail("bias " + b.describe() + " must be 1-D " + std::string(data_type_name(want)) +
-                 " of " + std::to_string(cols));
+      bias_in = &ctx.input(2);
+      if (bias_in->dtype() != want || bias_in->rank() != 1 || bias_in->dim(0) != cols) {
+        ctx.fail("bias " + bias_in->describe() + " must be 1-D " +
+                 std::string(data_type_name(want)) + " of " + std::to_string(cols));
       }
-      if (half) bias_f = widen_to_float(ctx, b);
-      bias = half ? bias_f.data<const float>() : b.data<const float>();
     }
-    if (quantized_ && !bias) ctx.fail("QAttention needs its bias (input 2)");
-    Tensor past_f;
-    const Tensor* past = nullptr;
+    if (quantized_ && !bias_in) ctx.fail("QAttention needs its bias (input 2)");
+    const Tensor* past_in = nullptr;
     if (ctx.has_input(slots_.past)) {
-      const Tensor& p = ctx.input(slots_.past);
-      if (p.dtype() != want) ctx.fail("past " + p.describe() + " must have the input's type");
-      if (half) past_f = widen_to_float(ctx, p);
-      past = half ? &past_f : &p;
-    }
-    if (past) {
-      if (past->rank() != 5 || past->dim(0) != 2 || past->dim(1) != z.batch ||
-          past->dim(2) != heads_ || past->dim(4) != z.hq() || z.dk != z.dv) {
-        ctx.fail("past " + past->describe() + " must be [2, batch, heads, past, head size]");
+      past_in = &ctx.input(slots_.past);
+      if (past_in->dtype() != want)
+        ctx.fail("past " + past_in->describe() + " must have the input's type");
+      if (past_in->rank() != 5 || past_in->dim(0) != 2 || past_in->dim(1) != z.batch ||
+          past_in->dim(2) != heads_ || past_in->dim(4) != z.hq() || z.dk != z.dv) {
+        ctx.fail("past " + past_in->describe() + " must be [2, batch, heads, past, head size]");
       }
-      z.past = past->dim(3);
+      z.past = past_in->dim(3);
     }
     z.total = z.past + z.seq;
     const Mask mask = mask_of(ctx, z);
-    Tensor attn_bias_f;
-    const BiasPlanes attn_bias = attention_bias(ctx, z, want, attn_bias_f);
+    const Tensor* attn_bias_in = attention_bias_input(ctx, z, want);
 
-    // The outputs, then the projection [B*S, Dq+Dk+Dv] as the workspace, in the order the
-    // contract states them (outputs 0 and 1, then packed_attention_workspace). Float16
-    // outputs are computed in float scratch and narrowed into them at the end.
+    // The outputs, then the workspace, in the order the contract states them (outputs 0 and
+    // 1, then packed_attention_workspace). Float16 outputs are computed in float in the
+    // workspace and narrowed into them at the end.
     const Shape out_shape{z.batch, z.seq, z.dv};
     Tensor& out_t = ctx.output(0, want, out_shape);
     Tensor present_t;
     if (ctx.has_output(1)) present_t = ctx.output(1, want, present_shape(z));
+    Request r;
+    r.half = half;
+    r.quantized = quantized_;
+    r.present_out = ctx.has_output(1);
+    r.has_past = past_in != nullptr;
+    r.widen_w = !w_initializer_;
+    r.x = x.numel();
+    r.bias = bias_in ? bias_in->numel() : 0;
+    r.past = past_in ? past_in->numel() : 0;
+    r.attn_bias = attn_bias_in ? attn_bias_in->numel() : 0;
+    r.w = w.numel();
+    r.scales = quantized_ ? ctx.input(4).numel() : 0;
+    r.zeros = quantized_ && ctx.has_input(7) ? ctx.input(7).numel() : 0;
+    r.threads = ctx.threads();
+    const Parts parts = workspace_parts(z, cols, r);
+    const Workspace space(ctx, parts.layout);
+    // A float16 input widened into its part of the workspace; a float one as it is.
+    auto as_float = [&](const Tensor& t, int part) {
+      return half ? widen_into(t, space.tensor(part, t.shape())) : t;
+    };
+    const Tensor xf = quantized_ ? x : as_float(x, parts.x);
+    const Tensor bias_f = bias_in ? as_float(*bias_in, parts.bias) : Tensor();
+    const float* bias = bias_in ? bias_f.data<const float>() : nullptr;
+    const Tensor past_f = past_in ? as_float(*past_in, parts.past) : Tensor();
+    const Tensor* past = past_in ? &past_f : nullptr;
+    const Tensor attn_bias_f = attn_bias_in ? as_float(*attn_bias_in, parts.attn_bias) : Tensor();
+    const BiasPlanes attn_bias = bias_planes(attn_bias_f, z);
+
     const int64_t rows = z.batch * z.seq;
-    Tensor qkv = rows * cols > 0 ? ctx.workspace(DataType::Float, rows * cols)
-                                 : ctx.allocate(DataType::Float, {rows, cols});
-    Tensor out = half ? ctx.allocate(DataType::Float, out_shape) : out_t;
+    Tensor qkv = space.tensor(parts.qkv, {rows, cols});
+    Tensor out = half ? space.tensor(parts.out, out_shape) : out_t;
     Tensor present = half ? Tensor() : present_t;
     math::GemmOptions opt;
     opt.bias = bias;
     if (quantized_) {
-      quantized_projection(ctx, x, w, bias, z, qkv.data<float>(), cols);
+      quantized_projection(ctx, x, w, bias, z, qkv.data<float>(), cols,
+                           space.data<float>(parts.mult), space.data<int32_t>(parts.zeros));
     } else if (const math::MatrixView a =
-                   math::MatrixView::row_major(x.data<const float>(), z.batch * z.seq, z.in, z.in);
+                   math::MatrixView::row_major(xf.data<const float>(), rows, z.in, z.in);
                packed_ && packed_.view.k() == z.in && packed_.view.n() == cols) {
       math::sgemm(a, packed_.view, qkv.data<float>(), cols, opt);
     } else {
+      // Float16 weights not packed when the session was planned (computed at run time):
+      // widened in the workspace, which has room for them unless they are an initializer.
       Tensor wide_w;
-      if (half) wide_w = widen_to_float(ctx, w);
+      if (half) wide_w = r.widen_w ? as_float(w, parts.w) : widen_to_float(ctx, w);
       const float* pw = half ? wide_w.data<const float>() : w.data<const float>();
       math::sgemm(a, math::MatrixView::row_major(pw, z.in, cols, cols), qkv.data<float>(), cols,
                   opt);
@@ -180,17 +253,23 @@ class PackedAttention final : public Kernel {
     // K and V of every key: in the projection, or in present (past followed by this step's).
     const float* pq = qkv.data<const float>();
     KeyValues kv{pq + z.dq, pq + z.dq + z.dk, cols, z.seq * cols, z.hq(), 0};
-    if (past || ctx.has_output(1)) kv = with_past(ctx, z, past, pq, cols, present);
+    if (past || ctx.has_output(1)) {
+      if (!present.defined()) present = space.tensor(parts.present, present_shape(z));
+      kv = with_past(z, past, pq, cols, present);
+    }
     if (half && ctx.has_output(1)) narrow_into(present, present_t);
     if (rows == 0) return;
     const float scale = scale_ != 0 ? scale_ : 1.0f / std::sqrt(static_cast<float>(z.hq()));
     float* po = out.data<float>();
+    // Each thread's scores [S, T] and mask row [T] are its slot of the workspace.
+    float* per_thread = space.data<float>(parts.scores);
     parallel_for(z.batch * heads_, 1, [&](int64_t t0, int64_t t1) {
-      std::vector<float> scores(static_cast<size_t>(z.seq * z.total));
-      std::vector<float> row_bias(static_cast<size_t>(z.total));
+      int slot = tbb::this_task_arena::current_thread_index();
+      if (slot < 0 || slot >= r.threads) slot = 0;
+      float* scores = per_thread + slot * parts.per_thread;
+      float* row_bias = scores + z.seq * z.total;
       for (int64_t t = t0; t < t1; ++t) {
-        head(z, t / heads_, t % heads_, pq, cols, kv, mask, attn_bias, scale, scores.data(),
-             row_bias.data(), po);
+        head(z, t / heads_, t % heads_, pq, cols, kv, mask, attn_bias, scale, scores, row_bias, po);
       }
     });
     if (half) narrow_into(out, out_t);
@@ -198,8 +277,10 @@ class PackedAttention final : public Kernel {
 
  private:
   // QAttention's projection: float((x - x_zero) (w - w_zero_j)) * x_scale * w_scale_j + bias_j.
+  // `mult` and `zeros` (workspace) hold as many elements as the weight scales and zero points.
   void quantized_projection(OpContext& ctx, const Tensor& x, const Tensor& w, const float* bias,
-                            const Sizes& z, float* qkv, int64_t cols) const {
+                            const Sizes& z, float* qkv, int64_t cols, float* mult,
+                            int32_t* zeros) const {
     auto scalar = [&](size_t i, const char* what) -> const Tensor& {
       const Tensor& t = ctx.input(i);
       if (t.numel() != 1 || t.rank() > 1) {
@@ -220,8 +301,7 @@ class PackedAttention final : public Kernel {
       if (s->dtype() != DataType::Float) ctx.fail("scales must be float, got " + s->describe());
     }
     const bool scale_cols = per_column(ws, "weight_scale");
-    std::vector<float> mult(static_cast<size_t>(ws.numel()));
-    for (size_t j = 0; j < mult.size(); ++j) {
+    for (int64_t j = 0; j < ws.numel(); ++j) {
       mult[j] = ws.data<const float>()[j] * xs.data<const float>()[0];
     }
     math::QGemmOptions o;
@@ -230,26 +310,24 @@ class PackedAttention final : public Kernel {
       if (zx.dtype() != DataType::UInt8) ctx.fail("input_zero_point must be uint8");
       o.a_zero = zx.data<const uint8_t>()[0];
     }
-    std::vector<int32_t> zw;
     if (ctx.has_input(7)) {
       const Tensor& t = ctx.input(7);
       if (t.dtype() != w.dtype())
         ctx.fail("weight_zero_point " + t.describe() + " must have the weights' type");
       per_column(t, "weight_zero_point");
       for (int64_t j = 0; j < t.numel(); ++j) {
-        zw.push_back(w.dtype() == DataType::Int8 ? t.data<const int8_t>()[j]
-                                                 : t.data<const uint8_t>()[j]);
+        zeros[j] =
+            w.dtype() == DataType::Int8 ? t.data<const int8_t>()[j] : t.data<const uint8_t>()[j];
       }
-      if (zw.size() > 1) {
-        o.b_zeros = zw.data();
+      if (t.numel() > 1) {
+        o.b_zeros = zeros;
       } else {
-        o.b_zero = zw[0];
+        o.b_zero = zeros[0];
       }
     }
     const math::QMatrixView a =
         math::QMatrixView::row_major(x.raw_data(), z.batch * z.seq, z.in, z.in, false);
-    const math::QGemmOutput out =
-        math::QGemmOutput::to_float(qkv, cols, mult.data(), scale_cols, bias);
+    const math::QGemmOutput out = math::QGemmOutput::to_float(qkv, cols, mult, scale_cols, bias);
     if (qpacked_ && qpacked_.view.k() == z.in && qpacked_.view.n() == cols) {
       math::qgemm(a, qpacked_.view, out, o);
     } else {
@@ -305,32 +383,33 @@ class PackedAttention final : public Kernel {
     }
   };
 
-  // A float16 attention_bias is widened into `wide`.
-  BiasPlanes attention_bias(OpContext& ctx, const Sizes& z, DataType want, Tensor& wide) const {
-    if (quantized_ || !ctx.has_input(slots_.attention_bias)) return {};
-    const Tensor& given = ctx.input(slots_.attention_bias);
-    if (given.dtype() != want) {
-      ctx.fail("attention_bias " + given.describe() + " must have the input's type");
-    }
-    if (want == DataType::Float16) wide = widen_to_float(ctx, given);
-    const Tensor& a = want == DataType::Float16 ? wide : given;
+  // attention_bias (checked against the sizes), or null when absent.
+  const Tensor* attention_bias_input(OpContext& ctx, const Sizes& z, DataType want) const {
+    if (quantized_ || !ctx.has_input(slots_.attention_bias)) return nullptr;
+    const Tensor& a = ctx.input(slots_.attention_bias);
+    if (a.dtype() != want)
+      ctx.fail("attention_bias " + a.describe() + " must have the input's type");
     if (a.rank() != 4 || (a.dim(0) != 1 && a.dim(0) != z.batch) ||
         (a.dim(1) != 1 && a.dim(1) != heads_) || a.dim(2) != z.seq || a.dim(3) != z.total) {
-      ctx.fail("attention_bias " + given.describe() + " must be [B or 1, N or 1, S, T]");
+      ctx.fail("attention_bias " + a.describe() + " must be [B or 1, N or 1, S, T]");
     }
+    return &a;
+  }
+
+  // The planes of a float attention_bias `a` (undefined: none).
+  static BiasPlanes bias_planes(const Tensor& a, const Sizes& z) {
+    if (!a.defined()) return {};
     const int64_t plane = z.seq * z.total;
     return {a.data<const float>(), a.dim(0) == 1 ? 0 : a.dim(1) * plane, a.dim(1) == 1 ? 0 : plane};
   }
 
   Shape present_shape(const Sizes& z) const { return {2, z.batch, heads_, z.total, z.hq()}; }
 
-  // present = past followed by this step's K and V ([2, B, N, T, H]): float output 1 when
-  // given (already allocated), else float scratch (no output, or a float16 one the caller
-  // narrows it into).
-  KeyValues with_past(OpContext& ctx, const Sizes& z, const Tensor* past, const float* pq,
-                      int64_t cols, Tensor& present) const {
+  // present = past followed by this step's K and V ([2, B, N, T, H]) into `present`: float
+  // output 1, or the workspace's (no output, or a float16 one the caller narrows it into).
+  KeyValues with_past(const Sizes& z, const Tensor* past, const float* pq, int64_t cols,
+                      Tensor& present) const {
     const int64_t hk = z.hq();
-    if (!present.defined()) present = ctx.allocate(DataType::Float, present_shape(z));
     float* pp = present.data<float>();
     const float* old = past ? past->data<const float>() : nullptr;
     const int64_t plane = z.total * hk, half = z.batch * heads_ * plane;
@@ -415,6 +494,7 @@ class PackedAttention final : public Kernel {
   std::vector<int64_t> qkv_sizes_;
   PackedWeight packed_;    // the weights when constant
   QPackedWeight qpacked_;  // QAttention's, likewise
+  bool w_initializer_;     // the weights are an initializer (packed: no room to widen them)
 };
 
 std::unique_ptr<Kernel> make_qattention(const NodeInfo& info) {
@@ -448,13 +528,48 @@ void packed_attention_shape(ShapeContext& c) {
   }
 }
 
-// The projection's workspace: [B*S, Dq+Dk+Dv] floats.
-uint64_t packed_attention_workspace(const ShapeContext& c) {
+// The kernel's workspace (workspace_parts) for these shapes on c.threads() threads.
+uint64_t attention_workspace(const ShapeContext& c, bool quantized) {
   const Shape& x = c.shape(0);
   const Shape& w = c.shape(1);
   if (x.size() != 3 || w.size() != 2) unknown("input or weights of another rank");
-  const int64_t n = numel_or_unknown({x[0], x[1], w[1]});
-  return static_cast<uint64_t>(n) * sizeof(float);
+  const InputSlots slots = quantized ? kQAttentionSlots : kAttentionSlots;
+  Sizes z;
+  z.batch = x[0], z.seq = x[1], z.in = x[2], z.heads = c.attr_i("num_heads", 0);
+  const std::vector<int64_t> sizes = c.attr_ints("qkv_hidden_sizes");
+  z.dq = sizes.size() == 3 ? sizes[0] : w[1] / 3;
+  z.dk = sizes.size() == 3 ? sizes[1] : w[1] / 3;
+  z.dv = sizes.size() == 3 ? sizes[2] : w[1] / 3;
+  if (z.heads <= 0 || z.dq <= 0 || z.dq % z.heads != 0) unknown("heads");
+  if (c.has(slots.past)) {
+    if (c.shape(slots.past).size() != 5) unknown("past of another rank");
+    z.past = c.shape(slots.past)[3];
+  }
+  z.total = z.past + z.seq;
+  auto elements = [&](size_t i) { return c.has(i) ? numel_or_unknown(c.shape(i)) : 0; };
+  Request r;
+  r.half = !quantized && c.dtype(0) == DataType::Float16;
+  r.quantized = quantized;
+  r.present_out = c.has_out(1);
+  r.has_past = c.has(slots.past);
+  r.widen_w = c.constant(1) == nullptr;
+  r.x = elements(0);
+  r.bias = elements(2);
+  r.past = elements(slots.past);
+  r.attn_bias = quantized ? 0 : elements(slots.attention_bias);
+  r.w = elements(1);
+  r.scales = quantized ? elements(4) : 0;
+  r.zeros = quantized ? elements(7) : 0;
+  r.threads = c.threads();
+  return workspace_parts(z, w[1], r).layout.bytes();
+}
+
+uint64_t packed_attention_workspace(const ShapeContext& c) {
+  return attention_workspace(c, false);
+}
+
+uint64_t qattention_workspace(const ShapeContext& c) {
+  return attention_workspace(c, true);
 }
 
 }  // namespace
@@ -480,7 +595,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .max_outputs = 2,
                   .types = "uint8 input; uint8, int8 weights -> float",
                   .shape = packed_attention_shape,
-                  .workspace = packed_attention_workspace,
+                  .workspace = qattention_workspace,
                   .create = make_qattention});
 
 }  // namespace kiln::ops

@@ -421,6 +421,60 @@ std::vector<double> read_doubles(const Tensor& t, const char* what) {
   return out;
 }
 
+// The output shape (`out`, from `x`'s) and per-axis scales (`scale`, 1 elsewhere) of resizing
+// `x` along `axes` to `sizes` (with the aspect-ratio `policy`) or, when `sizes` is empty, by
+// `scales` (Upsample's at least 1). The kernel and the shape rule both compute them here.
+void resize_extent(const Shape& x, const std::vector<size_t>& axes,
+                   const std::vector<int64_t>& sizes, const std::vector<double>& scales,
+                   Policy policy, bool upsample, Shape* out, std::vector<double>* scale) {
+  auto fail = [&](const std::string& m) { throw Error(ErrorKind::Runtime, m); };
+  const size_t n = axes.size();
+  *out = x;
+  scale->assign(x.size(), 1.0);
+  std::vector<double>& sc = *scale;
+  if (!sizes.empty()) {
+    if (sizes.size() != n) {
+      fail("sizes has " + std::to_string(sizes.size()) + " values for " + std::to_string(n) +
+           " axes of input " + shape_to_string(x));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const size_t d = axes[i];
+      if (sizes[i] < 0) fail("sizes has a negative value " + std::to_string(sizes[i]));
+      if (x[d] == 0 && sizes[i] != 0) fail("cannot resize an empty axis to a non-empty one");
+      (*out)[d] = sizes[i];
+      sc[d] = x[d] == 0 ? 1.0 : static_cast<double>(sizes[i]) / static_cast<double>(x[d]);
+    }
+    if (policy != Policy::Stretch && n > 0) {
+      double s = sc[axes[0]];
+      for (size_t d : axes)
+        s = policy == Policy::NotLarger ? std::min(s, sc[d]) : std::max(s, sc[d]);
+      for (size_t d : axes) {
+        const double o = s * static_cast<double>(x[d]) + 0.5;
+        if (!(o < 9.0e15)) fail("output too large");
+        sc[d] = s;
+        (*out)[d] = static_cast<int64_t>(o);
+      }
+    }
+    return;
+  }
+  if (scales.size() != n) {
+    fail("scales has " + std::to_string(scales.size()) + " values for " + std::to_string(n) +
+         " axes of input " + shape_to_string(x));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const size_t d = axes[i];
+    const double s = scales[i];
+    if (!(s > 0) || !std::isfinite(s) || (upsample && s < 1)) {
+      fail("scale " + std::to_string(s) + " is out of range" +
+           (upsample ? " (Upsample needs scales >= 1)" : ""));
+    }
+    const double o = std::floor(s * static_cast<double>(x[d]));
+    if (!(o < 9.0e15)) fail("output too large");
+    sc[d] = s;
+    (*out)[d] = static_cast<int64_t>(o);
+  }
+}
+
 class Resize final : public Kernel {
  public:
   explicit Resize(const NodeInfo& info) : upsample_(info.op_type() == "Upsample") {
@@ -516,63 +570,21 @@ class Resize final : public Kernel {
       if (!scales.empty() && !sizes.empty()) ctx.fail("only one of scales and sizes may be given");
       if (scales.empty() && sizes.empty()) ctx.fail("one of scales and sizes must be given");
     }
-    if (!scales.empty() && scales.size() != n) {
-      ctx.fail("scales has " + std::to_string(scales.size()) + " values for " + std::to_string(n) +
-               " axes of input " + x.describe());
-    }
-    if (!sizes.empty() && sizes.size() != n) {
-      ctx.fail("sizes has " + std::to_string(sizes.size()) + " values for " + std::to_string(n) +
-               " axes of input " + x.describe());
-    }
     if (!roi.empty() && roi.size() != 2 * n) {
       ctx.fail("roi has " + std::to_string(roi.size()) + " values, expected " +
                std::to_string(2 * n));
     }
 
     // Per-axis scale, output size and roi over the whole rank.
-    std::vector<double> scale(rank, 1.0), r0(rank, 0.0), r1(rank, 1.0);
-    Shape out_shape = x.shape();
+    std::vector<double> scale, r0(rank, 0.0), r1(rank, 1.0);
+    Shape out_shape;
     for (size_t i = 0; i < n; ++i) {
       if (!roi.empty()) {
         r0[axes[i]] = roi[i];
         r1[axes[i]] = roi[n + i];
       }
     }
-    if (!sizes.empty()) {
-      for (size_t i = 0; i < n; ++i) {
-        const size_t d = axes[i];
-        if (sizes[i] < 0) ctx.fail("sizes has a negative value " + std::to_string(sizes[i]));
-        if (x.dim(d) == 0 && sizes[i] != 0)
-          ctx.fail("cannot resize an empty axis to a non-empty one");
-        out_shape[d] = sizes[i];
-        scale[d] =
-            x.dim(d) == 0 ? 1.0 : static_cast<double>(sizes[i]) / static_cast<double>(x.dim(d));
-      }
-      if (policy_ != Policy::Stretch && n > 0) {
-        double s = scale[axes[0]];
-        for (size_t d : axes)
-          s = policy_ == Policy::NotLarger ? std::min(s, scale[d]) : std::max(s, scale[d]);
-        for (size_t d : axes) {
-          const double o = s * static_cast<double>(x.dim(d)) + 0.5;
-          if (!(o < 9.0e15)) ctx.fail("output too large");
-          scale[d] = s;
-          out_shape[d] = static_cast<int64_t>(o);
-        }
-      }
-    } else {
-      for (size_t i = 0; i < n; ++i) {
-        const size_t d = axes[i];
-        const double s = scales[i];
-        if (!(s > 0) || !std::isfinite(s) || (upsample_ && s < 1)) {
-          ctx.fail("scale " + std::to_string(s) + " is out of range" +
-                   (upsample_ ? " (Upsample needs scales >= 1)" : ""));
-        }
-        const double o = std::floor(s * static_cast<double>(x.dim(d)));
-        if (!(o < 9.0e15)) ctx.fail("output too large");
-        scale[d] = s;
-        out_shape[d] = static_cast<int64_t>(o);
-      }
-    }
+    resize_extent(x.shape(), axes, sizes, scales, policy_, upsample_, &out_shape, &scale);
 
     // Axes that change; the others keep the input unchanged.
     std::vector<AxisFilter> filters(rank);
@@ -709,42 +721,17 @@ ResizeTarget resize_target(const ir::Node& node, const Shape& x, const ResizeArg
   const std::vector<size_t> axes = resize_axes(node, static_cast<int64_t>(x.size()));
   const bool upsample = node.op_type == "Upsample";
   ResizeTarget t{x, true};
-  std::vector<double> scale(x.size(), 1.0);
-  if (!args.sizes.empty()) {
-    if (args.sizes.size() != axes.size()) unknown("sizes do not match the axes");
-    for (size_t i = 0; i < axes.size(); ++i) {
-      const size_t d = axes[i];
-      const int64_t s = args.sizes[i];
-      if (s < 0 || (x[d] == 0 && s != 0)) unknown("sizes out of range");
-      t.shape[d] = s;
-      scale[d] = x[d] == 0 ? 1.0 : static_cast<double>(s) / static_cast<double>(x[d]);
-    }
-    const ir::Attribute* policy =
-        node.opset >= 18 ? node.attr("keep_aspect_ratio_policy") : nullptr;
-    if (policy && policy->s != "stretch" && !axes.empty()) {
-      const bool not_larger = policy->s == "not_larger";
-      if (!not_larger && policy->s != "not_smaller") unknown("unknown keep_aspect_ratio_policy");
-      double s = scale[axes[0]];
-      for (size_t d : axes) s = not_larger ? std::min(s, scale[d]) : std::max(s, scale[d]);
-      for (size_t d : axes) {
-        const double o = s * static_cast<double>(x[d]) + 0.5;
-        if (!(o < 9.0e15)) unknown("output too large");
-        scale[d] = s;
-        t.shape[d] = static_cast<int64_t>(o);
-      }
-    }
-  } else {
-    if (args.scales.size() != axes.size()) unknown("scales do not match the axes");
-    for (size_t i = 0; i < axes.size(); ++i) {
-      const size_t d = axes[i];
-      const double s = args.scales[i];
-      if (!(s > 0) || !std::isfinite(s) || (upsample && s < 1)) unknown("scale out of range");
-      const double o = std::floor(s * static_cast<double>(x[d]));
-      if (!(o < 9.0e15)) unknown("output too large");
-      scale[d] = s;
-      t.shape[d] = static_cast<int64_t>(o);
-    }
+  Policy policy = Policy::Stretch;
+  const ir::Attribute* p = node.opset >= 18 ? node.attr("keep_aspect_ratio_policy") : nullptr;
+  if (p && p->s == "not_larger") {
+    policy = Policy::NotLarger;
+  } else if (p && p->s == "not_smaller") {
+    policy = Policy::NotSmaller;
+  } else if (p && p->s != "stretch") {
+    unknown("unknown keep_aspect_ratio_policy");
   }
+  std::vector<double> scale;
+  resize_extent(x, axes, args.sizes, args.scales, policy, upsample, &t.shape, &scale);
   for (size_t d = 0; d < x.size(); ++d) {
     t.unchanged = t.unchanged && t.shape[d] == x[d] && scale[d] == 1;
   }

@@ -40,6 +40,40 @@ void slice_range(int64_t dim, int64_t start, int64_t end, int64_t step, int64_t*
   *len = static_cast<int64_t>((span - 1) / mag + 1);
 }
 
+// Per axis of the input, the element count (`len`, the output's shape), first index and step
+// a Slice takes (unsliced axes: the whole dimension from 0 by 1), from its starts, ends, axes
+// and steps (`axes` and `steps` null when omitted: the first axes, steps of 1). The kernel and
+// the shape rule both compute the output's shape with it. First indices and steps share one
+// vector: slices run on every decode step, and each allocation counts.
+struct SliceWindow {
+  Shape len;
+  std::vector<int64_t> first_step;  // first index of axis d at 2d, step at 2d + 1
+  int64_t first(size_t d) const { return first_step[2 * d]; }
+  int64_t step(size_t d) const { return first_step[2 * d + 1]; }
+};
+
+SliceWindow slice_window(const Shape& x, const std::vector<int64_t>& starts,
+                         const std::vector<int64_t>& ends, const std::vector<int64_t>* axes,
+                         const std::vector<int64_t>* steps) {
+  const size_t n = starts.size();
+  if (ends.size() != n || (axes && axes->size() != n) || (steps && steps->size() != n))
+    throw Error(ErrorKind::Runtime, "starts, ends, axes and steps must have the same length");
+  SliceWindow w{x, std::vector<int64_t>(2 * x.size(), 0)};  // step 0: the axis is not sliced yet
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t a = axes ? (*axes)[i] : static_cast<int64_t>(i);
+    const auto axis = static_cast<size_t>(normalize_axis(a, static_cast<int64_t>(x.size())));
+    if (w.step(axis) != 0)
+      throw Error(ErrorKind::Runtime, "axis " + std::to_string(a) + " is repeated");
+    const int64_t step = steps ? (*steps)[i] : 1;
+    if (step == 0) throw Error(ErrorKind::Runtime, "step cannot be 0");
+    slice_range(x[axis], starts[i], ends[i], step, &w.first_step[2 * axis], &w.len[axis]);
+    w.first_step[2 * axis + 1] = step;
+  }
+  for (size_t d = 0; d < x.size(); ++d)
+    if (w.step(d) == 0) w.first_step[2 * d + 1] = 1;
+  return w;
+}
+
 class Slice final : public Kernel {
  public:
   explicit Slice(const NodeInfo& info) {
@@ -68,31 +102,17 @@ class Slice final : public Kernel {
       has_steps = ctx.has_input(4);
       if (has_steps) steps = to_int64s(ctx.input(4));
     }
-    const size_t n = starts.size();
-    if (!has_axes) {
-      for (size_t i = 0; i < n; ++i) axes.push_back(static_cast<int64_t>(i));
-    }
-    if (!has_steps) steps.assign(n, 1);
-    if (ends.size() != n || axes.size() != n || steps.size() != n) {
-      ctx.fail("starts, ends, axes and steps must have the same length");
-    }
-
-    const auto rank = static_cast<int64_t>(x.rank());
-    Shape shape = x.shape(), strides = x.strides();
-    std::vector<bool> seen(x.rank(), false);
+    SliceWindow w = slice_window(x.shape(), starts, ends, has_axes ? &axes : nullptr,
+                                 has_steps ? &steps : nullptr);
+    Shape strides = x.strides();
     int64_t offset = 0;  // in elements
     bool backwards = false;
-    for (size_t i = 0; i < n; ++i) {
-      const auto axis = static_cast<size_t>(normalize_axis(axes[i], rank));
-      if (seen[axis]) ctx.fail("axis " + std::to_string(axes[i]) + " is repeated");
-      seen[axis] = true;
-      int64_t start = 0, len = 0;
-      slice_axis(ctx, shape[axis], starts[i], ends[i], steps[i], &start, &len);
-      offset += start * strides[axis];
-      if (len > 1) strides[axis] *= steps[i];  // |step| < dim here, so this cannot overflow
-      backwards = backwards || (len > 1 && steps[i] < 0);
-      shape[axis] = len;
+    for (size_t d = 0; d < x.rank(); ++d) {
+      offset += w.first(d) * strides[d];
+      if (w.len[d] > 1) strides[d] *= w.step(d);  // |step| < dim here, so this cannot overflow
+      backwards = backwards || (w.len[d] > 1 && w.step(d) < 0);
     }
+    Shape shape = std::move(w.len);
     const auto es = static_cast<int64_t>(bits_per_element(x.dtype()) / 8);
     const int64_t byte_offset = static_cast<int64_t>(x.byte_offset()) + offset * es;
     Tensor y = x.view(std::move(shape), std::move(strides), static_cast<size_t>(byte_offset));
@@ -107,50 +127,33 @@ class Slice final : public Kernel {
   }
 
  private:
-  static void slice_axis(const OpContext& ctx, int64_t dim, int64_t start, int64_t end,
-                         int64_t step, int64_t* first, int64_t* len) {
-    if (step == 0) ctx.fail("step cannot be 0");
-    slice_range(dim, start, end, step, first, len);
-  }
-
   std::vector<int64_t> starts_, ends_, axes_;
 };
 
 void slice_shape(ShapeContext& c) {
   const ValueFacts& x = c.in(0);
   std::vector<int64_t> starts, ends, axes, steps;
+  bool has_axes = false, has_steps = false;
   if (c.opset() < 10) {
     starts = c.attr_ints("starts");
     ends = c.attr_ints("ends");
     axes = c.attr_ints("axes");
+    has_axes = !axes.empty();
   } else {
     starts = c.data(1);
     ends = c.data(2);
-    if (c.has(3)) axes = c.data(3);
-    if (c.has(4)) steps = c.data(4);
+    has_axes = c.has(3);
+    if (has_axes) axes = c.data(3);
+    has_steps = c.has(4);
+    if (has_steps) steps = c.data(4);
   }
-  if (axes.empty()) {
-    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
-  }
-  if (steps.empty()) steps.assign(starts.size(), 1);
-  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
-    unknown("starts, ends, axes and steps differ in length");
-  Shape out = x.shape;
-  std::vector<int64_t> first(out.size(), 0), step(out.size(), 1);
-  for (size_t i = 0; i < starts.size(); ++i) {
-    const auto a = static_cast<size_t>(normalize_axis(axes[i], static_cast<int64_t>(out.size())));
-    const int64_t d = x.shape[a], s = steps[i];
-    if (s == 0) unknown("step 0");
-    int64_t b = 0, len = 0;
-    slice_range(d, starts[i], ends[i], s, &b, &len);
-    out[a] = len;
-    first[a] = b;
-    step[a] = s;
-  }
+  const SliceWindow w =
+      slice_window(x.shape, starts, ends, has_axes ? &axes : nullptr, has_steps ? &steps : nullptr);
+  const Shape& out = w.len;
   if (x.has_data && x.shape.size() == 1) {
     std::vector<int64_t> data;
     for (int64_t k = 0; k < out[0]; ++k)
-      data.push_back(x.data[static_cast<size_t>(first[0] + k * step[0])]);
+      data.push_back(x.data[static_cast<size_t>(w.first(0) + k * w.step(0))]);
     c.set(0, x.dtype, out, &data);
     return;
   }

@@ -55,6 +55,20 @@ void dispatch_width(DataType dt, F&& f) {
   }
 }
 
+// The shape of the values and indices: `x` with k along the axis (`*axis`, normalized).
+Shape topk_output_shape(const Shape& x, int64_t axis_attr, int64_t k, size_t* axis) {
+  if (x.empty()) throw Error(ErrorKind::Runtime, "input must have rank >= 1");
+  *axis = static_cast<size_t>(normalize_axis(axis_attr, static_cast<int64_t>(x.size())));
+  const int64_t n = x[*axis];
+  if (k < 0 || k > n) {
+    throw Error(ErrorKind::Runtime,
+                "k = " + std::to_string(k) + " is outside [0, " + std::to_string(n) + "]");
+  }
+  Shape shape = x;
+  shape[*axis] = k;
+  return shape;
+}
+
 class TopK final : public Kernel {
  public:
   explicit TopK(const NodeInfo& info)
@@ -72,17 +86,12 @@ class TopK final : public Kernel {
       if (kt.numel() != 1) ctx.fail("K must hold one value, got " + kt.describe());
       k = to_int64s(kt)[0];
     }
-    if (x.rank() == 0) ctx.fail("input must have rank >= 1");
-    const size_t axis = static_cast<size_t>(normalize_axis(axis_, static_cast<int64_t>(x.rank())));
+    size_t axis = 0;
+    const Shape shape = topk_output_shape(x.shape(), axis_, k, &axis);
     const int64_t n = x.dim(axis);
-    if (k < 0 || k > n) {
-      ctx.fail("k = " + std::to_string(k) + " is outside [0, " + std::to_string(n) + "]");
-    }
     KeyFn keys_of = nullptr;
     dispatch(NumericTypes{}, x.dtype(), [&]<typename T>() { keys_of = &read_keys<T>; });
 
-    Shape shape = x.shape();
-    shape[axis] = k;
     Tensor& values = ctx.output(0, x.dtype(), shape);
     Tensor& indices = ctx.output(1, DataType::Int64, shape);
     if (values.numel() == 0) return;
@@ -135,12 +144,8 @@ void topk_shape(ShapeContext& c) {
     if (kt.size() != 1) unknown("K must hold one value");
     k = kt[0];
   }
-  Shape shape = c.shape(0);
-  if (shape.empty()) unknown("input must have rank >= 1");
-  const auto axis =
-      static_cast<size_t>(normalize_axis(c.attr_i("axis", -1), static_cast<int64_t>(shape.size())));
-  if (k < 0 || k > shape[axis]) unknown("k is outside the axis");
-  shape[axis] = k;
+  size_t axis = 0;
+  const Shape shape = topk_output_shape(c.shape(0), c.attr_i("axis", -1), k, &axis);
   c.set(0, c.dtype(0), shape);
   c.set(1, DataType::Int64, shape);
 }

@@ -20,6 +20,24 @@ void copy_strings(const Tensor& src, const Tensor& dst) {
   });
 }
 
+// `dims` (a shape or strides) permuted by `perm` (empty: reversed): the output's shape, and
+// its strides as a view of the input, for the kernel and the rules alike.
+Shape transposed(const Shape& dims, const std::vector<int64_t>& perm) {
+  const size_t rank = dims.size();
+  if (!perm.empty() && perm.size() != rank) {
+    throw Error(ErrorKind::Runtime, "perm has " + std::to_string(perm.size()) +
+                                        " entries for an input of rank " + std::to_string(rank));
+  }
+  Shape out(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    const int64_t from = perm.empty() ? static_cast<int64_t>(rank - 1 - d) : perm[d];
+    if (from < 0 || from >= static_cast<int64_t>(rank))
+      throw Error(ErrorKind::Runtime, "perm entry " + std::to_string(from) + " is out of range");
+    out[d] = dims[static_cast<size_t>(from)];
+  }
+  return out;
+}
+
 class Transpose final : public Kernel {
  public:
   explicit Transpose(const NodeInfo& info) : perm_(info.attr_ints("perm")) {
@@ -34,18 +52,9 @@ class Transpose final : public Kernel {
 
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
-    const size_t rank = x.rank();
-    if (!perm_.empty() && perm_.size() != rank) {
-      ctx.fail("perm has " + std::to_string(perm_.size()) + " entries for an input of rank " +
-               std::to_string(rank));
-    }
-    Shape shape(rank), strides(rank);
-    for (size_t d = 0; d < rank; ++d) {
-      const size_t from = perm_.empty() ? rank - 1 - d : static_cast<size_t>(perm_[d]);
-      shape[d] = x.dim(from);
-      strides[d] = x.strides()[from];
-    }
-    Tensor y = x.view(std::move(shape), std::move(strides), x.byte_offset());
+    // The permuted shape, and the strides permuted alike.
+    Tensor y =
+        x.view(transposed(x.shape(), perm_), transposed(x.strides(), perm_), x.byte_offset());
     if (bits_per_element(x.dtype()) < 8 && !y.is_contiguous()) {
       // Sub-byte elements have no per-element address, so a permuted view cannot exist.
       throw_unsupported_type(x.dtype(), "Transpose of");
@@ -65,17 +74,7 @@ class Transpose final : public Kernel {
 
 void transpose_shape(ShapeContext& c) {
   const ValueFacts& x = c.in(0);
-  std::vector<int64_t> perm = c.attr_ints("perm");
-  const size_t rank = x.shape.size();
-  if (perm.empty()) {
-    for (size_t d = rank; d-- > 0;) perm.push_back(static_cast<int64_t>(d));
-  }
-  if (perm.size() != rank) unknown("perm does not match the rank");
-  Shape out;
-  for (int64_t p : perm) {
-    out.push_back(x.shape.at(static_cast<size_t>(normalize_axis(p, static_cast<int64_t>(rank)))));
-  }
-  c.set(0, x.dtype, out);
+  c.set(0, x.dtype, transposed(x.shape, c.attr_ints("perm")));
 }
 
 // A view of the input with its strides permuted.
@@ -83,12 +82,7 @@ void place_transposed(Placement& p) {
   const Shape from = p.strides(0);
   std::vector<int64_t> perm;
   if (const ir::Attribute* a = p.node().attr("perm")) perm = a->ints;
-  Shape strides(from.size());
-  for (size_t d = 0; d < from.size(); ++d) {
-    const size_t k = perm.empty() ? from.size() - 1 - d : static_cast<size_t>(perm[d]);
-    strides[d] = from[k];
-  }
-  p.view(0, 0, strides);
+  p.view(0, 0, transposed(from, perm));
 }
 
 }  // namespace

@@ -67,7 +67,9 @@ class Simulation {
  public:
   static constexpr int32_t kReadOnly = 0;  // weights, and inputs the caller keeps
 
-  explicit Simulation(BufferPrediction& r) : r_(r) { stores_.push_back({-1, false, 0}); }
+  Simulation(BufferPrediction& r, int threads) : r_(r), threads_(threads) {
+    stores_.push_back({-1, false, 0});
+  }
 
   int32_t now() const { return now_; }
   const Ref& ref(Handle h) const { return refs_[static_cast<size_t>(h)]; }
@@ -120,6 +122,7 @@ class Simulation {
   void release_use(Frame& f, ir::ValueId id);
 
   BufferPrediction& r_;
+  int threads_;
   std::vector<Store> stores_;
   std::vector<Ref> refs_;
   int32_t now_ = 0;
@@ -403,7 +406,9 @@ void Simulation::run_step(Frame& f, const Step& step) {
     // that fails (as shape rules may, on attributes the kernel rejects) leaves the run to be
     // recorded, as an unknown shape does.
     if (step.op->workspace) {
-      const uint64_t bytes = step.op->workspace(ops::ShapeContext(g, node, f.values));
+      ops::ShapeContext c(g, node, static_cast<const std::vector<InferredValue>&>(f.values));
+      c.set_threads(threads_);
+      const uint64_t bytes = step.op->workspace(c);
       if (bytes > 0) workspace(bytes);
     }
   } catch (const ops::UnknownFacts& u) {
@@ -433,11 +438,11 @@ void Simulation::run_step(Frame& f, const Step& step) {
 }  // namespace
 
 BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<InferredValue>& values,
-                                 const std::vector<bool>& owned_inputs) {
+                                 const std::vector<bool>& owned_inputs, int threads) {
   const ir::Graph& g = *plan.graph;
   BufferPrediction r;
   try {
-    Simulation sim(r);
+    Simulation sim(r, threads);
     std::vector<Handle> inputs;
     for (size_t i = 0; i < g.inputs.size(); ++i) {
       const bool owned = i < owned_inputs.size() && owned_inputs[i];

@@ -35,8 +35,9 @@ struct BufferPrediction {
 // iteration), each run's values inferred from the values it is given; their steps are
 // numbered among the others as the executor numbers them. `owned_inputs` (by graph input, may be
 // shorter) marks the graph inputs the run owns alone (given by move): kernels may write over them
-// at their last use, as over the run's own buffers.
+// at their last use, as over the run's own buffers. `threads`: the threads kernels run on (the
+// session's environment's), which per-thread workspaces are sized for.
 BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<InferredValue>& values,
-                                 const std::vector<bool>& owned_inputs = {});
+                                 const std::vector<bool>& owned_inputs = {}, int threads = 1);
 
 }  // namespace kiln::plan

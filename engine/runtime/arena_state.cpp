@@ -195,6 +195,7 @@ void ArenaState::end(ArenaRun& run, RunStats& stats) {
   stats.allocations = run.counts.allocations;
   stats.bytes_allocated = run.counts.bytes_allocated;
   stats.pool_reuses = run.counts.reuses;
+  stats.unplanned_scratch = run.counts.unplanned;
   stats.peak_bytes_in_use = run.counts.peak_bytes_in_use;
 }
 

@@ -119,6 +119,7 @@ std::shared_ptr<Storage> PoolCore::acquire(size_t bytes, PoolRun* run, bool plan
   const size_t cls = pool_size_class(bytes);
   std::byte* data = nullptr;
   size_t capacity = cls;
+  if (!planned && run) ++run->unplanned;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (planned && run && arena_run_ == run) {

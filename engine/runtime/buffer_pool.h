@@ -44,6 +44,7 @@ struct PoolRun {
   std::atomic<int32_t> step{0};  // the executor step, for recorded lifetimes and the arena
   std::atomic<uint64_t> allocations{0}, bytes_allocated{0}, reuses{0};
   std::atomic<uint64_t> arena_served{0}, arena_missed{0};
+  std::atomic<uint64_t> unplanned{0};          // requests outside the plan (OpContext::allocate)
   std::atomic<uint64_t> peak_bytes_in_use{0};  // most pool bytes in use while it ran
   bool recording = false, in_arena = false;    // set by the run's own thread only
   bool from_shapes = false;  // its arena was planned from the op contracts before it ran

@@ -75,9 +75,20 @@ std::vector<plan::InferredValue> input_facts(const ir::Graph& g, const ir::Node&
 
 // In a run whose arena was planned from the op contracts, every buffer a kernel asks for falls
 // where the plan put it: one that misses means the node's placement or workspace rule
-// disagrees with what its kernel allocated (`missed_before`: the run's misses before it).
-void check_planned(const detail::PoolRun* run, uint64_t missed_before) {
-  if (!run || !run->from_shapes || !run->in_arena) return;
+// disagrees with what its kernel allocated (`missed_before`: the run's misses before it). And
+// in any run, a kernel whose contract declares a workspace takes all its scratch from it: an
+// unplanned request (OpContext::allocate) beside it is scratch the rule does not count
+// (`unplanned_before`: the run's unplanned requests before it).
+void check_planned(const detail::PoolRun* run, const ops::OpRegistration& op,
+                   uint64_t missed_before, uint64_t unplanned_before) {
+  if (!run) return;
+  const uint64_t unplanned = run->unplanned.load() - unplanned_before;
+  if (op.workspace && unplanned != 0) {
+    throw Error(ErrorKind::Runtime,
+                "contract check: the kernel took " + std::to_string(unplanned) +
+                    " scratch buffers outside the workspace its contract declares");
+  }
+  if (!run->from_shapes || !run->in_arena) return;
   const uint64_t missed = run->arena_missed.load() - missed_before;
   if (missed == 0) return;
   throw Error(ErrorKind::Runtime,
@@ -381,16 +392,19 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
         profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const uint64_t copied_before = stats_.bytes_copied;
     std::vector<plan::InferredValue> facts;
-    uint64_t missed_before = 0;
+    uint64_t missed_before = 0, unplanned_before = 0;
     if (check_contracts()) {
       facts = input_facts(g, node, in_ptrs, f.slots);
-      if (run_) missed_before = run_->arena_missed.load();
+      if (run_) {
+        missed_before = run_->arena_missed.load();
+        unplanned_before = run_->unplanned.load();
+      }
     }
     try {
       step.kernel->run(ctx);
       if (check_contracts()) {
         check_contract(g, node, facts, outs);
-        check_planned(run_, missed_before);
+        check_planned(run_, *step.op, missed_before, unplanned_before);
       }
     } catch (Error& e) {
       e.with_node(node.name, node.op_type);

@@ -225,7 +225,7 @@ struct Session::Impl {
     const plan::ShapeInference inferred = plan::infer_shapes(g, order, given);
     plan::BufferPrediction predicted;
     if (inferred.first_unknown.empty())
-      predicted = plan::predict_buffers(*plan, inferred.values, owned);
+      predicted = plan::predict_buffers(*plan, inferred.values, owned, env->threads());
     if (!predicted.complete) return std::nullopt;
     std::vector<detail::RecordedBuffer> buffers;
     for (const plan::PredictedBuffer& b : predicted.buffers)

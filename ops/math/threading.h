@@ -16,14 +16,19 @@ namespace kiln::math {
 // takes to run (onnxruntime's MLAS splits at a similar size).
 constexpr double kMinTaskWork = 1 << 20;
 
-// Tasks for `work` (multiply-adds or the equivalent): at most the arena's threads (or
-// max_threads when > 0), and none smaller than kMinTaskWork.
-inline int task_count(double work, int max_threads = 0) {
-  int threads = tbb::this_task_arena::max_concurrency();
-  if (max_threads > 0 && max_threads < threads) threads = max_threads;
+// Tasks for `work` (multiply-adds or the equivalent) on `threads` threads, none smaller than
+// kMinTaskWork: a pure function, so a workspace rule sizes per-task scratch as the kernel does.
+inline int tasks_for(double work, int threads) {
   if (threads <= 1 || work < 2 * kMinTaskWork) return 1;
   const double by_work = work / kMinTaskWork;
   return by_work < threads ? static_cast<int>(by_work) : threads;
+}
+
+// tasks_for at most the arena's threads (or max_threads when > 0).
+inline int task_count(double work, int max_threads = 0) {
+  int threads = tbb::this_task_arena::max_concurrency();
+  if (max_threads > 0 && max_threads < threads) threads = max_threads;
+  return tasks_for(work, threads);
 }
 
 // A product of a single row tile (a decode step's GEMV, m <= mr) uses each weight of B for

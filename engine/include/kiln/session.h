@@ -34,6 +34,7 @@ struct RunStats {
   uint64_t allocations = 0;              // buffers the pool had to obtain from the system
   uint64_t bytes_allocated = 0;          // their total size
   uint64_t pool_reuses = 0;              // requests served from buffers returned earlier
+  uint64_t unplanned_scratch = 0;        // kernels' scratch requests outside the planned sequence
   uint64_t peak_bytes_in_use = 0;        // most pool bytes handed out at once during the run
                                          // (to it and to runs beside it on other threads)
   uint64_t bytes_copied = 0;             // sum of the causes below

@@ -1,0 +1,53 @@
+// A workspace of several parts. One function of the sizes lays the parts out, and both the
+// op's workspace rule (its bytes()) and its kernel (Workspace, which carves them) call it, so
+// the bytes the contract declares are the bytes the kernel takes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kiln/tensor.h"
+#include "ops/kernel.h"
+
+namespace kiln::ops {
+
+class WorkspaceLayout {
+ public:
+  struct Part {
+    DataType dtype;
+    int64_t elements;
+    uint64_t offset;  // bytes from the workspace's start, a multiple of kAlign
+  };
+  static constexpr uint64_t kAlign = 64;
+
+  // Adds a part of `elements` (>= 0) of `dtype` and returns its index.
+  int add(DataType dtype, int64_t elements);
+  uint64_t bytes() const { return bytes_; }
+  const Part& part(int i) const { return parts_.at(static_cast<size_t>(i)); }
+
+ private:
+  std::vector<Part> parts_;
+  uint64_t bytes_ = 0;
+};
+
+// The kernel's side: takes the workspace from `ctx` once (nothing when the layout is empty)
+// and hands out its parts. Held no longer than run().
+class Workspace {
+ public:
+  Workspace(OpContext& ctx, const WorkspaceLayout& layout);
+  // Part `i` as a contiguous tensor of `shape` (as many elements as the part).
+  Tensor tensor(int i, Shape shape) const;
+  // Part `i`'s first element; null when the part is empty or not taken (i < 0).
+  template <typename T>
+  T* data(int i) const {
+    if (i < 0) return nullptr;
+    const WorkspaceLayout::Part& p = layout_.part(i);
+    return p.elements == 0 ? nullptr : reinterpret_cast<T*>(bytes_.raw_data() + p.offset);
+  }
+
+ private:
+  WorkspaceLayout layout_;
+  Tensor bytes_;
+};
+
+}  // namespace kiln::ops

@@ -1,0 +1,150 @@
+// Kernels whose scratch is a workspace their contract declares (Conv, ConvTranspose,
+// DeformConv, com.microsoft Attention): on two threads, where the per-thread parts of their
+// workspaces take a slot per thread, and for float16, whose widened inputs and float results
+// are parts too, the arena planned from the contracts equals the one recorded from the run, and
+// no kernel takes scratch outside it (RunStats::unplanned_scratch). The results equal those of
+// one thread.
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kiln/session.h"
+#include "test/unit/op_test.h"
+
+using namespace kiln;
+using namespace kiln::testing;
+
+namespace {
+
+struct Case {
+  std::shared_ptr<ir::Graph> (*graph)();
+  std::vector<std::pair<std::string, Shape>> inputs;
+  DataType dtype = DataType::Float;
+};
+
+std::vector<NamedValue> feeds(const Case& c) {
+  std::mt19937 rng(7);
+  std::vector<NamedValue> v;
+  for (const auto& [name, shape] : c.inputs) {
+    Tensor t = random_tensor(DataType::Float, shape, rng, -1, 1);
+    if (c.dtype == DataType::Float16) {
+      Tensor h = Tensor::zeros(DataType::Float16, shape);
+      for (int64_t i = 0; i < t.numel(); ++i) h.data<float16>()[i] = float16(t.data<float>()[i]);
+      t = h;
+    }
+    v.push_back({name, t});
+  }
+  return v;
+}
+
+// Runs `c` twice on `threads` threads: the first run's arena planned from the contracts,
+// the second's recorded from the first. Returns the first run's outputs.
+std::vector<NamedValue> check_planned(const Case& c, int threads) {
+  Session s = make_session(c.graph(), 19, threads);
+  std::vector<NamedValue> out = s.run(feeds(c));
+  const RunStats first = s.last_run_stats();
+  s.run(feeds(c));
+  const RunStats second = s.last_run_stats();
+  INFO("threads " << threads << ": planned " << first.arena_bytes << " bytes ("
+                  << first.arena_missed << " missed), recorded " << second.arena_bytes << " ("
+                  << second.arena_missed << " missed)");
+  CHECK(first.arena_from_shapes);
+  CHECK(first.arena_missed == 0);
+  CHECK(second.arena_missed == 0);
+  CHECK(first.arena_bytes == second.arena_bytes);
+  CHECK(first.arena_served == second.arena_served);
+  CHECK(first.unplanned_scratch == 0);
+  CHECK(second.unplanned_scratch == 0);
+  return out;
+}
+
+void check_case(const Case& c) {
+  const std::vector<NamedValue> one = check_planned(c, 1);
+  const std::vector<NamedValue> two = check_planned(c, 2);
+  REQUIRE(one.size() == two.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    require_close(two[i].value.tensor(), one[i].value.tensor(),
+                  c.dtype == DataType::Float16 ? 1e-2 : 1e-4, 1e-3);
+  }
+}
+
+DataType g_dtype = DataType::Float;  // the element type the graphs below are built with
+
+std::shared_ptr<ir::Graph> conv_transpose() {
+  GraphBuilder b;
+  b.input("x", g_dtype, {1, 64, 32, 32}, true);
+  b.input("w", g_dtype, {64, 32, 3, 3}, true);
+  b.input("b", g_dtype, {32}, true);
+  b.node("ConvTranspose", {"x", "w", "b"}, {"y"}, {ints_attr("strides", {2, 2})});
+  b.output("y");
+  return b.build();
+}
+
+std::shared_ptr<ir::Graph> deform_conv() {
+  GraphBuilder b;
+  b.input("x", g_dtype, {1, 16, 32, 32}, true);
+  b.input("w", g_dtype, {32, 16, 3, 3}, true);
+  b.input("offset", g_dtype, {1, 18, 30, 30}, true);
+  b.input("b", g_dtype, {32}, true);
+  b.input("mask", g_dtype, {1, 9, 30, 30}, true);
+  b.node("DeformConv", {"x", "w", "offset", "b", "mask"}, {"y"});
+  b.output("y");
+  return b.build();
+}
+
+// The filter is a graph input: packed at run time, into the workspace.
+std::shared_ptr<ir::Graph> conv() {
+  GraphBuilder b;
+  b.input("x", g_dtype, {1, 16, 40, 40}, true);
+  b.input("w", g_dtype, {32, 16, 3, 3}, true);
+  b.input("b", g_dtype, {32}, true);
+  b.node("Conv", {"x", "w", "b"}, {"y"}, {ints_attr("pads", {1, 1, 1, 1})});
+  b.output("y");
+  return b.build();
+}
+
+// Weights given at run time (float16: widened in the workspace), past and present.
+std::shared_ptr<ir::Graph> attention() {
+  GraphBuilder b;
+  b.input("x", g_dtype, {2, 8, 64}, true);
+  b.input("w", g_dtype, {64, 192}, true);
+  b.input("b", g_dtype, {192}, true);
+  b.input("past", g_dtype, {2, 2, 4, 3, 16}, true);
+  b.node("Attention", {"x", "w", "b", "", "past"}, {"y", "present"},
+         {int_attr("num_heads", 4), int_attr("unidirectional", 1)}, "com.microsoft");
+  b.output("y");
+  b.output("present");
+  return b.build();
+}
+
+}  // namespace
+
+TEST_CASE("kernels with per-thread and float16 workspaces are planned from their contracts",
+          "[arena][workspace]") {
+  for (DataType dtype : {DataType::Float, DataType::Float16}) {
+    g_dtype = dtype;
+    INFO(data_type_name(dtype));
+    SECTION(std::string("ConvTranspose ") + std::string(data_type_name(dtype))) {
+      check_case(
+          {conv_transpose, {{"x", {1, 64, 32, 32}}, {"w", {64, 32, 3, 3}}, {"b", {32}}}, dtype});
+    }
+    SECTION(std::string("DeformConv ") + std::string(data_type_name(dtype))) {
+      check_case({deform_conv,
+                  {{"x", {1, 16, 32, 32}},
+                   {"w", {32, 16, 3, 3}},
+                   {"offset", {1, 18, 30, 30}},
+                   {"b", {32}},
+                   {"mask", {1, 9, 30, 30}}},
+                  dtype});
+    }
+    SECTION(std::string("Conv ") + std::string(data_type_name(dtype))) {
+      check_case({conv, {{"x", {1, 16, 40, 40}}, {"w", {32, 16, 3, 3}}, {"b", {32}}}, dtype});
+    }
+    SECTION(std::string("Attention ") + std::string(data_type_name(dtype))) {
+      check_case({attention,
+                  {{"x", {2, 8, 64}}, {"w", {64, 192}}, {"b", {192}}, {"past", {2, 2, 4, 3, 16}}},
+                  dtype});
+    }
+  }
+}
