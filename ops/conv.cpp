@@ -32,6 +32,7 @@
 #include "ops/geometry.h"
 #include "ops/math/gemm.h"
 #include "ops/math/threading.h"
+#include "ops/wide_layout.h"
 #include "ops/workspace.h"
 
 namespace kiln::ops {
@@ -40,27 +41,6 @@ namespace {
 // Spatial sizes of one convolution, always three dimensions: 1-D and 2-D problems get
 // leading dimensions of size 1.
 using Geometry = Windows3;
-
-// Fills zeros at j < lo and j >= hi and dst[j] = src[base + j * stride] in between.
-template <typename T>
-inline void gather_row(T* dst, int64_t n, const T* src, int64_t base, int64_t stride, int64_t lo,
-                       int64_t hi) {
-  lo = std::clamp<int64_t>(lo, 0, n);
-  hi = std::clamp<int64_t>(hi, lo, n);
-  std::fill(dst, dst + lo, T(0));
-  if (stride == 1) {
-    std::copy(src + (base + lo), src + (base + hi), dst + lo);
-  } else {
-    for (int64_t j = lo; j < hi; ++j) dst[j] = src[base + j * stride];
-  }
-  std::fill(dst + hi, dst + n, T(0));
-}
-
-// Smallest j >= 0 with base + j * s >= limit (s > 0).
-inline int64_t first_at_least(int64_t base, int64_t s, int64_t limit) {
-  const int64_t need = limit - base;
-  return need <= 0 ? 0 : (need + s - 1) / s;
-}
 
 // Lowers input patches of output positions [p0, p1) of one (image, group) into `col`
 // ([channels * kernel] x (p1 - p0), row-major).
@@ -165,10 +145,51 @@ math::ConvGeometry conv_geometry(const Geometry& g) {
   return d;
 }
 
+// Depthwise convolutions (one input channel per group) of small planes take depthwise_wide.
+bool use_depthwise_wide(const Sizes& s, const Geometry& g) {
+  return s.cg == 1 && use_wide_planes(conv_geometry(g), s.n * s.m);
+}
+
+// Floats of the wide depthwise path's slots for these sizes, 0 where the path does not apply.
+int64_t depthwise_floats(const Sizes& s, const Geometry& g) {
+  if (!use_depthwise_wide(s, g)) return 0;
+  return wide_planes_floats(WideExtent(conv_geometry(g)), s.n * s.m);
+}
+
+// Depthwise convolution of small planes: each input plane is laid out once in the wide form
+// (padded, split into stride phases; ops/wide_layout.h), where every tap reads the inputs of
+// consecutive output positions as one run, so each vector of outputs sums all its taps in a
+// register without border masks, however narrow the rows (a 7x7 plane fills vectors that
+// the direct kernels' rows of 7 would leave half empty). The valid columns are then copied
+// into y with Z and the activation. `space` holds depthwise_floats floats.
+void depthwise_wide(const float* x, const float* w, const float* bias, float* y, const Sizes& s,
+                    const Geometry& g, const ConvEpilogue& e, float* space) {
+  const math::ConvKernels& k = math::kernels().conv;
+  const math::ConvGeometry cg = conv_geometry(g);
+  const WideExtent ext(cg);
+  const int64_t planes = s.n * s.m, ip = g.in_size(), op = g.out_size(), kp = g.k_size();
+  math::WideEpilogue we;
+  we.accumulate = e.accumulate;
+  we.relu = e.activation == math::Activation::Relu;
+  for_wide_slots(ext, planes, op * kp, space, [&](float* xp, float* wide, int64_t plane) {
+    const int64_t n = plane / s.m, m = plane % s.m;
+    pad_phases(x + (n * s.c + m / s.mg) * ip, cg, ext, xp);
+    float* yp = y + plane * op;
+    k.wide_plane(xp, w + m * kp, ext.taps.data(), kp, math::WideOp::Conv, bias ? bias[m] : 0.0f, cg,
+                 ext.len[1], ext.len[2], we, wide, yp);
+    if (!we.relu) apply_activation(e.activation, yp, op);
+  });
+}
+
 // Float convolution with the dispatched direct plane kernel: each output plane is the sum
-// over its group's input channels.
+// over its group's input channels. Small depthwise planes take the wide path when `space`
+// (depthwise_floats floats) is given.
 void direct_convolve(const float* x, const float* w, const float* bias, float* y, const Sizes& s,
-                     const Geometry& g, const ConvEpilogue& e) {
+                     const Geometry& g, const ConvEpilogue& e, float* space) {
+  if (space && use_depthwise_wide(s, g)) {
+    depthwise_wide(x, w, bias, y, s, g, e, space);
+    return;
+  }
   const math::ConvKernels& k = math::kernels().conv;
   const math::ConvGeometry dg = conv_geometry(g);
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size();
@@ -223,46 +244,6 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
 // too many discarded positions: (kernel width - 1) / stride per row).
 constexpr int64_t kMinWideWidth = 12;
 
-// The wide path's layout of one padded input channel: split into stride phases along every
-// axis (padded position a along axis i lands in phase a % stride[i] at index a / stride[i]),
-// each phase a box of len[0] x len[1] x len[2]. A tap then reads, for every output position,
-// the same phase at the output's own index plus a fixed shift, so consecutive output
-// positions read consecutive floats whatever the stride. Only the phases some tap reads are
-// kept (a 1x1 stride-2 filter reads one of four), one after another. With stride 1 there is
-// one phase: the plainly padded channel.
-struct WideExtent {
-  int64_t len[3] = {};
-  std::vector<int64_t> slot;  // per phase: its place among the kept ones, -1 if unread
-  std::vector<int64_t> taps;  // per tap (filter order): where it reads for output position 0
-  int64_t phase = 0;          // floats of one phase
-  int64_t plane = 0;          // floats of one laid-out channel (its kept phases)
-  int64_t wide_n = 0;         // wide output positions, up to the last valid one
-
-  explicit WideExtent(const math::ConvGeometry& cg) {
-    for (int i = 0; i < 3; ++i) len[i] = cg.out[i] + (cg.k[i] - 1) * cg.dil[i] / cg.stride[i];
-    phase = len[0] * len[1] * len[2];
-    slot.assign(static_cast<size_t>(cg.stride[0] * cg.stride[1] * cg.stride[2]), -1);
-    int64_t kept = 0, t[3];
-    for (t[0] = 0; t[0] < cg.k[0]; ++t[0]) {
-      for (t[1] = 0; t[1] < cg.k[1]; ++t[1]) {
-        for (t[2] = 0; t[2] < cg.k[2]; ++t[2]) {
-          int64_t ph = 0, shift = 0;
-          for (int i = 0; i < 3; ++i) {
-            const int64_t a = t[i] * cg.dil[i];
-            ph = ph * cg.stride[i] + a % cg.stride[i];
-            shift = shift * len[i] + a / cg.stride[i];
-          }
-          int64_t& sl = slot[static_cast<size_t>(ph)];
-          if (sl < 0) sl = kept++;
-          taps.push_back(sl * phase + shift);
-        }
-      }
-    }
-    plane = kept * phase;
-    wide_n = ((cg.out[0] - 1) * len[1] + cg.out[1] - 1) * len[2] + cg.out[2];
-  }
-};
-
 // The wide path's layout, the same for every (image, group): the extents and each
 // patch-matrix row's offset in the laid-out channels.
 struct WideLayout : WideExtent {
@@ -274,32 +255,6 @@ struct WideLayout : WideExtent {
     }
   }
 };
-
-// One input channel `x` into the wide layout at `out`: the kept phases, zeros outside the
-// input.
-void pad_phases(const float* x, const math::ConvGeometry& cg, const WideExtent& w, float* out) {
-  const int64_t s0 = cg.stride[0], s1 = cg.stride[1], s2 = cg.stride[2];
-  for (int64_t p = 0; p < s0 * s1 * s2; ++p) {
-    const int64_t sl = w.slot[static_cast<size_t>(p)];
-    if (sl < 0) continue;
-    const int64_t r0 = p / (s1 * s2), r1 = p / s2 % s1, r2 = p % s2;
-    float* dst = out + sl * w.phase;
-    for (int64_t i0 = 0; i0 < w.len[0]; ++i0) {
-      const int64_t id = i0 * s0 + r0 - cg.pad[0];
-      for (int64_t i1 = 0; i1 < w.len[1]; ++i1, dst += w.len[2]) {
-        const int64_t ih = i1 * s1 + r1 - cg.pad[1];
-        if (id < 0 || id >= cg.in[0] || ih < 0 || ih >= cg.in[1]) {
-          std::fill(dst, dst + w.len[2], 0.0f);
-          continue;
-        }
-        // Index i of the row is input column i * s2 + base.
-        const int64_t base = r2 - cg.pad[2];
-        gather_row(dst, w.len[2], x + (id * cg.in[1] + ih) * cg.in[2], base, s2,
-                   first_at_least(base, s2, 0), first_at_least(base, s2, cg.in[2]));
-      }
-    }
-  }
-}
 
 // A convolution of one (image, group) over "wide" output positions: with each input channel
 // laid out once in stride phases (pad_phases), every row of the patch matrix over output
@@ -445,7 +400,7 @@ void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, 
   const int64_t units = s.n * s.groups;
   if constexpr (std::is_same_v<T, float>) {
     if (use_direct(s, g)) {
-      direct_convolve(x, w, bias, y, s, g, e);
+      direct_convolve(x, w, bias, y, s, g, e, wide_space);
     } else {
       gemm_convolve(ctx, x, packed, bias, y, s, g, e, wide_space);
     }
@@ -548,7 +503,8 @@ bool is_initializer(const NodeInfo& info, size_t i) {
 // The workspace of one convolution, as both the kernel and conv_workspace lay it out: for half
 // types X, the bias, the filter of the direct loops and Y in float; the packed filter when it
 // was not packed at load (`filter_at_load`); the convolution before a broadcasting Z is added
-// (kiln.FusedConv); the wide path's buffers (wide_floats). Double reads everything in place.
+// (kiln.FusedConv); the wide paths' buffers (wide_floats, depthwise_floats). Double reads
+// everything in place.
 struct ConvParts {
   WorkspaceLayout layout;
   int x = -1, bias = -1, w = -1, packed = -1, y = -1, conv = -1, wide = -1;
@@ -573,7 +529,8 @@ ConvParts conv_parts(DataType dtype, const Sizes& s, const Geometry& g, bool has
   }
   if (half) p.y = l.add(DataType::Float, out);
   if (z_broadcasts) p.conv = l.add(DataType::Float, out);
-  p.wide = l.add(DataType::Float, wide_floats(s, g));
+  // The GEMM's wide path or the depthwise one (never both: the depthwise is direct).
+  p.wide = l.add(DataType::Float, wide_floats(s, g) + depthwise_floats(s, g));
   return p;
 }
 

@@ -18,6 +18,7 @@
 #include "ops/common.h"
 #include "ops/geometry.h"
 #include "ops/math/kernels.h"
+#include "ops/wide_layout.h"
 
 namespace kiln::ops {
 namespace {
@@ -232,17 +233,32 @@ void pool_rows(const T* x, T* y, int64_t planes, const Geometry& g, const Op& op
   });
 }
 
-// Float max or average pooling of every plane with the dispatched plane kernel; the average
-// divides by the window's size per output (taps inside the input, or inside input and
-// padding with count_include_pad), a product over the dimensions.
-void pool_planes_float(const float* x, float* y, int64_t planes, const Geometry& g, bool max,
-                       bool count_pad) {
-  const math::ConvKernels& k = math::kernels().conv;
+math::ConvGeometry pool_conv_geometry(const Geometry& g) {
   math::ConvGeometry cg;
   for (size_t i = 0; i < 3; ++i) {
     cg.in[i] = g.in[i], cg.out[i] = g.out[i], cg.k[i] = g.k[i];
     cg.stride[i] = g.stride[i], cg.dil[i] = g.dil[i], cg.pad[i] = -g.taps[i].start[0];
   }
+  return cg;
+}
+
+// Floats of the small-plane path's workspace (pool_planes_float), 0 where it does not apply.
+int64_t pool_wide_floats(const Geometry& g, int64_t planes) {
+  if (g.out_size() == 0) return 0;  // no window starts (pool_conv_geometry reads the first)
+  const math::ConvGeometry cg = pool_conv_geometry(g);
+  return use_wide_planes(cg, planes) ? wide_planes_floats(WideExtent(cg), planes) : 0;
+}
+
+// Float max or average pooling of every plane with the dispatched plane kernel; the average
+// divides by the window's size per output (taps inside the input, or inside input and
+// padding with count_include_pad), a product over the dimensions. With `space`
+// (pool_wide_floats floats) small planes are pooled in their wide form (ops/wide_layout.h:
+// padded with -inf or zeros, so every vector of outputs takes all taps without border
+// masks, however narrow the rows), then divided as their valid columns are copied out.
+void pool_planes_float(const float* x, float* y, int64_t planes, const Geometry& g, bool max,
+                       bool count_pad, float* space) {
+  const math::ConvKernels& k = math::kernels().conv;
+  const math::ConvGeometry cg = pool_conv_geometry(g);
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k[0] * g.k[1] * g.k[2];
   const auto padded = static_cast<size_t>(math::conv_padded_floats(cg));
   std::vector<int64_t> offsets(static_cast<size_t>(kp));
@@ -260,6 +276,19 @@ void pool_planes_float(const float* x, float* y, int64_t planes, const Geometry&
     for (int64_t oh = 0; oh < g.out[1]; ++oh) {
       outer.push_back(inv[0][static_cast<size_t>(od)] * inv[1][static_cast<size_t>(oh)]);
     }
+  }
+  if (space && use_wide_planes(cg, planes)) {
+    const WideExtent ext(cg);
+    const float fill = max ? -std::numeric_limits<float>::infinity() : 0.0f;
+    const math::WideOp wop = max ? math::WideOp::Max : math::WideOp::Sum;
+    math::WideEpilogue we;
+    if (!max) we.row_scale = outer.data(), we.col_scale = inv[2].data();
+    for_wide_slots(ext, planes, op * kp, space, [&](float* xp, float* wide, int64_t p) {
+      pad_phases(x + p * ip, cg, ext, xp, fill);
+      k.wide_plane(xp, nullptr, ext.taps.data(), kp, wop, 0.0f, cg, ext.len[1], ext.len[2], we,
+                   wide, y + p * op);
+    });
+    return;
   }
   // Column stride 1 or 2 reads each plane in place and divides in the same pass; others
   // pool a padded copy, then divide.
@@ -416,7 +445,9 @@ class Pool final : public Kernel {
           max_pool_with_indices<T>(x.data<const T>(), y.data<T>(), ind->data<int64_t>(), col_major_,
                                    planes, g);
         } else if constexpr (std::is_same_v<T, float>) {
-          pool_planes_float(x.data<const float>(), y.data<float>(), planes, g, true, false);
+          const Tensor space = workspace(ctx, g, planes);
+          pool_planes_float(x.data<const float>(), y.data<float>(), planes, g, true, false,
+                            space.defined() ? space.data<float>() : nullptr);
         } else {
           pool_rows<T>(x.data<const T>(), y.data<T>(), planes, g, MaxOp<compute_t<T>>{});
         }
@@ -427,7 +458,9 @@ class Pool final : public Kernel {
         Tensor& y = ctx.output(0, x.dtype(), shape);
         if (planes == 0) return;
         if constexpr (kKind == PoolKind::Average && std::is_same_v<T, float>) {
-          pool_planes_float(x.data<const float>(), y.data<float>(), planes, g, false, count_pad_);
+          const Tensor space = workspace(ctx, g, planes);
+          pool_planes_float(x.data<const float>(), y.data<float>(), planes, g, false, count_pad_,
+                            space.defined() ? space.data<float>() : nullptr);
         } else if constexpr (kKind == PoolKind::Average) {
           pool_rows<T>(x.data<const T>(), y.data<T>(), planes, g, AverageOp<C>{count_pad_});
         } else {
@@ -438,6 +471,12 @@ class Pool final : public Kernel {
   }
 
  private:
+  // The float path's workspace (pool_workspace), or none.
+  static Tensor workspace(OpContext& ctx, const Geometry& g, int64_t planes) {
+    const int64_t floats = pool_wide_floats(g, planes);
+    return floats > 0 ? ctx.workspace(DataType::Float, floats) : Tensor();
+  }
+
   WindowAttrs window_;
   bool col_major_ = false, count_pad_ = false;
   float p_ = 0;
@@ -454,6 +493,19 @@ void pool_shape(ShapeContext& c) {
   c.set(1, DataType::Int64, out);  // MaxPool's indices
 }
 
+// The small-plane path's scratch of float max pooling without indices and float average
+// pooling (pool_planes_float).
+uint64_t pool_workspace(const ShapeContext& c) {
+  const Shape& x = c.shape(0);
+  // MaxPool with indices takes its own path (max_pool_with_indices), without scratch.
+  if (c.dtype(0) != DataType::Float || x.size() < 3 || x.size() > 5 || c.has_out(1)) return 0;
+  const WindowAttrs a = window_attrs(c.node());
+  if (a.kernel_shape.size() != x.size() - 2) return 0;
+  const std::vector<WindowAxis> axes = forward_windows(spatial_dims(x), a.kernel_shape, a);
+  const int64_t planes = x[0] * x[1];
+  return static_cast<uint64_t>(pool_wide_floats(pool_geometry(axes), planes)) * sizeof(float);
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "MaxPool",
@@ -464,6 +516,7 @@ KILN_REGISTER_OP({.op = "MaxPool",
                   .max_outputs = 2,
                   .types = "float, double, float16, bfloat16, int8, uint8",
                   .shape = pool_shape,
+                  .workspace = pool_workspace,
                   .create = make<Pool<PoolKind::Max>>});
 KILN_REGISTER_OP({.op = "AveragePool",
                   .since = 1,
@@ -473,6 +526,7 @@ KILN_REGISTER_OP({.op = "AveragePool",
                   .max_outputs = 1,
                   .types = "float, double, float16, bfloat16",
                   .shape = pool_shape,
+                  .workspace = pool_workspace,
                   .create = make<Pool<PoolKind::Average>>});
 KILN_REGISTER_OP({.op = "LpPool",
                   .since = 1,

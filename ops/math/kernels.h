@@ -118,6 +118,19 @@ inline void conv_tap_offsets(const ConvGeometry& g, int64_t* off) {
   }
 }
 
+// What ConvKernels::wide_plane computes over a window's taps.
+enum class WideOp : uint8_t { Conv, Max, Sum };
+
+// What ConvKernels::wide_plane does to each output as it stores it, in this order: add y's
+// value (`accumulate`), times row_scale[od * out[1] + oh] * col_scale[ow] (when row_scale
+// is given: average pooling's divisors), max(y, 0) (`relu`).
+struct WideEpilogue {
+  bool accumulate = false;
+  bool relu = false;
+  const float* row_scale = nullptr;
+  const float* col_scale = nullptr;
+};
+
 // Convolution kernels (impl/conv.h): direct convolution of one plane, for the convolutions
 // where a GEMM is the wrong shape, and the lowering of patches into GEMM panels.
 struct ConvKernels {
@@ -147,7 +160,27 @@ struct ConvKernels {
   // row_scale is given (average pooling's divisors, in the same pass).
   void (*direct_pool_plane)(const float* x, const ConvGeometry& g, bool max, const float* row_scale,
                             const float* col_scale, float* y) = nullptr;
+  // `rows` rows of a plane's wide form (ops/wide_layout.h) at dst, one after another, n
+  // floats each: row i is the input row ih = ih0 + i * sh of the plane x (in_h rows of
+  // `width` floats; null: no row inside), dst[j] = its column base + j * s where ih and that
+  // column are inside the input, `fill` elsewhere. Vectors with masked loads for s 1 and 2
+  // (the column masks found once for all the rows); nothing read outside the input.
+  void (*pad_rows)(const float* x, int64_t in_h, int64_t width, int64_t ih0, int64_t sh,
+                   int64_t rows, int64_t base, int64_t s, int64_t n, float fill,
+                   float* dst) = nullptr;
+  // One output plane y (g.out) from a plane's wide form xp (ops/wide_layout.h: phases of
+  // len1 rows of len2 floats; the inputs of wide position i under tap t at xp[i + taps[t]],
+  // output (od, oh, ow) at wide position (od * len1 + oh) * len2 + ow): `init` plus the sum
+  // of w[t] * xp[i + taps[t]] over the taps (Conv, in filter order), or their maximum (Max:
+  // from -inf, NaN inputs skipped) or sum (Sum: from 0), computed in whole vectors over the
+  // wide positions into `scratch`, then each output row stored with the epilogue. xp needs
+  // wide_slack readable floats past its last position, scratch room for the wide positions
+  // plus wide_slack.
+  void (*wide_plane)(const float* xp, const float* w, const int64_t* taps, int64_t n_taps,
+                     WideOp op, float init, const ConvGeometry& g, int64_t len1, int64_t len2,
+                     const WideEpilogue& e, float* scratch, float* y) = nullptr;
   static constexpr int64_t direct_max_width = 16;
+  static constexpr int64_t wide_slack = 16;  // the widest vector (avx512) in floats
 };
 
 // Float arithmetic on rows: y[i] = a[i * sa] op b[i * sb] (impl/binary.h). Fast when both

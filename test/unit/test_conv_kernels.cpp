@@ -1,8 +1,8 @@
 // The dispatched direct convolution plane kernel (ops/math/impl/conv.h) against a
 // naive loop at every instruction-set level: random 1-D, 2-D and 3-D geometries with
 // strides, dilations and padding, 3/5/7-wide stride-2 rows through the deinterleaved input,
-// and long 1-D filters; the lowering into GEMM panels, pooling, and the indirect product
-// that reads patch rows in place.
+// and long 1-D filters; the lowering into GEMM panels, pooling, the indirect product
+// that reads patch rows in place, and the wide-form plane kernels (pad_rows, wide_plane).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ops/math/gemm.h"
+#include "ops/wide_layout.h"
 #include "test/unit/isa_test.h"
 
 using namespace kiln;
@@ -354,5 +355,113 @@ KILN_ISA_TEST_CASE("the indirect product equals a naive product over its row tab
     }
     INFO("m " << m << " k " << k << " n " << n << " accumulate " << accumulate);
     CHECK(worst < 1e-5);
+  }
+}
+
+KILN_ISA_TEST_CASE("the wide-form plane matches a naive convolution, max and average",
+                   "[math][conv][pool]") {
+  KILN_REQUIRE_ISA();
+  const math::ConvKernels& k = isa_kernels.conv;
+  constexpr int64_t kSlack = math::ConvKernels::wide_slack;
+  constexpr float kSentinel = 7.0f;
+  std::mt19937 rng(41);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (int iter = 0; iter < 400; ++iter) {
+    math::ConvGeometry g;
+    const int dims = static_cast<int>(pick(1, 3));
+    for (int d = 3 - dims; d < 3; ++d) {
+      // Mostly the small 3x3 and 5x5 planes the path is for; sometimes strides 2 and 3.
+      g.k[d] = iter % 4 == 0 ? pick(1, 7) : (iter % 2 ? 3 : 5);
+      g.stride[d] = iter % 3 == 0 ? pick(1, 3) : 1;
+      g.dil[d] = pick(1, 2);
+      g.pad[d] = pick(0, g.k[d] - 1);
+      const int64_t ek = (g.k[d] - 1) * g.dil[d] + 1;
+      g.in[d] = std::max<int64_t>(ek - 2 * g.pad[d], 1) + pick(0, iter % 5 == 0 ? 40 : 14);
+      g.out[d] = (g.in[d] + 2 * g.pad[d] - ek) / g.stride[d] + 1;
+    }
+    const int64_t ip = g.in[0] * g.in[1] * g.in[2], op = g.out[0] * g.out[1] * g.out[2];
+    const int64_t kp = g.k[0] * g.k[1] * g.k[2];
+    std::vector<float> x(static_cast<size_t>(ip)), w(static_cast<size_t>(kp)),
+        y0(static_cast<size_t>(op));
+    for (auto& v : x) v = dist(rng);
+    for (auto& v : w) v = dist(rng);
+    for (auto& v : y0) v = dist(rng);
+    const ops::WideExtent ext(g);
+    // The layout and the wide output with their slack, and a sentinel past each.
+    std::vector<float> xp(static_cast<size_t>(ext.plane + kSlack + 1), kSentinel);
+    std::vector<float> scratch(static_cast<size_t>(ext.wide_n + kSlack), 0.0f);
+    INFO("in " << g.in[0] << "x" << g.in[1] << "x" << g.in[2] << " k " << g.k[0] << "x" << g.k[1]
+               << "x" << g.k[2] << " stride " << g.stride[1] << "," << g.stride[2] << " dil "
+               << g.dil[2] << " pad " << g.pad[1] << "," << g.pad[2]);
+
+    // Convolution, with the bias, Z and the Relu of a fused convolution.
+    const float bias = dist(rng);
+    math::WideEpilogue e;
+    e.accumulate = iter % 2 == 1;
+    e.relu = iter % 3 == 1;
+    ops::pad_phases(x.data(), g, ext, xp.data(), 0.0f, k);
+    REQUIRE(xp[static_cast<size_t>(ext.plane)] == kSentinel);  // nothing past the layout
+    std::fill(xp.begin() + ext.plane, xp.end() - 1, 0.0f);
+    std::vector<float> start(y0);
+    for (auto& v : start) v = e.accumulate ? v + bias : bias;
+    const std::vector<double> want = naive_plane(x, w, g, start);
+    std::vector<float> y(y0);
+    y.push_back(kSentinel);
+    k.wide_plane(xp.data(), w.data(), ext.taps.data(), kp, math::WideOp::Conv, bias, g, ext.len[1],
+                 ext.len[2], e, scratch.data(), y.data());
+    CHECK(y.back() == kSentinel);
+    double worst = 0;
+    for (size_t i = 0; i < static_cast<size_t>(op); ++i) {
+      const double ref = e.relu ? std::max(want[i], 0.0) : want[i];
+      worst = std::max(worst, std::abs(y[i] - ref) / (1 + std::abs(ref)));
+    }
+    REQUIRE(worst <= 2e-6 * std::sqrt(static_cast<double>(kp)) + 1e-6);
+
+    // Max (padding -inf, NaN inputs skipped) and sums scaled per row and column.
+    if (iter % 7 == 0) x[static_cast<size_t>(pick(0, ip - 1))] = std::nanf("");
+    std::vector<float> rows(static_cast<size_t>(g.out[0] * g.out[1])),
+        cols(static_cast<size_t>(g.out[2]));
+    for (auto& v : rows) v = dist(rng);
+    for (auto& v : cols) v = dist(rng);
+    for (const bool max : {true, false}) {
+      ops::pad_phases(x.data(), g, ext, xp.data(), max ? -INFINITY : 0.0f, k);
+      math::WideEpilogue pe;
+      if (!max) pe.row_scale = rows.data(), pe.col_scale = cols.data();
+      std::vector<float> got(static_cast<size_t>(op) + 1, kSentinel);
+      k.wide_plane(xp.data(), nullptr, ext.taps.data(), kp,
+                   max ? math::WideOp::Max : math::WideOp::Sum, 0.0f, g, ext.len[1], ext.len[2], pe,
+                   scratch.data(), got.data());
+      CHECK(got.back() == kSentinel);
+      for (int64_t od = 0; od < g.out[0]; ++od)
+        for (int64_t oh = 0; oh < g.out[1]; ++oh)
+          for (int64_t ow = 0; ow < g.out[2]; ++ow) {
+            double best = -INFINITY, sum = 0;
+            for (int64_t t = 0; t < kp; ++t) {
+              const int64_t kd = t / (g.k[1] * g.k[2]), kh = t / g.k[2] % g.k[1], kw = t % g.k[2];
+              const int64_t id = od * g.stride[0] - g.pad[0] + kd * g.dil[0];
+              const int64_t ih = oh * g.stride[1] - g.pad[1] + kh * g.dil[1];
+              const int64_t iw = ow * g.stride[2] - g.pad[2] + kw * g.dil[2];
+              if (id < 0 || id >= g.in[0] || ih < 0 || ih >= g.in[1] || iw < 0 || iw >= g.in[2])
+                continue;
+              const double v = x[static_cast<size_t>((id * g.in[1] + ih) * g.in[2] + iw)];
+              sum += v;
+              if (v > best) best = v;
+            }
+            const int64_t r = od * g.out[1] + oh;
+            const double ref =
+                max ? best : sum * rows[static_cast<size_t>(r)] * cols[static_cast<size_t>(ow)];
+            const float v = got[static_cast<size_t>(r * g.out[2] + ow)];
+            if (std::isnan(ref)) {  // a sum over a NaN input
+              REQUIRE(std::isnan(v));
+            } else if (max) {
+              REQUIRE(v == static_cast<float>(ref));
+            } else {
+              REQUIRE(std::abs(v - ref) <= 1e-5 * (1 + std::abs(ref)) * static_cast<double>(kp));
+            }
+          }
+    }
   }
 }

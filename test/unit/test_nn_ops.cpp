@@ -957,6 +957,47 @@ TEST_CASE("MaxPool and AveragePool match naive windows on random shapes", "[nn]"
   }
 }
 
+TEST_CASE("Depthwise Conv and pooling of small planes match naive loops", "[nn]") {
+  // The wide-form path (ops/wide_layout.h): channel counts that fill no vector evenly,
+  // 3x3 and 5x5 windows with padding and dilation, stride 1 (and stride 2, the direct
+  // kernels), MaxPool without indices.
+  std::mt19937 rng(53);
+  for (int iter = 0; iter < 40; ++iter) {
+    const int64_t c = rand_int(rng, 1, 37), k = iter % 2 ? 3 : 5;
+    const int64_t stride = iter % 5 == 4 ? 2 : 1, dil = iter % 7 == 6 ? 2 : 1;
+    const int64_t pad = rand_int(rng, 0, k / 2);
+    const int64_t ek = (k - 1) * dil + 1;
+    const Shape xs{rand_int(rng, 1, 2), c,
+                   std::max<int64_t>(ek - 2 * pad, 1) + rand_int(rng, 0, 16),
+                   std::max<int64_t>(ek - 2 * pad, 1) + rand_int(rng, 0, 16)};
+    Tensor x = random_tensor(DataType::Float, xs, rng);
+    Tensor w = random_tensor(DataType::Float, {c, 1, k, k}, rng);
+    Tensor b = random_tensor(DataType::Float, {c}, rng);
+    INFO("x " << shape_to_string(xs) << " k " << k << " stride " << stride << " dil " << dil
+              << " pad " << pad);
+    const ConvSpec s{{stride, stride}, {dil, dil}, {pad, pad, pad, pad}, c};
+    require_close(run_conv(x, w, &b, s), naive_conv(x, w, &b, s), 1e-4, 1e-4);
+
+    PoolSpec ps;
+    ps.kernel = {k, k};
+    ps.strides = {stride, stride};
+    ps.dilations = {dil, dil};
+    ps.pads = {pad, pad, pad, pad};
+    ps.count_pad = iter % 3 == 0;
+    auto configure = [&](OpTest& t) {
+      t.input(x).attr("kernel_shape", ps.kernel).attr("strides", ps.strides);
+      t.attr("dilations", ps.dilations).attr("pads", ps.pads);
+    };
+    OpTest mp("MaxPool", 12);
+    configure(mp);
+    require_close(mp.run1(), naive_pool(x, ps, 0).first);
+    OpTest ap("AveragePool", 19);
+    configure(ap);
+    ap.attr("count_include_pad", int64_t{ps.count_pad});
+    require_close(ap.run1(), naive_pool(x, ps, 1).first, 1e-5, 1e-5);
+  }
+}
+
 TEST_CASE("MaxPool reports column-major indices with storage_order 1", "[nn]") {
   Tensor x = Tensor::from_vector<float>({1, 1, 2, 3}, {1, 9, 2, 8, 3, 17});
   auto outs = OpTest("MaxPool", 12)

@@ -367,6 +367,142 @@ void dc_direct_pool_plane(const float* x, const ConvGeometry& g, bool max, const
   }
 }
 
+// Positions [i, i + V * kLanes) of a plane's wide form: V vectors of independent
+// accumulators, each tap one load per vector (its inputs are contiguous in the layout).
+template <int V, DcMode Mode>
+inline void dc_wide_block(const float* xp, const float* w, const int64_t* taps, int64_t n_taps,
+                          VF init, float* out) {
+  VF acc[V];
+  for (int v = 0; v < V; ++v) acc[v] = init;
+  for (int64_t t = 0; t < n_taps; ++t) {
+    const float* src = xp + taps[t];
+    const VF wv = Mode == DcMode::Conv ? vset1(w[t]) : init;
+    for (int v = 0; v < V; ++v) acc[v] = dc_step<Mode>(wv, vload(src + v * kLanes), acc[v]);
+  }
+  for (int v = 0; v < V; ++v) vstore(out + v * kLanes, acc[v]);
+}
+
+template <DcMode Mode>
+void dc_wide_plane_of(const float* xp, const float* w, const int64_t* taps, int64_t n_taps,
+                      int64_t n, VF init, float* out) {
+  constexpr int64_t kBlock = 4 * kLanes;
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    dc_wide_block<4, Mode>(xp + i, w, taps, n_taps, init, out + i);
+  }
+  // The last vectors, the final one partly past n (the caller's slack).
+  switch ((n - i + kLanes - 1) / kLanes) {
+    case 4:
+      dc_wide_block<4, Mode>(xp + i, w, taps, n_taps, init, out + i);
+      break;
+    case 3:
+      dc_wide_block<3, Mode>(xp + i, w, taps, n_taps, init, out + i);
+      break;
+    case 2:
+      dc_wide_block<2, Mode>(xp + i, w, taps, n_taps, init, out + i);
+      break;
+    case 1:
+      dc_wide_block<1, Mode>(xp + i, w, taps, n_taps, init, out + i);
+      break;
+    default:
+      break;
+  }
+}
+
+static_assert(kLanes <= ConvKernels::wide_slack, "wide_plane writes whole vectors into the slack");
+
+// One row of n outputs from its wide row, with the epilogue (row_scale: this row's).
+inline void dc_wide_store_row(const float* src, int64_t n, const WideEpilogue& e, float row_scale,
+                              float* dst) {
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const int lanes = static_cast<int>(dc_min(kLanes, n - j));
+    const bool full = lanes == kLanes;
+    VF v = full ? vload(src + j) : vload_partial(src + j, lanes);
+    if (e.accumulate) v = vadd(v, full ? vload(dst + j) : vload_partial(dst + j, lanes));
+    if (e.row_scale) {
+      const VF cs = full ? vload(e.col_scale + j) : vload_partial(e.col_scale + j, lanes);
+      v = vmul(v, vmul(vset1(row_scale), cs));
+    }
+    if (e.relu) v = vmax(v, vzero());
+    if (full) {
+      vstore(dst + j, v);
+    } else {
+      vstore_partial(dst + j, v, lanes);
+    }
+  }
+}
+
+// ConvKernels::wide_plane.
+void dc_wide_plane(const float* xp, const float* w, const int64_t* taps, int64_t n_taps, WideOp op,
+                   float init, const ConvGeometry& g, int64_t len1, int64_t len2,
+                   const WideEpilogue& e, float* scratch, float* y) {
+  const int64_t n = ((g.out[0] - 1) * len1 + g.out[1] - 1) * len2 + g.out[2];
+  switch (op) {
+    case WideOp::Conv:
+      dc_wide_plane_of<DcMode::Conv>(xp, w, taps, n_taps, n, vset1(init), scratch);
+      break;
+    case WideOp::Max:
+      dc_wide_plane_of<DcMode::Max>(xp, w, taps, n_taps, n, vset1(-__builtin_inff()), scratch);
+      break;
+    case WideOp::Sum:
+      dc_wide_plane_of<DcMode::Sum>(xp, w, taps, n_taps, n, vzero(), scratch);
+      break;
+  }
+  for (int64_t od = 0; od < g.out[0]; ++od) {
+    for (int64_t oh = 0; oh < g.out[1]; ++oh) {
+      const int64_t r = od * g.out[1] + oh;
+      dc_wide_store_row(scratch + (od * len1 + oh) * len2, g.out[2], e,
+                        e.row_scale ? e.row_scale[r] : 1.0f, y + r * g.out[2]);
+    }
+  }
+}
+
+// ConvKernels::pad_rows for column stride S: a chunk of column vectors at a time, each
+// vector's loader (DcColumn) set once for every row.
+template <int S>
+void dc_pad_rows_of(const float* x, int64_t in_h, int64_t width, int64_t ih0, int64_t sh,
+                    int64_t rows, int64_t base, int64_t n, float fill, float* dst) {
+  constexpr int64_t kChunk = 8;
+  const VF f = vset1(fill);
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk * kLanes) {
+    const int64_t vecs = dc_min(kChunk, (n - j0 + kLanes - 1) / kLanes);
+    DcColumn<S> col[kChunk];
+    for (int64_t v = 0; v < vecs; ++v) col[v].set(base + (j0 + v * kLanes) * S, width);
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t ih = ih0 + i * sh;
+      const float* row = x && ih >= 0 && ih < in_h ? x + ih * width : nullptr;
+      float* d = dst + i * n + j0;
+      for (int64_t v = 0; v < vecs; ++v) {
+        const DcColumn<S>& c = col[v];
+        VF val = f;
+        if (row) val = c.full ? c.load_full(row) : vselect(c.lanes, c.load_masked(row), f);
+        const int64_t j = v * kLanes;
+        if (j0 + j + kLanes <= n) {
+          vstore(d + j, val);
+        } else {
+          vstore_partial(d + j, val, static_cast<int>(n - j0 - j));
+        }
+      }
+    }
+  }
+}
+
+// ConvKernels::pad_rows.
+void dc_pad_rows(const float* x, int64_t in_h, int64_t width, int64_t ih0, int64_t sh, int64_t rows,
+                 int64_t base, int64_t s, int64_t n, float fill, float* dst) {
+  if (s == 1) {
+    dc_pad_rows_of<1>(x, in_h, width, ih0, sh, rows, base, n, fill, dst);
+  } else if (s == 2) {
+    dc_pad_rows_of<2>(x, in_h, width, ih0, sh, rows, base, n, fill, dst);
+  } else {
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t ih = ih0 + i * sh;
+      const float* row = x && ih >= 0 && ih < in_h ? x + ih * width : nullptr;
+      dc_copy_row(row, width, base, s, n, dst + i * n, fill);
+    }
+  }
+}
+
 // Rows [oh, oh + R) of one pooled depth slice: y = max or sum over all taps, R rows of
 // vectors at a time in independent registers.
 template <int R, bool Max>
@@ -490,4 +626,6 @@ constexpr ConvKernels kConvKernels{.pad_plane = dc_pad_plane,
                                    .im2col_panels = im2col_panels,
                                    .pool_plane = dc_pool_plane,
                                    .direct_plane = dc_direct_plane,
-                                   .direct_pool_plane = dc_direct_pool_plane};
+                                   .direct_pool_plane = dc_direct_pool_plane,
+                                   .pad_rows = dc_pad_rows,
+                                   .wide_plane = dc_wide_plane};
