@@ -87,7 +87,7 @@ inline T from_compute(compute_t<T> v) {
 // Negative axes count from the end; throws Error naming the op's rank when out of range.
 int64_t normalize_axis(int64_t axis, int64_t rank);
 // Reads an integer tensor (int32 or int64, any rank) as int64 values.
-std::vector<int64_t> to_int64s(const Tensor& t);
+Shape to_int64s(const Tensor& t);
 // Reads a float-typed or integer scalar tensor as double.
 double scalar_as_double(const Tensor& t);
 // numpy-style broadcasting of two shapes; throws Error on incompatible shapes.

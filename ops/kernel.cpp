@@ -210,8 +210,8 @@ int64_t normalize_axis(int64_t axis, int64_t rank) {
   return axis < 0 ? axis + rank : axis;
 }
 
-std::vector<int64_t> to_int64s(const Tensor& t) {
-  std::vector<int64_t> out;
+Shape to_int64s(const Tensor& t) {
+  Shape out;
   const Tensor c = t.contiguous();
   const int64_t n = c.numel();
   out.reserve(static_cast<size_t>(n));

@@ -27,7 +27,8 @@ namespace {
 struct Operand {
   int64_t rows = 0, cols = 0;
   int64_t rs = 0, cs = 0;
-  std::vector<int64_t> offsets;
+  // A Shape only as a small int64 vector: a single batch or a few heads need no heap.
+  Shape offsets;
 };
 
 struct Problem {
@@ -52,12 +53,12 @@ int64_t checked_mul(int64_t x, int64_t y) {
 }
 
 // The offset of operand `t`'s matrix for every index of the broadcast batch shape.
-std::vector<int64_t> batch_offsets(const Tensor& t, size_t matrix_dims, const Shape& batch) {
+Shape batch_offsets(const Tensor& t, size_t matrix_dims, const Shape& batch) {
   const size_t tb = t.rank() - matrix_dims;  // t's own batch dims, right-aligned to `batch`
   const size_t off = batch.size() - tb;
   int64_t count = 1;
   for (int64_t d : batch) count = checked_mul(count, d);
-  std::vector<int64_t> out(static_cast<size_t>(count), 0);
+  Shape out(static_cast<size_t>(count), 0);
   Shape coord(batch.size(), 0);
   for (int64_t i = 0; i < count; ++i) {
     int64_t o = 0;

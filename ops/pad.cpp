@@ -176,7 +176,8 @@ class Pad final : public Kernel {
  private:
   // The pads: the attribute (before opset 11) or input 1.
   std::vector<int64_t> read_pads(const OpContext& ctx) const {
-    return ctx.opset() < 11 ? attr_pads_ : to_int64s(ctx.input(1));
+    if (ctx.opset() < 11) return attr_pads_;
+    return to_int64s(ctx.input(1));
   }
 
   // The padded axes (input 3, from opset 18); null: every dim.

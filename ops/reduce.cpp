@@ -534,9 +534,9 @@ class Reduce final : public Kernel {
     const std::vector<int64_t> axes =
         !axes_input_
             ? axes_
-            : (have_const_axes_
-                   ? const_axes_
-                   : (ctx.has_input(1) ? to_int64s(ctx.input(1)) : std::vector<int64_t>{}));
+            : (have_const_axes_ ? const_axes_
+                                : (ctx.has_input(1) ? std::vector<int64_t>(to_int64s(ctx.input(1)))
+                                                    : std::vector<int64_t>{}));
     const std::vector<bool> reduced = reduced_dims(x.shape(), axes, noop_);
     const Shape out_shape = reduced_shape(x.shape(), reduced, keepdims_);
     bool any = false;

@@ -22,18 +22,20 @@ int64_t size_product(int64_t a, int64_t b) {
 }
 
 // Axes given as an attribute (before `input_since`) or as input 1 (from it on).
-std::vector<int64_t> read_axes(const OpContext& ctx, const std::vector<int64_t>& attr_axes,
-                               int64_t input_since, bool* given) {
+// A Shape, not a std::vector: a few axes stay inline, and Squeeze/Unsqueeze run on every
+// decode step.
+Shape read_axes(const OpContext& ctx, const std::vector<int64_t>& attr_axes, int64_t input_since,
+                bool* given) {
   if (ctx.opset() < input_since) {
     *given = !attr_axes.empty();
-    return attr_axes;
+    return Shape(attr_axes);
   }
   *given = ctx.has_input(1);
-  return *given ? to_int64s(ctx.input(1)) : std::vector<int64_t>{};
+  return *given ? to_int64s(ctx.input(1)) : Shape{};
 }
 
 // ONNX Reshape: 0 copies the input's dim (unless allowzero), -1 is inferred.
-Shape reshape_target(const Shape& in, const std::vector<int64_t>& req, bool allowzero) {
+Shape reshape_target(const Shape& in, const Shape& req, bool allowzero) {
   Shape out(req.size());
   int64_t infer = -1, known = 1;
   bool has_zero = false;
@@ -96,31 +98,34 @@ Shape flatten_target(const Shape& in, int64_t axis_attr) {
   return {outer, inner};
 }
 
+// One 0/1 flag per dimension, held in a Shape so that a few of them need no heap.
+using DimFlags = Shape;
+
 // Squeeze: which dims of `in` go (`axes`, or every dim of size 1 when there are none).
-std::vector<bool> squeezed_dims(const Shape& in, const std::vector<int64_t>& axes) {
+DimFlags squeezed_dims(const Shape& in, const Shape& axes) {
   const auto rank = static_cast<int64_t>(in.size());
-  std::vector<bool> drop(in.size(), false);
+  DimFlags drop(in.size(), 0);
   if (axes.empty()) {
-    for (size_t d = 0; d < in.size(); ++d) drop[d] = in[d] == 1;
+    for (size_t d = 0; d < in.size(); ++d) drop[d] = in[d] == 1 ? 1 : 0;
   }
   for (int64_t a : axes) {
     const auto d = static_cast<size_t>(normalize_axis(a, rank));
     if (in[d] != 1) {
       bad_shape("cannot squeeze axis " + std::to_string(a) + " of size " + std::to_string(in[d]));
     }
-    drop[d] = true;
+    drop[d] = 1;
   }
   return drop;
 }
 
 // Unsqueeze: which dims of the output (rank `in_rank` + the axes) are the inserted ones.
-std::vector<bool> unsqueezed_dims(size_t in_rank, const std::vector<int64_t>& axes) {
+DimFlags unsqueezed_dims(size_t in_rank, const Shape& axes) {
   const auto out_rank = static_cast<int64_t>(in_rank + axes.size());
-  std::vector<bool> inserted(static_cast<size_t>(out_rank), false);
+  DimFlags inserted(static_cast<size_t>(out_rank), 0);
   for (int64_t a : axes) {
     const auto d = static_cast<size_t>(normalize_axis(a, out_rank));
     if (inserted[d]) bad_shape("axis " + std::to_string(a) + " is repeated");
-    inserted[d] = true;
+    inserted[d] = 1;
   }
   return inserted;
 }
@@ -157,8 +162,8 @@ class Squeeze final : public Kernel {
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
     bool given = false;
-    const std::vector<int64_t> axes = read_axes(ctx, attr_axes_, 13, &given);
-    const std::vector<bool> drop = squeezed_dims(x.shape(), axes);
+    const Shape axes = read_axes(ctx, attr_axes_, 13, &given);
+    const DimFlags drop = squeezed_dims(x.shape(), axes);
     Shape shape, strides;
     for (size_t d = 0; d < x.rank(); ++d) {
       if (drop[d]) continue;
@@ -178,9 +183,9 @@ class Unsqueeze final : public Kernel {
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
     bool given = false;
-    const std::vector<int64_t> axes = read_axes(ctx, attr_axes_, 13, &given);
+    const Shape axes = read_axes(ctx, attr_axes_, 13, &given);
     if (!given) ctx.fail("axes are required");
-    const std::vector<bool> inserted = unsqueezed_dims(x.rank(), axes);
+    const DimFlags inserted = unsqueezed_dims(x.rank(), axes);
     const auto out_rank = static_cast<int64_t>(inserted.size());
     Shape shape(static_cast<size_t>(out_rank)), strides(static_cast<size_t>(out_rank));
     size_t src = x.rank();
@@ -253,16 +258,16 @@ void flatten_shape(ShapeContext& c) {
 
 void unsqueeze_shape(ShapeContext& c) {
   const Shape& in = c.shape(0);
-  const std::vector<bool> inserted = unsqueezed_dims(in.size(), c.ints_from("axes", 13, 1));
+  const DimFlags inserted = unsqueezed_dims(in.size(), c.ints_from("axes", 13, 1));
   Shape out;
   size_t next = 0;
-  for (const bool one : inserted) out.push_back(one ? 1 : in[next++]);
+  for (const int64_t one : inserted) out.push_back(one ? 1 : in[next++]);
   reshaped_facts(c, std::move(out));
 }
 
 void squeeze_shape(ShapeContext& c) {
   const Shape& in = c.shape(0);
-  const std::vector<bool> drop = squeezed_dims(in, c.ints_from("axes", 13, 1));
+  const DimFlags drop = squeezed_dims(in, c.ints_from("axes", 13, 1));
   Shape out;
   for (size_t d = 0; d < in.size(); ++d)
     if (!drop[d]) out.push_back(in[d]);

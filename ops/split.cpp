@@ -94,7 +94,8 @@ class Split final : public Kernel {
   std::vector<int64_t> split_sizes(const OpContext& ctx, int64_t dim) const {
     const bool given = ctx.opset() < 13 ? has_attr_split_ : ctx.has_input(1);
     std::vector<int64_t> sizes;
-    if (given) sizes = ctx.opset() < 13 ? attr_split_ : to_int64s(ctx.input(1));
+    if (given)
+      sizes = ctx.opset() < 13 ? attr_split_ : std::vector<int64_t>(to_int64s(ctx.input(1)));
     return ops::split_sizes(dim, given ? &sizes : nullptr, static_cast<int64_t>(ctx.num_outputs()));
   }
 

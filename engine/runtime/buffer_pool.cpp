@@ -38,7 +38,10 @@ std::shared_ptr<Storage> PoolCore::make_storage(std::byte* data, size_t capacity
   const uint64_t now = bytes_in_use += capacity;
   raise_to(peak_bytes_in_use, now);
   if (run) raise_to(run->peak_bytes_in_use, now);
-  std::shared_ptr<Storage> s(new Storage());
+  // Storage's constructor is private; a local class of a friend's member may call it, and
+  // lets make_shared put the Storage and its count in one allocation instead of two.
+  struct PoolStorage : Storage {};
+  std::shared_ptr<Storage> s = std::make_shared<PoolStorage>();
   s->data_ = data;
   s->capacity_ = capacity;
   s->kind_ = Storage::Kind::Pool;

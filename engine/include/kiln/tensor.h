@@ -11,10 +11,9 @@
 #include <vector>
 
 #include "kiln/data_type.h"
+#include "kiln/shape.h"
 
 namespace kiln {
-
-using Shape = std::vector<int64_t>;
 
 namespace detail {
 class PoolCore;
