@@ -29,10 +29,14 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Median seconds of `iterations` calls after `warmup` untimed ones.
+// Median seconds of `iterations` calls after `warmup` untimed ones, and untimed calls for at
+// least a quarter of a second: a fresh arena's worker threads take tens of milliseconds to
+// join its parallel loops (on this machine kind a split product ran no faster than one
+// thread for its first ~100 ms), which a product of 100 us would otherwise be timed in.
 template <typename F>
 double median_seconds(int warmup, int iterations, F&& f) {
-  for (int i = 0; i < warmup; ++i) f();
+  const auto start = Clock::now();
+  for (int i = 0; i < warmup || seconds_since(start) < 0.25; ++i) f();
   std::vector<double> t;
   for (int i = 0; i < iterations; ++i) {
     const auto t0 = Clock::now();
