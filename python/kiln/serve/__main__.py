@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
-import time
+import threading
 
 import kiln
 
@@ -108,17 +109,29 @@ def main(argv: list[str] | None = None) -> None:
     app = build_app(args.model, replicas=args.replicas, autoscale=args.autoscale,
                     max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms,
                     threads=args.threads, num_cpus=args.num_cpus or args.threads)
+    # Ctrl-C is remembered as well as raised: the proxy answers before serve.run returns, and
+    # an interrupt that arrives inside serve.run may be caught there, which would otherwise
+    # leave the server waiting for another.
+    interrupted = threading.Event()
+
+    def on_interrupt(signum, frame):
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_interrupt)
     try:
         serve.run(app, name="kiln", route_prefix=args.route_prefix)
         scale = (f"{args.autoscale[0]}-{args.autoscale[1]} replicas" if args.autoscale
                  else f"{args.replicas} replica{'s' if args.replicas > 1 else ''}")
-        print(f"kiln.serve: {args.model} at http://{args.host}:{args.port}{args.route_prefix} "
-              f"({scale}); Ctrl-C stops", flush=True)
-        while True:
-            time.sleep(3600)
+        if not interrupted.is_set():
+            print(f"kiln.serve: {args.model} at http://{args.host}:{args.port}{args.route_prefix} "
+                  f"({scale}); Ctrl-C stops", flush=True)
+        while not interrupted.wait(0.5):
+            pass
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         serve.shutdown()
         ray.shutdown()
 
