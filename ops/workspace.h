@@ -31,10 +31,12 @@ class WorkspaceLayout {
 };
 
 // The kernel's side: takes the workspace from `ctx` once (nothing when the layout is empty)
-// and hands out its parts. Held no longer than run().
+// and hands out its parts. Held no longer than run(), and no longer than `layout`, which it
+// reads in place (no copy of the parts per run).
 class Workspace {
  public:
   Workspace(OpContext& ctx, const WorkspaceLayout& layout);
+  Workspace(OpContext& ctx, WorkspaceLayout&& layout) = delete;
   // Part `i` as a contiguous tensor of `shape` (as many elements as the part).
   Tensor tensor(int i, Shape shape) const;
   // Part `i`'s first element; null when the part is empty or not taken (i < 0).
@@ -46,7 +48,7 @@ class Workspace {
   }
 
  private:
-  WorkspaceLayout layout_;
+  const WorkspaceLayout& layout_;
   Tensor bytes_;
 };
 
