@@ -84,13 +84,26 @@ struct Block {
   int64_t head_step = 0, pos_step = 1;  // row r is head h0 + r*head_step, position i0 + r*pos_step
 };
 
-// One task. `s` holds rows x T scores.
+// A thread slot's scratch: rows x T scores, the rows' softmax sums, and per row the keys
+// [lo, hi) it may attend and whether any of them is live.
 template <typename C>
-void attend_block(const Problem<C>& p, const Block& blk, C* s) {
+struct Slot {
+  C* scores;
+  C* sums;
+  int64_t* lo;
+  int64_t* hi;
+  int64_t* live;
+};
+
+// One task.
+template <typename C>
+void attend_block(const Problem<C>& p, const Block& blk, const Slot<C>& slot) {
   constexpr C kNegInf = -std::numeric_limits<C>::infinity();
   const int64_t b = blk.b, rows = blk.rows;
   const int64_t kvh = blk.h0 / (p.Hq / p.Hkv);
-  std::vector<int64_t> lo(static_cast<size_t>(rows)), hi(static_cast<size_t>(rows));
+  C* s = slot.scores;
+  int64_t* lo = slot.lo;
+  int64_t* hi = slot.hi;
   int64_t c0 = p.T, c1 = 0;
   for (int64_t r = 0; r < rows; ++r) {
     key_range(p, b, blk.i0 + r * blk.pos_step, &lo[r], &hi[r]);
@@ -162,8 +175,8 @@ void attend_block(const Problem<C>& p, const Block& blk, C* s) {
   // by their sum is done on the row of the product with V (Dv values instead of w).
   constexpr bool kFloat = std::is_same_v<C, float>;
   const bool deferred = kFloat && !qk;
-  std::vector<char> live(static_cast<size_t>(rows));
-  std::vector<C> sums(deferred ? static_cast<size_t>(rows) : 0);
+  int64_t* live = slot.live;
+  C* sums = slot.sums;
   for (int64_t r = 0; r < rows; ++r) {
     C* row = s + r * w;
     const int64_t l = lo[r] - c0, e = hi[r] - c0;  // local attendable range
@@ -291,31 +304,72 @@ void attend_block(const Problem<C>& p, const Block& blk, C* s) {
 // sequences take all of a head's rows in one task when its scores fit in a scratch that
 // stays in the core's L2 and there are enough (batch, head) pairs for the threads: two
 // products per head instead of a few per block, and K and V read once.
-template <typename C>
-int64_t rows_per_task(const Problem<C>& p) {
+int64_t rows_per_task(const Dims& p, int threads) {
   const int64_t T = std::max<int64_t>(p.T, 1);
   if (p.Sq <= kBlockRows) return std::max<int64_t>(p.Sq, 1);
-  if (p.Sq * T <= kWholeHeadScores &&
-      p.B * p.Hq >= static_cast<int64_t>(tbb::this_task_arena::max_concurrency())) {
-    return p.Sq;
-  }
+  if (p.Sq * T <= kWholeHeadScores && p.B * p.Hq >= threads) return p.Sq;
   return kBlockRows;
 }
 
-// Packs K^T and V of every (batch, KV head) into `scratch` for the blocks to share, when the
-// query blocks are long enough that each block's products would pack them anyway.
-void pack_kv(OpContext& ctx, Problem<float>& p, Tensor& scratch) {
+// How run_problem cuts a problem into tasks: `n` tasks of at most `rows` query rows, each
+// (batch, head) in `blocks` blocks, or (single-position decode with grouped heads) one task
+// per (batch, KV head) over its group of query heads.
+struct Tasks {
+  bool by_group = false;
+  int64_t group = 1, per_task = 1, rows = 1, blocks = 1, heads = 1, n = 0, grain = 1;
+};
+
+Tasks tasks_of(const Dims& p, int threads) {
+  Tasks t;
+  t.group = p.Hq / p.Hkv;
+  t.by_group = p.Sq == 1 && t.group > 1;
+  t.per_task = rows_per_task(p, threads);
+  t.rows = t.by_group ? t.group : t.per_task;
+  t.blocks = t.by_group ? 1 : (p.Sq + t.per_task - 1) / t.per_task;
+  t.heads = t.by_group ? p.Hkv : p.Hq;
+  t.n = p.B * t.heads * t.blocks;
+  t.grain = grain_for(t.rows * std::max<int64_t>(p.T, 1) * (p.D + p.Dv + 8));
+  return t;
+}
+
+}  // namespace
+
+CoreParts core_parts(WorkspaceLayout& layout, const Dims& d, DataType ct, int threads) {
+  CoreParts c;
+  c.threads = std::max(threads, 1);
+  if (d.Hkv <= 0 || d.Hq % d.Hkv != 0) return c;
+  const Tasks t = tasks_of(d, c.threads);
+  c.rows = t.rows;
+  // Tasks on the calling thread when they are too few to split (parallel_for's rule), else
+  // a slot per thread of the arena, found by its thread index.
+  c.slots = t.n <= t.grain || c.threads == 1 ? 1 : c.threads;
+  // Float with long query blocks: K^T and V of every (batch, KV head) packed once for the
+  // blocks to share, where each block's products would pack them anyway (one task per head,
+  // no grouped heads, reads them once in its own products).
   const math::GemmKernels& g = math::kernels().gemm;
-  // One task per head (no grouped heads) reads them once in its own products anyway.
-  const int64_t rows = rows_per_task(p);
-  if (rows <= 4 * g.mr || (rows >= p.Sq && p.Hq == p.Hkv) || p.T == 0 || p.D == 0 || p.Dv == 0) {
-    return;
+  const bool pack = ct == DataType::Float && t.n > 0 && !(t.rows <= 4 * g.mr) &&
+                    !(t.rows >= d.Sq && d.Hq == d.Hkv) && d.T > 0 && d.D > 0 && d.Dv > 0;
+  if (pack) {
+    c.kpack = math::PackedB::packed_floats(d.D, d.T, g.nr);
+    c.vpack = math::PackedB::packed_floats(d.T, d.Dv, g.nr);
   }
-  p.kpack_size = math::PackedB::packed_floats(p.D, p.T, g.nr);
-  p.vpack_size = math::PackedB::packed_floats(p.T, p.Dv, g.nr);
+  c.pack = layout.add(DataType::Float, d.B * d.Hkv * (c.kpack + c.vpack));
+  const int64_t per_slot = t.n > 0 ? t.rows * (std::max<int64_t>(d.T, 1) + 1) : 0;
+  c.scores = layout.add(ct, c.slots * per_slot);
+  c.ranges = layout.add(DataType::Int64, t.n > 0 ? c.slots * 3 * t.rows : 0);
+  return c;
+}
+
+namespace {
+
+// Packs K^T and V of every (batch, KV head) into the workspace's part for the blocks to share.
+void pack_kv(Problem<float>& p, const Workspace& space, const CoreParts& c) {
+  if (c.kpack == 0) return;
+  const math::GemmKernels& g = math::kernels().gemm;
+  p.kpack_size = c.kpack;
+  p.vpack_size = c.vpack;
   const int64_t pairs = p.B * p.Hkv;
-  scratch = ctx.allocate(DataType::Float, Shape{pairs * (p.kpack_size + p.vpack_size)});
-  float* kdst = scratch.data<float>();
+  float* kdst = space.data<float>(c.pack);
   float* vdst = kdst + pairs * p.kpack_size;
   parallel_for(pairs, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t kv = lo; kv < hi; ++kv) {
@@ -330,33 +384,38 @@ void pack_kv(OpContext& ctx, Problem<float>& p, Tensor& scratch) {
 }
 
 template <typename C>
-void run_problem(const Problem<C>& p) {
-  const int64_t group = p.Hq / p.Hkv;
-  const bool by_group = p.Sq == 1 && group > 1;
-  const int64_t per_task = rows_per_task(p);
-  const int64_t rows = by_group ? group : per_task;
-  const int64_t blocks = by_group ? 1 : (p.Sq + per_task - 1) / per_task;
-  const int64_t heads = by_group ? p.Hkv : p.Hq;
-  const int64_t n = p.B * heads * blocks;
-  const int64_t cost = rows * std::max<int64_t>(p.T, 1) * (p.D + p.Dv + 8);
-  parallel_for(n, grain_for(cost), [&](int64_t begin, int64_t end) {
+void run_problem(const Problem<C>& p, const Workspace& space, const CoreParts& c) {
+  const Tasks t = tasks_of(p, c.threads);
+  if (t.n == 0) return;
+  const int64_t per_slot = t.rows * (std::max<int64_t>(p.T, 1) + 1);
+  C* scores = space.data<C>(c.scores);
+  int64_t* ranges = space.data<int64_t>(c.ranges);
+  auto body = [&](int64_t begin, int64_t end) {
+    int slot = c.slots == 1 ? 0 : tbb::this_task_arena::current_thread_index();
+    if (slot < 0 || slot >= c.slots) slot = 0;
     // Uninitialised: every score is written before it is read.
-    std::unique_ptr<C[]> scratch(new C[static_cast<size_t>(rows * std::max<int64_t>(p.T, 1))]);
+    C* s = scores + slot * per_slot;
+    int64_t* r = ranges + slot * 3 * t.rows;
+    const Slot<C> mine{s, s + t.rows * std::max<int64_t>(p.T, 1), r, r + t.rows, r + 2 * t.rows};
     for (int64_t it = begin; it < end; ++it) {
       Block blk;
-      blk.b = it / (heads * blocks);
-      const int64_t h = (it / blocks) % heads;
-      if (by_group) {
-        blk.h0 = h * group, blk.rows = group, blk.head_step = 1, blk.pos_step = 0;
+      blk.b = it / (t.heads * t.blocks);
+      const int64_t h = (it / t.blocks) % t.heads;
+      if (t.by_group) {
+        blk.h0 = h * t.group, blk.rows = t.group, blk.head_step = 1, blk.pos_step = 0;
       } else {
-        blk.h0 = h, blk.i0 = (it % blocks) * per_task;
-        blk.rows = std::min(per_task, p.Sq - blk.i0);
+        blk.h0 = h, blk.i0 = (it % t.blocks) * t.per_task;
+        blk.rows = std::min(t.per_task, p.Sq - blk.i0);
       }
-      attend_block(p, blk, scratch.get());
+      attend_block(p, blk, mine);
     }
-  });
+  };
+  if (c.slots == 1) {
+    body(0, t.n);
+  } else {
+    parallel_for(t.n, t.grain, body);
+  }
 }
-
 }  // namespace
 
 // One memcpy per (batch, head) when the rows are back to back, else one per row.
@@ -387,28 +446,22 @@ void copy_heads(const Tensor& src, const Tensor& dst) {
   });
 }
 
-// present = concat(past, cur) along axis 2, into output `out` when requested.
-Tensor append_cache(OpContext& ctx, size_t out, const Tensor& past, const Tensor& cur) {
-  Shape shape = past.shape();
-  shape[2] += cur.dim(2);
-  Tensor present = ctx.has_output(out) ? ctx.output(out, past.dtype(), shape)
-                                       : ctx.allocate(past.dtype(), shape);
+// present = concat(past, cur) along axis 2.
+void append_cache(OpContext& ctx, const Tensor& past, const Tensor& cur, const Tensor& present) {
   const auto es = static_cast<size_t>(bits_per_element(present.dtype()) / 8);
   const size_t split = static_cast<size_t>(past.dim(2) * present.strides()[2]) * es;
   copy_heads(past, present.view(past.shape(), present.strides(), present.byte_offset()));
   copy_heads(cur, present.view(cur.shape(), present.strides(), present.byte_offset() + split));
   ctx.count_copy(present.nbytes(), CopyCause::Concat);
-  return present;
 }
 
-void solve(OpContext& ctx, Problem<float>& p) {
-  Tensor packed_kv;
-  pack_kv(ctx, p, packed_kv);
-  run_problem(p);
+void solve(Problem<float>& p, const Workspace& space, const CoreParts& parts) {
+  pack_kv(p, space, parts);
+  run_problem(p, space, parts);
 }
 
-void solve(OpContext&, Problem<double>& p) {
-  run_problem(p);
+void solve(Problem<double>& p, const Workspace& space, const CoreParts& parts) {
+  run_problem(p, space, parts);
 }
 
 void convert_into(const Tensor& src, const Tensor& dst) {
@@ -434,19 +487,66 @@ using sdpa::MaskKind;
 using sdpa::Problem;
 
 // A 4-D tensor the GEMMs can map: element type `want`, unit stride along the last axis and a
-// positive row stride. Returns `t` itself when it already is one.
-Tensor mappable(OpContext& ctx, const Tensor& t, DataType want) {
+// positive row stride. Returns `t` itself when it already is one, else converted into its
+// workspace part `part` (attention_parts), or for a layout the GEMMs cannot read (a last axis
+// that is not the innermost, broadcast or reversed rows) a dense copy, as the executor makes
+// for an op without strided inputs.
+Tensor mappable(OpContext& ctx, const Tensor& t, DataType want, const Workspace& space, int part) {
   const Shape& s = t.strides();
   const bool layout_ok = (t.dim(3) <= 1 || s[3] == 1) && (t.dim(2) <= 1 || s[2] > 0);
   if (t.dtype() == want && layout_ok) return t;
-  Tensor c = ctx.allocate(want, t.shape());
   if (t.dtype() == want) {
-    copy_elements(t, c);
+    Tensor c = t.contiguous();
     ctx.count_copy(c.nbytes(), CopyCause::Contiguous);
-  } else {
-    convert_into(t, c);
+    return c;
   }
+  Tensor c = space.tensor(part, t.shape());
+  convert_into(t, c);
   return c;
+}
+
+// What the workspace of one run holds beside the core's scratch, from the node's sizes and
+// types.
+struct Request {
+  sdpa::Dims d;                                                            // T counts the past
+  DataType q = DataType::Float, k = DataType::Float, v = DataType::Float;  // after the cache
+  bool present_k = false, present_v = false;  // a past given without output 1 / 2
+  bool qk = false;                            // output 3
+  DataType mask = DataType::Undefined;        // attn_mask's type (Undefined: none)
+  int64_t mask_elements = 0;
+  bool nonpad = false;
+  int threads = 1;
+};
+
+// The workspace, as both the kernel and attention_workspace lay it out: present K and V
+// when they are not outputs; Q, K and V, the output, the scores output and an additive mask
+// converted to the compute type when they are of another; nonpad_kv_seqlen; the core's
+// scratch (packed K/V, each thread's scores). Parts not taken are empty.
+struct Parts {
+  WorkspaceLayout layout;
+  int present_k = -1, present_v = -1, q = -1, k = -1, v = -1, y = -1, qk = -1, mask = -1;
+  int nonpad = -1;
+  sdpa::CoreParts core;
+};
+
+Parts attention_parts(const Request& r) {
+  Parts p;
+  WorkspaceLayout& l = p.layout;
+  const sdpa::Dims& d = r.d;
+  const DataType ct = r.q == DataType::Double ? DataType::Double : DataType::Float;
+  auto in_ct = [&](DataType t, int64_t n) { return t == ct ? 0 : n; };
+  p.present_k = l.add(r.k, r.present_k ? d.B * d.Hkv * d.T * d.D : 0);
+  p.present_v = l.add(r.v, r.present_v ? d.B * d.Hkv * d.T * d.Dv : 0);
+  p.q = l.add(ct, in_ct(r.q, d.B * d.Hq * d.Sq * d.D));
+  p.k = l.add(ct, in_ct(r.k, d.B * d.Hkv * d.T * d.D));
+  p.v = l.add(ct, in_ct(r.v, d.B * d.Hkv * d.T * d.Dv));
+  p.y = l.add(ct, in_ct(r.q, d.B * d.Hq * d.Sq * d.Dv));
+  p.qk = l.add(ct, r.qk ? in_ct(r.q, d.B * d.Hq * d.Sq * d.T) : 0);
+  const bool convert_mask = r.mask != DataType::Undefined && r.mask != DataType::Bool;
+  p.mask = l.add(ct, convert_mask ? in_ct(r.mask, r.mask_elements) : 0);
+  p.nonpad = l.add(DataType::Int64, r.nonpad ? d.B : 0);
+  p.core = sdpa::core_parts(l, d, ct, r.threads);
+  return p;
 }
 
 class Attention final : public Kernel {
@@ -518,12 +618,14 @@ class Attention final : public Kernel {
                std::to_string(Hkv));
     }
 
-    // KV cache: present = concat(past, new) along the sequence, written once.
+    // KV cache: present = concat(past, new) along the sequence, written once, into outputs
+    // 1 and 2 or the workspace.
     const bool has_past = ctx.has_input(4) || ctx.has_input(5);
     if (has_past && !(ctx.has_input(4) && ctx.has_input(5))) {
       ctx.fail("past_key and past_value must be given together");
     }
     int64_t past = 0;
+    Tensor present_k, present_v;
     if (has_past) {
       const Tensor& pk = ctx.input(4);
       const Tensor& pv = ctx.input(5);
@@ -533,41 +635,68 @@ class Attention final : public Kernel {
         ctx.fail("past_key " + pk.describe() + " / past_value " + pv.describe() +
                  " do not match K and V");
       }
-      k = append_cache(ctx, 1, pk, k);
-      v = append_cache(ctx, 2, pv, v);
+      if (ctx.has_output(1)) present_k = ctx.output(1, k.dtype(), {B, Hkv, past + S, D});
+      if (ctx.has_output(2)) present_v = ctx.output(2, v.dtype(), {B, Hkv, past + S, Dv});
     } else {
       if (ctx.has_output(1)) ctx.set_output(1, k);
       if (ctx.has_output(2)) ctx.set_output(2, v);
     }
-    const int64_t T = k.dim(2);
-
-    const int64_t* nonpad = nullptr;
-    std::vector<int64_t> nonpad_values;
-    if (ctx.has_input(6)) {
-      if (has_past) ctx.fail("nonpad_kv_seqlen cannot be combined with past_key/past_value");
-      const Tensor& n = ctx.input(6);
-      if (n.dtype() != DataType::Int64 || n.shape() != Shape{B}) {
-        ctx.fail("nonpad_kv_seqlen must be int64 of shape [batch], got " + n.describe());
-      }
-      nonpad_values = n.to_vector<int64_t>();
-      nonpad = nonpad_values.data();
+    const int64_t T = past + S;
+    if (ctx.has_input(6) && has_past) {
+      ctx.fail("nonpad_kv_seqlen cannot be combined with past_key/past_value");
     }
 
     const DataType ct = q.dtype() == DataType::Double ? DataType::Double : DataType::Float;
     Shape y_shape = rank == 3 ? Shape{B, Sq, Hq * Dv} : Shape{B, Hq, Sq, Dv};
     Tensor y_out = ctx.output(0, q_in.dtype(), y_shape);
-    Tensor y = y_out.dtype() == ct ? y_out : ctx.allocate(ct, y_shape);
-    Tensor qk_out, qk;
-    if (ctx.has_output(3)) {
-      qk_out = ctx.output(3, q_in.dtype(), {B, Hq, Sq, T});
-      qk = qk_out.dtype() == ct ? qk_out : ctx.allocate(ct, qk_out.shape());
+    Tensor qk_out;
+    if (ctx.has_output(3)) qk_out = ctx.output(3, q_in.dtype(), {B, Hq, Sq, T});
+
+    // The workspace, after the outputs (attention_parts).
+    Request r;
+    r.d = {B, Hq, Hkv, Sq, T, D, Dv};
+    r.q = q.dtype(), r.k = k.dtype(), r.v = v.dtype();
+    r.present_k = has_past && !ctx.has_output(1);
+    r.present_v = has_past && !ctx.has_output(2);
+    r.qk = ctx.has_output(3);
+    if (ctx.has_input(3)) r.mask = ctx.input(3).dtype(), r.mask_elements = ctx.input(3).numel();
+    r.nonpad = ctx.has_input(6);
+    r.threads = ctx.threads();
+    const Parts parts = attention_parts(r);
+    const Workspace space(ctx, parts.layout);
+
+    if (has_past) {
+      if (!present_k.defined()) present_k = space.tensor(parts.present_k, {B, Hkv, T, D});
+      if (!present_v.defined()) present_v = space.tensor(parts.present_v, {B, Hkv, T, Dv});
+      append_cache(ctx, ctx.input(4), k, present_k);
+      append_cache(ctx, ctx.input(5), v, present_v);
+      k = present_k;
+      v = present_v;
     }
-    const Tensor qc = mappable(ctx, q, ct), kc = mappable(ctx, k, ct), vc = mappable(ctx, v, ct);
+    const int64_t* nonpad = nullptr;
+    if (ctx.has_input(6)) {
+      const Tensor& n = ctx.input(6);
+      if (n.dtype() != DataType::Int64 || n.shape() != Shape{B}) {
+        ctx.fail("nonpad_kv_seqlen must be int64 of shape [batch], got " + n.describe());
+      }
+      const Tensor copy = space.tensor(parts.nonpad, {B});
+      copy_elements(n, copy);
+      nonpad = copy.data<const int64_t>();
+    }
+
+    Tensor y = y_out.dtype() == ct ? y_out : space.tensor(parts.y, y_shape);
+    Tensor qk;
+    if (qk_out.defined()) {
+      qk = qk_out.dtype() == ct ? qk_out : space.tensor(parts.qk, qk_out.shape());
+    }
+    const Tensor qc = mappable(ctx, q, ct, space, parts.q);
+    const Tensor kc = mappable(ctx, k, ct, space, parts.k);
+    const Tensor vc = mappable(ctx, v, ct, space, parts.v);
     const Tensor y4 = rank == 3 ? heads_view(y, Hq) : y;
 
     auto solve = [&]<typename C>() {
       Problem<C> p;
-      p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.Sq = Sq, p.T = T, p.D = D, p.Dv = Dv;
+      static_cast<sdpa::Dims&>(p) = r.d;
       p.q = qc.data<const C>(), p.lq = layout_of(qc);
       p.k = kc.data<const C>(), p.lk = layout_of(kc);
       p.v = vc.data<const C>(), p.lv = layout_of(vc);
@@ -579,9 +708,8 @@ class Attention final : public Kernel {
       p.softcap = static_cast<C>(softcap_);
       p.causal = causal_, p.left = left_, p.right = right_;
       p.past = past, p.nonpad = nonpad;
-      Tensor mask_c;
-      if (ctx.has_input(3)) setup_mask(ctx, ctx.input(3), ct, &mask_c, &p);
-      sdpa::solve(ctx, p);
+      if (ctx.has_input(3)) setup_mask(ctx, ctx.input(3), ct, space, parts.mask, &p);
+      sdpa::solve(p, space, parts.core);
     };
     if (ct == DataType::Double) {
       solve.template operator()<double>();
@@ -594,8 +722,8 @@ class Attention final : public Kernel {
 
  private:
   template <typename C>
-  static void setup_mask(OpContext& ctx, const Tensor& m, DataType ct, Tensor* keep,
-                         Problem<C>* p) {
+  static void setup_mask(OpContext& ctx, const Tensor& m, DataType ct, const Workspace& space,
+                         int part, Problem<C>* p) {
     if (m.rank() < 1 || m.rank() > 4)
       ctx.fail("attn_mask must have rank 1 to 4, got " + m.describe());
     const int64_t want[3] = {p->B, p->Hq, p->Sq};
@@ -619,8 +747,7 @@ class Attention final : public Kernel {
     } else {
       if (m.dtype() != ct) {
         if (!type_in(NumericTypes{}, m.dtype())) throw_unsupported_type(m.dtype(), "attn_mask");
-        *keep = ctx.allocate(ct, m.shape());
-        t = *keep;
+        t = space.tensor(part, m.shape());
         dispatch(NumericTypes{}, m.dtype(), [&]<typename M>() {
           unary_loop<M, C>(m, t, [](M x) { return convert_value<C>(x); });
         });
@@ -651,6 +778,43 @@ void attention_shape(ShapeContext& c) {
   c.set(0, c.dtype(0), {q[0], q[1], q[2], v[3]});
 }
 
+// The kernel's workspace (attention_parts) for these shapes on c.threads() threads.
+uint64_t attention_workspace(const ShapeContext& c) {
+  const Shape& q = c.shape(0);
+  const Shape& k = c.shape(1);
+  const Shape& v = c.shape(2);
+  Request r;
+  sdpa::Dims& d = r.d;
+  int64_t S = 0;
+  if (q.size() == 3 && k.size() == 3 && v.size() == 3) {
+    const int64_t qh = c.attr_i("q_num_heads", 0), kvh = c.attr_i("kv_num_heads", 0);
+    if (qh <= 0 || kvh <= 0 || q[2] < 0 || k[2] < 0 || v[2] < 0) unknown("head counts");
+    d = {q[0], qh, kvh, q[1], 0, q[2] / qh, v[2] / kvh};
+    S = k[1];
+  } else if (q.size() == 4 && k.size() == 4 && v.size() == 4) {
+    d = {q[0], q[1], k[1], q[2], 0, q[3], v[3]};
+    S = k[2];
+  } else {
+    unknown("Q, K and V of another rank");
+  }
+  int64_t past = 0;
+  if (c.has(4)) {
+    if (c.shape(4).size() != 4) unknown("past of another rank");
+    past = c.shape(4)[2];
+  }
+  d.T = past + S;
+  for (int64_t n : {d.B, d.Hq, d.Hkv, d.Sq, d.D, d.Dv, S, past})
+    if (n < 0) unknown("sizes");
+  r.q = c.dtype(0), r.k = c.dtype(1), r.v = c.dtype(2);
+  r.present_k = c.has(4) && !c.has_out(1);
+  r.present_v = c.has(4) && !c.has_out(2);
+  r.qk = c.has_out(3);
+  if (c.has(3)) r.mask = c.dtype(3), r.mask_elements = numel_or_unknown(c.shape(3));
+  r.nonpad = c.has(6);
+  r.threads = c.threads();
+  return attention_parts(r).layout.bytes();
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Attention",
@@ -662,6 +826,7 @@ KILN_REGISTER_OP({.op = "Attention",
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16",
                   .shape = attention_shape,
+                  .workspace = attention_workspace,
                   .create = make<Attention>});
 
 }  // namespace kiln::ops

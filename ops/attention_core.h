@@ -10,6 +10,7 @@
 
 #include "kiln/tensor.h"
 #include "ops/kernel.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops::sdpa {
 
@@ -34,15 +35,20 @@ inline Tensor heads_view(const Tensor& t, int64_t heads) {
 // one memcpy per (batch, head) when the rows are back to back, else one per row.
 void copy_heads(const Tensor& src, const Tensor& dst);
 
-// present = concat(past, cur) along axis 2 ([B, H, L, d] tensors), into output `out` when
-// the node has it (else scratch); counted as a Concat copy.
-Tensor append_cache(OpContext& ctx, size_t out, const Tensor& past, const Tensor& cur);
+// present = concat(past, cur) along axis 2 ([B, H, L, d] tensors of one type; present
+// contiguous, an output or the op's workspace); counted as a Concat copy.
+void append_cache(OpContext& ctx, const Tensor& past, const Tensor& cur, const Tensor& present);
 
 enum class MaskKind { None, Bool, Additive };
 
-template <typename C>
-struct Problem {
+// The sizes of a problem: batch, query and KV heads, query rows, keys, head sizes of Q/K
+// and V.
+struct Dims {
   int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, T = 0, D = 0, Dv = 0;
+};
+
+template <typename C>
+struct Problem : Dims {
   const C* q = nullptr;
   const C* k = nullptr;
   const C* v = nullptr;
@@ -73,9 +79,21 @@ struct Problem {
 // dst = src with element conversion between float types (same shape, any layouts).
 void convert_into(const Tensor& src, const Tensor& dst);
 
-// Computes p.y (and p.qk); float problems with long query blocks pack K and V once into
-// scratch from `ctx`.
-void solve(OpContext& ctx, Problem<float>& p);
-void solve(OpContext& ctx, Problem<double>& p);
+// The scratch of solve() for a problem of `d` computed in `ct` (Float or Double) on
+// `threads` threads (ShapeContext::threads() in a rule, OpContext::threads() in a kernel),
+// added to `layout`: K^T and V packed once for the GEMM when float query blocks are long, and
+// per thread slot a task's scores [rows, T] with its softmax sums and key ranges.
+struct CoreParts {
+  int pack = -1, scores = -1, ranges = -1;
+  int threads = 1, slots = 1;    // slots: 1 when the tasks run on the calling thread
+  int64_t rows = 0;              // query rows per task
+  int64_t kpack = 0, vpack = 0;  // floats of K^T and V packed per (batch, KV head)
+};
+CoreParts core_parts(WorkspaceLayout& layout, const Dims& d, DataType ct, int threads);
+
+// Computes p.y (and p.qk) with the scratch `parts` of `space` (same dims, compute type and
+// threads as core_parts was given).
+void solve(Problem<float>& p, const Workspace& space, const CoreParts& parts);
+void solve(Problem<double>& p, const Workspace& space, const CoreParts& parts);
 
 }  // namespace kiln::ops::sdpa

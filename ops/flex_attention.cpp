@@ -18,6 +18,7 @@
 #include "ops/elementwise.h"
 #include "ops/math/gemm.h"
 #include "ops/math/threading.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops {
 namespace {
@@ -41,26 +42,48 @@ void per_head(int64_t heads, double macs, F&& product) {
   }
 }
 
-// `t` as a tensor of type `want` (itself when it already is one; the products read any
-// strides).
-Tensor as_type(OpContext& ctx, const Tensor& t, DataType want) {
-  if (t.dtype() == want) return t;
-  Tensor c = ctx.allocate(want, t.shape());
-  convert_into(t, c);
-  return c;
+// The sizes and types one run's workspace depends on.
+struct Request {
+  int64_t B = 0, Hq = 0, Hkv = 0, L = 0, S = 0, E = 0, Ev = 0;
+  DataType type = DataType::Float;  // Q, K and V's
+  DataType prec = DataType::Float;  // the softmax precision
+  bool modifiers = false;           // score_mod or prob_mod
+};
+
+// The compute type: double for double inputs or precision, else float.
+DataType compute_type(const Request& r) {
+  return r.type == DataType::Double || r.prec == DataType::Double ? DataType::Double
+                                                                  : DataType::Float;
 }
 
-// `t` as a contiguous tensor of type `want` (itself when it already is one).
-Tensor as_contiguous(OpContext& ctx, const Tensor& t, DataType want) {
-  if (t.dtype() == want && t.is_contiguous()) return t;
-  Tensor c = ctx.allocate(want, t.shape());
-  if (t.dtype() == want) {
-    copy_elements(t, c);
-    ctx.count_copy(c.nbytes(), CopyCause::Contiguous);
-  } else {
-    convert_into(t, c);
-  }
-  return c;
+// The workspace, as both the kernel and flex_attention_workspace lay it out: Q, K, V and Y
+// in the compute type when the inputs are of another; the scores; the scores rounded to the
+// softmax precision when it is not the compute type; and a second score buffer for what a
+// rounding or a modifier gives back in another type or layout. Parts not taken are empty.
+struct Parts {
+  WorkspaceLayout layout;
+  int q = -1, k = -1, v = -1, y = -1, scores = -1, rounded = -1, other = -1;
+};
+
+Parts flex_parts(const Request& r) {
+  Parts p;
+  WorkspaceLayout& l = p.layout;
+  const DataType ct = compute_type(r);
+  const int64_t convert = r.type == ct ? 0 : 1, scores = r.B * r.Hq * r.L * r.S;
+  p.q = l.add(ct, convert * r.B * r.Hq * r.L * r.E);
+  p.k = l.add(ct, convert * r.B * r.Hkv * r.S * r.E);
+  p.v = l.add(ct, convert * r.B * r.Hkv * r.S * r.Ev);
+  p.y = l.add(ct, convert * r.B * r.Hq * r.L * r.Ev);
+  p.scores = l.add(ct, scores);
+  p.rounded = l.add(r.prec, r.prec != ct ? scores : 0);
+  p.other = l.add(ct, r.prec != ct || r.modifiers ? scores : 0);
+  return p;
+}
+
+// Whether `t`'s data lies in `part` (a tensor of the workspace).
+bool inside(const Tensor& t, const Tensor& part) {
+  return part.defined() && part.numel() > 0 && t.raw_data() >= part.raw_data() &&
+         t.raw_data() < part.raw_data() + part.nbytes();
 }
 
 DataType precision_type(int64_t code) {
@@ -120,24 +143,40 @@ class FlexAttention final : public Kernel {
       ctx.fail("q heads " + std::to_string(Hq) + " are not a multiple of kv heads " +
                std::to_string(Hkv));
     }
-    const DataType prec = precision_ != DataType::Undefined ? precision_
-                          : q.dtype() == DataType::Double   ? DataType::Double
-                                                            : DataType::Float;
-    const DataType ct = q.dtype() == DataType::Double || prec == DataType::Double ? DataType::Double
-                                                                                  : DataType::Float;
+    Request r;
+    r.B = B, r.Hq = Hq, r.Hkv = Hkv, r.L = L, r.S = S, r.E = E, r.Ev = Ev;
+    r.type = q.dtype();
+    r.prec = precision_ != DataType::Undefined ? precision_
+             : q.dtype() == DataType::Double   ? DataType::Double
+                                               : DataType::Float;
+    r.modifiers = score_mod_ >= 0 || prob_mod_ >= 0;
+    const DataType prec = r.prec, ct = compute_type(r);
     const Shape score_shape{B, Hq, L, S};
     const double scale = has_scale_ ? scale_ : (E > 0 ? 1.0 / std::sqrt(double(E)) : 1.0);
 
     Tensor y_out = ctx.output(0, q.dtype(), {B, Hq, L, Ev});
-    Tensor y = y_out.dtype() == ct ? y_out : ctx.allocate(ct, y_out.shape());
-    const Tensor qc = as_type(ctx, q, ct), kc = as_type(ctx, k, ct), vc = as_type(ctx, v, ct);
+    const Parts parts = flex_parts(r);
+    const Workspace space(ctx, parts.layout);
+    // `t` in the compute type: itself (the products read any strides), else converted into
+    // its part.
+    auto as_ct = [&](const Tensor& t, int part) {
+      if (t.dtype() == ct) return t;
+      Tensor c = space.tensor(part, t.shape());
+      convert_into(t, c);
+      return c;
+    };
+    Tensor y = y_out.dtype() == ct ? y_out : space.tensor(parts.y, y_out.shape());
+    const Tensor qc = as_ct(q, parts.q), kc = as_ct(k, parts.k), vc = as_ct(v, parts.v);
+    const Tensor scores_part = space.tensor(parts.scores, score_shape);
+    const Tensor other_part =
+        r.prec != ct || r.modifiers ? space.tensor(parts.other, score_shape) : Tensor();
     auto solve = [&]<typename C>() {
       const int64_t group = Hq / Hkv;
       // The element offset of the matrix of batch b, head h in a [B, H, rows, cols] tensor.
       auto head = [&](const Tensor& t, int64_t b, int64_t h) {
         return b * t.strides()[0] + h * t.strides()[1];
       };
-      Tensor scores = ctx.allocate(ct, score_shape);
+      Tensor scores = scores_part;
       // scores[bh] (L x S) = scale * Q[bh] (L x E) * K[kv head]^T (E x S)
       per_head(B * Hq, static_cast<double>(L) * static_cast<double>(S) * static_cast<double>(E),
                [&](int64_t bh, math::GemmOptions o) {
@@ -153,12 +192,16 @@ class FlexAttention final : public Kernel {
                    for (int64_t i = 0; i < L * S; ++i) sp[i] *= scale;
                  }
                });
-      scores = modify(ctx, score_mod_, scores, prec, ct, score_shape);
-      // The softmax runs in place unless the scores are a subgraph's value held elsewhere.
-      const bool own = scores.storage().use_count() == 1 && scores.storage()->writable();
-      Tensor probs = own ? scores : ctx.allocate(ct, score_shape);
+      scores = modify(ctx, score_mod_, scores, prec, ct, score_shape, space, parts, other_part);
+      // The softmax runs in place on the workspace or a subgraph's value held nowhere else,
+      // else into the scores' part (its scores are no longer read).
+      const bool own = scores.storage() == scores_part.storage() ||
+                       (scores.storage().use_count() == 1 && scores.storage()->writable());
+      Tensor probs = own ? scores : scores_part;
       softmax_rows<C>(scores, probs);
-      probs = modify(ctx, prob_mod_, probs, prec, ct, score_shape);
+      // A prob_mod result to convert goes to the part the probabilities are not in.
+      const Tensor& spare = inside(probs, other_part) ? scores_part : other_part;
+      probs = modify(ctx, prob_mod_, probs, prec, ct, score_shape, space, parts, spare);
       // Y[bh] (L x Ev) = P[bh] (L x S) * V[kv head] (S x Ev)
       per_head(B * Hq, static_cast<double>(L) * static_cast<double>(S) * static_cast<double>(Ev),
                [&](int64_t bh, const math::GemmOptions& o) {
@@ -177,12 +220,18 @@ class FlexAttention final : public Kernel {
   }
 
  private:
-  // Rounds `t` (type ct) to the softmax precision, runs subgraph `index` on it (when set) and
-  // returns the result as a contiguous ct tensor.
+  // Rounds `t` (type ct) to the softmax precision (in the workspace's `rounded` part), runs
+  // subgraph `index` on it (when set) and returns the result as a contiguous ct tensor: the
+  // result itself when it is one, else converted into `spare`, a score part `t` is not in.
   static Tensor modify(OpContext& ctx, int index, Tensor t, DataType prec, DataType ct,
-                       const Shape& shape) {
+                       const Shape& shape, const Workspace& space, const Parts& parts,
+                       const Tensor& spare) {
     if (prec == ct && index < 0) return t;
-    Tensor p = as_contiguous(ctx, t, prec);
+    Tensor p = t;
+    if (prec != ct) {
+      p = space.tensor(parts.rounded, shape);
+      convert_into(t, p);
+    }
     if (index >= 0) {
       std::vector<Value> outs = ctx.run_subgraph(index, {Value(p)}, CaptureMode::Borrow);
       if (outs.size() != 1 || !outs[0].is_tensor() || outs[0].tensor().dtype() != prec ||
@@ -192,7 +241,14 @@ class FlexAttention final : public Kernel {
       }
       p = outs[0].tensor();
     }
-    return as_contiguous(ctx, p, ct);
+    if (p.dtype() == ct && p.is_contiguous()) return p;
+    if (p.dtype() == ct) {
+      copy_elements(p, spare);
+      ctx.count_copy(spare.nbytes(), CopyCause::Contiguous);
+    } else {
+      convert_into(p, spare);
+    }
+    return spare;
   }
 
   // dst = softmax(src) over rows of n columns; dst may be src.
@@ -235,6 +291,26 @@ void flex_attention_shape(ShapeContext& c) {
   c.set(0, c.dtype(0), {q[0], q[1], q[2], v[3]});
 }
 
+// The kernel's workspace (flex_parts) for these shapes.
+uint64_t flex_attention_workspace(const ShapeContext& c) {
+  const Shape& q = c.shape(0);
+  const Shape& k = c.shape(1);
+  const Shape& v = c.shape(2);
+  if (q.size() != 4 || k.size() != 4 || v.size() != 4) unknown("Q, K and V must be rank 4");
+  Request r;
+  r.B = q[0], r.Hq = q[1], r.L = q[2], r.E = q[3], r.Hkv = k[1], r.S = k[2], r.Ev = v[3];
+  for (int64_t n : {r.B, r.Hq, r.L, r.E, r.Hkv, r.S, r.Ev})
+    if (n < 0) unknown("sizes");
+  r.type = c.dtype(0);
+  r.prec = r.type == DataType::Double ? DataType::Double : DataType::Float;
+  if (c.has_attr("softmax_precision")) {
+    r.prec = precision_type(c.attr_i("softmax_precision", 1));
+    if (r.prec == DataType::Undefined) unknown("softmax_precision");
+  }
+  r.modifiers = c.has_attr("score_mod") || c.has_attr("prob_mod");
+  return flex_parts(r).layout.bytes();
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.domain = "ai.onnx.preview",
@@ -247,6 +323,7 @@ KILN_REGISTER_OP({.domain = "ai.onnx.preview",
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16",
                   .shape = flex_attention_shape,
+                  .workspace = flex_attention_workspace,
                   .create = make<FlexAttention>});
 
 }  // namespace kiln::ops

@@ -52,8 +52,42 @@ struct Step {
   int64_t B = 0, S = 0, H = 0, P = 0, present = 0, total = 0;
   int64_t row = 0;  // floats per query row (N*H, or the packed width)
   bool first_prompt = false;
-  std::vector<int64_t> totals, pasts;  // per batch: keys after this step, rows before it
+  // Per batch (in the workspace): keys after this step, rows before it.
+  int64_t* totals = nullptr;
+  int64_t* pasts = nullptr;
 };
+
+// The sizes and inputs one run's workspace depends on.
+struct Request {
+  sdpa::Dims d;  // T: the present's length
+  bool rotary = false;
+  bool present_k = false, present_v = false;  // no output 1 / 2
+  int threads = 1;
+};
+
+// The workspace, as both the kernel and group_query_attention_workspace lay it out: the
+// batches' lengths, with do_rotary each row's position and the rotated queries, present K and
+// V when they are not outputs, and the core's scratch. Parts not taken are empty.
+struct Parts {
+  WorkspaceLayout layout;
+  int totals = -1, pasts = -1, pos = -1, q = -1, present_k = -1, present_v = -1;
+  sdpa::CoreParts core;
+};
+
+Parts gqa_parts(const Request& r) {
+  Parts p;
+  WorkspaceLayout& l = p.layout;
+  const sdpa::Dims& d = r.d;
+  const int64_t present = d.B * d.Hkv * d.T * d.D;
+  p.totals = l.add(DataType::Int64, d.B);
+  p.pasts = l.add(DataType::Int64, d.B);
+  p.pos = l.add(DataType::Int64, r.rotary ? d.B * d.Sq : 0);
+  p.q = l.add(DataType::Float, r.rotary ? d.B * d.Sq * d.Hq * d.D : 0);
+  p.present_k = l.add(DataType::Float, r.present_k ? present : 0);
+  p.present_v = l.add(DataType::Float, r.present_v ? present : 0);
+  p.core = sdpa::core_parts(l, d, DataType::Float, r.threads);
+  return p;
+}
 
 class GroupQueryAttention final : public Kernel {
  public:
@@ -94,42 +128,61 @@ class GroupQueryAttention final : public Kernel {
     const bool packed = !ctx.has_input(kKey);
     const int64_t N = heads_, Nk = kv_heads_, H = z.H;
 
-    // Q: the query in place, or rotated into scratch ([B, S, N, H] in both cases).
+    // The outputs in the order the `.place` rule states them (the presents, then the
+    // output), then the workspace (gqa_parts).
+    const Shape shape{z.B, Nk, z.present, H};
+    const bool has_past = ctx.has_input(kPastKey);
+    Tensor pk = present(ctx, 1, kPastKey, shape);
+    Tensor pv = present(ctx, 2, kPastValue, shape);
+    Tensor& out = ctx.output(0, DataType::Float, {z.B, z.S, N * H});
+    Request r;
+    r.d = {z.B, N, Nk, z.S, z.present, H, H};
+    r.rotary = rotary_;
+    r.present_k = !ctx.has_output(1);
+    r.present_v = !ctx.has_output(2);
+    r.threads = ctx.threads();
+    const Parts parts = gqa_parts(r);
+    const Workspace space(ctx, parts.layout);
+    z.totals = space.data<int64_t>(parts.totals);
+    z.pasts = space.data<int64_t>(parts.pasts);
+    lengths(ctx, z);
+
+    // Q: the query in place, or rotated into the workspace ([B, S, N, H] in both cases).
     const float* q = query.data<const float>();
     int64_t q_row = z.row;
-    std::vector<int64_t> pos = positions(z);
+    int64_t* pos = rotary_ ? space.data<int64_t>(parts.pos) : nullptr;
     const float *cos = nullptr, *sin = nullptr;
     int64_t rd = 0;
-    Tensor q_rot;
     if (rotary_) {
+      for (int64_t b = 0; b < z.B; ++b) {
+        for (int64_t s = 0; s < z.S; ++s) pos[b * z.S + s] = z.pasts[b] + s;
+      }
       rd = rotary_dim(ctx, z, pos, &cos, &sin);
-      q_rot = ctx.allocate(DataType::Float, {z.B, z.S, N * H});
-      rotate_rows(q, z.row, q_rot.data<float>(), N * H, N, z, pos, rd, cos, sin);
-      q = q_rot.data<const float>();
+      float* q_rot = space.data<float>(parts.q);
+      rotate_rows(q, z.row, q_rot, N * H, N, z, pos, rd, cos, sin);
+      q = q_rot;
       q_row = N * H;
     }
 
     // present: the past tensors themselves when they have room, else fresh (past copied).
-    const Shape shape{z.B, Nk, z.present, H};
     const float* key =
         packed ? query.data<const float>() + N * H : ctx.input(kKey).data<const float>();
     const float* value =
         packed ? query.data<const float>() + (N + Nk) * H : ctx.input(kValue).data<const float>();
     const int64_t kv_row = packed ? z.row : Nk * H;
-    const bool has_past = ctx.has_input(kPastKey);
-    Tensor pk = present(ctx, 1, kPastKey, shape, z);
-    Tensor pv = present(ctx, 2, kPastValue, shape, z);
-    if ((has_past && pk.raw_data() == ctx.input(kPastKey).raw_data()) ||
-        (has_past && pv.raw_data() == ctx.input(kPastValue).raw_data())) {
-      ctx.count_in_place();
-    }
-    const Rotation rot{rotary_ ? rd : 0, cos, sin, &pos};
+    if (!pk.defined()) pk = space.tensor(parts.present_k, shape);
+    if (!pv.defined()) pv = space.tensor(parts.present_v, shape);
+    const bool k_in_place = has_past && pk.raw_data() == ctx.input(kPastKey).raw_data();
+    const bool v_in_place = has_past && pv.raw_data() == ctx.input(kPastValue).raw_data();
+    if (k_in_place || v_in_place) ctx.count_in_place();
+    if (!k_in_place) keep_past(ctx, kPastKey, pk, z);
+    if (!v_in_place) keep_past(ctx, kPastValue, pv, z);
+    const Rotation rot{rotary_ ? rd : 0, cos, sin, pos};
     append(pk, key, kv_row, z, rot);
     append(pv, value, kv_row, z, {});
 
-    Tensor& out = ctx.output(0, DataType::Float, {z.B, z.S, N * H});
     sdpa::Problem<float> p;
-    p.B = z.B, p.Hq = N, p.Hkv = Nk, p.Sq = z.S, p.T = z.present, p.D = p.Dv = H;
+    static_cast<sdpa::Dims&>(p) = r.d;
     p.q = q, p.lq = {z.S * q_row, H, q_row};
     p.k = pk.data<const float>(), p.lk = {Nk * z.present * H, z.present * H, H};
     p.v = pv.data<const float>(), p.lv = p.lk;
@@ -138,10 +191,10 @@ class GroupQueryAttention final : public Kernel {
     p.softcap = softcap_;
     p.causal = true;
     p.left = window_ > 0 ? window_ - 1 : -1;
-    p.nonpad = z.totals.data();
-    p.first_pos = z.pasts.data();
+    p.nonpad = z.totals;
+    p.first_pos = z.pasts;
     if (ctx.has_input(kAttentionBias)) add_bias(ctx, ctx.input(kAttentionBias), z, p);
-    sdpa::solve(ctx, p);
+    sdpa::solve(p, space, parts.core);
   }
 
  private:
@@ -149,7 +202,7 @@ class GroupQueryAttention final : public Kernel {
     int64_t dim = 0;
     const float* cos = nullptr;
     const float* sin = nullptr;
-    const std::vector<int64_t>* pos = nullptr;
+    const int64_t* pos = nullptr;  // per (batch, row)
   };
 
   Step sizes(const OpContext& ctx) const {
@@ -205,7 +258,12 @@ class GroupQueryAttention final : public Kernel {
       ctx.fail("total_sequence_length " + std::to_string(z.total) +
                " must be the sequence length on a first prompt, and more with a past");
     }
-    const int32_t* sk = seqlens.data<const int32_t>();
+    return z;
+  }
+
+  // Each batch's total and past length from seqlens_k (checked), into z.totals and z.pasts.
+  static void lengths(const OpContext& ctx, Step& z) {
+    const int32_t* sk = ctx.input(kSeqlensK).data<const int32_t>();
     for (int64_t b = 0; b < z.B; ++b) {
       const int64_t t = int64_t{sk[b]} + 1;
       const int64_t past = z.first_prompt ? 0 : t - z.S;
@@ -214,22 +272,12 @@ class GroupQueryAttention final : public Kernel {
                  " does not fit total_sequence_length " + std::to_string(z.total) + ", past of " +
                  std::to_string(z.P) + " and " + std::to_string(z.S) + " new rows");
       }
-      z.totals.push_back(t);
-      z.pasts.push_back(past);
+      z.totals[b] = t;
+      z.pasts[b] = past;
     }
-    return z;
   }
 
-  // Position of each (batch, row): past rows + s.
-  static std::vector<int64_t> positions(const Step& z) {
-    std::vector<int64_t> pos(static_cast<size_t>(z.B * z.S));
-    for (int64_t b = 0; b < z.B; ++b) {
-      for (int64_t s = 0; s < z.S; ++s) pos[static_cast<size_t>(b * z.S + s)] = z.pasts[b] + s;
-    }
-    return pos;
-  }
-
-  static int64_t rotary_dim(const OpContext& ctx, const Step& z, const std::vector<int64_t>& pos,
+  static int64_t rotary_dim(const OpContext& ctx, const Step& z, const int64_t* pos,
                             const float** cos, const float** sin) {
     if (!ctx.has_input(kCos) || !ctx.has_input(kSin))
       ctx.fail("do_rotary needs cos_cache and sin_cache");
@@ -241,8 +289,8 @@ class GroupQueryAttention final : public Kernel {
                " must be float [max position, rotary dim / 2] with rotary dim <= " +
                std::to_string(z.H));
     }
-    const int64_t most = *std::max_element(pos.begin(), pos.end());
-    if (!pos.empty() && most >= c.dim(0)) {
+    const int64_t most = z.B * z.S > 0 ? *std::max_element(pos, pos + z.B * z.S) : 0;
+    if (z.B * z.S > 0 && most >= c.dim(0)) {
       ctx.fail("position " + std::to_string(most) + " is outside the rotary caches " +
                c.describe());
     }
@@ -253,11 +301,11 @@ class GroupQueryAttention final : public Kernel {
 
   // dst rows ([B, S] of `dst_row` floats) = src rows rotated, `heads` heads of H each.
   void rotate_rows(const float* src, int64_t src_row, float* dst, int64_t dst_row, int64_t heads,
-                   const Step& z, const std::vector<int64_t>& pos, int64_t rd, const float* cos,
+                   const Step& z, const int64_t* pos, int64_t rd, const float* cos,
                    const float* sin) const {
     parallel_for(z.B * z.S, grain_for(heads * z.H * 4), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        const int64_t at = pos[static_cast<size_t>(r)] * (rd / 2);
+        const int64_t at = pos[r] * (rd / 2);
         for (int64_t h = 0; h < heads; ++h) {
           rotate_head(src + r * src_row + h * z.H, dst + r * dst_row + h * z.H, z.H, rd, cos + at,
                       sin + at, interleaved_);
@@ -267,21 +315,23 @@ class GroupQueryAttention final : public Kernel {
   }
 
   // Output `out` (present): past input `in` itself when this node may write over it and it
-  // has the present's shape (the `.place` rule below says the same), else a fresh tensor
-  // with batch b's first pasts[b] rows copied from the past and the rows after this step's
-  // zeroed, as onnxruntime leaves them. Scratch when the node has no such output.
-  static Tensor present(OpContext& ctx, size_t out, size_t in, const Shape& shape, const Step& z) {
-    const bool has_past = ctx.has_input(in);
-    if (has_past && ctx.has_output(out) && ctx.input(in).shape() == shape &&
-        ctx.can_overwrite(in)) {
+  // has the present's shape (the `.place` rule below says the same), else a fresh output
+  // (keep_past fills it); undefined when the node has no such output (the workspace's).
+  static Tensor present(OpContext& ctx, size_t out, size_t in, const Shape& shape) {
+    if (!ctx.has_output(out)) return Tensor();
+    if (ctx.has_input(in) && ctx.input(in).shape() == shape && ctx.can_overwrite(in)) {
       Tensor shared = ctx.input(in);
       ctx.set_output(out, shared);
       return shared;
     }
-    Tensor t = ctx.has_output(out) ? ctx.output(out, DataType::Float, shape)
-                                   : ctx.allocate(DataType::Float, shape);
-    const int64_t H = shape[3], cap = shape[2], Nk = shape[1];
-    const float* past = has_past ? ctx.input(in).data<const float>() : nullptr;
+    return ctx.output(out, DataType::Float, shape);
+  }
+
+  // A present `t` that is not the past itself: batch b's first pasts[b] rows copied from the
+  // past input `in` and the rows after this step's zeroed, as onnxruntime leaves them.
+  static void keep_past(OpContext& ctx, size_t in, const Tensor& t, const Step& z) {
+    const int64_t H = t.dim(3), cap = t.dim(2), Nk = t.dim(1);
+    const float* past = ctx.has_input(in) ? ctx.input(in).data<const float>() : nullptr;
     float* dst = t.data<float>();
     uint64_t copied = 0;
     for (int64_t b = 0; b < z.B; ++b) {
@@ -297,7 +347,6 @@ class GroupQueryAttention final : public Kernel {
       }
     }
     if (copied) ctx.count_copy(copied, CopyCause::Concat);
-    return t;
   }
 
   // Writes this step's rows of K or V (rows of `src_row` floats, kv heads side by side) into
@@ -313,7 +362,7 @@ class GroupQueryAttention final : public Kernel {
         for (int64_t s = 0; s < z.S; ++s) {
           const float* from = src + (b * z.S + s) * src_row + h * H;
           if (rot.dim > 0) {
-            const int64_t at = (*rot.pos)[static_cast<size_t>(b * z.S + s)] * (rot.dim / 2);
+            const int64_t at = rot.pos[b * z.S + s] * (rot.dim / 2);
             rotate_head(from, plane + s * H, H, rot.dim, rot.cos + at, rot.sin + at, interleaved_);
           } else {
             std::memcpy(plane + s * H, from, static_cast<size_t>(H) * sizeof(float));
@@ -381,6 +430,33 @@ void place_group_query_attention(Placement& p) {
   p.allocate(0);
 }
 
+// The kernel's workspace (gqa_parts) for these shapes on c.threads() threads; the present's
+// length is total_sequence_length's value (or the past's when longer).
+uint64_t group_query_attention_workspace(const ShapeContext& c) {
+  const Shape& q = c.shape(kQuery);
+  const int64_t n = c.attr_i("num_heads", 0), nk = c.attr_i("kv_num_heads", 0);
+  if (q.size() != 3 || q[0] < 0 || q[1] < 0 || q[2] <= 0 || n <= 0 || nk <= 0 || n % nk) {
+    unknown("query or head counts");
+  }
+  const int64_t h = q[2] / (c.has(kKey) ? n : n + 2 * nk);
+  const std::vector<int64_t>& total = c.data(kTotalSeqLen);
+  if (total.size() != 1) unknown("total_sequence_length");
+  int64_t present = total[0];
+  if (c.has(kPastKey)) {
+    const Shape& pk = c.shape(kPastKey);
+    if (pk.size() != 4 || pk[2] < 0) unknown("past of another rank");
+    present = std::max(present, pk[2]);
+  }
+  if (present < 0) unknown("total_sequence_length");
+  Request r;
+  r.d = {q[0], n, nk, q[1], present, h, h};
+  r.rotary = c.attr_i("do_rotary", 0) != 0;
+  r.present_k = !c.has_out(1);
+  r.present_v = !c.has_out(2);
+  r.threads = c.threads();
+  return gqa_parts(r).layout.bytes();
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.domain = "com.microsoft",
@@ -394,6 +470,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .types = "float",
                   .shape = group_query_attention_shape,
                   .place = place_group_query_attention,
+                  .workspace = group_query_attention_workspace,
                   .create = make<GroupQueryAttention>});
 
 }  // namespace kiln::ops

@@ -27,6 +27,45 @@
 namespace kiln::ops {
 namespace {
 
+// The sizes and inputs one run's workspace depends on.
+struct Request {
+  sdpa::Dims d;                               // T counts the past
+  int64_t L = 0;                              // this step's keys
+  bool bias = false;                          // input 3
+  bool present_k = false, present_v = false;  // a past without output 1 / 2
+  bool mask = false;                          // key_padding_mask or unidirectional
+  int64_t mask_heads = 1;                     // heads of the mask (attention_bias's)
+  int threads = 1;
+};
+
+// The workspace, as both the kernel and multihead_attention_workspace lay it out: Q, K and V
+// with their bias added; present K and V when they are not outputs; the additive mask; the
+// core's scratch. Parts not taken are empty.
+struct Parts {
+  WorkspaceLayout layout;
+  int q = -1, k = -1, v = -1, present_k = -1, present_v = -1, mask = -1;
+  sdpa::CoreParts core;
+};
+
+Shape mask_shape(const Request& r) {
+  return {r.d.B, r.mask_heads, r.d.Sq, r.d.T};
+}
+
+Parts mha_parts(const Request& r) {
+  Parts p;
+  WorkspaceLayout& l = p.layout;
+  const sdpa::Dims& d = r.d;
+  const int64_t b = r.bias ? 1 : 0;
+  p.q = l.add(DataType::Float, b * d.B * d.Sq * d.Hq * d.D);
+  p.k = l.add(DataType::Float, b * d.B * r.L * d.Hkv * d.D);
+  p.v = l.add(DataType::Float, b * d.B * r.L * d.Hkv * d.Dv);
+  p.present_k = l.add(DataType::Float, r.present_k ? d.B * d.Hkv * d.T * d.D : 0);
+  p.present_v = l.add(DataType::Float, r.present_v ? d.B * d.Hkv * d.T * d.Dv : 0);
+  p.mask = l.add(DataType::Float, r.mask ? shape_numel(mask_shape(r)) : 0);
+  p.core = sdpa::core_parts(l, d, DataType::Float, r.threads);
+  return p;
+}
+
 class MultiHeadAttention final : public Kernel {
  public:
   explicit MultiHeadAttention(const NodeInfo& info)
@@ -75,23 +114,6 @@ class MultiHeadAttention final : public Kernel {
     }
     const int64_t Hv = Dv / heads_;
 
-    Tensor q = sdpa::heads_view(query, heads_), k = key, v = value;
-    if (ctx.has_input(3)) {
-      const Tensor& bias = ctx.input(3);
-      if (per_head) ctx.fail("bias cannot be combined with per-head key and value");
-      if (bias.dtype() != DataType::Float || bias.shape() != Shape{2 * D + Dv}) {
-        ctx.fail("bias " + bias.describe() + " must be float [" + std::to_string(2 * D + Dv) + "]");
-      }
-      const float* pb = bias.data<const float>();
-      q = sdpa::heads_view(with_bias(ctx, query, pb), heads_);
-      k = with_bias(ctx, key, pb + D);
-      v = with_bias(ctx, value, pb + 2 * D);
-    }
-    if (!per_head) {
-      k = sdpa::heads_view(k, heads_);
-      v = sdpa::heads_view(v, heads_);
-    }
-
     int64_t P = 0;
     if (ctx.has_input(6) || ctx.has_input(7)) {
       if (!ctx.has_input(6) || !ctx.has_input(7)) {
@@ -105,24 +127,71 @@ class MultiHeadAttention final : public Kernel {
         ctx.fail("past_key " + pk.describe() + " / past_value " + pv.describe() +
                  " must be [batch, heads, past, head size] beside 3-D key and value");
       }
-      k = sdpa::append_cache(ctx, 1, pk, k);
-      v = sdpa::append_cache(ctx, 2, pv, v);
-    } else {
-      if (ctx.has_output(1)) copy_out(ctx, 1, k);
-      if (ctx.has_output(2)) copy_out(ctx, 2, v);
     }
+    const bool has_past = ctx.has_input(6);
     const int64_t T = P + L;
+    const Tensor* attn_bias = attention_bias(ctx, B, S, T);
+    if (ctx.has_input(3)) {
+      const Tensor& bias = ctx.input(3);
+      if (per_head) ctx.fail("bias cannot be combined with per-head key and value");
+      if (bias.dtype() != DataType::Float || bias.shape() != Shape{2 * D + Dv}) {
+        ctx.fail("bias " + bias.describe() + " must be float [" + std::to_string(2 * D + Dv) + "]");
+      }
+    }
 
+    // The outputs in the order the contract states them (output 0, then the presents), then
+    // the workspace (mha_parts).
     Tensor& out = ctx.output(0, DataType::Float, {B, S, Dv});
+    Tensor present_k, present_v;
+    if (ctx.has_output(1)) present_k = ctx.output(1, DataType::Float, {B, heads_, T, H});
+    if (ctx.has_output(2)) present_v = ctx.output(2, DataType::Float, {B, heads_, T, Hv});
+    Request r;
+    r.d = {B, heads_, heads_, S, T, H, Hv};
+    r.L = L;
+    r.bias = ctx.has_input(3);
+    r.present_k = has_past && !ctx.has_output(1);
+    r.present_v = has_past && !ctx.has_output(2);
+    r.mask = ctx.has_input(4) || unidirectional_;
+    r.mask_heads = attn_bias && attn_bias->dim(1) != 1 ? heads_ : 1;
+    r.threads = ctx.threads();
+    const Parts parts = mha_parts(r);
+    const Workspace space(ctx, parts.layout);
+
+    Tensor q = sdpa::heads_view(query, heads_), k = key, v = value;
+    if (r.bias) {
+      const float* pb = ctx.input(3).data<const float>();
+      q = sdpa::heads_view(with_bias(query, pb, space.tensor(parts.q, query.shape())), heads_);
+      k = with_bias(key, pb + D, space.tensor(parts.k, key.shape()));
+      v = with_bias(value, pb + 2 * D, space.tensor(parts.v, value.shape()));
+    }
+    if (!per_head) {
+      k = sdpa::heads_view(k, heads_);
+      v = sdpa::heads_view(v, heads_);
+    }
+    if (has_past) {
+      if (!present_k.defined()) present_k = space.tensor(parts.present_k, {B, heads_, T, H});
+      if (!present_v.defined()) present_v = space.tensor(parts.present_v, {B, heads_, T, Hv});
+      sdpa::append_cache(ctx, ctx.input(6), k, present_k);
+      sdpa::append_cache(ctx, ctx.input(7), v, present_v);
+      k = present_k;
+      v = present_v;
+    } else {
+      if (present_k.defined()) copy_out(ctx, k, present_k);
+      if (present_v.defined()) copy_out(ctx, v, present_v);
+    }
+
     const Tensor y = sdpa::heads_view(out, heads_);
     sdpa::Problem<float> p;
-    p.B = B, p.Hq = p.Hkv = heads_, p.Sq = S, p.T = T, p.D = H, p.Dv = Hv;
+    static_cast<sdpa::Dims&>(p) = r.d;
     p.q = q.data<const float>(), p.lq = sdpa::layout_of(q);
     p.k = k.data<const float>(), p.lk = sdpa::layout_of(k);
     p.v = v.data<const float>(), p.lv = sdpa::layout_of(v);
     p.y = y.data<float>(), p.ly = sdpa::layout_of(y);
     p.scale = scale_ != 0 ? scale_ : 1.0f / std::sqrt(static_cast<float>(H));
-    const Tensor mask = additive_mask(ctx, B, S, P, T);
+    const Tensor mask =
+        r.mask ? additive_mask(ctx, B, S, P, T, attn_bias, space.tensor(parts.mask, mask_shape(r)))
+        : attn_bias ? *attn_bias
+                    : Tensor();
     if (mask.defined()) {
       p.mask = sdpa::MaskKind::Additive;
       p.mask_add = mask.data<const float>();
@@ -130,49 +199,48 @@ class MultiHeadAttention final : public Kernel {
       const Shape& st = mask.strides();
       for (size_t d = 0; d < 4; ++d) p.ms[d] = mask.dim(d) == 1 && d < 3 ? 0 : st[d];
     }
-    sdpa::solve(ctx, p);
+    sdpa::solve(p, space, parts.core);
   }
 
  private:
-  // t [B, L, n] + bias[n] (broadcast over rows), as scratch.
-  static Tensor with_bias(OpContext& ctx, const Tensor& t, const float* bias) {
-    Tensor r = ctx.allocate(DataType::Float, t.shape());
+  // dst = t [B, L, n] + bias[n] (broadcast over rows); returns dst.
+  static Tensor with_bias(const Tensor& t, const float* bias, Tensor dst) {
     const int64_t n = t.dim(2), rows = t.dim(0) * t.dim(1);
     const float* src = t.data<const float>();
-    float* dst = r.data<float>();
+    float* out = dst.data<float>();
     parallel_for(rows, grain_for(n), [&](int64_t r0, int64_t r1) {
       for (int64_t i = r0; i < r1; ++i) {
-        for (int64_t j = 0; j < n; ++j) dst[i * n + j] = src[i * n + j] + bias[j];
+        for (int64_t j = 0; j < n; ++j) out[i * n + j] = src[i * n + j] + bias[j];
       }
     });
-    return r;
+    return dst;
   }
 
-  // Output o = t ([B, N, L, H], any row layout), the present state without a past.
-  static void copy_out(OpContext& ctx, size_t o, const Tensor& t) {
-    Tensor& present = ctx.output(o, DataType::Float, t.shape());
+  // present = t ([B, N, L, H], any row layout), the present state without a past.
+  static void copy_out(OpContext& ctx, const Tensor& t, const Tensor& present) {
     sdpa::copy_heads(t, present);
     ctx.count_copy(present.nbytes(), CopyCause::Kernel);
   }
 
-  // The additive mask [B or 1, N or 1, S, T] of key_padding_mask, unidirectional and
-  // attention_bias; undefined when there is none. attention_bias alone is used as it is.
-  Tensor additive_mask(OpContext& ctx, int64_t B, int64_t S, int64_t P, int64_t T) const {
-    const Tensor* bias = nullptr;
-    if (ctx.has_input(5)) {
-      const Tensor& a = ctx.input(5);
-      if (a.dtype() != DataType::Float || a.rank() != 4 || (a.dim(0) != 1 && a.dim(0) != B) ||
-          (a.dim(1) != 1 && a.dim(1) != heads_) || a.dim(2) != S || a.dim(3) != T) {
-        ctx.fail("attention_bias " + a.describe() + " must be float [B or 1, N or 1, " +
-                 std::to_string(S) + ", " + std::to_string(T) + "]");
-      }
-      bias = &a;
+  // attention_bias [B or 1, N or 1, S, T] (checked), or null when absent.
+  const Tensor* attention_bias(const OpContext& ctx, int64_t B, int64_t S, int64_t T) const {
+    if (!ctx.has_input(5)) return nullptr;
+    const Tensor& a = ctx.input(5);
+    if (a.dtype() != DataType::Float || a.rank() != 4 || (a.dim(0) != 1 && a.dim(0) != B) ||
+        (a.dim(1) != 1 && a.dim(1) != heads_) || a.dim(2) != S || a.dim(3) != T) {
+      ctx.fail("attention_bias " + a.describe() + " must be float [B or 1, N or 1, " +
+               std::to_string(S) + ", " + std::to_string(T) + "]");
     }
+    return &a;
+  }
+
+  // The additive mask [B, N or 1, S, T] of key_padding_mask, unidirectional and
+  // attention_bias `bias` (null: none), into `m` (its workspace part).
+  Tensor additive_mask(OpContext& ctx, int64_t B, int64_t S, int64_t P, int64_t T,
+                       const Tensor* bias, Tensor m) const {
     const Tensor* pad = ctx.has_input(4) ? &ctx.input(4) : nullptr;
-    if (!pad && !unidirectional_) return bias ? *bias : Tensor();
     const int kind = pad ? padding_kind(ctx, *pad, B, S, T) : 0;
-    const int64_t NB = bias && bias->dim(1) != 1 ? heads_ : 1;
-    Tensor m = ctx.allocate(DataType::Float, {B, NB, S, T});
+    const int64_t NB = m.dim(1);
     float* pm = m.data<float>();
     const int32_t* pd = pad ? pad->data<const int32_t>() : nullptr;
     for (int64_t b = 0; b < B; ++b) {
@@ -242,6 +310,38 @@ void multihead_attention_shape(ShapeContext& c) {
   if (c.has_out(2)) c.set(2, c.dtype(0), {q[0], heads, total, hv});
 }
 
+// The kernel's workspace (mha_parts) for these shapes on c.threads() threads.
+uint64_t multihead_attention_workspace(const ShapeContext& c) {
+  const Shape& q = c.shape(0);
+  const int64_t heads = c.attr_i("num_heads", 0);
+  if (q.size() != 3 || heads <= 0 || q[2] < 0 || !c.has(1) || !c.has(2)) unknown("query");
+  const Shape& k = c.shape(1);
+  const Shape& v = c.shape(2);
+  if (k.size() != v.size() || (k.size() != 3 && k.size() != 4)) unknown("packed key and value");
+  const bool per_head = k.size() == 4;
+  Request r;
+  r.L = per_head ? k[2] : k[1];
+  const int64_t hv = per_head ? v[3] : v[2] / heads;
+  int64_t past = 0;
+  if (c.has(6)) {
+    if (c.shape(6).size() != 4) unknown("past of another rank");
+    past = c.shape(6)[2];
+  }
+  r.d = {q[0], heads, heads, q[1], past + r.L, q[2] / heads, hv};
+  for (int64_t n : {q[0], q[1], r.L, hv, past})
+    if (n < 0) unknown("sizes");
+  r.bias = c.has(3);
+  r.present_k = c.has(6) && !c.has_out(1);
+  r.present_v = c.has(6) && !c.has_out(2);
+  r.mask = c.has(4) || c.attr_i("unidirectional", 0) != 0;
+  if (c.has(5)) {
+    if (c.shape(5).size() != 4) unknown("attention_bias of another rank");
+    r.mask_heads = c.shape(5)[1] != 1 ? heads : 1;
+  }
+  r.threads = c.threads();
+  return mha_parts(r).layout.bytes();
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.domain = "com.microsoft",
@@ -253,6 +353,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .max_outputs = 4,
                   .types = "float",
                   .shape = multihead_attention_shape,
+                  .workspace = multihead_attention_workspace,
                   .create = make<MultiHeadAttention>});
 
 }  // namespace kiln::ops

@@ -9,9 +9,15 @@ int WorkspaceLayout::add(DataType dtype, int64_t elements) {
   const uint64_t size = storage_bytes(dtype, elements);
   const uint64_t offset = (bytes_ + kAlign - 1) / kAlign * kAlign;
   if (size > UINT64_MAX / 2 - offset) throw std::length_error("workspace too large");
-  parts_.push_back({dtype, elements, offset});
+  if (count_ == kMaxParts) throw std::logic_error("workspace of too many parts");
+  parts_[static_cast<size_t>(count_)] = {dtype, elements, offset};
   bytes_ = offset + size;
-  return static_cast<int>(parts_.size() - 1);
+  return count_++;
+}
+
+const WorkspaceLayout::Part& WorkspaceLayout::part(int i) const {
+  if (i < 0 || i >= count_) throw std::out_of_range("no such workspace part");
+  return parts_[static_cast<size_t>(i)];
 }
 
 Workspace::Workspace(OpContext& ctx, const WorkspaceLayout& layout) : layout_(layout) {

@@ -3,8 +3,8 @@
 // the bytes the contract declares are the bytes the kernel takes.
 #pragma once
 
+#include <array>
 #include <cstdint>
-#include <vector>
 
 #include "kiln/tensor.h"
 #include "ops/kernel.h"
@@ -19,14 +19,18 @@ class WorkspaceLayout {
     uint64_t offset;  // bytes from the workspace's start, a multiple of kAlign
   };
   static constexpr uint64_t kAlign = 64;
+  // Parts a layout may hold: kept inline, so that a kernel laying out its workspace on every
+  // run allocates nothing.
+  static constexpr int kMaxParts = 16;
 
   // Adds a part of `elements` (>= 0) of `dtype` and returns its index.
   int add(DataType dtype, int64_t elements);
   uint64_t bytes() const { return bytes_; }
-  const Part& part(int i) const { return parts_.at(static_cast<size_t>(i)); }
+  const Part& part(int i) const;
 
  private:
-  std::vector<Part> parts_;
+  std::array<Part, kMaxParts> parts_{};
+  int count_ = 0;
   uint64_t bytes_ = 0;
 };
 

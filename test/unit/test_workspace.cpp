@@ -1,9 +1,10 @@
 // Kernels whose scratch is a workspace their contract declares (Conv, ConvTranspose,
-// DeformConv, com.microsoft Attention): on two threads, where the per-thread parts of their
-// workspaces take a slot per thread, and for float16, whose widened inputs and float results
-// are parts too, the arena planned from the contracts equals the one recorded from the run, and
-// no kernel takes scratch outside it (RunStats::unplanned_scratch). The results equal those of
-// one thread.
+// DeformConv, com.microsoft Attention, and the attention ops on the shared core: ONNX
+// Attention, MultiHeadAttention, GroupQueryAttention, FlexAttention): on two threads, where the
+// per-thread parts of their workspaces take a slot per thread, and for float16, whose widened
+// inputs and float results are parts too, the arena planned from the contracts equals the one
+// recorded from the run, and no kernel takes scratch outside it (RunStats::unplanned_scratch). The
+// results equal those of one thread.
 #include <memory>
 #include <random>
 #include <string>
@@ -21,6 +22,7 @@ struct Case {
   std::shared_ptr<ir::Graph> (*graph)();
   std::vector<std::pair<std::string, Shape>> inputs;
   DataType dtype = DataType::Float;
+  int64_t opset = 19;
 };
 
 std::vector<NamedValue> feeds(const Case& c) {
@@ -41,7 +43,7 @@ std::vector<NamedValue> feeds(const Case& c) {
 // Runs `c` twice on `threads` threads: the first run's arena planned from the contracts,
 // the second's recorded from the first. Returns the first run's outputs.
 std::vector<NamedValue> check_planned(const Case& c, int threads) {
-  Session s = make_session(c.graph(), 19, threads);
+  Session s = make_session(c.graph(), c.opset, threads);
   std::vector<NamedValue> out = s.run(feeds(c));
   const RunStats first = s.last_run_stats();
   s.run(feeds(c));
@@ -118,6 +120,76 @@ std::shared_ptr<ir::Graph> attention() {
   return b.build();
 }
 
+// Grouped heads with a past and no present outputs (present in the workspace), an additive
+// mask (float16: converted, as are Q, K, V and Y), long enough query blocks that K and V are
+// packed once for the tasks, whose scores are per-thread parts.
+std::shared_ptr<ir::Graph> onnx_attention() {
+  GraphBuilder b;
+  b.input("q", g_dtype, {2, 4, 64, 16}, true);
+  b.input("k", g_dtype, {2, 2, 64, 16}, true);
+  b.input("v", g_dtype, {2, 2, 64, 16}, true);
+  b.input("mask", g_dtype, {64, 72}, true);
+  b.input("past_k", g_dtype, {2, 2, 8, 16}, true);
+  b.input("past_v", g_dtype, {2, 2, 8, 16}, true);
+  b.node("Attention", {"q", "k", "v", "mask", "past_k", "past_v"}, {"y"});
+  b.output("y");
+  return b.build();
+}
+
+// Bias added to Q, K and V, a past without present outputs, unidirectional with a per-head
+// attention_bias (one mask in the workspace).
+std::shared_ptr<ir::Graph> multihead_attention() {
+  GraphBuilder b;
+  b.input("q", DataType::Float, {2, 16, 64}, true);
+  b.input("k", DataType::Float, {2, 16, 64}, true);
+  b.input("v", DataType::Float, {2, 16, 64}, true);
+  b.input("bias", DataType::Float, {192}, true);
+  b.input("attn_bias", DataType::Float, {1, 4, 16, 24}, true);
+  b.input("past_k", DataType::Float, {2, 4, 8, 16}, true);
+  b.input("past_v", DataType::Float, {2, 4, 8, 16}, true);
+  b.node("MultiHeadAttention", {"q", "k", "v", "bias", "", "attn_bias", "past_k", "past_v"}, {"y"},
+         {int_attr("num_heads", 4), int_attr("unidirectional", 1)}, "com.microsoft");
+  b.output("y");
+  return b.build();
+}
+
+// Rotated queries and keys, grouped heads, the batch's lengths from constant inputs, present
+// in the workspace.
+std::shared_ptr<ir::Graph> group_query_attention() {
+  GraphBuilder b;
+  b.input("q", DataType::Float, {1, 4, 64}, true);
+  b.input("k", DataType::Float, {1, 4, 32}, true);
+  b.input("v", DataType::Float, {1, 4, 32}, true);
+  b.input("past_k", DataType::Float, {1, 2, 6, 16}, true);
+  b.input("past_v", DataType::Float, {1, 2, 6, 16}, true);
+  b.input("cos", DataType::Float, {16, 8}, true);
+  b.input("sin", DataType::Float, {16, 8}, true);
+  Tensor seqlens = Tensor::zeros(DataType::Int32, {1});
+  seqlens.data<int32_t>()[0] = 9;
+  b.initializer("seqlens", seqlens);
+  b.initializer("total", Tensor::scalar<int32_t>(10));
+  b.node("GroupQueryAttention",
+         {"q", "k", "v", "past_k", "past_v", "seqlens", "total", "cos", "sin"}, {"y"},
+         {int_attr("num_heads", 4), int_attr("kv_num_heads", 2), int_attr("do_rotary", 1)},
+         "com.microsoft");
+  b.output("y");
+  return b.build();
+}
+
+// Grouped heads; float16 inputs computed in float, float ones with float16 probabilities
+// (rounded in the workspace and widened back).
+std::shared_ptr<ir::Graph> flex_attention() {
+  GraphBuilder b;
+  b.input("q", g_dtype, {2, 4, 24, 16}, true);
+  b.input("k", g_dtype, {2, 2, 40, 16}, true);
+  b.input("v", g_dtype, {2, 2, 40, 8}, true);
+  std::vector<ir::Attribute> attrs;
+  if (g_dtype == DataType::Float) attrs.push_back(int_attr("softmax_precision", 10));
+  b.node("FlexAttention", {"q", "k", "v"}, {"y"}, attrs, "ai.onnx.preview");
+  b.output("y");
+  return b.build();
+}
+
 }  // namespace
 
 TEST_CASE("kernels with per-thread and float16 workspaces are planned from their contracts",
@@ -146,5 +218,46 @@ TEST_CASE("kernels with per-thread and float16 workspaces are planned from their
                   {{"x", {2, 8, 64}}, {"w", {64, 192}}, {"b", {192}}, {"past", {2, 2, 4, 3, 16}}},
                   dtype});
     }
+    SECTION(std::string("ONNX Attention ") + std::string(data_type_name(dtype))) {
+      check_case({onnx_attention,
+                  {{"q", {2, 4, 64, 16}},
+                   {"k", {2, 2, 64, 16}},
+                   {"v", {2, 2, 64, 16}},
+                   {"mask", {64, 72}},
+                   {"past_k", {2, 2, 8, 16}},
+                   {"past_v", {2, 2, 8, 16}}},
+                  dtype,
+                  23});
+    }
+    SECTION(std::string("FlexAttention ") + std::string(data_type_name(dtype))) {
+      check_case({flex_attention,
+                  {{"q", {2, 4, 24, 16}}, {"k", {2, 2, 40, 16}}, {"v", {2, 2, 40, 8}}},
+                  dtype});
+    }
+  }
+}
+
+// The contrib attention ops take float only.
+TEST_CASE("the attention ops' scratch is planned from their contracts", "[arena][workspace]") {
+  g_dtype = DataType::Float;
+  SECTION("MultiHeadAttention") {
+    check_case({multihead_attention,
+                {{"q", {2, 16, 64}},
+                 {"k", {2, 16, 64}},
+                 {"v", {2, 16, 64}},
+                 {"bias", {192}},
+                 {"attn_bias", {1, 4, 16, 24}},
+                 {"past_k", {2, 4, 8, 16}},
+                 {"past_v", {2, 4, 8, 16}}}});
+  }
+  SECTION("GroupQueryAttention") {
+    check_case({group_query_attention,
+                {{"q", {1, 4, 64}},
+                 {"k", {1, 4, 32}},
+                 {"v", {1, 4, 32}},
+                 {"past_k", {1, 2, 6, 16}},
+                 {"past_v", {1, 2, 6, 16}},
+                 {"cos", {16, 8}},
+                 {"sin", {16, 8}}}});
   }
 }
