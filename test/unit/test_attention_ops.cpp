@@ -704,6 +704,38 @@ TEST_CASE("LinearAttention matches the recurrence for larger heads and query gro
   }
 }
 
+TEST_CASE("LinearAttention on float16 and bfloat16 matches the float recurrence", "[attention]") {
+  std::mt19937 rng(23);
+  auto as_float = [](const Tensor& t) {
+    std::vector<float> v;
+    for (int64_t i = 0; i < t.numel(); ++i) v.push_back(float(element(t, i)));
+    return Tensor::from_vector<float>(t.shape(), v);
+  };
+  for (DataType type : {DataType::Float16, DataType::BFloat16}) {
+    for (const bool state_out : {true, false}) {
+      const int64_t B = 2, T = 5, Hk = 2, Hq = 4, dk = 12, dv = 8;
+      Tensor q = random_tensor(type, {B, T, Hq * dk}, rng, -0.5, 0.5);
+      Tensor k = random_tensor(type, {B, T, Hk * dk}, rng, -0.5, 0.5);
+      Tensor v = random_tensor(type, {B, T, Hk * dv}, rng);
+      Tensor past = random_tensor(type, {B, Hk, dk, dv}, rng);
+      Tensor decay = random_tensor(type, {B, T, Hk * dk}, rng, -1, 0);
+      Tensor beta = random_tensor(type, {B, T, Hk}, rng, 0, 1);
+      OpTest t("LinearAttention", 27);
+      t.input(q).input(k).input(v).input(past).input(decay).input(beta);
+      t.attr("q_num_heads", Hq).attr("kv_num_heads", Hk).outputs(state_out ? 2 : 1);
+      const auto outs = t.run();
+      const Tensor fd = as_float(decay), fb = as_float(beta), fp = as_float(past);
+      auto [y, state] =
+          naive_linear(as_float(q), as_float(k), as_float(v), &fp, &fd, &fb, Hq, Hk, true, true);
+      INFO(data_type_name(type) << (state_out ? " with" : " without") << " the state output");
+      REQUIRE(outs[0].tensor().dtype() == type);
+      const double tol = type == DataType::Float16 ? 1e-2 : 5e-2;
+      require_close(as_float(outs[0].tensor()), y, tol, tol);
+      if (state_out) require_close(as_float(outs[1].tensor()), state, tol, tol);
+    }
+  }
+}
+
 // ---- CausalConvWithState ----
 
 TEST_CASE("CausalConvWithState matches a direct convolution and carries state", "[attention]") {

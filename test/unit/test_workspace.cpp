@@ -1,10 +1,10 @@
 // Kernels whose scratch is a workspace their contract declares (Conv, ConvTranspose,
-// DeformConv, com.microsoft Attention, and the attention ops on the shared core: ONNX
-// Attention, MultiHeadAttention, GroupQueryAttention, FlexAttention): on two threads, where the
-// per-thread parts of their workspaces take a slot per thread, and for float16, whose widened
-// inputs and float results are parts too, the arena planned from the contracts equals the one
-// recorded from the run, and no kernel takes scratch outside it (RunStats::unplanned_scratch). The
-// results equal those of one thread.
+// DeformConv, com.microsoft Attention, the ops on the shared attention core: ONNX Attention,
+// MultiHeadAttention, GroupQueryAttention, FlexAttention, and LinearAttention): on two
+// threads, where the per-thread parts of their workspaces take a slot per thread, and for
+// float16, whose widened inputs and float results are parts too, the arena planned from the
+// contracts equals the one recorded from the run, and no kernel takes scratch outside it
+// (RunStats::unplanned_scratch). The results equal those of one thread.
 #include <memory>
 #include <random>
 #include <string>
@@ -190,6 +190,23 @@ std::shared_ptr<ir::Graph> flex_attention() {
   return b.build();
 }
 
+// The gated delta rule with grouped heads, a past state and the state output (float16:
+// inputs widened, output and state kept in float), a product's rows per thread slot.
+std::shared_ptr<ir::Graph> linear_attention() {
+  GraphBuilder b;
+  b.input("q", g_dtype, {2, 8, 64}, true);
+  b.input("k", g_dtype, {2, 8, 32}, true);
+  b.input("v", g_dtype, {2, 8, 32}, true);
+  b.input("past", g_dtype, {2, 2, 16, 16}, true);
+  b.input("decay", g_dtype, {2, 8, 2}, true);
+  b.input("beta", g_dtype, {2, 8, 2}, true);
+  b.node("LinearAttention", {"q", "k", "v", "past", "decay", "beta"}, {"y", "state"},
+         {int_attr("q_num_heads", 4), int_attr("kv_num_heads", 2)});
+  b.output("y");
+  b.output("state");
+  return b.build();
+}
+
 }  // namespace
 
 TEST_CASE("kernels with per-thread and float16 workspaces are planned from their contracts",
@@ -228,6 +245,17 @@ TEST_CASE("kernels with per-thread and float16 workspaces are planned from their
                    {"past_v", {2, 2, 8, 16}}},
                   dtype,
                   23});
+    }
+    SECTION(std::string("LinearAttention ") + std::string(data_type_name(dtype))) {
+      check_case({linear_attention,
+                  {{"q", {2, 8, 64}},
+                   {"k", {2, 8, 32}},
+                   {"v", {2, 8, 32}},
+                   {"past", {2, 2, 16, 16}},
+                   {"decay", {2, 8, 2}},
+                   {"beta", {2, 8, 2}}},
+                  dtype,
+                  27});
     }
     SECTION(std::string("FlexAttention ") + std::string(data_type_name(dtype))) {
       check_case({flex_attention,
