@@ -768,43 +768,88 @@ class Attention final : public Kernel {
   int64_t left_ = -1, right_ = -1;
 };
 
-// 4-D inputs with only the first output: Q's shape with V's head size.
-void attention_shape(ShapeContext& c) {
+// The sizes the kernel reads off Q, K and V ([B, Hq, Sq, D], [B, Hkv, S, D], [B, Hkv, S, Dv]),
+// 3-D inputs split into heads by q_num_heads/kv_num_heads; unknown() when they are not
+// known or disagree (the kernel then fails the node).
+struct AttentionSizes {
+  int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, S = 0, D = 0, Dv = 0, past = 0;
+  size_t rank = 0;
+};
+
+AttentionSizes attention_sizes(const ShapeContext& c) {
   const Shape& q = c.shape(0);
+  const Shape& k = c.shape(1);
   const Shape& v = c.shape(2);
-  if (q.size() != 4 || v.size() != 4) unknown("only 4-D attention is inferred");
-  for (size_t i = 1; i < c.num_outputs(); ++i)
-    if (c.has_out(i)) unknown("present outputs are not inferred");
-  c.set(0, c.dtype(0), {q[0], q[1], q[2], v[3]});
+  AttentionSizes z;
+  z.rank = q.size();
+  if ((z.rank != 3 && z.rank != 4) || k.size() != z.rank || v.size() != z.rank) {
+    unknown("Q, K and V of another rank");
+  }
+  for (const Shape* s : {&q, &k, &v})
+    for (int64_t d : *s)
+      if (d < 0) unknown("sizes");
+  if (z.rank == 3) {
+    const int64_t qh = c.attr_i("q_num_heads", 0), kvh = c.attr_i("kv_num_heads", 0);
+    if (qh <= 0 || kvh <= 0 || q[2] % qh || k[2] % kvh || v[2] % kvh) unknown("head counts");
+    z = {q[0], qh, kvh, q[1], k[1], q[2] / qh, v[2] / kvh, 0, 3};
+  } else {
+    z = {q[0], q[1], k[1], q[2], k[2], q[3], v[3], 0, 4};
+  }
+  if (k[0] != z.B || v[0] != z.B || (z.rank == 4 && (v[1] != z.Hkv || v[2] != z.S)) ||
+      (z.rank == 3 && v[1] != z.S) || (z.rank == 4 && k[3] != z.D) ||
+      (z.rank == 3 && k[2] / z.Hkv != z.D) || z.Hkv <= 0 || z.Hq % z.Hkv) {
+    unknown("Q, K and V disagree");
+  }
+  if (c.has(4) != c.has(5)) unknown("past_key without past_value");
+  if (c.has(4)) {
+    const Shape& pk = c.shape(4);
+    if (pk.size() != 4 || pk[2] < 0) unknown("past of another rank");
+    z.past = pk[2];
+  }
+  return z;
+}
+
+// Y ([B, Sq, Hq*Dv] for 3-D inputs, else [B, Hq, Sq, Dv]), present_key/value (the past
+// extended by K and V, or K and V themselves in heads without a past) and the scores.
+void attention_shape(ShapeContext& c) {
+  const AttentionSizes z = attention_sizes(c);
+  const int64_t T = z.past + z.S;
+  c.set(0, c.dtype(0), z.rank == 3 ? Shape{z.B, z.Sq, z.Hq * z.Dv} : Shape{z.B, z.Hq, z.Sq, z.Dv});
+  c.set(1, c.dtype(1), {z.B, z.Hkv, T, z.D});
+  c.set(2, c.dtype(2), {z.B, z.Hkv, T, z.Dv});
+  c.set(3, c.dtype(0), {z.B, z.Hq, z.Sq, T});
+}
+
+// In the kernel's order: present_key/value made for a past, else K and V viewed in heads
+// (heads_view's strides); then Y and the scores.
+void place_attention(Placement& p) {
+  const ir::Node& node = p.node();
+  const bool has_past = node.inputs.size() > 4 && node.inputs[4] != ir::kNoValue;
+  const auto produced = [&](size_t o) {
+    return o < node.outputs.size() && node.outputs[o] != ir::kNoValue;
+  };
+  for (size_t o : {size_t{1}, size_t{2}}) {
+    if (!produced(o)) continue;
+    if (has_past) {
+      p.allocate(o);
+      continue;
+    }
+    Shape s = p.strides(o);
+    if (s.size() == 3) {
+      const int64_t d = p.output(o).shape[3];
+      s = {s[0], d * s[2], s[1], s[2]};
+    }
+    p.view(o, o, std::move(s));
+  }
+  p.allocate(0);
+  if (produced(3)) p.allocate(3);
 }
 
 // The kernel's workspace (attention_parts) for these shapes on c.threads() threads.
 uint64_t attention_workspace(const ShapeContext& c) {
-  const Shape& q = c.shape(0);
-  const Shape& k = c.shape(1);
-  const Shape& v = c.shape(2);
+  const AttentionSizes z = attention_sizes(c);
   Request r;
-  sdpa::Dims& d = r.d;
-  int64_t S = 0;
-  if (q.size() == 3 && k.size() == 3 && v.size() == 3) {
-    const int64_t qh = c.attr_i("q_num_heads", 0), kvh = c.attr_i("kv_num_heads", 0);
-    if (qh <= 0 || kvh <= 0 || q[2] < 0 || k[2] < 0 || v[2] < 0) unknown("head counts");
-    d = {q[0], qh, kvh, q[1], 0, q[2] / qh, v[2] / kvh};
-    S = k[1];
-  } else if (q.size() == 4 && k.size() == 4 && v.size() == 4) {
-    d = {q[0], q[1], k[1], q[2], 0, q[3], v[3]};
-    S = k[2];
-  } else {
-    unknown("Q, K and V of another rank");
-  }
-  int64_t past = 0;
-  if (c.has(4)) {
-    if (c.shape(4).size() != 4) unknown("past of another rank");
-    past = c.shape(4)[2];
-  }
-  d.T = past + S;
-  for (int64_t n : {d.B, d.Hq, d.Hkv, d.Sq, d.D, d.Dv, S, past})
-    if (n < 0) unknown("sizes");
+  r.d = {z.B, z.Hq, z.Hkv, z.Sq, z.past + z.S, z.D, z.Dv};
   r.q = c.dtype(0), r.k = c.dtype(1), r.v = c.dtype(2);
   r.present_k = c.has(4) && !c.has_out(1);
   r.present_v = c.has(4) && !c.has_out(2);
@@ -826,6 +871,7 @@ KILN_REGISTER_OP({.op = "Attention",
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16",
                   .shape = attention_shape,
+                  .place = place_attention,
                   .workspace = attention_workspace,
                   .create = make<Attention>});
 
