@@ -168,6 +168,12 @@ struct ConvKernels {
   void (*pad_rows)(const float* x, int64_t in_h, int64_t width, int64_t ih0, int64_t sh,
                    int64_t rows, int64_t base, int64_t s, int64_t n, float fill,
                    float* dst) = nullptr;
+  // pad_rows at column stride 2 into both column phases in one pass, for `rows` rows given
+  // by pointer (src[i] null: a row outside the input): dst0[i][j] = src[i]'s column
+  // base + 2j, dst1[i][j] = its column base + 2j + 1 (`fill` outside [0, width)), for j < n;
+  // each pair of input vectors loaded once and split into its even and odd columns.
+  void (*pad_rows_pair)(const float* const* src, int64_t rows, int64_t width, int64_t base,
+                        int64_t n, float fill, float* const* dst0, float* const* dst1) = nullptr;
   // One output plane y (g.out) from a plane's wide form xp (ops/wide_layout.h: phases of
   // len1 rows of len2 floats; the inputs of wide position i under tap t at xp[i + taps[t]],
   // output (od, oh, ow) at wide position (od * len1 + oh) * len2 + ow): `init` plus the sum

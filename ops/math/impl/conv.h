@@ -503,6 +503,67 @@ void dc_pad_rows(const float* x, int64_t in_h, int64_t width, int64_t ih0, int64
   }
 }
 
+// ConvKernels::pad_rows_pair: each vector of 2 * kLanes input columns loaded once (masked
+// at the row's ends) and split into its even columns and its odd ones.
+void dc_pad_rows_pair(const float* const* src, int64_t rows, int64_t width, int64_t base, int64_t n,
+                      float fill, float* const* dst0, float* const* dst1) {
+  constexpr int64_t kChunk = 8;
+  const VF f = vset1(fill);
+  struct Pair {
+    int64_t c0;
+    bool full;     // all 2 * kLanes columns inside the input
+    VM m0, m1;     // the columns read, in the first and second kLanes
+    VM even, odd;  // output lanes whose column is inside, per phase
+  };
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk * kLanes) {
+    const int64_t vecs = dc_min(kChunk, (n - j0 + kLanes - 1) / kLanes);
+    Pair col[kChunk];
+    for (int64_t v = 0; v < vecs; ++v) {
+      Pair& c = col[v];
+      c.c0 = base + 2 * (j0 + v * kLanes);
+      // Elements [e0, e1) of the 2 * kLanes from c0 are inside [0, width).
+      const int64_t e0 = dc_min(dc_max(-c.c0, 0), 2 * kLanes);
+      const int64_t e1 = dc_max(e0, dc_min(width - c.c0, 2 * kLanes));
+      c.full = e0 == 0 && e1 == 2 * kLanes;
+      c.m0 = vlanes_between(static_cast<int>(dc_min(e0, kLanes)),
+                            static_cast<int>(dc_min(e1, kLanes)));
+      c.m1 = vlanes_between(static_cast<int>(dc_max(e0 - kLanes, 0)),
+                            static_cast<int>(dc_max(e1 - kLanes, 0)));
+      // Even lane l reads element 2l, odd lane l element 2l + 1.
+      c.even = vlanes_between(static_cast<int>((e0 + 1) / 2), static_cast<int>((e1 + 1) / 2));
+      c.odd = vlanes_between(static_cast<int>(e0 / 2), static_cast<int>(e1 / 2));
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* row = src[i];
+      float* d0 = dst0[i] + j0;
+      float* d1 = dst1[i] + j0;
+      for (int64_t v = 0; v < vecs; ++v) {
+        const Pair& c = col[v];
+        VF ev = f, od = f;
+        if (row && c.full) {
+          const VF a = vload(row + c.c0), b = vload(row + c.c0 + kLanes);
+          ev = vpack_even(a, b);
+          od = vpack_odd(a, b);
+        } else if (row) {
+          const VF a = vload_masked(row + c.c0, c.m0);
+          const VF b = vload_masked(row + c.c0 + kLanes, c.m1);
+          ev = vselect(c.even, vpack_even(a, b), f);
+          od = vselect(c.odd, vpack_odd(a, b), f);
+        }
+        const int64_t j = v * kLanes;
+        if (j0 + j + kLanes <= n) {
+          vstore(d0 + j, ev);
+          vstore(d1 + j, od);
+        } else {
+          const int tail = static_cast<int>(n - j0 - j);
+          vstore_partial(d0 + j, ev, tail);
+          vstore_partial(d1 + j, od, tail);
+        }
+      }
+    }
+  }
+}
+
 // Rows [oh, oh + R) of one pooled depth slice: y = max or sum over all taps, R rows of
 // vectors at a time in independent registers.
 template <int R, bool Max>
@@ -628,4 +689,5 @@ constexpr ConvKernels kConvKernels{.pad_plane = dc_pad_plane,
                                    .direct_plane = dc_direct_plane,
                                    .direct_pool_plane = dc_direct_pool_plane,
                                    .pad_rows = dc_pad_rows,
+                                   .pad_rows_pair = dc_pad_rows_pair,
                                    .wide_plane = dc_wide_plane};
