@@ -181,12 +181,16 @@ struct ConvKernels {
   // from -inf, NaN inputs skipped) or sum (Sum: from 0), computed in whole vectors over the
   // wide positions into `scratch`, then each output row stored with the epilogue. xp needs
   // wide_slack readable floats past its last position, scratch room for the wide positions
-  // plus wide_slack.
-  void (*wide_plane)(const float* xp, const float* w, const int64_t* taps, int64_t n_taps,
-                     WideOp op, float init, const ConvGeometry& g, int64_t len1, int64_t len2,
+  // plus wide_slack. Max and Sum over a 2-D window at stride 1 are separable: each row of
+  // taps first, in place over xp (which they leave overwritten), then the rows' results
+  // down each window's column.
+  void (*wide_plane)(float* xp, const float* w, const int64_t* taps, int64_t n_taps, WideOp op,
+                     float init, const ConvGeometry& g, int64_t len1, int64_t len2,
                      const WideEpilogue& e, float* scratch, float* y) = nullptr;
   static constexpr int64_t direct_max_width = 16;
   static constexpr int64_t wide_slack = 16;  // the widest vector (avx512) in floats
+  // wide_plane's separable Max and Sum take windows up to this many rows and columns.
+  static constexpr int64_t wide_separable_max = 16;
 };
 
 // Float arithmetic on rows: y[i] = a[i * sa] op b[i * sb] (impl/binary.h). Fast when both
