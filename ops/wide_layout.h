@@ -76,19 +76,60 @@ struct WideExtent {
 
 // One input channel `x` into the wide layout at `out`: the kept phases, `fill` outside the
 // input (zeros for convolutions and sums, -inf for max pooling), each depth slice by `k`'s
-// pad_rows (the dispatched level's unless given).
+// pad_rows (the dispatched level's unless given). With column stride 2, the row phases whose
+// two column phases are both kept are written by pad_rows_pair, walking the input rows in
+// order (each read once, split into both column phases).
 inline void pad_phases(const float* x, const math::ConvGeometry& cg, const WideExtent& w,
                        float* out, float fill = 0.0f,
                        const math::ConvKernels& k = math::kernels().conv) {
   const int64_t s0 = cg.stride[0], s1 = cg.stride[1], s2 = cg.stride[2];
+  const int64_t ip = cg.in[1] * cg.in[2], slice = w.len[1] * w.len[2];
+  // Row phases (r0 * s1 + r1) whose two column phases are both kept, at column stride 2 and
+  // row strides up to 2: their slots' floats, or -1.
+  int64_t pair0[4] = {-1, -1, -1, -1}, pair1[4] = {-1, -1, -1, -1};
+  if (s2 == 2 && s0 <= 2 && s1 <= 2) {
+    for (int64_t r01 = 0; r01 < s0 * s1; ++r01) {
+      const int64_t a = w.slot[static_cast<size_t>(r01 * 2)];
+      const int64_t b = w.slot[static_cast<size_t>(r01 * 2 + 1)];
+      if (a >= 0 && b >= 0) pair0[r01] = a * w.phase, pair1[r01] = b * w.phase;
+    }
+    constexpr int64_t kRows = 32;  // rows handed to the kernel at once
+    const float* src[kRows];
+    float* d0[kRows];
+    float* d1[kRows];
+    for (int64_t r0 = 0; r0 < s0; ++r0) {
+      for (int64_t i0 = 0; i0 < w.len[0]; ++i0) {
+        const int64_t id = i0 * s0 + r0 - cg.pad[0];
+        const float* plane = id >= 0 && id < cg.in[0] ? x + id * ip : nullptr;
+        int64_t n = 0;
+        // Padded rows in order: padded row i1 * s1 + r1 is row i1 of row phase r1.
+        for (int64_t i1 = 0; i1 < w.len[1]; ++i1) {
+          for (int64_t r1 = 0; r1 < s1; ++r1) {
+            const int64_t r01 = r0 * s1 + r1;
+            if (pair0[r01] < 0) continue;
+            const int64_t ih = i1 * s1 + r1 - cg.pad[1];
+            src[n] = plane && ih >= 0 && ih < cg.in[1] ? plane + ih * cg.in[2] : nullptr;
+            const int64_t at = i0 * slice + i1 * w.len[2];
+            d0[n] = out + pair0[r01] + at;
+            d1[n] = out + pair1[r01] + at;
+            if (++n == kRows) {
+              k.pad_rows_pair(src, n, cg.in[2], -cg.pad[2], w.len[2], fill, d0, d1);
+              n = 0;
+            }
+          }
+        }
+        if (n > 0) k.pad_rows_pair(src, n, cg.in[2], -cg.pad[2], w.len[2], fill, d0, d1);
+      }
+    }
+  }
   for (int64_t p = 0; p < s0 * s1 * s2; ++p) {
     const int64_t sl = w.slot[static_cast<size_t>(p)];
-    if (sl < 0) continue;
+    if (sl < 0 || (s2 == 2 && s0 <= 2 && s1 <= 2 && pair0[p / 2] >= 0)) continue;
     const int64_t r0 = p / (s1 * s2), r1 = p / s2 % s1, r2 = p % s2;
     float* dst = out + sl * w.phase;
     // Index i of a row is input column i * s2 + base.
-    const int64_t base = r2 - cg.pad[2], ip = cg.in[1] * cg.in[2];
-    for (int64_t i0 = 0; i0 < w.len[0]; ++i0, dst += w.len[1] * w.len[2]) {
+    const int64_t base = r2 - cg.pad[2];
+    for (int64_t i0 = 0; i0 < w.len[0]; ++i0, dst += slice) {
       const int64_t id = i0 * s0 + r0 - cg.pad[0];
       const bool inside = id >= 0 && id < cg.in[0];
       k.pad_rows(inside ? x + id * ip : nullptr, cg.in[1], cg.in[2], r1 - cg.pad[1], s1, w.len[1],
@@ -106,12 +147,13 @@ constexpr int64_t kWideMaxPlane = 64 * 64;
 // (a machine with more threads runs this many tasks: these ops are small).
 constexpr int64_t kWideSlots = 16;
 
-// Stride 1 only: with stride 2 the phase split costs about what the wide rows save (the
-// direct kernels read stride-2 rows in place).
+// Strides 1 and 2: a stride-2 plane is split into its phases in one pass over each input row
+// (pad_rows_pair), after which every tap reads whole vectors without the direct kernels'
+// per-tap permutes and border masks.
 inline bool use_wide_planes(const math::ConvGeometry& g, int64_t planes) {
   const int64_t out = g.out[0] * g.out[1] * g.out[2];
-  return out > 0 && out <= kWideMaxPlane && planes > 0 && g.stride[0] == 1 && g.stride[1] == 1 &&
-         g.stride[2] == 1;
+  return out > 0 && out <= kWideMaxPlane && planes > 0 && g.stride[0] <= 2 && g.stride[1] <= 2 &&
+         g.stride[2] <= 2;
 }
 
 // One slot: a plane laid out wide, then its wide output, each with wide_plane's slack.

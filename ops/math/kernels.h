@@ -168,6 +168,12 @@ struct ConvKernels {
   void (*pad_rows)(const float* x, int64_t in_h, int64_t width, int64_t ih0, int64_t sh,
                    int64_t rows, int64_t base, int64_t s, int64_t n, float fill,
                    float* dst) = nullptr;
+  // pad_rows at column stride 2 into both column phases in one pass, for `rows` rows given
+  // by pointer (src[i] null: a row outside the input): dst0[i][j] = src[i]'s column
+  // base + 2j, dst1[i][j] = its column base + 2j + 1 (`fill` outside [0, width)), for j < n;
+  // each pair of input vectors loaded once and split into its even and odd columns.
+  void (*pad_rows_pair)(const float* const* src, int64_t rows, int64_t width, int64_t base,
+                        int64_t n, float fill, float* const* dst0, float* const* dst1) = nullptr;
   // One output plane y (g.out) from a plane's wide form xp (ops/wide_layout.h: phases of
   // len1 rows of len2 floats; the inputs of wide position i under tap t at xp[i + taps[t]],
   // output (od, oh, ow) at wide position (od * len1 + oh) * len2 + ow): `init` plus the sum
@@ -175,12 +181,16 @@ struct ConvKernels {
   // from -inf, NaN inputs skipped) or sum (Sum: from 0), computed in whole vectors over the
   // wide positions into `scratch`, then each output row stored with the epilogue. xp needs
   // wide_slack readable floats past its last position, scratch room for the wide positions
-  // plus wide_slack.
-  void (*wide_plane)(const float* xp, const float* w, const int64_t* taps, int64_t n_taps,
-                     WideOp op, float init, const ConvGeometry& g, int64_t len1, int64_t len2,
+  // plus wide_slack. Max and Sum over a 2-D window at stride 1 are separable: each row of
+  // taps first, in place over xp (which they leave overwritten), then the rows' results
+  // down each window's column.
+  void (*wide_plane)(float* xp, const float* w, const int64_t* taps, int64_t n_taps, WideOp op,
+                     float init, const ConvGeometry& g, int64_t len1, int64_t len2,
                      const WideEpilogue& e, float* scratch, float* y) = nullptr;
   static constexpr int64_t direct_max_width = 16;
   static constexpr int64_t wide_slack = 16;  // the widest vector (avx512) in floats
+  // wide_plane's separable Max and Sum take windows up to this many rows and columns.
+  static constexpr int64_t wide_separable_max = 16;
 };
 
 // Float arithmetic on rows: y[i] = a[i * sa] op b[i * sb] (impl/binary.h). Fast when both

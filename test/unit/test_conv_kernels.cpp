@@ -2,7 +2,8 @@
 // naive loop at every instruction-set level: random 1-D, 2-D and 3-D geometries with
 // strides, dilations and padding, 3/5/7-wide stride-2 rows through the deinterleaved input,
 // and long 1-D filters; the lowering into GEMM panels, pooling, the indirect product
-// that reads patch rows in place, and the wide-form plane kernels (pad_rows, wide_plane).
+// that reads patch rows in place, and the wide-form plane kernels (pad_rows, pad_rows_pair,
+// wide_plane).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -373,14 +374,17 @@ KILN_ISA_TEST_CASE("the wide-form plane matches a naive convolution, max and ave
     math::ConvGeometry g;
     const int dims = static_cast<int>(pick(1, 3));
     for (int d = 3 - dims; d < 3; ++d) {
-      // Mostly the small 3x3 and 5x5 planes the path is for; sometimes strides 2 and 3.
+      // Mostly the small 3x3 and 5x5 planes the path is for, often with stride 2 (whose
+      // column phases pad_rows_pair writes together); sometimes stride 3.
       g.k[d] = iter % 4 == 0 ? pick(1, 7) : (iter % 2 ? 3 : 5);
-      g.stride[d] = iter % 3 == 0 ? pick(1, 3) : 1;
+      g.stride[d] = iter % 3 == 0 ? pick(1, 3) : (iter % 3 == 1 ? 2 : 1);
       g.dil[d] = pick(1, 2);
       g.pad[d] = pick(0, g.k[d] - 1);
       const int64_t ek = (g.k[d] - 1) * g.dil[d] + 1;
       g.in[d] = std::max<int64_t>(ek - 2 * g.pad[d], 1) + pick(0, iter % 5 == 0 ? 40 : 14);
       g.out[d] = (g.in[d] + 2 * g.pad[d] - ek) / g.stride[d] + 1;
+      // ceil_mode: a last window that runs past the right padding.
+      if (iter % 5 == 1 && (g.in[d] + 2 * g.pad[d] - ek) % g.stride[d] != 0) ++g.out[d];
     }
     const int64_t ip = g.in[0] * g.in[1] * g.in[2], op = g.out[0] * g.out[1] * g.out[2];
     const int64_t kp = g.k[0] * g.k[1] * g.k[2];
@@ -462,6 +466,59 @@ KILN_ISA_TEST_CASE("the wide-form plane matches a naive convolution, max and ave
               REQUIRE(std::abs(v - ref) <= 1e-5 * (1 + std::abs(ref)) * static_cast<double>(kp));
             }
           }
+    }
+  }
+}
+
+KILN_ISA_TEST_CASE("pad_rows_pair writes the even and odd columns of each row as naive copies",
+                   "[math][conv][pool]") {
+  // Rows given by pointer, some outside the input (null), written to destinations in any
+  // order; column bases before, inside and past the row, short rows and long ones (several
+  // chunks of vectors), fill values.
+  KILN_REQUIRE_ISA();
+  const math::ConvKernels& k = isa_kernels.conv;
+  constexpr float kSentinel = 7.0f;
+  std::mt19937 rng(43);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (int iter = 0; iter < 500; ++iter) {
+    const int64_t in_h = pick(1, 9), width = iter % 6 == 0 ? pick(100, 400) : pick(1, 40);
+    const int64_t rows = pick(1, 12);
+    const int64_t base = pick(-4, iter % 9 == 0 ? width + 3 : 3);
+    const int64_t n = iter % 6 == 0 ? pick(1, 260) : pick(1, 30);
+    const float fill = iter % 2 ? -INFINITY : dist(rng);
+    std::vector<float> x(static_cast<size_t>(in_h * width));
+    for (auto& v : x) v = dist(rng);
+    std::vector<int64_t> ih(static_cast<size_t>(rows)), at(static_cast<size_t>(rows));
+    std::vector<const float*> src(static_cast<size_t>(rows));
+    std::vector<float*> d0(static_cast<size_t>(rows)), d1(d0);
+    // Each output row with a sentinel after it; destinations in a shuffled order.
+    std::vector<float> out0(static_cast<size_t>(rows * (n + 1)), kSentinel), out1(out0);
+    for (int64_t i = 0; i < rows; ++i) at[static_cast<size_t>(i)] = i;
+    std::shuffle(at.begin(), at.end(), rng);
+    for (size_t i = 0; i < static_cast<size_t>(rows); ++i) {
+      ih[i] = pick(-1, in_h);  // -1 and in_h: outside
+      src[i] = ih[i] >= 0 && ih[i] < in_h ? x.data() + ih[i] * width : nullptr;
+      d0[i] = out0.data() + at[i] * (n + 1);
+      d1[i] = out1.data() + at[i] * (n + 1);
+    }
+    k.pad_rows_pair(src.data(), rows, width, base, n, fill, d0.data(), d1.data());
+    INFO("width " << width << " rows " << rows << " base " << base << " n " << n);
+    for (size_t i = 0; i < static_cast<size_t>(rows); ++i) {
+      CHECK(d0[i][n] == kSentinel);  // nothing written past the row
+      CHECK(d1[i][n] == kSentinel);
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t phase = 0; phase < 2; ++phase) {
+          const int64_t c = base + 2 * j + phase;
+          const bool inside = src[i] && c >= 0 && c < width;
+          const float want = inside ? x[static_cast<size_t>(ih[i] * width + c)] : fill;
+          const float got = (phase ? d1 : d0)[i][j];
+          INFO("row " << i << " column " << j << " phase " << phase);
+          REQUIRE(got == want);
+        }
+      }
     }
   }
 }

@@ -140,6 +140,11 @@ inline VF vpack_even(VF a, VF b) {
   const __m256 t = _mm256_shuffle_ps(a, b, 0x88);  // a0 a2 b0 b2 | a4 a6 b4 b6
   return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), 0xD8));
 }
+// The odd lanes of a then of b: lane i is element 2i + 1 of the concatenation a, b.
+inline VF vpack_odd(VF a, VF b) {
+  const __m256 t = _mm256_shuffle_ps(a, b, 0xDD);  // a1 a3 b1 b3 | a5 a7 b5 b7
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), 0xD8));
+}
 
 inline VI vcvt_int(VF a) {
   return _mm256_cvtps_epi32(a);

@@ -138,6 +138,11 @@ inline VF vpack_even(VF a, VF b) {
   const __m512i idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   return _mm512_permutex2var_ps(a, idx, b);
 }
+// The odd lanes of a then of b: lane i is element 2i + 1 of the concatenation a, b.
+inline VF vpack_odd(VF a, VF b) {
+  const __m512i idx = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  return _mm512_permutex2var_ps(a, idx, b);
+}
 
 inline VI vcvt_int(VF a) {
   return _mm512_cvtps_epi32(a);

@@ -158,6 +158,10 @@ inline VF vload_masked(const float* p, VM m) {
 inline VF vpack_even(VF a, VF b) {
   return _mm_shuffle_ps(a, b, 0x88);
 }
+// The odd lanes of a then of b: lane i is element 2i + 1 of the concatenation a, b.
+inline VF vpack_odd(VF a, VF b) {
+  return _mm_shuffle_ps(a, b, 0xDD);
+}
 
 // Integer lanes: conversions and the bits of a float.
 inline VI vcvt_int(VF a) {
