@@ -1,8 +1,9 @@
 // Kernels whose scratch is a workspace their contract declares (Conv, ConvTranspose,
-// DeformConv, com.microsoft Attention): on two threads, where the per-thread parts of their
-// workspaces take a slot per thread, and for float16, whose widened inputs and float results
-// are parts too, the arena planned from the contracts equals the one recorded from the run, and
-// no kernel takes scratch outside it (RunStats::unplanned_scratch). The results equal those of
+// DeformConv, com.microsoft Attention, LayerNormalization, SkipLayerNormalization, MatMul,
+// Gemm, QGemm, QLinearMatMul): on two threads, where the per-thread parts of their workspaces
+// take a slot per thread, and for float16, whose widened inputs and float results are parts
+// too, the arena planned from the contracts equals the one recorded from the run, and no
+// kernel takes scratch outside it (RunStats::unplanned_scratch). The results equal those of
 // one thread.
 #include <memory>
 #include <random>
@@ -21,12 +22,17 @@ struct Case {
   std::shared_ptr<ir::Graph> (*graph)();
   std::vector<std::pair<std::string, Shape>> inputs;
   DataType dtype = DataType::Float;
+  bool uint8 = false;  // the inputs are uint8 (quantized products)
 };
 
 std::vector<NamedValue> feeds(const Case& c) {
   std::mt19937 rng(7);
   std::vector<NamedValue> v;
   for (const auto& [name, shape] : c.inputs) {
+    if (c.uint8) {
+      v.push_back({name, random_tensor(DataType::UInt8, shape, rng, 0, 255)});
+      continue;
+    }
     Tensor t = random_tensor(DataType::Float, shape, rng, -1, 1);
     if (c.dtype == DataType::Float16) {
       Tensor h = Tensor::zeros(DataType::Float16, shape);
@@ -118,6 +124,112 @@ std::shared_ptr<ir::Graph> attention() {
   return b.build();
 }
 
+// `shape` of g_dtype, random: an initializer's value.
+Tensor constant(Shape shape, unsigned seed) {
+  std::mt19937 rng(seed);
+  const Tensor t = random_tensor(DataType::Float, shape, rng, -1, 1);
+  if (g_dtype == DataType::Float) return t;
+  Tensor h = Tensor::zeros(g_dtype, shape);
+  for (int64_t i = 0; i < t.numel(); ++i) h.data<float16>()[i] = float16(t.data<float>()[i]);
+  return h;
+}
+
+// A scale that varies over the leading dims (expanded per row), a bias of the normalised
+// shape (read in place for float, widened for float16); rows enough for a task per thread.
+std::shared_ptr<ir::Graph> layer_norm() {
+  GraphBuilder b;
+  b.input("x", g_dtype, {4, 64, 256}, true);
+  b.input("scale", g_dtype, {64, 256}, true);
+  b.input("bias", g_dtype, {256}, true);
+  b.node("LayerNormalization", {"x", "scale", "bias"}, {"y", "mean", "inv_std"},
+         {int_attr("axis", -1)});
+  b.output("y");
+  b.output("mean");
+  b.output("inv_std");
+  return b.build();
+}
+
+// The skip broadcasts and the sum is no output: the sum is a workspace part.
+std::shared_ptr<ir::Graph> skip_layer_norm_broadcast() {
+  GraphBuilder b;
+  b.input("x", g_dtype, {4, 32, 128}, true);
+  b.input("skip", g_dtype, {32, 128}, true);
+  b.input("gamma", g_dtype, {128}, true);
+  b.input("beta", g_dtype, {128}, true);
+  b.node("SkipLayerNormalization", {"x", "skip", "gamma", "beta"}, {"y"}, {}, "com.microsoft");
+  b.output("y");
+  return b.build();
+}
+
+// Every output, a bias; input and skip of one shape.
+std::shared_ptr<ir::Graph> skip_layer_norm_sum() {
+  GraphBuilder b;
+  b.input("x", g_dtype, {4, 32, 128}, true);
+  b.input("skip", g_dtype, {4, 32, 128}, true);
+  b.input("gamma", g_dtype, {128}, true);
+  b.input("beta", g_dtype, {128}, true);
+  b.input("bias", g_dtype, {128}, true);
+  b.node("SkipLayerNormalization", {"x", "skip", "gamma", "beta", "bias"},
+         {"y", "mean", "inv_std", "sum"}, {}, "com.microsoft");
+  b.output("y");
+  b.output("mean");
+  b.output("inv_std");
+  b.output("sum");
+  return b.build();
+}
+
+// B given at run time (widened into the workspace for float16) and B an initializer (packed
+// at load: no part for it).
+std::shared_ptr<ir::Graph> matmul() {
+  GraphBuilder b;
+  b.input("a", g_dtype, {2, 3, 40, 48}, true);
+  b.input("b", g_dtype, {48, 56}, true);
+  b.initializer("w", constant({56, 24}, 3));
+  b.node("MatMul", {"a", "b"}, {"ab"});
+  b.node("MatMul", {"ab", "w"}, {"y"});
+  b.output("y");
+  return b.build();
+}
+
+// C a row of Y (the epilogue's bias, a part for float too) and C of Y's shape; B transposed.
+std::shared_ptr<ir::Graph> gemm() {
+  GraphBuilder b;
+  b.input("a", g_dtype, {64, 48}, true);
+  b.input("b", g_dtype, {40, 48}, true);
+  b.input("c", g_dtype, {40}, true);
+  b.input("w", g_dtype, {40, 32}, true);
+  b.input("full", g_dtype, {64, 32}, true);
+  b.node("Gemm", {"a", "b", "c"}, {"ab"}, {int_attr("transB", 1), float_attr("beta", 0.5f)});
+  b.node("Gemm", {"ab", "w", "full"}, {"y"}, {float_attr("alpha", 2.0f)});
+  b.output("y");
+  return b.build();
+}
+
+Tensor scalar(DataType dtype, float v) {
+  Tensor t = Tensor::zeros(dtype, {});
+  if (dtype == DataType::Float) t.data<float>()[0] = v;
+  if (dtype == DataType::UInt8) t.data<uint8_t>()[0] = static_cast<uint8_t>(v);
+  return t;
+}
+
+// QGemm's int32 sums, and QLinearMatMul's into a float8 output.
+std::shared_ptr<ir::Graph> quantized_products() {
+  GraphBuilder b;
+  b.input("a", DataType::UInt8, {48, 64}, true);
+  b.input("b", DataType::UInt8, {64, 40}, true);
+  b.initializer("sa", scalar(DataType::Float, 0.02f));
+  b.initializer("za", scalar(DataType::UInt8, 128));
+  b.initializer("sb", scalar(DataType::Float, 0.01f));
+  b.initializer("zb", scalar(DataType::UInt8, 120));
+  b.initializer("sy", scalar(DataType::Float, 0.5f));
+  b.initializer("zy", Tensor::zeros(DataType::Float8E4M3FN, {}));
+  b.node("QGemm", {"a", "sa", "za", "b", "sb", "zb"}, {"y"}, {}, "com.microsoft");
+  b.node("QLinearMatMul", {"a", "sa", "za", "b", "sb", "zb", "sy", "zy"}, {"q8"});
+  b.output("y");
+  b.output("q8");
+  return b.build();
+}
+
 }  // namespace
 
 TEST_CASE("kernels with per-thread and float16 workspaces are planned from their contracts",
@@ -146,5 +258,34 @@ TEST_CASE("kernels with per-thread and float16 workspaces are planned from their
                   {{"x", {2, 8, 64}}, {"w", {64, 192}}, {"b", {192}}, {"past", {2, 2, 4, 3, 16}}},
                   dtype});
     }
+    SECTION(std::string("LayerNormalization ") + std::string(data_type_name(dtype))) {
+      check_case(
+          {layer_norm, {{"x", {4, 64, 256}}, {"scale", {64, 256}}, {"bias", {256}}}, dtype});
+    }
+    SECTION(std::string("SkipLayerNormalization ") + std::string(data_type_name(dtype))) {
+      check_case({skip_layer_norm_broadcast,
+                  {{"x", {4, 32, 128}}, {"skip", {32, 128}}, {"gamma", {128}}, {"beta", {128}}},
+                  dtype});
+      check_case({skip_layer_norm_sum,
+                  {{"x", {4, 32, 128}},
+                   {"skip", {4, 32, 128}},
+                   {"gamma", {128}},
+                   {"beta", {128}},
+                   {"bias", {128}}},
+                  dtype});
+    }
+    SECTION(std::string("MatMul ") + std::string(data_type_name(dtype))) {
+      check_case({matmul, {{"a", {2, 3, 40, 48}}, {"b", {48, 56}}}, dtype});
+    }
+    SECTION(std::string("Gemm ") + std::string(data_type_name(dtype))) {
+      check_case({gemm,
+                  {{"a", {64, 48}}, {"b", {40, 48}}, {"c", {40}}, {"w", {40, 32}}, {"full", {64, 32}}},
+                  dtype});
+    }
   }
+}
+
+TEST_CASE("the integer products' int32 sums are planned from their contracts",
+          "[arena][workspace]") {
+  check_case({quantized_products, {{"a", {48, 64}}, {"b", {64, 40}}}, DataType::Float, true});
 }
