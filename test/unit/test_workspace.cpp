@@ -230,6 +230,29 @@ std::shared_ptr<ir::Graph> quantized_products() {
   return b.build();
 }
 
+// MatMulNBits: many rows (panels per task, A^T packed), few rows streamed in float and
+// quantized to int8 (accuracy_level 4). K 256, N 256, 4-bit blocks of 32: the many
+// rows are work for two tasks.
+std::shared_ptr<ir::Graph> matmul_nbits() {
+  std::mt19937 rng(5);
+  GraphBuilder b;
+  b.input("a", DataType::Float, {2, 24, 256}, true);
+  b.input("row", DataType::Float, {3, 256}, true);
+  b.initializer("q", random_tensor(DataType::UInt8, {256, 8, 16}, rng, 0, 255));
+  b.initializer("s", random_tensor(DataType::Float, {2048}, rng, 0.01, 0.1));
+  const std::vector<ir::Attribute> attrs = {int_attr("K", 256), int_attr("N", 256),
+                                            int_attr("bits", 4), int_attr("block_size", 32)};
+  std::vector<ir::Attribute> int8 = attrs;
+  int8.push_back(int_attr("accuracy_level", 4));
+  b.node("MatMulNBits", {"a", "q", "s"}, {"y"}, attrs, "com.microsoft");
+  b.node("MatMulNBits", {"row", "q", "s"}, {"r"}, attrs, "com.microsoft");
+  b.node("MatMulNBits", {"row", "q", "s"}, {"r8"}, int8, "com.microsoft");
+  b.output("y");
+  b.output("r");
+  b.output("r8");
+  return b.build();
+}
+
 }  // namespace
 
 TEST_CASE("kernels with per-thread and float16 workspaces are planned from their contracts",
@@ -288,4 +311,9 @@ TEST_CASE("kernels with per-thread and float16 workspaces are planned from their
 TEST_CASE("the integer products' int32 sums are planned from their contracts",
           "[arena][workspace]") {
   check_case({quantized_products, {{"a", {48, 64}}, {"b", {64, 40}}}, DataType::Float, true});
+}
+
+TEST_CASE("MatMulNBits's prepared A, packed A^T and panels are planned from its contract",
+          "[arena][workspace]") {
+  check_case({matmul_nbits, {{"a", {2, 24, 256}}, {"row", {3, 256}}}});
 }
