@@ -231,16 +231,16 @@ std::shared_ptr<ir::Graph> quantized_products() {
 }
 
 // MatMulNBits: many rows (panels per task, A^T packed), few rows streamed in float and
-// quantized to int8 (accuracy_level 4). K 256, N 256, 4-bit blocks of 32: the many
-// rows are work for two tasks.
+// quantized to int8 (accuracy_level 4). K 256, N 1024, 4-bit blocks of 32: the many
+// rows are work for two tasks, each with a panel of its own (256 columns, kPanelFloats).
 std::shared_ptr<ir::Graph> matmul_nbits() {
   std::mt19937 rng(5);
   GraphBuilder b;
   b.input("a", DataType::Float, {2, 24, 256}, true);
   b.input("row", DataType::Float, {3, 256}, true);
-  b.initializer("q", random_tensor(DataType::UInt8, {256, 8, 16}, rng, 0, 255));
-  b.initializer("s", random_tensor(DataType::Float, {2048}, rng, 0.01, 0.1));
-  const std::vector<ir::Attribute> attrs = {int_attr("K", 256), int_attr("N", 256),
+  b.initializer("q", random_tensor(DataType::UInt8, {1024, 8, 16}, rng, 0, 255));
+  b.initializer("s", random_tensor(DataType::Float, {8192}, rng, 0.01, 0.1));
+  const std::vector<ir::Attribute> attrs = {int_attr("K", 256), int_attr("N", 1024),
                                             int_attr("bits", 4), int_attr("block_size", 32)};
   std::vector<ir::Attribute> int8 = attrs;
   int8.push_back(int_attr("accuracy_level", 4));
