@@ -157,8 +157,7 @@ GemmParts gemm_parts(DataType dt, const Shape& a, const Shape& b, const Shape* c
   }
   if (c) {
     const CForm form = c_form(*c, m, n);
-    if (form != CForm::Full)
-      p.bias = p.layout.add(DataType::Float, form == CForm::RowBias ? m : n);
+    if (form != CForm::Full) p.bias = p.layout.add(DataType::Float, form == CForm::RowBias ? m : n);
   }
   return p;
 }
@@ -272,8 +271,8 @@ class Gemm final : public Kernel {
   // The workspace's layout (gemm_parts) for this run.
   GemmParts parts(OpContext& ctx, const Shape& shape, bool has_c) const {
     const Shape* c = has_c ? &ctx.input(2).shape() : nullptr;
-    return gemm_parts(ctx.input(0).dtype(), ctx.input(0).shape(), ctx.input(1).shape(), c,
-                      shape[0], shape[1], b_at_load_);
+    return gemm_parts(ctx.input(0).dtype(), ctx.input(0).shape(), ctx.input(1).shape(), c, shape[0],
+                      shape[1], b_at_load_);
   }
 
   void run_float(OpContext& ctx, const Shape& shape, bool has_c) {

@@ -439,8 +439,7 @@ void qlinear_matmul_shape(ShapeContext& c) {
 // The kernel's workspace (qlinear_matmul_parts) for these shapes.
 uint64_t qlinear_matmul_workspace(const ShapeContext& c) {
   const DataType out = c.has(7) ? c.dtype(7) : c.dtype(0);
-  return qlinear_matmul_parts(c.dtype(0), c.dtype(3), out,
-                              matmul_shape_of(c.shape(0), c.shape(3)))
+  return qlinear_matmul_parts(c.dtype(0), c.dtype(3), out, matmul_shape_of(c.shape(0), c.shape(3)))
       .bytes();
 }
 

@@ -106,7 +106,8 @@ Param<C> prepare_param(OpContext& ctx, const Tensor& p, const Shape& xshape, siz
     return out;
   }
   // Expand to the normalised shape (or the whole of X) in the compute type.
-  Shape target = out.per_row ? xshape : Shape(xshape.begin() + static_cast<long>(axis), xshape.end());
+  Shape target =
+      out.per_row ? xshape : Shape(xshape.begin() + static_cast<long>(axis), xshape.end());
   // Dims of p in front of the normalised axes are all 1 here (else per_row): drop them.
   Tensor src = p;
   if (p.rank() > target.size()) {
@@ -119,7 +120,8 @@ Param<C> prepare_param(OpContext& ctx, const Tensor& p, const Shape& xshape, siz
   dispatch(
       FloatTypes{}, p.dtype(),
       [&]<typename S>() {
-        unary_loop<S, C>(view, dst, [](S v) { return static_cast<C>(static_cast<compute_t<S>>(v)); });
+        unary_loop<S, C>(view, dst,
+                         [](S v) { return static_cast<C>(static_cast<compute_t<S>>(v)); });
       },
       "parameter");
   out.data = dst.template data<const C>();
@@ -281,8 +283,8 @@ void layer_norm_shape(ShapeContext& c) {
 // The kernel's workspace (norm_parts) for these shapes on c.threads() threads.
 uint64_t norm_workspace(const ShapeContext& c) {
   const Shape& x = c.shape(0);
-  const auto axis = static_cast<size_t>(
-      normalize_axis(c.attr_i("axis", -1), static_cast<int64_t>(x.size())));
+  const auto axis =
+      static_cast<size_t>(normalize_axis(c.attr_i("axis", -1), static_cast<int64_t>(x.size())));
   int64_t rows = 1, n = 1;
   for (size_t d = 0; d < x.size(); ++d) (d < axis ? rows : n) *= x[d];
   const DataType dt = c.dtype(0);

@@ -251,8 +251,7 @@ struct HalfParts {
   int a = -1, b = -1, y = -1;
 };
 
-HalfParts half_parts(DataType dt, const Shape& a, const Shape& b, const Shape& y,
-                     bool b_at_load) {
+HalfParts half_parts(DataType dt, const Shape& a, const Shape& b, const Shape& y, bool b_at_load) {
   HalfParts p;
   if (dt != DataType::Float16 && dt != DataType::BFloat16) return p;
   p.a = p.layout.add(DataType::Float, shape_numel(a));
@@ -271,8 +270,7 @@ bool is_initializer(const NodeInfo& info, size_t i) {
 class MatMul final : public Kernel {
  public:
   explicit MatMul(const NodeInfo& info)
-      : packed_(pack_constant_b(info, 1, false)),
-        b_at_load_(packed_ && is_initializer(info, 1)) {}
+      : packed_(pack_constant_b(info, 1, false)), b_at_load_(packed_ && is_initializer(info, 1)) {}
 
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);

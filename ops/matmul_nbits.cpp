@@ -62,7 +62,8 @@ NBitsParts nbits_parts(int64_t m, int64_t k, int64_t n, int64_t block, int64_t b
   p.prepared = l.add(DataType::Float, m * padded);
   p.sums = l.add(DataType::Float, m * blocks);
   if (m <= kGemvRows) return p;
-  p.packed = l.add(DataType::Float, math::PackedB::packed_floats(padded, m, math::kernels().gemm.nr));
+  p.packed =
+      l.add(DataType::Float, math::PackedB::packed_floats(padded, m, math::kernels().gemm.nr));
   const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   p.tasks = math::tasks_for(work, threads);
   // Columns per panel: what fits kPanelFloats, and no more than a task's share.

@@ -1,10 +1,10 @@
 // Kernels whose scratch is a workspace their contract declares (Conv, ConvTranspose,
 // DeformConv, com.microsoft Attention, LayerNormalization, SkipLayerNormalization, MatMul,
-// Gemm, QGemm, QLinearMatMul): on two threads, where the per-thread parts of their workspaces
-// take a slot per thread, and for float16, whose widened inputs and float results are parts
-// too, the arena planned from the contracts equals the one recorded from the run, and no
-// kernel takes scratch outside it (RunStats::unplanned_scratch). The results equal those of
-// one thread.
+// Gemm, QGemm, QLinearMatMul, MatMulNBits, SoftmaxCrossEntropyLoss): on two threads, where the
+// per-thread parts of their workspaces take a slot per thread, and for float16, whose widened
+// inputs and float results are parts too, the arena planned from the contracts equals the one
+// recorded from the run, and no kernel takes scratch outside it (RunStats::unplanned_scratch).
+// The results equal those of one thread.
 #include <memory>
 #include <random>
 #include <string>
@@ -230,6 +230,21 @@ std::shared_ptr<ir::Graph> quantized_products() {
   return b.build();
 }
 
+// SoftmaxCrossEntropyLoss with the log-probabilities as an output (float: computed there, no
+// workspace; float16: in float in the workspace) and without (the workspace for both).
+std::shared_ptr<ir::Graph> softmax_cross_entropy() {
+  std::mt19937 rng(9);
+  GraphBuilder b;
+  b.input("x", g_dtype, {4, 10, 6}, true);
+  b.initializer("t", random_tensor(DataType::Int64, {4, 6}, rng, 0, 9));
+  b.node("SoftmaxCrossEntropyLoss", {"x", "t"}, {"loss", "log_prob"});
+  b.node("SoftmaxCrossEntropyLoss", {"x", "t"}, {"each"}, {string_attr("reduction", "none")});
+  b.output("loss");
+  b.output("log_prob");
+  b.output("each");
+  return b.build();
+}
+
 // MatMulNBits: many rows (panels per task, A^T packed), few rows streamed in float and
 // quantized to int8 (accuracy_level 4). K 256, N 1024, 4-bit blocks of 32: the many
 // rows are work for two tasks, each with a panel of its own (256 columns, kPanelFloats).
@@ -282,8 +297,7 @@ TEST_CASE("kernels with per-thread and float16 workspaces are planned from their
                   dtype});
     }
     SECTION(std::string("LayerNormalization ") + std::string(data_type_name(dtype))) {
-      check_case(
-          {layer_norm, {{"x", {4, 64, 256}}, {"scale", {64, 256}}, {"bias", {256}}}, dtype});
+      check_case({layer_norm, {{"x", {4, 64, 256}}, {"scale", {64, 256}}, {"bias", {256}}}, dtype});
     }
     SECTION(std::string("SkipLayerNormalization ") + std::string(data_type_name(dtype))) {
       check_case({skip_layer_norm_broadcast,
@@ -297,13 +311,17 @@ TEST_CASE("kernels with per-thread and float16 workspaces are planned from their
                    {"bias", {128}}},
                   dtype});
     }
+    SECTION(std::string("SoftmaxCrossEntropyLoss ") + std::string(data_type_name(dtype))) {
+      check_case({softmax_cross_entropy, {{"x", {4, 10, 6}}}, dtype});
+    }
     SECTION(std::string("MatMul ") + std::string(data_type_name(dtype))) {
       check_case({matmul, {{"a", {2, 3, 40, 48}}, {"b", {48, 56}}}, dtype});
     }
     SECTION(std::string("Gemm ") + std::string(data_type_name(dtype))) {
-      check_case({gemm,
-                  {{"a", {64, 48}}, {"b", {40, 48}}, {"c", {40}}, {"w", {40, 32}}, {"full", {64, 32}}},
-                  dtype});
+      check_case(
+          {gemm,
+           {{"a", {64, 48}}, {"b", {40, 48}}, {"c", {40}}, {"w", {40, 32}}, {"full", {64, 32}}},
+           dtype});
     }
   }
 }
