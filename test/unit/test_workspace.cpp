@@ -110,6 +110,17 @@ std::shared_ptr<ir::Graph> conv() {
   return b.build();
 }
 
+// Two output channels per group run the direct loops; a column stride of 3 makes each task
+// pad its input plane into the workspace.
+std::shared_ptr<ir::Graph> conv_padded_planes() {
+  GraphBuilder b;
+  b.input("x", g_dtype, {1, 16, 40, 40}, true);
+  b.input("w", g_dtype, {8, 4, 3, 3}, true);
+  b.node("Conv", {"x", "w"}, {"y"}, {int_attr("group", 4), ints_attr("strides", {3, 3})});
+  b.output("y");
+  return b.build();
+}
+
 // Weights given at run time (float16: widened in the workspace), past and present.
 std::shared_ptr<ir::Graph> attention() {
   GraphBuilder b;
@@ -290,6 +301,9 @@ TEST_CASE("kernels with per-thread and float16 workspaces are planned from their
     }
     SECTION(std::string("Conv ") + std::string(data_type_name(dtype))) {
       check_case({conv, {{"x", {1, 16, 40, 40}}, {"w", {32, 16, 3, 3}}, {"b", {32}}}, dtype});
+    }
+    SECTION(std::string("Conv direct, padded planes ") + std::string(data_type_name(dtype))) {
+      check_case({conv_padded_planes, {{"x", {1, 16, 40, 40}}, {"w", {8, 4, 3, 3}}}, dtype});
     }
     SECTION(std::string("Attention ") + std::string(data_type_name(dtype))) {
       check_case({attention,
