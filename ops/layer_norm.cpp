@@ -1,7 +1,8 @@
 // LayerNormalization (opset 17) and RMSNormalization (opset 23).
 //
 // X is seen as rows x N, N the product of the normalised dims [axis, rank). Each row is
-// normalised independently (rows in parallel, tasks of at least kTaskElements elements) over
+// normalised independently (rows in parallel, at most a task per thread, each of at least
+// kTaskElements elements, with its own row of the workspace for half types) over
 // the contiguous row: in float (half types too, float16 rows converted by the dispatched
 // conversion kernels) by the dispatched row kernels
 // (ops/math/impl/vecmath_rows.h), in double with Eigen expressions. Scale and bias are
@@ -10,7 +11,6 @@
 #include <Eigen/Core>
 #include <cmath>
 #include <string>
-#include <vector>
 
 #include "ops/common.h"
 #include "ops/elementwise.h"

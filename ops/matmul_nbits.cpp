@@ -9,8 +9,8 @@
 //
 // The weights are never widened to a float copy. Up to kGemvRows rows (a decode step) stream
 // the packed blocks once through the dispatched NBitsKernels::gemv, columns split across
-// threads. More rows dequantize one panel of columns at a time into a per-thread buffer
-// and hand it to the float GEMM. accuracy_level follows the model, as onnxruntime does:
+// threads. More rows dequantize one panel of columns at a time into each task's part of the
+// workspace and hand it to the float GEMM. accuracy_level follows the model, as onnxruntime does:
 // at 4, few rows of A are quantized to int8 per block and each block of 4-bit weights is an
 // integer dot product (NBitsKernels::gemv_int8, onnxruntime's CompInt8); levels 0-3, 8-bit
 // weights and many rows compute in float.
@@ -217,11 +217,11 @@ class MatMulNBits final : public Kernel {
     for (int64_t r = 0; r < m; ++r) bk.add(y + r * n_, 1, bias, 1, y + r * n_, n_);
   }
 
-  // Many rows: panels of columns dequantized into a per-thread buffer, each multiplied by the
-  // float GEMM on the thread that made it. The panel's rows and A's are in prepare_a's order
-  // (K permuted within each block the same way on both sides, which leaves the product as it
-  // is) so that dequantizing stays a few vector instructions per value. The GEMM computes
-  // each panel's Y^T = W_panel A^T: the panel is its left operand, read in rows as it was
+  // Many rows: panels of columns dequantized into each task's part of the workspace, each
+  // multiplied by the float GEMM on the thread that made it. The panel's rows and A's are in
+  // prepare_a's order (K permuted within each block the same way on both sides, which leaves the
+  // product as it is) so that dequantizing stays a few vector instructions per value. The GEMM
+  // computes each panel's Y^T = W_panel A^T: the panel is its left operand, read in rows as it was
   // written, and A^T is packed once for all panels.
   void panels(const math::NBitsMatrix& b, const float* a, int64_t m, const float* bias, float* y,
               const Workspace& space, const NBitsParts& parts) const {

@@ -13,7 +13,6 @@
 // operands are widened to float and the results narrowed back, as onnxruntime's CPU kernel
 // does; the statistics stay float.
 #include <string>
-#include <vector>
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
