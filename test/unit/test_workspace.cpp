@@ -1,10 +1,10 @@
 // Kernels whose scratch is a workspace their contract declares (Conv, ConvTranspose,
 // DeformConv, com.microsoft Attention, LayerNormalization, SkipLayerNormalization, MatMul,
-// Gemm, QGemm, QLinearMatMul, MatMulNBits, SoftmaxCrossEntropyLoss): on two threads, where the
-// per-thread parts of their workspaces take a slot per thread, and for float16, whose widened
-// inputs and float results are parts too, the arena planned from the contracts equals the one
-// recorded from the run, and no kernel takes scratch outside it (RunStats::unplanned_scratch).
-// The results equal those of one thread.
+// Gemm, QGemm, QLinearMatMul, ConvInteger, QLinearConv, MatMulNBits, SoftmaxCrossEntropyLoss): on
+// two threads, where the per-thread parts of their workspaces take a slot per thread, and for
+// float16, whose widened inputs and float results are parts too, the arena planned from the
+// contracts equals the one recorded from the run, and no kernel takes scratch outside it
+// (RunStats::unplanned_scratch). The results equal those of one thread.
 #include <memory>
 #include <random>
 #include <string>
@@ -241,6 +241,24 @@ std::shared_ptr<ir::Graph> quantized_products() {
   return b.build();
 }
 
+// ConvInteger and QLinearConv with a filter given at run time: packed into the workspace.
+std::shared_ptr<ir::Graph> integer_convs() {
+  GraphBuilder b;
+  b.input("x", DataType::UInt8, {1, 4, 10, 10}, true);
+  b.input("w", DataType::UInt8, {8, 4, 3, 3}, true);
+  b.initializer("sx", scalar(DataType::Float, 0.02f));
+  b.initializer("zx", scalar(DataType::UInt8, 128));
+  b.initializer("sw", scalar(DataType::Float, 0.01f));
+  b.initializer("zw", scalar(DataType::UInt8, 120));
+  b.initializer("sy", scalar(DataType::Float, 0.5f));
+  b.initializer("zy", scalar(DataType::UInt8, 100));
+  b.node("ConvInteger", {"x", "w", "zx", "zw"}, {"y"}, {ints_attr("pads", {1, 1, 1, 1})});
+  b.node("QLinearConv", {"x", "sx", "zx", "w", "sw", "zw", "sy", "zy"}, {"q"});
+  b.output("y");
+  b.output("q");
+  return b.build();
+}
+
 // SoftmaxCrossEntropyLoss with the log-probabilities as an output (float: computed there, no
 // workspace; float16: in float in the workspace) and without (the workspace for both).
 std::shared_ptr<ir::Graph> softmax_cross_entropy() {
@@ -340,9 +358,10 @@ TEST_CASE("kernels with per-thread and float16 workspaces are planned from their
   }
 }
 
-TEST_CASE("the integer products' int32 sums are planned from their contracts",
+TEST_CASE("the integer products' int32 sums and run-time filters are planned from their contracts",
           "[arena][workspace]") {
   check_case({quantized_products, {{"a", {48, 64}}, {"b", {64, 40}}}, DataType::Float, true});
+  check_case({integer_convs, {{"x", {1, 4, 10, 10}}, {"w", {8, 4, 3, 3}}}, DataType::Float, true});
 }
 
 TEST_CASE("MatMulNBits's prepared A, packed A^T and panels are planned from its contract",
