@@ -122,20 +122,6 @@ CForm c_form(const Shape& c, int64_t m, int64_t n) {
   return CForm::Full;
 }
 
-// Whether constant `b` is packed when the kernel is made (pack_constant_b's test).
-bool b_packed_at_load(const Tensor* b) {
-  return b && b->rank() == 2 && b->dim(0) > 0 && b->dim(1) > 0 &&
-         (b->dtype() == DataType::Float || b->dtype() == DataType::Float16 ||
-          b->dtype() == DataType::BFloat16);
-}
-
-// Whether input i is an initializer of the node's graph (ShapeContext::constant's test).
-bool is_initializer(const NodeInfo& info, size_t i) {
-  if (!info.has_input(i)) return false;
-  const ir::ValueInfo& v = info.graph().value(info.node().inputs[i]);
-  return v.origin == ir::ValueOrigin::Initializer && v.constant.defined();
-}
-
 // The workspace, as the kernel and gemm_workspace lay it out: for half types A, B (unless
 // packed at load), C and Y in float; for float and half types the row or column of beta * C
 // the GEMM's epilogue adds (when C is present and not of Y's shape).
@@ -170,7 +156,7 @@ class Gemm final : public Kernel {
         alpha_(info.attr_float("alpha", 1.0f)),
         beta_(info.attr_float("beta", 1.0f)),
         packed_(pack_constant_b(info, 1, trans_b_)),
-        b_at_load_(packed_ && is_initializer(info, 1)) {}
+        b_at_load_(packed_from_initializer(info, 1, packed_)) {}
 
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -345,7 +331,7 @@ uint64_t gemm_workspace(const ShapeContext& c) {
   const int64_t m = c.attr_i("transA", 0) ? a[1] : a[0];
   const int64_t n = c.attr_i("transB", 0) ? b[0] : b[1];
   const Shape* cs = c.has(2) ? &c.shape(2) : nullptr;
-  return gemm_parts(c.dtype(0), a, b, cs, m, n, b_packed_at_load(c.constant(1))).layout.bytes();
+  return gemm_parts(c.dtype(0), a, b, cs, m, n, packs_constant_b(c.constant(1))).layout.bytes();
 }
 
 }  // namespace

@@ -237,13 +237,6 @@ Tensor widen_into_part(const Tensor& t, Tensor dst) {
   return dst;
 }
 
-// Whether constant `b` is packed when the kernel is made (pack_constant_b's test), so that a
-// half product reads it packed and widens no B.
-bool b_packed_at_load(const Tensor* b) {
-  return b && b->rank() == 2 && b->dim(0) > 0 && b->dim(1) > 0 &&
-         (b->dtype() == DataType::Float16 || b->dtype() == DataType::BFloat16);
-}
-
 // The workspace of a half-type MatMul, as the kernel and matmul_workspace lay it out: A, B
 // (unless packed at load) and Y in float. Other types take none.
 struct HalfParts {
@@ -260,17 +253,11 @@ HalfParts half_parts(DataType dt, const Shape& a, const Shape& b, const Shape& y
   return p;
 }
 
-// Whether input i is an initializer of the node's graph (ShapeContext::constant's test).
-bool is_initializer(const NodeInfo& info, size_t i) {
-  if (!info.has_input(i)) return false;
-  const ir::ValueInfo& v = info.graph().value(info.node().inputs[i]);
-  return v.origin == ir::ValueOrigin::Initializer && v.constant.defined();
-}
-
 class MatMul final : public Kernel {
  public:
   explicit MatMul(const NodeInfo& info)
-      : packed_(pack_constant_b(info, 1, false)), b_at_load_(packed_ && is_initializer(info, 1)) {}
+      : packed_(pack_constant_b(info, 1, false)),
+        b_at_load_(packed_from_initializer(info, 1, packed_)) {}
 
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -430,7 +417,7 @@ void matmul_shape(ShapeContext& c) {
 uint64_t matmul_workspace(const ShapeContext& c) {
   const Shape& a = c.shape(0);
   const Shape& b = c.shape(1);
-  return half_parts(c.dtype(0), a, b, matmul_shape_of(a, b), b_packed_at_load(c.constant(1)))
+  return half_parts(c.dtype(0), a, b, matmul_shape_of(a, b), packs_constant_b(c.constant(1)))
       .layout.bytes();
 }
 
