@@ -22,6 +22,7 @@
 // over y.
 #include <algorithm>
 #include <array>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -181,9 +182,28 @@ void depthwise_wide(const float* x, const float* w, const float* bias, float* y,
   });
 }
 
+// Whether the direct loops read the input planes in place (column stride 1 or 2, a kernel
+// no wider than the in-place kernel reads); else each task pads its plane into a buffer.
+bool direct_in_place(const Geometry& g) {
+  return g.stride[2] <= 2 && g.k[2] <= math::ConvKernels::direct_max_width;
+}
+
+// The tasks of the direct loops over the output planes on `threads` threads.
+int plane_tasks(const Sizes& s, const Geometry& g, int threads) {
+  const int64_t planes = s.n * s.m, grain = grain_for(g.out_size() * g.k_size() * s.cg);
+  return static_cast<int>(std::clamp<int64_t>((planes + grain - 1) / grain, 1, threads));
+}
+
+// Floats of the direct loops' padded planes, one per task, 0 where they read in place.
+int64_t padded_plane_floats(const Sizes& s, const Geometry& g, int threads) {
+  if (!use_direct(s, g) || use_depthwise_wide(s, g) || direct_in_place(g)) return 0;
+  return plane_tasks(s, g, threads) * math::conv_padded_floats(conv_geometry(g));
+}
+
 // Float convolution with the dispatched direct plane kernel: each output plane is the sum
-// over its group's input channels. Small depthwise planes take the wide path when `space`
-// (depthwise_floats floats) is given.
+// over its group's input channels. `space` is the workspace's part for the direct loops: the
+// wide path's slots for small depthwise planes (depthwise_floats) or each task's padded plane
+// (padded_plane_floats).
 void direct_convolve(const float* x, const float* w, const float* bias, float* y, const Sizes& s,
                      const Geometry& g, const ConvEpilogue& e, float* space) {
   if (space && use_depthwise_wide(s, g)) {
@@ -195,7 +215,7 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size();
   // Column stride 1 or 2: read the input planes in place (masked loads at the borders), with
   // the bias, the channel sum and a Relu in the same pass over each output plane.
-  if (g.stride[2] <= 2 && g.k[2] <= math::ConvKernels::direct_max_width) {
+  if (direct_in_place(g)) {
     const bool relu = e.activation == math::Activation::Relu;
     parallel_for(s.n * s.m, grain_for(op * kp * s.cg), [&](int64_t lo, int64_t hi) {
       for (int64_t plane = lo; plane < hi; ++plane) {
@@ -212,11 +232,15 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
     });
     return;
   }
-  const auto padded = static_cast<size_t>(math::conv_padded_floats(dg));
+  const int64_t padded = math::conv_padded_floats(dg);
   std::vector<int64_t> offsets(static_cast<size_t>(kp));
   math::conv_tap_offsets(dg, offsets.data());
-  parallel_for(s.n * s.m, grain_for(op * kp * s.cg), [&](int64_t lo, int64_t hi) {
-    std::vector<float> buf(padded);
+  const int tasks = plane_tasks(s, g, std::max(tbb::this_task_arena::max_concurrency(), 1));
+  if (!space) throw std::logic_error("direct convolution without its padded planes");
+  const int64_t planes = s.n * s.m;
+  math::run_tasks(tasks, [&](int t) {
+    const int64_t lo = planes * t / tasks, hi = planes * (t + 1) / tasks;
+    float* buf = space + t * padded;
     int64_t buffered = -1;  // the input plane held padded in buf
     for (int64_t plane = lo; plane < hi; ++plane) {
       const int64_t n = plane / s.m, m = plane % s.m, grp = m / s.mg;
@@ -230,10 +254,10 @@ void direct_convolve(const float* x, const float* w, const float* bias, float* y
       for (int64_t c = 0; c < s.cg; ++c) {
         const int64_t in_plane = n * s.c + grp * s.cg + c;
         if (buffered != in_plane) {
-          k.pad_plane(x + in_plane * ip, dg, 0.0f, buf.data());
+          k.pad_plane(x + in_plane * ip, dg, 0.0f, buf);
           buffered = in_plane;
         }
-        k.padded_plane(buf.data(), w + (m * s.cg + c) * kp, offsets.data(), dg, yp);
+        k.padded_plane(buf, w + (m * s.cg + c) * kp, offsets.data(), dg, yp);
       }
       apply_activation(e.activation, yp, op);
     }
@@ -503,7 +527,8 @@ bool is_initializer(const NodeInfo& info, size_t i) {
 // The workspace of one convolution, as both the kernel and conv_workspace lay it out: for half
 // types X, the bias, the filter of the direct loops and Y in float; the packed filter when it
 // was not packed at load (`filter_at_load`); the convolution before a broadcasting Z is added
-// (kiln.FusedConv); the wide paths' buffers (wide_floats, depthwise_floats). Double reads
+// (kiln.FusedConv); the wide paths' buffers (wide_floats, depthwise_floats) or the direct
+// loops' padded planes, one per task on `threads` threads (padded_plane_floats). Double reads
 // everything in place.
 struct ConvParts {
   WorkspaceLayout layout;
@@ -511,7 +536,7 @@ struct ConvParts {
 };
 
 ConvParts conv_parts(DataType dtype, const Sizes& s, const Geometry& g, bool has_bias,
-                     bool filter_at_load, bool z_broadcasts) {
+                     bool filter_at_load, bool z_broadcasts, int threads) {
   ConvParts p;
   if (dtype == DataType::Double) return p;
   WorkspaceLayout& l = p.layout;
@@ -529,8 +554,10 @@ ConvParts conv_parts(DataType dtype, const Sizes& s, const Geometry& g, bool has
   }
   if (half) p.y = l.add(DataType::Float, out);
   if (z_broadcasts) p.conv = l.add(DataType::Float, out);
-  // The GEMM's wide path or the depthwise one (never both: the depthwise is direct).
-  p.wide = l.add(DataType::Float, wide_floats(s, g) + depthwise_floats(s, g));
+  // The GEMM's wide path, the depthwise one or the direct loops' padded planes (one at most:
+  // the depthwise and padded planes are direct, and the padded planes not depthwise).
+  p.wide = l.add(DataType::Float,
+                 wide_floats(s, g) + depthwise_floats(s, g) + padded_plane_floats(s, g, threads));
   return p;
 }
 
@@ -608,7 +635,8 @@ class Conv final : public Kernel {
       } else {
         // Float, or a half type computed in float in the workspace (conv_parts), which
         // follows the output.
-        const ConvParts parts = conv_parts(x.dtype(), s, g, has_bias, filter_planned_, false);
+        const ConvParts parts =
+            conv_parts(x.dtype(), s, g, has_bias, filter_planned_, false, ctx.threads());
         const Workspace space(ctx, parts.layout);
         auto widen = [&](const Tensor& t, int part) {
           if (t.dtype() == DataType::Float) return t;
@@ -696,7 +724,7 @@ class Conv final : public Kernel {
     Tensor& y = *out;
     // The workspace follows the output.
     const ConvParts parts =
-        conv_parts(DataType::Float, s, g, has_bias, filter_planned_, z_broadcasts);
+        conv_parts(DataType::Float, s, g, has_bias, filter_planned_, z_broadcasts, ctx.threads());
     const Workspace space(ctx, parts.layout);
     Tensor fw, packed_now;
     const float* packed = filter(
@@ -738,7 +766,7 @@ void conv_shape(ShapeContext& c) {
   c.set(0, c.dtype(0), conv_output_shape(c));
 }
 
-// The kernel's workspace (conv_parts) for these shapes.
+// The kernel's workspace (conv_parts) for these shapes on c.threads() threads.
 uint64_t conv_workspace(const ShapeContext& c) {
   const Shape& x = c.shape(0);
   const Shape& w = c.shape(1);
@@ -752,7 +780,7 @@ uint64_t conv_workspace(const ShapeContext& c) {
   const Tensor* filter = c.constant(1);
   const bool z_broadcasts = c.has(3) && c.shape(3) != out;
   return conv_parts(c.dtype(0), s, g, c.has(2), filter && packable_filter(*filter, groups),
-                    z_broadcasts)
+                    z_broadcasts, c.threads())
       .layout.bytes();
 }
 

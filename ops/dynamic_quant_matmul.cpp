@@ -25,6 +25,7 @@
 #include "ops/matmul_plan.h"
 #include "ops/packed_weights.h"
 #include "ops/quantize.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops {
 namespace {
@@ -232,6 +233,13 @@ class MatMulIntegerToFloat final : public Kernel {
   QPackedWeight packed_;
 };
 
+// QGemm's workspace, as the kernel and qgemm_workspace lay it out: Y's int32 sums.
+WorkspaceLayout qgemm_parts(int64_t m, int64_t n) {
+  WorkspaceLayout l;
+  l.add(DataType::Int32, m * n);
+  return l;
+}
+
 class QGemm final : public Kernel {
  public:
   explicit QGemm(const NodeInfo& info)
@@ -290,9 +298,11 @@ class QGemm final : public Kernel {
     Tensor& y = ctx.output(0, out_t, {m, n});
     if (m == 0 || n == 0) return;
 
-    // The int32 sums, with C entering as a row or column bias (a full [M, N] C is added after).
-    Tensor acc = ctx.allocate(DataType::Int32, {m, n});
-    int32_t* sums = acc.data<int32_t>();
+    // The int32 sums (the workspace, qgemm_workspace), with C entering as a row or column bias
+    // (a full [M, N] C is added after).
+    const WorkspaceLayout layout = qgemm_parts(m, n);
+    const Workspace space(ctx, layout);
+    int32_t* sums = space.data<int32_t>(0);
     if (k == 0) {
       std::fill(sums, sums + m * n, 0);
     } else {
@@ -429,6 +439,14 @@ void matmul_to_float_shape(ShapeContext& c) {
 }
 
 // [M, N]: float, or y_zero_point's type.
+// QGemm's workspace: the int32 sums of Y (qgemm_parts) for these shapes.
+uint64_t qgemm_workspace(const ShapeContext& c) {
+  const Shape& a = c.shape(0);
+  const Shape& b = c.shape(3);
+  if (a.size() != 2 || b.size() != 2) unknown("A or B not 2-D");
+  return qgemm_parts(a[c.attr_i("transA", 0) ? 1 : 0], b[c.attr_i("transB", 0) ? 0 : 1]).bytes();
+}
+
 void qgemm_shape(ShapeContext& c) {
   const Shape& a = c.shape(0);
   const Shape& b = c.shape(3);
@@ -481,6 +499,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .max_outputs = 1,
                   .types = "uint8, int8 -> float, uint8, int8",
                   .shape = qgemm_shape,
+                  .workspace = qgemm_workspace,
                   .create = make<QGemm>});
 
 }  // namespace kiln::ops

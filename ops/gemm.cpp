@@ -8,7 +8,6 @@
 // product accumulated onto it.
 #include <algorithm>
 #include <array>
-#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "ops/elementwise.h"
 #include "ops/math/gemm.h"
 #include "ops/packed_weights.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops {
 namespace {
@@ -99,24 +99,53 @@ void widen(DataType dt, const void* src, float* dst, int64_t n) {
                                                              n);
 }
 
-Tensor to_float(const Tensor& t, const std::function<Tensor(const Shape&)>& alloc) {
-  if (t.dtype() == DataType::Float) return t;
-  const Tensor c = t.contiguous();
-  Tensor f = alloc(c.shape());
-  widen(c.dtype(), c.raw_data(), f.data<float>(), c.numel());
-  return f;
+Tensor widen_into_part(const Tensor& t, Tensor dst) {
+  if (t.is_contiguous()) {
+    widen(t.dtype(), t.raw_data(), dst.data<float>(), t.numel());
+  } else if (t.dtype() == DataType::Float16) {
+    unary_loop<float16, float>(t, dst, [](float16 v) { return static_cast<float>(v); });
+  } else {
+    unary_loop<bfloat16, float>(t, dst, [](bfloat16 v) { return static_cast<float>(v); });
+  }
+  return dst;
 }
 
 // How C enters the product.
 enum class CForm { ColumnBias, RowBias, Full };
 
-CForm c_form(const Tensor& c, int64_t m, int64_t n) {
-  const int64_t rows = c.rank() == 2 ? c.dim(0) : 1;
-  const int64_t cols = c.rank() >= 1 ? c.dim(c.rank() - 1) : 1;
+CForm c_form(const Shape& c, int64_t m, int64_t n) {
+  const int64_t rows = c.size() == 2 ? c[0] : 1;
+  const int64_t cols = c.size() >= 1 ? c.back() : 1;
   if (rows == m && cols == n && m > 1) return CForm::Full;
   if (rows == 1) return CForm::ColumnBias;  // [N], [1, N], or one value for every column
   if (cols == 1) return CForm::RowBias;     // [M, 1]
   return CForm::Full;
+}
+
+// The workspace, as the kernel and gemm_workspace lay it out: for half types A, B (unless
+// packed at load), C and Y in float; for float and half types the row or column of beta * C
+// the GEMM's epilogue adds (when C is present and not of Y's shape).
+struct GemmParts {
+  WorkspaceLayout layout;
+  int a = -1, b = -1, c = -1, y = -1, bias = -1;
+};
+
+GemmParts gemm_parts(DataType dt, const Shape& a, const Shape& b, const Shape* c, int64_t m,
+                     int64_t n, bool b_at_load) {
+  GemmParts p;
+  const bool half = dt == DataType::Float16 || dt == DataType::BFloat16;
+  if (!half && dt != DataType::Float) return p;
+  if (half) {
+    p.a = p.layout.add(DataType::Float, shape_numel(a));
+    if (!b_at_load) p.b = p.layout.add(DataType::Float, shape_numel(b));
+    if (c) p.c = p.layout.add(DataType::Float, shape_numel(*c));
+    p.y = p.layout.add(DataType::Float, m * n);
+  }
+  if (c) {
+    const CForm form = c_form(*c, m, n);
+    if (form != CForm::Full) p.bias = p.layout.add(DataType::Float, form == CForm::RowBias ? m : n);
+  }
+  return p;
 }
 
 class Gemm final : public Kernel {
@@ -126,7 +155,8 @@ class Gemm final : public Kernel {
         trans_b_(info.attr_int("transB", 0) != 0),
         alpha_(info.attr_float("alpha", 1.0f)),
         beta_(info.attr_float("beta", 1.0f)),
-        packed_(pack_constant_b(info, 1, trans_b_)) {}
+        packed_(pack_constant_b(info, 1, trans_b_)),
+        b_at_load_(packed_from_initializer(info, 1, packed_)) {}
 
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -196,26 +226,24 @@ class Gemm final : public Kernel {
   }
 
   // y[m x n] = alpha * op(a) * op(b) + C's part, all float: `c` is C as float (or null); y
-  // already holds beta * C when `full_c`, else a row or column of C is added by the
-  // epilogue.
+  // already holds beta * C when `full_c`, else a row or column of beta * C, made in `bias`
+  // (the workspace's part), is added by the epilogue.
   void product(const Tensor& a, const Tensor& b, const Tensor* c, float* y, int64_t m, int64_t n,
-               bool full_c) const {
+               bool full_c, float* bias) const {
     const Operand ao = operand(a, trans_a_);
     const math::MatrixView av{a.data<const float>(), ao.rows, ao.cols, ao.rs, ao.cs};
     math::GemmOptions o;
     o.alpha = alpha_;
     o.accumulate = full_c;
-    std::vector<float> bias;
     if (c && !full_c) {
-      const CForm form = c_form(*c, m, n);
+      const CForm form = c_form(c->shape(), m, n);
       const bool rows = form == CForm::RowBias;
       const int64_t len = rows ? m : n;
       const Tensor cb = broadcast_view(*c, rows ? Shape{m, 1} : Shape{1, n});
       const float* base = cb.data<const float>();
       const int64_t step = rows ? cb.strides()[0] : cb.strides()[1];
-      bias.resize(static_cast<size_t>(len));
-      for (int64_t i = 0; i < len; ++i) bias[static_cast<size_t>(i)] = beta_ * base[i * step];
-      (rows ? o.row_bias : o.bias) = bias.data();
+      for (int64_t i = 0; i < len; ++i) bias[i] = beta_ * base[i * step];
+      (rows ? o.row_bias : o.bias) = bias;
     }
     if (packed_ && ao.cols > 0) {
       math::sgemm(av, packed_.view, y, n, o);
@@ -226,36 +254,55 @@ class Gemm final : public Kernel {
     }
   }
 
-  void run_float(OpContext& ctx, const Shape& shape, bool has_c) {
-    const int64_t m = shape[0], n = shape[1];
-    const bool full_c = has_c && c_form(ctx.input(2), m, n) == CForm::Full;
-    Tensor& y =
-        full_c ? init_output<float>(ctx, shape, true) : ctx.output(0, DataType::Float, shape);
-    if (y.numel() == 0) return;
-    const Tensor c = has_c ? ctx.input(2) : Tensor();
-    product(ctx.input(0), ctx.input(1), has_c ? &c : nullptr, y.data<float>(), m, n, full_c);
+  // The workspace's layout (gemm_parts) for this run.
+  GemmParts parts(OpContext& ctx, const Shape& shape, bool has_c) const {
+    const Shape* c = has_c ? &ctx.input(2).shape() : nullptr;
+    return gemm_parts(ctx.input(0).dtype(), ctx.input(0).shape(), ctx.input(1).shape(), c, shape[0],
+                      shape[1], b_at_load_);
   }
 
-  // Half types: widen to float, compute, narrow.
+  void run_float(OpContext& ctx, const Shape& shape, bool has_c) {
+    const int64_t m = shape[0], n = shape[1];
+    const bool full_c = has_c && c_form(ctx.input(2).shape(), m, n) == CForm::Full;
+    Tensor& y =
+        full_c ? init_output<float>(ctx, shape, true) : ctx.output(0, DataType::Float, shape);
+    const GemmParts p = parts(ctx, shape, has_c);
+    const Workspace space(ctx, p.layout);
+    if (y.numel() == 0) return;
+    const Tensor c = has_c ? ctx.input(2) : Tensor();
+    product(ctx.input(0), ctx.input(1), has_c ? &c : nullptr, y.data<float>(), m, n, full_c,
+            space.data<float>(p.bias));
+  }
+
+  // Half types: widen to float, compute, narrow, in the workspace.
   void run_half(OpContext& ctx, const Shape& shape, bool has_c) {
     const int64_t m = shape[0], n = shape[1];
-    auto alloc = [&](const Shape& s) { return ctx.allocate(DataType::Float, s); };
-    const Tensor fa = to_float(ctx.input(0), alloc);
-    const Tensor fb = packed_ ? ctx.input(1) : to_float(ctx.input(1), alloc);
-    Tensor fy = ctx.allocate(DataType::Float, shape);
+    // Y may take C's storage (as the placement planned): C is widened before Y is written.
+    const DataType dt = ctx.input(0).dtype();
+    Tensor& y = has_c ? ctx.output_reusing(0, 2, dt, shape) : ctx.output(0, dt, shape);
+    const GemmParts p = parts(ctx, shape, has_c);
+    const Workspace space(ctx, p.layout);
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    const Tensor fa = widen_into_part(a, space.tensor(p.a, a.shape()));
+    // A B packed though not at load (a constant not an initializer) leaves its part unused.
+    const Tensor fb = packed_ ? b : widen_into_part(b, space.tensor(p.b, b.shape()));
+    Tensor fy = space.tensor(p.y, shape);
     Tensor fc;
     bool full_c = false;
     if (has_c) {
-      fc = to_float(ctx.input(2), alloc);
-      full_c = c_form(fc, m, n) == CForm::Full;
+      fc = widen_into_part(ctx.input(2), space.tensor(p.c, ctx.input(2).shape()));
+      full_c = c_form(fc.shape(), m, n) == CForm::Full;
       if (full_c) {
         const float beta = beta_;
         unary_loop<float, float>(broadcast_view(fc, shape), fy,
                                  [beta](float v) { return beta * v; });
       }
     }
-    if (fy.numel() > 0) product(fa, fb, has_c ? &fc : nullptr, fy.data<float>(), m, n, full_c);
-    Tensor& y = ctx.output(0, ctx.input(0).dtype(), shape);
+    if (fy.numel() > 0) {
+      product(fa, fb, has_c ? &fc : nullptr, fy.data<float>(), m, n, full_c,
+              space.data<float>(p.bias));
+    }
     const math::ConvertKernels& cv = math::kernels().convert;
     (y.dtype() == DataType::Float16 ? cv.f32_to_f16 : cv.f32_to_bf16)(
         fy.data<const float>(), reinterpret_cast<uint16_t*>(y.raw_data()), y.numel());
@@ -264,6 +311,7 @@ class Gemm final : public Kernel {
   bool trans_a_, trans_b_;
   float alpha_, beta_;
   PackedWeight packed_;  // a constant op(B), packed once
+  bool b_at_load_;       // B is an initializer packed at load: the workspace holds no float B
 };
 
 void gemm_shape(ShapeContext& c) {
@@ -273,6 +321,17 @@ void gemm_shape(ShapeContext& c) {
   const int64_t m = c.attr_i("transA", 0) ? a[1] : a[0];
   const int64_t n = c.attr_i("transB", 0) ? b[0] : b[1];
   c.set(0, c.dtype(0), {m, n});
+}
+
+// The kernel's workspace (gemm_parts) for these shapes.
+uint64_t gemm_workspace(const ShapeContext& c) {
+  const Shape& a = c.shape(0);
+  const Shape& b = c.shape(1);
+  if (a.size() != 2 || b.size() != 2) unknown("Gemm takes matrices");
+  const int64_t m = c.attr_i("transA", 0) ? a[1] : a[0];
+  const int64_t n = c.attr_i("transB", 0) ? b[0] : b[1];
+  const Shape* cs = c.has(2) ? &c.shape(2) : nullptr;
+  return gemm_parts(c.dtype(0), a, b, cs, m, n, packs_constant_b(c.constant(1))).layout.bytes();
 }
 
 }  // namespace
@@ -287,6 +346,7 @@ KILN_REGISTER_OP({.op = "Gemm",
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16, int32, int64, uint32, uint64",
                   .shape = gemm_shape,
+                  .workspace = gemm_workspace,
                   .create = make<Gemm>});
 
 }  // namespace kiln::ops

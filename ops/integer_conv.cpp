@@ -17,6 +17,7 @@
 #include "ops/geometry.h"
 #include "ops/math/qgemm.h"
 #include "ops/math/threading.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops {
 namespace {
@@ -96,19 +97,32 @@ std::vector<int32_t> w_zero_points(const OpContext& ctx, const Tensor& w, const 
 }
 
 // The filter of each group as a packed int8 A ([Mg x Cg * kernel] each, one after another).
-Tensor pack_filter(const Tensor& w, int64_t groups) {
+// Bytes of pack_filter's form of a filter of shape `w` in `groups` groups.
+int64_t packed_filter_bytes(const Shape& w, int64_t groups) {
+  const int64_t m = w.empty() ? 0 : w[0];
+  const int64_t mg = m / groups, kk = m == 0 ? 0 : shape_numel(w) / m;
+  return groups * math::QPackedA::packed_bytes(mg, kk, math::kernels().int8_gemm);
+}
+
+// The filter packed per group (QPackedA panels) into `out` (packed_filter_bytes bytes).
+void pack_filter_into(const Tensor& w, int64_t groups, uint8_t* out) {
   const Tensor c = w.contiguous();
   const math::MathKernels& t = math::kernels();
   const int64_t mg = c.dim(0) / groups, kk = c.numel() / std::max<int64_t>(1, c.dim(0));
   const int64_t per = math::QPackedA::packed_bytes(mg, kk, t.int8_gemm);
-  Tensor packed(DataType::UInt8, Shape{groups * per},
-                Storage::heap_uninitialized(static_cast<size_t>(groups * per)));
   const auto* src = reinterpret_cast<const uint8_t*>(c.raw_data());
   for (int64_t g = 0; g < groups; ++g) {
     math::QPackedA::pack_into(
         math::QMatrixView::row_major(src + g * mg * kk, mg, kk, kk, c.dtype() == DataType::Int8),
-        reinterpret_cast<uint8_t*>(packed.raw_data()) + g * per, t);
+        out + g * per, t);
   }
+}
+
+Tensor pack_filter(const Tensor& w, int64_t groups) {
+  const int64_t bytes = packed_filter_bytes(w.shape(), groups);
+  Tensor packed(DataType::UInt8, Shape{bytes},
+                Storage::heap_uninitialized(static_cast<size_t>(bytes)));
+  pack_filter_into(w, groups, reinterpret_cast<uint8_t*>(packed.raw_data()));
   packed.storage()->set_read_only();
   return packed;
 }
@@ -260,30 +274,50 @@ void convolve(const ConvGeometry& g, int64_t groups, const Tensor& x, const Tens
   }
 }
 
+// Whether a constant filter `w` is packed once per group through the weights cache.
+bool packable_filter(const Tensor* w, int64_t groups) {
+  return w && w->rank() >= 3 && is_int8(w->dtype()) && w->numel() > 0 && groups > 0 &&
+         w->dim(0) % groups == 0;
+}
+
 // A constant filter packed once per group through the weights cache (null when the filter
 // is not a constant 8-bit tensor).
 std::shared_ptr<const Tensor> prepare_filter(const NodeInfo& info, size_t input, int64_t groups) {
-  const Tensor* w = info.constant_input(input);
-  if (!w || w->rank() < 3 || !is_int8(w->dtype()) || w->numel() == 0 || w->dim(0) % groups != 0) {
-    return nullptr;
-  }
+  if (!packable_filter(info.constant_input(input), groups)) return nullptr;
   return info.prepared_input(input, filter_packing_name(groups),
                              [groups](const Tensor& f) { return pack_filter(f, groups); });
 }
 
-// The filters as pack_filter's form: the prepared one when `w` is the weight it was made
-// from, else packed now into `scratch`.
+// Whether input i is an initializer of the node's graph (ShapeContext::constant's test).
+bool is_initializer(const NodeInfo& info, size_t i) {
+  if (!info.has_input(i)) return false;
+  const ir::ValueInfo& v = info.graph().value(info.node().inputs[i]);
+  return v.origin == ir::ValueOrigin::Initializer && v.constant.defined();
+}
+
+// The workspace, as the kernels and filter_workspace lay it out: the filter packed at run
+// time unless it was packed at load (`at_load`).
+WorkspaceLayout filter_parts(const Shape& w, int64_t groups, bool at_load) {
+  WorkspaceLayout l;
+  if (!at_load) l.add(DataType::UInt8, packed_filter_bytes(w, groups));
+  return l;
+}
+
+// The filters as pack_filter's form: the prepared one, else packed now into the workspace.
 const uint8_t* filters_for(const std::shared_ptr<const Tensor>& prepared, const Tensor& w,
-                           int64_t groups, Tensor& scratch) {
+                           int64_t groups, const Workspace& space) {
   if (prepared) return reinterpret_cast<const uint8_t*>(prepared->raw_data());
-  scratch = pack_filter(w, groups);
-  return reinterpret_cast<const uint8_t*>(scratch.raw_data());
+  uint8_t* room = space.data<uint8_t>(0);
+  pack_filter_into(w, groups, room);
+  return room;
 }
 
 class ConvInteger final : public Kernel {
  public:
   explicit ConvInteger(const NodeInfo& info)
-      : attrs_(info), filters_(prepare_filter(info, 1, attrs_.group)) {}
+      : attrs_(info),
+        filters_(prepare_filter(info, 1, attrs_.group)),
+        at_load_(filters_ && is_initializer(info, 1)) {}
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Tensor& w = ctx.input(1);
@@ -295,9 +329,10 @@ class ConvInteger final : public Kernel {
     const std::vector<int32_t> wz =
         w_zero_points(ctx, w, ctx.has_input(3) ? &ctx.input(3) : nullptr);
     Tensor& y = ctx.output(0, DataType::Int32, g.out_shape);
+    const WorkspaceLayout layout = filter_parts(w.shape(), attrs_.group, at_load_);
+    const Workspace space(ctx, layout);
     if (y.numel() == 0) return;
-    Tensor packed_now;
-    const uint8_t* filters = filters_for(filters_, w, attrs_.group, packed_now);
+    const uint8_t* filters = filters_for(filters_, w, attrs_.group, space);
     const Tensor xc = x.contiguous();
     convolve(g, attrs_.group, xc, w, filters, xz, wz, nullptr, y.data<int32_t>(), nullptr, nullptr);
   }
@@ -305,12 +340,15 @@ class ConvInteger final : public Kernel {
  private:
   ConvAttrs attrs_;
   std::shared_ptr<const Tensor> filters_;
+  bool at_load_;  // the filter is an initializer packed at load: no room for it in the workspace
 };
 
 class QLinearConv final : public Kernel {
  public:
   explicit QLinearConv(const NodeInfo& info)
-      : attrs_(info), filters_(prepare_filter(info, 3, attrs_.group)) {}
+      : attrs_(info),
+        filters_(prepare_filter(info, 3, attrs_.group)),
+        at_load_(filters_ && is_initializer(info, 3)) {}
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Tensor& w = ctx.input(3);
@@ -355,9 +393,10 @@ class QLinearConv final : public Kernel {
       rq.scales[static_cast<size_t>(m)] = (fxs * wm) / fys;
     }
     Tensor& y = ctx.output(0, out_t, g.out_shape);
+    const WorkspaceLayout layout = filter_parts(w.shape(), attrs_.group, at_load_);
+    const Workspace space(ctx, layout);
     if (y.numel() == 0) return;
-    Tensor packed_now;
-    const uint8_t* filters = filters_for(filters_, w, attrs_.group, packed_now);
+    const uint8_t* filters = filters_for(filters_, w, attrs_.group, space);
     const Tensor xc = x.contiguous();
     convolve(g, attrs_.group, xc, w, filters, xz, wz, bias.empty() ? nullptr : bias.data(), nullptr,
              reinterpret_cast<uint8_t*>(y.raw_data()), &rq);
@@ -366,6 +405,7 @@ class QLinearConv final : public Kernel {
  private:
   ConvAttrs attrs_;
   std::shared_ptr<const Tensor> filters_;
+  bool at_load_;  // the filter is an initializer packed at load: no room for it in the workspace
 };
 
 // ConvInteger: int32 sums of the convolution's shape.
@@ -379,6 +419,15 @@ void qlinear_conv_shape(ShapeContext& c) {
         conv_output_shape(c.shape(0), c.shape(3), window_attrs(c.node())));
 }
 
+// The kernels' workspace (filter_parts) for filter input `input`.
+template <size_t kInput>
+uint64_t filter_workspace(const ShapeContext& c) {
+  const Shape& w = c.shape(kInput);
+  const int64_t groups = c.attr_i("group", 1);
+  if (w.size() < 3 || groups < 1 || w[0] % groups != 0) unknown("bad filter or group");
+  return filter_parts(w, groups, packable_filter(c.constant(kInput), groups)).bytes();
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "ConvInteger",
@@ -389,6 +438,7 @@ KILN_REGISTER_OP({.op = "ConvInteger",
                   .max_outputs = 1,
                   .types = "uint8, int8 -> int32",
                   .shape = conv_integer_shape,
+                  .workspace = filter_workspace<1>,
                   .create = make<ConvInteger>});
 KILN_REGISTER_OP({.op = "QLinearConv",
                   .since = 10,
@@ -398,6 +448,7 @@ KILN_REGISTER_OP({.op = "QLinearConv",
                   .max_outputs = 1,
                   .types = "uint8, int8 with float scales, int32 bias",
                   .shape = qlinear_conv_shape,
+                  .workspace = filter_workspace<3>,
                   .create = make<QLinearConv>});
 
 }  // namespace kiln::ops

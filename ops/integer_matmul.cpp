@@ -21,6 +21,7 @@
 #include "ops/math/qgemm.h"
 #include "ops/math/threading.h"
 #include "ops/matmul_plan.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops {
 namespace {
@@ -284,6 +285,16 @@ class MatMulInteger final : public Kernel {
   PackedWeight weight_;
 };
 
+// QLinearMatMul's workspace, as the kernel and qlinear_matmul_workspace lay it out: the int32
+// sums of 8-bit integer inputs when the output is a float8 type (an 8-bit integer output is
+// requantized tile by tile, float8 inputs are multiplied in double).
+WorkspaceLayout qlinear_matmul_parts(DataType a, DataType b, DataType out, const Shape& y) {
+  WorkspaceLayout l;
+  if (is_int8(a) && is_int8(b) && lowp::minifloat_format(out) != nullptr)
+    l.add(DataType::Int32, shape_numel(y));
+  return l;
+}
+
 class QLinearMatMul final : public Kernel {
  public:
   explicit QLinearMatMul(const NodeInfo& info) : weight_(PackedWeight::make(info, 3)) {}
@@ -363,10 +374,13 @@ class QLinearMatMul final : public Kernel {
                 reinterpret_cast<uint8_t*>(y.raw_data()), &rq);
         return;
       }
-      // A float8 output: the exact int32 sums, rescaled and encoded.
-      Tensor acc = ctx.allocate(DataType::Int32, p.out);
-      run_int(p, a, b, weight_.for_input(b), za, zb, acc.data<int32_t>(), nullptr, nullptr);
-      const int32_t* src = acc.data<const int32_t>();
+      // A float8 output: the exact int32 sums (the workspace, qlinear_matmul_parts),
+      // rescaled and encoded.
+      const WorkspaceLayout layout = qlinear_matmul_parts(a.dtype(), b.dtype(), out_t, p.out);
+      const Workspace space(ctx, layout);
+      int32_t* acc = space.data<int32_t>(0);
+      run_int(p, a, b, weight_.for_input(b), za, zb, acc, nullptr, nullptr);
+      const int32_t* src = acc;
       auto* dst = reinterpret_cast<uint8_t*>(y.raw_data());
       const int64_t mn = p.M * p.N;
       for (int64_t at = 0; at < y.numel(); ++at) {
@@ -422,6 +436,13 @@ void qlinear_matmul_shape(ShapeContext& c) {
   c.set(0, out, matmul_shape_of(c.shape(0), c.shape(3)));
 }
 
+// The kernel's workspace (qlinear_matmul_parts) for these shapes.
+uint64_t qlinear_matmul_workspace(const ShapeContext& c) {
+  const DataType out = c.has(7) ? c.dtype(7) : c.dtype(0);
+  return qlinear_matmul_parts(c.dtype(0), c.dtype(3), out, matmul_shape_of(c.shape(0), c.shape(3)))
+      .bytes();
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "MatMulInteger",
@@ -441,6 +462,7 @@ KILN_REGISTER_OP({.op = "QLinearMatMul",
                   .max_outputs = 1,
                   .types = "uint8, int8, float8 with float/float16/bfloat16 scales",
                   .shape = qlinear_matmul_shape,
+                  .workspace = qlinear_matmul_workspace,
                   .create = make<QLinearMatMul>});
 
 }  // namespace kiln::ops

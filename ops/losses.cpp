@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ops/common.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops {
 namespace {
@@ -62,10 +63,16 @@ class LossBase : public Kernel {
         ignore_(info.attr_int("ignore_index", 0)) {}
 
  protected:
-  // Writes output 0 from log-probabilities `logp(index)` laid out as [N, C, D].
+  // Output 0: the loss per target element, or a scalar when reduced.
+  Tensor& loss_output(OpContext& ctx, DataType dtype, const Tensor& target) const {
+    return ctx.output(0, dtype, reduction_ == Reduction::None ? target.shape() : Shape{});
+  }
+
+  // Writes output 0 (`y`, loss_output) from log-probabilities `logp(index)` laid out as
+  // [N, C, D].
   template <typename T, typename LogP>
-  void write_loss(OpContext& ctx, const LossShape& s, const Tensor& target, const Tensor* weight,
-                  LogP logp) const {
+  void write_loss(OpContext& ctx, Tensor& y, const LossShape& s, const Tensor& target,
+                  const Tensor* weight, LogP logp) const {
     const std::vector<int64_t> t = to_int64s(target);
     std::vector<double> w;
     if (weight) {
@@ -75,8 +82,7 @@ class LossBase : public Kernel {
       }
     }
     const int64_t count = s.batch * s.inner;
-    Tensor* out = nullptr;
-    if (reduction_ == Reduction::None) out = &ctx.output(0, data_type_of<T>(), target.shape());
+    T* out = reduction_ == Reduction::None ? y.data<T>() : nullptr;
     double total = 0, total_weight = 0;
     for (int64_t i = 0; i < count; ++i) {
       const int64_t label = t[static_cast<size_t>(i)];
@@ -92,11 +98,10 @@ class LossBase : public Kernel {
         total += loss;
         total_weight += wt;
       }
-      if (out) out->data<T>()[i] = from_compute<T>(static_cast<compute_t<T>>(loss));
+      if (out) out[i] = from_compute<T>(static_cast<compute_t<T>>(loss));
     }
     if (reduction_ == Reduction::None) return;
     const double v = reduction_ == Reduction::Sum ? total : total / total_weight;
-    Tensor& y = ctx.output(0, data_type_of<T>(), Shape{});
     y.data<T>()[0] = from_compute<T>(static_cast<compute_t<T>>(v));
   }
 
@@ -116,7 +121,8 @@ class NllLoss final : public LossBase {
     const LossShape s = check_shapes(ctx, x, target, weight);
     dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
       const T* p = x.data<const T>();
-      write_loss<T>(ctx, s, target, weight, [&](int64_t i) {
+      Tensor& y = loss_output(ctx, x.dtype(), target);
+      write_loss<T>(ctx, y, s, target, weight, [&](int64_t i) {
         return static_cast<double>(static_cast<compute_t<T>>(p[i]));
       });
     });
@@ -125,6 +131,16 @@ class NllLoss final : public LossBase {
 
 template <typename C>
 using Arr = Eigen::Array<C, Eigen::Dynamic, 1>;
+
+// SoftmaxCrossEntropyLoss's workspace: the log-probabilities in the compute type (float for
+// half types), unless they are computed into output 1.
+WorkspaceLayout log_prob_parts(DataType x, const Shape& shape, bool has_log_prob) {
+  WorkspaceLayout l;
+  const bool same_type = x == DataType::Float || x == DataType::Double;
+  if (!(same_type && has_log_prob))
+    l.add(x == DataType::Double ? DataType::Double : DataType::Float, shape_numel(shape));
+  return l;
+}
 
 class SoftmaxCrossEntropy final : public LossBase {
  public:
@@ -138,18 +154,24 @@ class SoftmaxCrossEntropy final : public LossBase {
     dispatch(FloatTypes{}, x.dtype(), [&]<typename T>() {
       using C = compute_t<T>;
       // The log-probabilities are computed into output 1 when it is wanted in their type
-      // (so it is the planned buffer of that output), else into scratch.
+      // (so it is the planned buffer of that output), else into the workspace
+      // (log_prob_workspace), taken after the outputs in place_softmax_cross_entropy's order.
       constexpr bool kSameType = std::is_same_v<T, C>;
       const bool into_output = kSameType && ctx.has_output(1);
-      Tensor lp = into_output ? ctx.output(1, x.dtype(), x.shape())
-                              : ctx.allocate(data_type_of<C>(), x.shape());
+      Tensor lp;
+      if (into_output) lp = ctx.output(1, x.dtype(), x.shape());
+      Tensor& y = loss_output(ctx, x.dtype(), target);
+      T* out = nullptr;  // output 1 in a half type
+      if (!kSameType && ctx.has_output(1)) out = ctx.output(1, x.dtype(), x.shape()).data<T>();
+      const WorkspaceLayout layout = log_prob_parts(x.dtype(), x.shape(), ctx.has_output(1));
+      const Workspace space(ctx, layout);
+      if (!into_output) lp = space.tensor(0, x.shape());
       log_softmax<T, C>(x.data<const T>(), lp.data<C>(), s);
       const C* logp = lp.data<const C>();
-      write_loss<T>(ctx, s, target, weight,
+      write_loss<T>(ctx, y, s, target, weight,
                     [&](int64_t i) { return static_cast<double>(logp[i]); });
       if constexpr (!kSameType) {
-        if (!ctx.has_output(1)) return;
-        T* out = ctx.output(1, x.dtype(), x.shape()).data<T>();
+        if (!out) return;
         for (int64_t i = 0; i < lp.numel(); ++i) out[i] = T(logp[i]);
       }
     });
@@ -192,6 +214,11 @@ void loss_shape(ShapeContext& c) {
   c.set(1, c.dtype(0), x);
 }
 
+// The kernel's workspace (log_prob_parts).
+uint64_t log_prob_workspace(const ShapeContext& c) {
+  return log_prob_parts(c.dtype(0), c.shape(0), c.has_out(1)).bytes();
+}
+
 // SoftmaxCrossEntropy requests the log-probabilities (output 1) first when they are computed
 // in place there (float, double), and after the loss otherwise.
 void place_softmax_cross_entropy(Placement& p) {
@@ -222,6 +249,7 @@ KILN_REGISTER_OP({.op = "SoftmaxCrossEntropyLoss",
                   .types = "float, double, float16, bfloat16; int32/int64 labels",
                   .shape = loss_shape,
                   .place = place_softmax_cross_entropy,
+                  .workspace = log_prob_workspace,
                   .create = make<SoftmaxCrossEntropy>});
 
 }  // namespace kiln::ops

@@ -18,6 +18,7 @@
 #include "ops/math/gemm.h"
 #include "ops/math/threading.h"
 #include "ops/packed_weights.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops {
 namespace {
@@ -225,18 +226,38 @@ void widen(DataType dt, const void* src, float* dst, int64_t n) {
   });
 }
 
-// `t` as float: itself, or widened into a buffer from `ctx` (contiguous).
-Tensor as_float(OpContext& ctx, const Tensor& t) {
-  if (t.dtype() == DataType::Float) return t;
-  const Tensor c = t.contiguous();
-  Tensor f = ctx.allocate(DataType::Float, c.shape());
-  widen(c.dtype(), c.raw_data(), f.data<float>(), c.numel());
-  return f;
+// Half-type `t` widened into `dst` (a contiguous float tensor of t's shape, the workspace).
+template <typename T>
+Tensor widen_into_part(const Tensor& t, Tensor dst) {
+  if (t.is_contiguous()) {
+    widen(t.dtype(), t.raw_data(), dst.data<float>(), t.numel());
+  } else {
+    unary_loop<T, float>(t, dst, [](T v) { return static_cast<float>(v); });
+  }
+  return dst;
+}
+
+// The workspace of a half-type MatMul, as the kernel and matmul_workspace lay it out: A, B
+// (unless packed at load) and Y in float. Other types take none.
+struct HalfParts {
+  WorkspaceLayout layout;
+  int a = -1, b = -1, y = -1;
+};
+
+HalfParts half_parts(DataType dt, const Shape& a, const Shape& b, const Shape& y, bool b_at_load) {
+  HalfParts p;
+  if (dt != DataType::Float16 && dt != DataType::BFloat16) return p;
+  p.a = p.layout.add(DataType::Float, shape_numel(a));
+  if (!b_at_load) p.b = p.layout.add(DataType::Float, shape_numel(b));
+  p.y = p.layout.add(DataType::Float, shape_numel(y));
+  return p;
 }
 
 class MatMul final : public Kernel {
  public:
-  explicit MatMul(const NodeInfo& info) : packed_(pack_constant_b(info, 1, false)) {}
+  explicit MatMul(const NodeInfo& info)
+      : packed_(pack_constant_b(info, 1, false)),
+        b_at_load_(packed_from_initializer(info, 1, packed_)) {}
 
   void run(OpContext& ctx) override {
     const Tensor& a = ctx.input(0);
@@ -247,7 +268,7 @@ class MatMul final : public Kernel {
     }
     dispatch(MatMulTypes{}, a.dtype(), [&]<typename T>() {
       if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
-        run_half(ctx, a, b);
+        run_half<T>(ctx, a, b);
       } else {
         compute<T>(ctx, a, b, nullptr);
       }
@@ -278,25 +299,29 @@ class MatMul final : public Kernel {
     }
   }
 
-  // Half types: float products (B from the packed weight when there is one), the result
-  // narrowed back.
+  // Half types: float products (B from the packed weight when there is one) in the
+  // workspace (half_parts), the result narrowed back.
+  template <typename T>
   void run_half(OpContext& ctx, const Tensor& a, const Tensor& b) {
-    const Tensor fa = as_float(ctx, a);
-    const Tensor fb = packed_ && b.rank() == 2 ? b : as_float(ctx, b);
     Problem p = describe(a, b);
-    Tensor fy = ctx.allocate(DataType::Float, p.out_shape);
+    Tensor& y = ctx.output(0, a.dtype(), p.out_shape);
+    const HalfParts parts = half_parts(a.dtype(), a.shape(), b.shape(), p.out_shape, b_at_load_);
+    const Workspace space(ctx, parts.layout);
+    Tensor fy = space.tensor(parts.y, p.out_shape);
     if (fy.numel() > 0) {
       if (p.k == 0) {
         std::fill(fy.data<float>(), fy.data<float>() + fy.numel(), 0.0f);
       } else {
+        const bool use_packed = packed_ && b.rank() == 2;
+        const Tensor fa = widen_into_part<T>(a, space.tensor(parts.a, a.shape()));
+        // A B packed though not at load (a constant not an initializer) leaves its part unused.
+        const Tensor fb = use_packed ? b : widen_into_part<T>(b, space.tensor(parts.b, b.shape()));
         p = describe(fa, fb);
         fold_batches(p);
-        const bool use_packed = packed_ && b.rank() == 2;
         run_float(p, fa.data<const float>(), use_packed ? nullptr : fb.data<const float>(),
                   use_packed ? &packed_.view : nullptr, fy.data<float>());
       }
     }
-    Tensor& y = ctx.output(0, a.dtype(), p.out_shape);
     const math::ConvertKernels& cv = math::kernels().convert;
     const float* src = fy.data<const float>();
     auto* dst = reinterpret_cast<uint16_t*>(y.raw_data());
@@ -307,6 +332,7 @@ class MatMul final : public Kernel {
   }
 
   PackedWeight packed_;  // a constant B, packed once
+  bool b_at_load_;       // B is an initializer packed at load: the workspace holds no float B
 };
 
 // `t` with its last two axes swapped: a strided view, no bytes move (a 1-D tensor is left
@@ -387,6 +413,14 @@ void matmul_shape(ShapeContext& c) {
   c.set(0, c.dtype(0), matmul_shape_of(std::move(a), std::move(b)));
 }
 
+// The kernel's workspace (half_parts) for these shapes.
+uint64_t matmul_workspace(const ShapeContext& c) {
+  const Shape& a = c.shape(0);
+  const Shape& b = c.shape(1);
+  return half_parts(c.dtype(0), a, b, matmul_shape_of(a, b), packs_constant_b(c.constant(1)))
+      .layout.bytes();
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "MatMul",
@@ -398,6 +432,7 @@ KILN_REGISTER_OP({.op = "MatMul",
                   .strided_inputs = true,
                   .types = "float, double, float16, bfloat16, int32, int64, uint32, uint64",
                   .shape = matmul_shape,
+                  .workspace = matmul_workspace,
                   .create = make<MatMul>});
 
 KILN_REGISTER_OP({.domain = "kiln",

@@ -9,19 +9,19 @@
 //
 // The weights are never widened to a float copy. Up to kGemvRows rows (a decode step) stream
 // the packed blocks once through the dispatched NBitsKernels::gemv, columns split across
-// threads. More rows dequantize one panel of columns at a time into a per-thread buffer
-// and hand it to the float GEMM. accuracy_level follows the model, as onnxruntime does:
+// threads. More rows dequantize one panel of columns at a time into each task's part of the
+// workspace and hand it to the float GEMM. accuracy_level follows the model, as onnxruntime does:
 // at 4, few rows of A are quantized to int8 per block and each block of 4-bit weights is an
 // integer dot product (NBitsKernels::gemv_int8, onnxruntime's CompInt8); levels 0-3, 8-bit
 // weights and many rows compute in float.
 #include <algorithm>
 #include <string>
-#include <vector>
 
 #include "ops/common.h"
 #include "ops/math/gemm.h"
 #include "ops/math/kernels.h"
 #include "ops/math/threading.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops {
 namespace {
@@ -35,6 +35,44 @@ constexpr int64_t kGemvRows = 8;
 // Floats of one dequantized panel: columns of K values that stay in L2 while the GEMM packs
 // them.
 constexpr int64_t kPanelFloats = 64 * 1024;
+
+// The workspace, as the kernel and nbits_workspace lay it out for m rows of A on `threads`
+// threads: A prepared for the kernels (quantized to int8 with its scales at accuracy_level 4,
+// else permuted in float) and its block sums; for many rows also A^T packed for the GEMM and
+// each task's dequantized panel of nc columns and its product.
+struct NBitsParts {
+  WorkspaceLayout layout;
+  int prepared = -1, quantized = -1, scales = -1, sums = -1, packed = -1, panel = -1, yt = -1;
+  int tasks = 1;
+  int64_t nc = 0;
+};
+
+NBitsParts nbits_parts(int64_t m, int64_t k, int64_t n, int64_t block, int64_t bits,
+                       int64_t accuracy_level, int threads) {
+  NBitsParts p;
+  if (m == 0) return p;
+  const int64_t blocks = (k + block - 1) / block, padded = blocks * block;
+  WorkspaceLayout& l = p.layout;
+  if (m <= kGemvRows && accuracy_level == 4 && bits == 4) {
+    p.quantized = l.add(DataType::Int8, m * padded);
+    p.scales = l.add(DataType::Float, m * blocks);
+    p.sums = l.add(DataType::Float, m * blocks);
+    return p;
+  }
+  p.prepared = l.add(DataType::Float, m * padded);
+  p.sums = l.add(DataType::Float, m * blocks);
+  if (m <= kGemvRows) return p;
+  p.packed =
+      l.add(DataType::Float, math::PackedB::packed_floats(padded, m, math::kernels().gemm.nr));
+  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  p.tasks = math::tasks_for(work, threads);
+  // Columns per panel: what fits kPanelFloats, and no more than a task's share.
+  p.nc = std::max<int64_t>(16, kPanelFloats / padded / 16 * 16);
+  p.nc = std::min(p.nc, (n + p.tasks - 1) / p.tasks);
+  p.panel = l.add(DataType::Float, p.tasks * p.nc * padded);
+  p.yt = l.add(DataType::Float, p.tasks * p.nc * m);
+  return p;
+}
 
 class MatMulNBits final : public Kernel {
  public:
@@ -72,14 +110,16 @@ class MatMulNBits final : public Kernel {
     Tensor& y = ctx.output(0, DataType::Float, out);
     const int64_t m = a.numel() / k_;
     if (m == 0) return;
+    const NBitsParts parts = nbits_parts(m, k_, n_, block_, bits_, accuracy_level_, ctx.threads());
+    const Workspace space(ctx, parts.layout);
     if (m <= kGemvRows && accuracy_level_ == 4 && bits_ == 4) {
-      stream_int8(b, a.data<const float>(), m, y.data<float>());
+      stream_int8(b, a.data<const float>(), m, y.data<float>(), space, parts);
       if (bias) add_bias(bias, m, y.data<float>());
     } else if (m <= kGemvRows) {
-      stream(b, a.data<const float>(), m, y.data<float>());
+      stream(b, a.data<const float>(), m, y.data<float>(), space, parts);
       if (bias) add_bias(bias, m, y.data<float>());
     } else {
-      panels(b, a.data<const float>(), m, bias, y.data<float>());
+      panels(b, a.data<const float>(), m, bias, y.data<float>(), space, parts);
     }
   }
 
@@ -131,28 +171,30 @@ class MatMulNBits final : public Kernel {
 
   // Few rows: the packed weights streamed once per nbits.max_rows rows, columns split
   // across threads.
-  void stream(const math::NBitsMatrix& b, const float* a, int64_t m, float* y) const {
+  void stream(const math::NBitsMatrix& b, const float* a, int64_t m, float* y,
+              const Workspace& space, const NBitsParts& parts) const {
     const math::NBitsKernels& nk = math::kernels().nbits;
     const int64_t padded = b.blocks * b.block;
-    std::vector<float> prepared(static_cast<size_t>(m * padded));
-    std::vector<float> sums(static_cast<size_t>(m * b.blocks));
-    nk.prepare_a(a, k_, static_cast<int>(m), b, prepared.data(), sums.data());
+    float* prepared = space.data<float>(parts.prepared);
+    float* sums = space.data<float>(parts.sums);
+    nk.prepare_a(a, k_, static_cast<int>(m), b, prepared, sums);
     over_columns(m, nk.max_rows, [&](int64_t r, int rows, int64_t j0, int64_t j1) {
-      nk.gemv(prepared.data() + r * padded, sums.data() + r * b.blocks, rows, b, j0, j1, y + r * n_,
-              n_);
+      nk.gemv(prepared + r * padded, sums + r * b.blocks, rows, b, j0, j1, y + r * n_, n_);
     });
   }
 
   // stream() with A quantized to int8 per block (accuracy_level 4).
-  void stream_int8(const math::NBitsMatrix& b, const float* a, int64_t m, float* y) const {
+  void stream_int8(const math::NBitsMatrix& b, const float* a, int64_t m, float* y,
+                   const Workspace& space, const NBitsParts& parts) const {
     const math::NBitsKernels& nk = math::kernels().nbits;
     const int64_t padded = b.blocks * b.block;
-    std::vector<int8_t> quantized(static_cast<size_t>(m * padded));
-    std::vector<float> scales(static_cast<size_t>(m * b.blocks)), sums(scales.size());
-    nk.quantize_a(a, k_, static_cast<int>(m), b, quantized.data(), scales.data(), sums.data());
+    int8_t* quantized = space.data<int8_t>(parts.quantized);
+    float* scales = space.data<float>(parts.scales);
+    float* sums = space.data<float>(parts.sums);
+    nk.quantize_a(a, k_, static_cast<int>(m), b, quantized, scales, sums);
     over_columns(m, nk.max_rows, [&](int64_t r, int rows, int64_t j0, int64_t j1) {
-      nk.gemv_int8(quantized.data() + r * padded, scales.data() + r * b.blocks,
-                   sums.data() + r * b.blocks, rows, b, j0, j1, y + r * n_, n_);
+      nk.gemv_int8(quantized + r * padded, scales + r * b.blocks, sums + r * b.blocks, rows, b, j0,
+                   j1, y + r * n_, n_);
     });
   }
 
@@ -175,41 +217,37 @@ class MatMulNBits final : public Kernel {
     for (int64_t r = 0; r < m; ++r) bk.add(y + r * n_, 1, bias, 1, y + r * n_, n_);
   }
 
-  // Many rows: panels of columns dequantized into a per-thread buffer, each multiplied by the
-  // float GEMM on the thread that made it. The panel's rows and A's are in prepare_a's order
-  // (K permuted within each block the same way on both sides, which leaves the product as it
-  // is) so that dequantizing stays a few vector instructions per value. The GEMM computes
-  // each panel's Y^T = W_panel A^T: the panel is its left operand, read in rows as it was
+  // Many rows: panels of columns dequantized into each task's part of the workspace, each
+  // multiplied by the float GEMM on the thread that made it. The panel's rows and A's are in
+  // prepare_a's order (K permuted within each block the same way on both sides, which leaves the
+  // product as it is) so that dequantizing stays a few vector instructions per value. The GEMM
+  // computes each panel's Y^T = W_panel A^T: the panel is its left operand, read in rows as it was
   // written, and A^T is packed once for all panels.
-  void panels(const math::NBitsMatrix& b, const float* a, int64_t m, const float* bias,
-              float* y) const {
-    const math::NBitsKernels& nk = math::kernels().nbits;
+  void panels(const math::NBitsMatrix& b, const float* a, int64_t m, const float* bias, float* y,
+              const Workspace& space, const NBitsParts& parts) const {
+    const math::MathKernels& t = math::kernels();
+    const math::NBitsKernels& nk = t.nbits;
     const int64_t padded = b.blocks * b.block;
-    std::vector<float> prepared(static_cast<size_t>(m * padded));
-    std::vector<float> sums(static_cast<size_t>(m * b.blocks));
-    nk.prepare_a(a, k_, static_cast<int>(m), b, prepared.data(), sums.data());
-    const math::PackedB at(math::MatrixView::col_major(prepared.data(), padded, m, padded));
-    const double work = static_cast<double>(m) * static_cast<double>(n_) * static_cast<double>(k_);
-    const int tasks = math::task_count(work);
-    // Columns per panel: what fits kPanelFloats, and no more than a task's share.
-    int64_t nc = std::max<int64_t>(16, kPanelFloats / padded / 16 * 16);
-    nc = std::min(nc, (n_ + tasks - 1) / tasks);
-    const int64_t count = (n_ + nc - 1) / nc;
-    math::run_tasks(tasks, [&](int t) {
-      thread_local std::vector<float> panel, yt;
-      panel.resize(static_cast<size_t>(nc * padded));
-      yt.resize(static_cast<size_t>(nc * m));
-      for (int64_t c = t; c < count; c += tasks) {
+    float* prepared = space.data<float>(parts.prepared);
+    nk.prepare_a(a, k_, static_cast<int>(m), b, prepared, space.data<float>(parts.sums));
+    float* packed = space.data<float>(parts.packed);
+    math::PackedB::pack_into(math::MatrixView::col_major(prepared, padded, m, padded), packed, t,
+                             math::PackedType::Float32);
+    const math::PackedB at(packed, padded, m, t.gemm.nr);
+    const int tasks = parts.tasks;
+    const int64_t nc = parts.nc, count = (n_ + nc - 1) / nc;
+    math::run_tasks(tasks, [&](int task) {
+      float* panel = space.data<float>(parts.panel) + task * nc * padded;
+      float* yt = space.data<float>(parts.yt) + task * nc * m;
+      for (int64_t c = task; c < count; c += tasks) {
         const int64_t j0 = c * nc, cols = std::min(nc, n_ - j0);
-        nk.dequantize_rows(b, j0, j0 + cols, panel.data());
+        nk.dequantize_rows(b, j0, j0 + cols, panel);
         math::GemmOptions o;
         o.max_threads = 1;
         o.row_bias = bias ? bias + j0 : nullptr;
-        math::sgemm(math::MatrixView::row_major(panel.data(), cols, padded, padded), at, yt.data(),
-                    m, o);
+        math::sgemm(math::MatrixView::row_major(panel, cols, padded, padded), at, yt, m, o);
         for (int64_t i = 0; i < m; ++i) {
-          for (int64_t jj = 0; jj < cols; ++jj)
-            y[i * n_ + j0 + jj] = yt[static_cast<size_t>(jj * m + i)];
+          for (int64_t jj = 0; jj < cols; ++jj) y[i * n_ + j0 + jj] = yt[jj * m + i];
         }
       }
     });
@@ -227,6 +265,16 @@ void nbits_shape(ShapeContext& c) {
   c.set(0, c.dtype(0), s);
 }
 
+// The kernel's workspace (nbits_parts) for these shapes on c.threads() threads.
+uint64_t nbits_workspace(const ShapeContext& c) {
+  const int64_t k = c.attr_i("K", 0), block = c.attr_i("block_size", 0);
+  if (k <= 0 || block < 16) unknown("bad K or block_size");
+  const int64_t m = shape_numel(c.shape(0)) / k;
+  return nbits_parts(m, k, c.attr_i("N", 0), block, c.attr_i("bits", 4),
+                     c.attr_i("accuracy_level", 0), c.threads())
+      .layout.bytes();
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.domain = "com.microsoft",
@@ -235,6 +283,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .max_inputs = 6,
                   .types = "float (B: uint8, 4 or 8 bits)",
                   .shape = nbits_shape,
+                  .workspace = nbits_workspace,
                   .create = make<MatMulNBits>});
 
 }  // namespace kiln::ops

@@ -33,13 +33,21 @@ Tensor as_float(const Tensor& w) {
 
 }  // namespace
 
+bool packs_constant_b(const Tensor* b) {
+  return b && b->rank() == 2 && b->dim(0) > 0 && b->dim(1) > 0 &&
+         (b->dtype() == DataType::Float || b->dtype() == DataType::Float16 ||
+          b->dtype() == DataType::BFloat16);
+}
+
+bool packed_from_initializer(const NodeInfo& info, size_t i, const PackedWeight& packed) {
+  if (!packed || !info.has_input(i)) return false;
+  const ir::ValueInfo& v = info.graph().value(info.node().inputs[i]);
+  return v.origin == ir::ValueOrigin::Initializer && v.constant.defined();
+}
+
 PackedWeight pack_constant_b(const NodeInfo& info, size_t i, bool transpose) {
   const Tensor* b = info.constant_input(i);
-  if (!b || b->rank() != 2 || b->dim(0) == 0 || b->dim(1) == 0 ||
-      (b->dtype() != DataType::Float && b->dtype() != DataType::Float16 &&
-       b->dtype() != DataType::BFloat16)) {
-    return {};
-  }
+  if (!packs_constant_b(b)) return {};
   const math::MathKernels& t = math::kernels();
   const math::PackedType type = packed_type(info.gemm_weights());
   const int64_t k = transpose ? b->dim(1) : b->dim(0), n = transpose ? b->dim(0) : b->dim(1);

@@ -23,6 +23,14 @@ struct PackedWeight {
 // i is not such a constant.
 PackedWeight pack_constant_b(const NodeInfo& info, size_t i, bool transpose);
 
+// Whether `b` is a constant pack_constant_b packs: a workspace rule's test (on
+// ShapeContext::constant) that the kernel reads B packed and needs no room for it.
+bool packs_constant_b(const Tensor* b);
+
+// Whether `packed` (pack_constant_b's for input i) was made from an initializer, the
+// constants a workspace rule sees: the kernel's side of packs_constant_b.
+bool packed_from_initializer(const NodeInfo& info, size_t i, const PackedWeight& packed);
+
 // A packed constant 8-bit B: the weights cache's tensor and a view of it for qgemm.
 struct QPackedWeight {
   std::shared_ptr<const Tensor> storage;

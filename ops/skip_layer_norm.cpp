@@ -13,17 +13,43 @@
 // operands are widened to float and the results narrowed back, as onnxruntime's CPU kernel
 // does; the statistics stay float.
 #include <string>
-#include <vector>
 
 #include "ops/common.h"
 #include "ops/elementwise.h"
 #include "ops/half.h"
 #include "ops/math/kernels.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops {
 namespace {
 
 constexpr int64_t kTaskElements = 16384;
+
+// The workspace, as the kernel and skip_layer_norm_workspace lay it out: for float16, input,
+// skip, gamma, beta, bias (those present), y and the sum (when an output) in float; the sum
+// when an operand broadcasts and the sum is not an output.
+struct SkipParts {
+  WorkspaceLayout layout;
+  int a = -1, b = -1, param[3] = {-1, -1, -1}, y = -1, sum = -1;
+};
+
+SkipParts skip_parts(DataType dt, const Shape& a, const Shape& b, const bool has_param[3],
+                     bool sum_out) {
+  SkipParts p;
+  const Shape shape = broadcast_shapes(a, b);
+  const int64_t n = shape.empty() ? 0 : shape.back(), total = shape_numel(shape);
+  const bool half = dt == DataType::Float16;
+  const bool same = a == shape && b == shape;
+  if (half) {
+    p.a = p.layout.add(DataType::Float, shape_numel(a));
+    p.b = p.layout.add(DataType::Float, shape_numel(b));
+    for (int i = 0; i < 3; ++i)
+      if (has_param[i]) p.param[i] = p.layout.add(DataType::Float, n);
+    p.y = p.layout.add(DataType::Float, total);
+  }
+  if ((half && sum_out) || (!same && !sum_out)) p.sum = p.layout.add(DataType::Float, total);
+  return p;
+}
 
 class SkipLayerNorm final : public Kernel {
  public:
@@ -43,20 +69,11 @@ class SkipLayerNorm final : public Kernel {
     if (a.rank() == 0 && b.rank() == 0) ctx.fail("input and skip must have at least one dim");
     const Shape shape = broadcast_shapes(a.shape(), b.shape());
     const int64_t n = shape.back();
-    Params params;
-    params.gamma = param(ctx, 2, dt, n, "gamma", params.wide[0]);
-    params.beta = param(ctx, 3, dt, n, "beta", params.wide[1]);
-    params.bias = param(ctx, 4, dt, n, "bias", params.wide[2]);
-    // float16 is widened into float scratch first, so its outputs may then take the inputs'
-    // storage as float outputs do. (References, not copies: a copy of an input would hold its
-    // storage and keep the output from taking it.)
-    Tensor wide_a, wide_b;
-    if (dt == DataType::Float16) {
-      wide_a = widen_to_float(ctx, a);
-      wide_b = widen_to_float(ctx, b);
-    }
-    const Tensor& fa = dt == DataType::Float ? a : wide_a;
-    const Tensor& fb = dt == DataType::Float ? b : wide_b;
+    const char* names[] = {"gamma", "beta", "bias"};
+    bool has_param[3];
+    for (size_t i = 0; i < 3; ++i) has_param[i] = check_param(ctx, i + 2, dt, n, names[i]);
+    // The outputs (float16 ones may take the inputs' storage: the inputs are widened into the
+    // workspace before anything is written), then the workspace (skip_layer_norm_workspace).
     Tensor& y = a.shape() == shape ? ctx.output_reusing(0, 0, dt, shape) : ctx.output(0, dt, shape);
     Tensor sum;
     if (ctx.has_output(3)) {
@@ -67,40 +84,50 @@ class SkipLayerNorm final : public Kernel {
     Tensor mean, inv_std;
     if (ctx.has_output(1)) mean = ctx.output(1, DataType::Float, stat_shape);
     if (ctx.has_output(2)) inv_std = ctx.output(2, DataType::Float, stat_shape);
+    const SkipParts parts = skip_parts(dt, a.shape(), b.shape(), has_param, sum.defined());
+    const Workspace space(ctx, parts.layout);
+    const float* params[3] = {nullptr, nullptr, nullptr};
+    for (size_t i = 0; i < 3; ++i) {
+      if (!has_param[i]) continue;
+      const Tensor& t = ctx.input(i + 2);
+      if (dt == DataType::Float) {
+        params[i] = t.data<const float>();
+      } else {
+        params[i] = space.data<float>(parts.param[i]);
+        widen_half(t.raw_data(), space.data<float>(parts.param[i]), n);
+      }
+    }
     if (dt == DataType::Float) {
-      normalize(ctx, fa, fb, shape, params, y, sum, mean, inv_std);
+      normalize(a, b, shape, params, y, sum, mean, inv_std, space, parts.sum);
       return;
     }
-    Tensor fy = ctx.allocate(DataType::Float, shape);
-    Tensor fsum = sum.defined() ? ctx.allocate(DataType::Float, shape) : Tensor();
-    normalize(ctx, fa, fb, shape, params, fy, fsum, mean, inv_std);
+    const Tensor fa = widen_into(a, space.tensor(parts.a, a.shape()));
+    const Tensor fb = widen_into(b, space.tensor(parts.b, b.shape()));
+    Tensor fy = space.tensor(parts.y, shape);
+    const Tensor fsum = sum.defined() ? space.tensor(parts.sum, shape) : Tensor();
+    normalize(fa, fb, shape, params, fy, fsum, mean, inv_std, space,
+              sum.defined() ? -1 : parts.sum);
     narrow_into(fy, y);
     if (sum.defined()) narrow_into(fsum, sum);
   }
 
  private:
-  // gamma, beta and bias as n floats each (null when absent); float16 ones widened into `wide`.
-  struct Params {
-    const float* gamma = nullptr;
-    const float* beta = nullptr;
-    const float* bias = nullptr;
-    std::vector<float> wide[3];
-  };
-
-  // The float computation: y, and `sum` when defined, from a + b (broadcast to `shape`).
-  void normalize(OpContext& ctx, const Tensor& a, const Tensor& b, const Shape& shape,
-                 const Params& params, Tensor& y, const Tensor& sum_out, const Tensor& mean,
-                 const Tensor& inv_std) const {
+  // The float computation: y, and `sum` when defined, from a + b (broadcast to `shape`);
+  // gamma, beta and bias as n floats each (null when absent). The sum, when not an output and
+  // an operand broadcasts, goes to workspace part `sum_part`.
+  void normalize(const Tensor& a, const Tensor& b, const Shape& shape, const float* const params[3],
+                 Tensor& y, const Tensor& sum_out, const Tensor& mean, const Tensor& inv_std,
+                 const Workspace& space, int sum_part) const {
     const int64_t n = shape.back();
     const int64_t rows = n == 0 ? 0 : numel_of(shape) / n;
     if (rows == 0) return;
     const bool same = a.shape() == shape && b.shape() == shape;
     // The sum: the fourth output when requested, else y itself (normalised in place) or,
-    // when an operand broadcasts, a scratch buffer.
+    // when an operand broadcasts, the workspace.
     Tensor scratch;
     const Tensor* sum = &sum_out;
     if (!sum_out.defined()) {
-      if (!same) scratch = ctx.allocate(DataType::Float, shape);
+      if (!same) scratch = space.tensor(sum_part, shape);
       sum = same ? &y : &scratch;
     }
     if (!same) {
@@ -112,7 +139,7 @@ class SkipLayerNorm final : public Kernel {
     float* py = y.data<float>();
     float* pm = mean.defined() ? mean.data<float>() : nullptr;
     float* pi = inv_std.defined() ? inv_std.data<float>() : nullptr;
-    const float *gamma = params.gamma, *beta = params.beta, *bias = params.bias;
+    const float *gamma = params[0], *beta = params[1], *bias = params[2];
     const math::VecMathKernels& vm = math::kernels().vec;
     parallel_for(rows, grain_for(n, kTaskElements), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
@@ -131,23 +158,18 @@ class SkipLayerNorm final : public Kernel {
     });
   }
 
-  // Input i as n contiguous floats of the input's type (widened into `wide` when float16), or
-  // null when it is absent.
-  static const float* param(OpContext& ctx, size_t i, DataType dt, int64_t n, const char* what,
-                            std::vector<float>& wide) {
+  // Whether input i (gamma, beta, bias) is present; it must hold n values of the inputs' type.
+  static bool check_param(OpContext& ctx, size_t i, DataType dt, int64_t n, const char* what) {
     if (!ctx.has_input(i)) {
       if (i == 2) ctx.fail("gamma is required");
-      return nullptr;
+      return false;
     }
     const Tensor& t = ctx.input(i);
     if (t.dtype() != dt || t.numel() != n || !t.is_contiguous()) {
       ctx.fail(std::string(what) + " " + t.describe() + " must hold " + std::to_string(n) + " " +
                std::string(data_type_name(dt)) + " values (the last axis)");
     }
-    if (dt == DataType::Float) return t.data<const float>();
-    wide.resize(static_cast<size_t>(n));
-    widen_half(t.raw_data(), wide.data(), n);
-    return wide.data();
+    return true;
   }
 
   static int64_t numel_of(const Shape& s) {
@@ -174,6 +196,15 @@ void skip_layer_norm_shape(ShapeContext& c) {
 
 // As the kernel takes its outputs, in its order: y over the input and the sum (the fourth
 // output) over the skip, each when it has the output's shape, then the statistics.
+// The kernel's workspace (skip_parts) for these shapes.
+uint64_t skip_layer_norm_workspace(const ShapeContext& c) {
+  const Shape& a = c.shape(0);
+  const Shape& b = c.shape(1);
+  if (a.empty() && b.empty()) unknown("a scalar input");
+  const bool has_param[3] = {c.has(2), c.has(3), c.has(4)};
+  return skip_parts(c.dtype(0), a, b, has_param, c.has_out(3)).layout.bytes();
+}
+
 void place_skip_layer_norm(Placement& p) {
   const Shape& shape = p.output(0).shape;
   if (p.input(0).shape == shape) {
@@ -205,6 +236,7 @@ KILN_REGISTER_OP({.domain = "com.microsoft",
                   .types = "float, float16 (statistics float)",
                   .shape = skip_layer_norm_shape,
                   .place = place_skip_layer_norm,
+                  .workspace = skip_layer_norm_workspace,
                   .create = make<SkipLayerNorm>});
 
 }  // namespace kiln::ops

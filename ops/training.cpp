@@ -66,12 +66,12 @@ class OptimizerStep final : public Kernel {
         }
       }
       dispatch(TypeList<float, double>{}, x.dtype(), [&]<typename T>() {
-        // Outputs: X_new, then each state; absent ones go to scratch.
-        std::vector<Tensor> outs;
+        // Outputs: X_new, then each state; absent ones are not written (null).
+        std::vector<T*> outs;
         for (size_t k = 0; k <= states_; ++k) {
           const size_t o = k * tensors_ + i;
-          outs.push_back(ctx.has_output(o) ? ctx.output(o, x.dtype(), x.shape())
-                                           : ctx.allocate(x.dtype(), x.shape()));
+          outs.push_back(ctx.has_output(o) ? ctx.output(o, x.dtype(), x.shape()).data<T>()
+                                           : nullptr);
         }
         update<T>(lr, step, x, in, outs);
       });
@@ -81,14 +81,17 @@ class OptimizerStep final : public Kernel {
  private:
   template <typename T>
   void update(double lr, int64_t step, const Tensor& xt, const std::vector<const Tensor*>& in,
-              std::vector<Tensor>& outs) const {
+              const std::vector<T*>& outs) const {
     const T* x = xt.data<const T>();
     const T* g = in[0]->data<const T>();
     const T* s1 = in[1]->data<const T>();
     const T* s2 = states_ == 2 ? in[2]->data<const T>() : nullptr;
-    T* xo = outs[0].data<T>();
-    T* o1 = outs[1].data<T>();
-    T* o2 = states_ == 2 ? outs[2].data<T>() : nullptr;
+    T* xo = outs[0];
+    T* o1 = outs[1];
+    T* o2 = states_ == 2 ? outs[2] : nullptr;
+    auto store = [](T* out, int64_t j, double v) {
+      if (out) out[j] = static_cast<T>(v);
+    };
     const int64_t n = xt.numel();
     const double tf = static_cast<double>(step);
     if (kind_ == Optimizer::Adagrad) {
@@ -96,8 +99,8 @@ class OptimizerStep final : public Kernel {
       for (int64_t j = 0; j < n; ++j) {
         const double gr = norm_ * x[j] + g[j];
         const double h = s1[j] + gr * gr;
-        o1[j] = static_cast<T>(h);
-        xo[j] = static_cast<T>(x[j] - rate * gr / (std::sqrt(h) + epsilon_));
+        store(o1, j, h);
+        store(xo, j, x[j] - rate * gr / (std::sqrt(h) + epsilon_));
       }
     } else if (kind_ == Optimizer::Adam) {
       const double rate =
@@ -106,18 +109,18 @@ class OptimizerStep final : public Kernel {
         const double gr = norm_ * x[j] + g[j];
         const double v = alpha_ * s1[j] + (1 - alpha_) * gr;
         const double h = beta_ * s2[j] + (1 - beta_) * gr * gr;
-        o1[j] = static_cast<T>(v);
-        o2[j] = static_cast<T>(h);
+        store(o1, j, v);
+        store(o2, j, h);
         const double xn = x[j] - rate * v / (std::sqrt(h) + epsilon_);
-        xo[j] = static_cast<T>((1 - norm_post_) * xn);
+        store(xo, j, (1 - norm_post_) * xn);
       }
     } else {
       const double beta = step > 0 ? beta_ : 1.0;
       for (int64_t j = 0; j < n; ++j) {
         const double gr = norm_ * x[j] + g[j];
         const double v = alpha_ * s1[j] + beta * gr;
-        o1[j] = static_cast<T>(v);
-        xo[j] = static_cast<T>(nesterov_ ? x[j] - lr * (gr + alpha_ * v) : x[j] - lr * v);
+        store(o1, j, v);
+        store(xo, j, nesterov_ ? x[j] - lr * (gr + alpha_ * v) : x[j] - lr * v);
       }
     }
   }

@@ -22,6 +22,7 @@ int64_t row_block(int mr) {
 }
 
 std::atomic<uint64_t> b_packs{0};
+std::atomic<uint64_t> b_allocations{0};
 
 // A 64-byte aligned scratch buffer per thread, grown on demand and kept.
 struct Scratch {
@@ -227,6 +228,9 @@ void check_shapes(const MatrixView& a, int64_t brows) {
 constexpr int64_t kPanelsPerBlock = 8;
 constexpr int64_t kRowsPerBlock = 252;  // a multiple of every level's tile height
 constexpr int64_t kFewPanels = 4;
+// Floats of a B packed whole (by a one-task product) that a thread's buffer grows to hold and
+// keeps (4 MB); a larger B is packed into memory of its own for the call.
+constexpr int64_t kKeptPackedB = int64_t{1} << 20;
 
 // This thread's packed B: blocks from a BPacker, or a task's own columns of an unpacked B.
 Scratch& b_scratch() {
@@ -493,7 +497,18 @@ void sgemm(const MatrixView& a, const MatrixView& b, float* c, int64_t ldc, cons
     });
     return;
   }
-  // Otherwise B is packed once for the tasks.
+  // One task: B packed into this thread's kept buffer, as a column task's part is (nothing
+  // else runs on this thread while the product does) unless larger than kKeptPackedB.
+  const int64_t floats = PackedB::packed_floats(k, n, g.nr);
+  if (tasks == 1 && task_count(product_work(m, n, k, g.mr), o.max_threads) == 1 &&
+      floats <= kKeptPackedB) {
+    float* panels = b_scratch().get(floats);
+    PackedB::pack_into(b, panels, table_of(o), PackedType::Float32);
+    return run(g, a, {panels, true, 0, PackedType::Float32, k * g.nr}, k, n, c, ldc, o);
+  }
+  // Otherwise B is packed once for the tasks, into memory of its own: the tasks read it while
+  // this thread, waiting for them, may run another product's task that packs into its buffer.
+  b_allocations.fetch_add(1, std::memory_order_relaxed);
   const PackedB packed(b, &table_of(o));
   run(g, a, {packed.data(), true, 0, PackedType::Float32, packed.panel_stride()}, k, n, c, ldc, o);
 }
@@ -548,6 +563,10 @@ void gemm<double>(const double* a, int64_t m, int64_t k, int64_t ars, int64_t ac
 
 uint64_t gemm_b_packs() {
   return b_packs.load(std::memory_order_relaxed);
+}
+
+uint64_t gemm_b_allocations() {
+  return b_allocations.load(std::memory_order_relaxed);
 }
 
 }  // namespace kiln::math

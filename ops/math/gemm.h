@@ -164,7 +164,10 @@ template <typename T>
 void gemm(const T* a, int64_t m, int64_t k, int64_t ars, int64_t acs, const T* b, int64_t n,
           int64_t brs, int64_t bcs, T* c, int64_t ldc, const GemmOptions& options = {});
 
-// Counters for tests and benchmarks: B matrices packed by sgemm on the fly (not prepacked).
+// Counters for tests and benchmarks: B matrices packed by sgemm on the fly (not prepacked),
+// and those of them packed into memory allocated for the call (B shared by several tasks, or
+// larger than a thread's kept buffer holds) rather than into the thread's kept buffer.
 uint64_t gemm_b_packs();
+uint64_t gemm_b_allocations();
 
 }  // namespace kiln::math

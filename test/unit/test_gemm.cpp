@@ -238,6 +238,36 @@ KILN_ISA_TEST_CASE("products with an unpacked B split by columns, each task pack
   });
 }
 
+KILN_ISA_TEST_CASE("a one-task product packs B into the thread's kept buffer, shared B per call",
+                   "[math][gemm]") {
+  KILN_REQUIRE_ISA();
+  std::mt19937 rng(77);
+  Case t{};
+  t.m = 96;
+  t.n = 70;
+  t.k = 300;
+  t.b_col_major = true;  // packed even for few rows
+  t.alpha = 1.0f;
+  tbb::task_arena one(1);
+  one.execute([&] {
+    const uint64_t packs = math::gemm_b_packs(), allocations = math::gemm_b_allocations();
+    check_case(t, isa_kernels, rng);
+    CHECK(math::gemm_b_packs() == packs + 1);
+    CHECK(math::gemm_b_allocations() == allocations);
+  });
+  // Two threads, too few columns to go round: the rows are split, B packed once for both.
+  t.m = 512;
+  t.n = 8;
+  t.k = 600;
+  tbb::task_arena two(2);
+  two.execute([&] {
+    const uint64_t packs = math::gemm_b_packs(), allocations = math::gemm_b_allocations();
+    check_case(t, isa_kernels, rng);
+    CHECK(math::gemm_b_packs() == packs + 1);
+    CHECK(math::gemm_b_allocations() == allocations + 1);
+  });
+}
+
 KILN_ISA_TEST_CASE("sgemm with k = 0 writes zeros (or keeps C) and the epilogue", "[math][gemm]") {
   KILN_REQUIRE_ISA();
   std::mt19937 rng(5);

@@ -588,6 +588,28 @@ TEST_CASE("optimisers follow their update formulas", "[misc]") {
       CHECK(std::abs(out[1].tensor().data<float>()[i] -
                      (el(x2, i) - r * g / (std::sqrt(h) + 1e-3))) < 1e-5);
     }
+    // Without the first state's new value: it is not computed into scratch, and the others
+    // are the same.
+    OpTest without("Adagrad", 1, domain);
+    without.attr("decay_factor", 0.2f)
+        .attr("epsilon", 1e-3f)
+        .attr("norm_coefficient", static_cast<float>(norm))
+        .input(Tensor::scalar<float>(lr))
+        .input(i64(step))
+        .input(x1)
+        .input(x2)
+        .input(g1)
+        .input(g2)
+        .input(s1)
+        .input(s2)
+        .outputs(4)
+        .skip_output(2);
+    const std::vector<Value> some = without.run();  // outputs 0, 1 and 3
+    CHECK(without.stats().unplanned_scratch == 0);
+    REQUIRE(some.size() == 3);
+    require_close(some[0].tensor(), out[0].tensor(), 0, 0);
+    require_close(some[1].tensor(), out[1].tensor(), 0, 0);
+    require_close(some[2].tensor(), out[3].tensor(), 0, 0);
   }
   SECTION("Adam") {
     const double alpha = 0.8, beta = 0.9, eps = 1e-4, post = 0.05;

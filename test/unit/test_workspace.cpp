@@ -1,7 +1,9 @@
 // Kernels whose scratch is a workspace their contract declares (Conv, ConvTranspose,
 // DeformConv, com.microsoft Attention, the ops on the shared attention core: ONNX Attention,
-// MultiHeadAttention, GroupQueryAttention, FlexAttention, and LinearAttention): on two
-// threads, where the per-thread parts of their workspaces take a slot per thread, and for
+// MultiHeadAttention, GroupQueryAttention, FlexAttention, and LinearAttention,
+// LayerNormalization, SkipLayerNormalization, MatMul, Gemm, QGemm, QLinearMatMul, ConvInteger,
+// QLinearConv, MatMulNBits, SoftmaxCrossEntropyLoss): on two threads, where the per-thread parts
+// of their workspaces take a slot per thread, and for
 // float16, whose widened inputs and float results are parts too, the arena planned from the
 // contracts equals the one recorded from the run, and no kernel takes scratch outside it
 // (RunStats::unplanned_scratch). The results equal those of one thread.
@@ -23,12 +25,17 @@ struct Case {
   std::vector<std::pair<std::string, Shape>> inputs;
   DataType dtype = DataType::Float;
   int64_t opset = 19;
+  bool uint8 = false;  // the inputs are uint8 (quantized products)
 };
 
 std::vector<NamedValue> feeds(const Case& c) {
   std::mt19937 rng(7);
   std::vector<NamedValue> v;
   for (const auto& [name, shape] : c.inputs) {
+    if (c.uint8) {
+      v.push_back({name, random_tensor(DataType::UInt8, shape, rng, 0, 255)});
+      continue;
+    }
     Tensor t = random_tensor(DataType::Float, shape, rng, -1, 1);
     if (c.dtype == DataType::Float16) {
       Tensor h = Tensor::zeros(DataType::Float16, shape);
@@ -102,6 +109,17 @@ std::shared_ptr<ir::Graph> conv() {
   b.input("w", g_dtype, {32, 16, 3, 3}, true);
   b.input("b", g_dtype, {32}, true);
   b.node("Conv", {"x", "w", "b"}, {"y"}, {ints_attr("pads", {1, 1, 1, 1})});
+  b.output("y");
+  return b.build();
+}
+
+// Two output channels per group run the direct loops; a column stride of 3 makes each task
+// pad its input plane into the workspace.
+std::shared_ptr<ir::Graph> conv_padded_planes() {
+  GraphBuilder b;
+  b.input("x", g_dtype, {1, 16, 40, 40}, true);
+  b.input("w", g_dtype, {8, 4, 3, 3}, true);
+  b.node("Conv", {"x", "w"}, {"y"}, {int_attr("group", 4), ints_attr("strides", {3, 3})});
   b.output("y");
   return b.build();
 }
@@ -207,6 +225,168 @@ std::shared_ptr<ir::Graph> linear_attention() {
   return b.build();
 }
 
+// `shape` of g_dtype, random: an initializer's value.
+Tensor constant(Shape shape, unsigned seed) {
+  std::mt19937 rng(seed);
+  const Tensor t = random_tensor(DataType::Float, shape, rng, -1, 1);
+  if (g_dtype == DataType::Float) return t;
+  Tensor h = Tensor::zeros(g_dtype, shape);
+  for (int64_t i = 0; i < t.numel(); ++i) h.data<float16>()[i] = float16(t.data<float>()[i]);
+  return h;
+}
+
+// A scale that varies over the leading dims (expanded per row), a bias of the normalised
+// shape (read in place for float, widened for float16); rows enough for a task per thread.
+std::shared_ptr<ir::Graph> layer_norm() {
+  GraphBuilder b;
+  b.input("x", g_dtype, {4, 64, 256}, true);
+  b.input("scale", g_dtype, {64, 256}, true);
+  b.input("bias", g_dtype, {256}, true);
+  b.node("LayerNormalization", {"x", "scale", "bias"}, {"y", "mean", "inv_std"},
+         {int_attr("axis", -1)});
+  b.output("y");
+  b.output("mean");
+  b.output("inv_std");
+  return b.build();
+}
+
+// The skip broadcasts and the sum is no output: the sum is a workspace part.
+std::shared_ptr<ir::Graph> skip_layer_norm_broadcast() {
+  GraphBuilder b;
+  b.input("x", g_dtype, {4, 32, 128}, true);
+  b.input("skip", g_dtype, {32, 128}, true);
+  b.input("gamma", g_dtype, {128}, true);
+  b.input("beta", g_dtype, {128}, true);
+  b.node("SkipLayerNormalization", {"x", "skip", "gamma", "beta"}, {"y"}, {}, "com.microsoft");
+  b.output("y");
+  return b.build();
+}
+
+// Every output, a bias; input and skip of one shape.
+std::shared_ptr<ir::Graph> skip_layer_norm_sum() {
+  GraphBuilder b;
+  b.input("x", g_dtype, {4, 32, 128}, true);
+  b.input("skip", g_dtype, {4, 32, 128}, true);
+  b.input("gamma", g_dtype, {128}, true);
+  b.input("beta", g_dtype, {128}, true);
+  b.input("bias", g_dtype, {128}, true);
+  b.node("SkipLayerNormalization", {"x", "skip", "gamma", "beta", "bias"},
+         {"y", "mean", "inv_std", "sum"}, {}, "com.microsoft");
+  b.output("y");
+  b.output("mean");
+  b.output("inv_std");
+  b.output("sum");
+  return b.build();
+}
+
+// B given at run time (widened into the workspace for float16) and B an initializer (packed
+// at load: no part for it).
+std::shared_ptr<ir::Graph> matmul() {
+  GraphBuilder b;
+  b.input("a", g_dtype, {2, 3, 40, 48}, true);
+  b.input("b", g_dtype, {48, 56}, true);
+  b.initializer("w", constant({56, 24}, 3));
+  b.node("MatMul", {"a", "b"}, {"ab"});
+  b.node("MatMul", {"ab", "w"}, {"y"});
+  b.output("y");
+  return b.build();
+}
+
+// C a row of Y (the epilogue's bias, a part for float too) and C of Y's shape; B transposed.
+std::shared_ptr<ir::Graph> gemm() {
+  GraphBuilder b;
+  b.input("a", g_dtype, {64, 48}, true);
+  b.input("b", g_dtype, {40, 48}, true);
+  b.input("c", g_dtype, {40}, true);
+  b.input("w", g_dtype, {40, 32}, true);
+  b.input("full", g_dtype, {64, 32}, true);
+  b.node("Gemm", {"a", "b", "c"}, {"ab"}, {int_attr("transB", 1), float_attr("beta", 0.5f)});
+  b.node("Gemm", {"ab", "w", "full"}, {"y"}, {float_attr("alpha", 2.0f)});
+  b.output("y");
+  return b.build();
+}
+
+Tensor scalar(DataType dtype, float v) {
+  Tensor t = Tensor::zeros(dtype, {});
+  if (dtype == DataType::Float) t.data<float>()[0] = v;
+  if (dtype == DataType::UInt8) t.data<uint8_t>()[0] = static_cast<uint8_t>(v);
+  return t;
+}
+
+// QGemm's int32 sums, and QLinearMatMul's into a float8 output.
+std::shared_ptr<ir::Graph> quantized_products() {
+  GraphBuilder b;
+  b.input("a", DataType::UInt8, {48, 64}, true);
+  b.input("b", DataType::UInt8, {64, 40}, true);
+  b.initializer("sa", scalar(DataType::Float, 0.02f));
+  b.initializer("za", scalar(DataType::UInt8, 128));
+  b.initializer("sb", scalar(DataType::Float, 0.01f));
+  b.initializer("zb", scalar(DataType::UInt8, 120));
+  b.initializer("sy", scalar(DataType::Float, 0.5f));
+  b.initializer("zy", Tensor::zeros(DataType::Float8E4M3FN, {}));
+  b.node("QGemm", {"a", "sa", "za", "b", "sb", "zb"}, {"y"}, {}, "com.microsoft");
+  b.node("QLinearMatMul", {"a", "sa", "za", "b", "sb", "zb", "sy", "zy"}, {"q8"});
+  b.output("y");
+  b.output("q8");
+  return b.build();
+}
+
+// ConvInteger and QLinearConv with a filter given at run time: packed into the workspace.
+std::shared_ptr<ir::Graph> integer_convs() {
+  GraphBuilder b;
+  b.input("x", DataType::UInt8, {1, 4, 10, 10}, true);
+  b.input("w", DataType::UInt8, {8, 4, 3, 3}, true);
+  b.initializer("sx", scalar(DataType::Float, 0.02f));
+  b.initializer("zx", scalar(DataType::UInt8, 128));
+  b.initializer("sw", scalar(DataType::Float, 0.01f));
+  b.initializer("zw", scalar(DataType::UInt8, 120));
+  b.initializer("sy", scalar(DataType::Float, 0.5f));
+  b.initializer("zy", scalar(DataType::UInt8, 100));
+  b.node("ConvInteger", {"x", "w", "zx", "zw"}, {"y"}, {ints_attr("pads", {1, 1, 1, 1})});
+  b.node("QLinearConv", {"x", "sx", "zx", "w", "sw", "zw", "sy", "zy"}, {"q"});
+  b.output("y");
+  b.output("q");
+  return b.build();
+}
+
+// SoftmaxCrossEntropyLoss with the log-probabilities as an output (float: computed there, no
+// workspace; float16: in float in the workspace) and without (the workspace for both).
+std::shared_ptr<ir::Graph> softmax_cross_entropy() {
+  std::mt19937 rng(9);
+  GraphBuilder b;
+  b.input("x", g_dtype, {4, 10, 6}, true);
+  b.initializer("t", random_tensor(DataType::Int64, {4, 6}, rng, 0, 9));
+  b.node("SoftmaxCrossEntropyLoss", {"x", "t"}, {"loss", "log_prob"});
+  b.node("SoftmaxCrossEntropyLoss", {"x", "t"}, {"each"}, {string_attr("reduction", "none")});
+  b.output("loss");
+  b.output("log_prob");
+  b.output("each");
+  return b.build();
+}
+
+// MatMulNBits: many rows (panels per task, A^T packed), few rows streamed in float and
+// quantized to int8 (accuracy_level 4). K 256, N 1024, 4-bit blocks of 32: the many
+// rows are work for two tasks, each with a panel of its own (256 columns, kPanelFloats).
+std::shared_ptr<ir::Graph> matmul_nbits() {
+  std::mt19937 rng(5);
+  GraphBuilder b;
+  b.input("a", DataType::Float, {2, 24, 256}, true);
+  b.input("row", DataType::Float, {3, 256}, true);
+  b.initializer("q", random_tensor(DataType::UInt8, {1024, 8, 16}, rng, 0, 255));
+  b.initializer("s", random_tensor(DataType::Float, {8192}, rng, 0.01, 0.1));
+  const std::vector<ir::Attribute> attrs = {int_attr("K", 256), int_attr("N", 1024),
+                                            int_attr("bits", 4), int_attr("block_size", 32)};
+  std::vector<ir::Attribute> int8 = attrs;
+  int8.push_back(int_attr("accuracy_level", 4));
+  b.node("MatMulNBits", {"a", "q", "s"}, {"y"}, attrs, "com.microsoft");
+  b.node("MatMulNBits", {"row", "q", "s"}, {"r"}, attrs, "com.microsoft");
+  b.node("MatMulNBits", {"row", "q", "s"}, {"r8"}, int8, "com.microsoft");
+  b.output("y");
+  b.output("r");
+  b.output("r8");
+  return b.build();
+}
+
 }  // namespace
 
 TEST_CASE("kernels with per-thread and float16 workspaces are planned from their contracts",
@@ -229,6 +409,9 @@ TEST_CASE("kernels with per-thread and float16 workspaces are planned from their
     }
     SECTION(std::string("Conv ") + std::string(data_type_name(dtype))) {
       check_case({conv, {{"x", {1, 16, 40, 40}}, {"w", {32, 16, 3, 3}}, {"b", {32}}}, dtype});
+    }
+    SECTION(std::string("Conv direct, padded planes ") + std::string(data_type_name(dtype))) {
+      check_case({conv_padded_planes, {{"x", {1, 16, 40, 40}}, {"w", {8, 4, 3, 3}}}, dtype});
     }
     SECTION(std::string("Attention ") + std::string(data_type_name(dtype))) {
       check_case({attention,
@@ -262,6 +445,33 @@ TEST_CASE("kernels with per-thread and float16 workspaces are planned from their
                   {{"q", {2, 4, 24, 16}}, {"k", {2, 2, 40, 16}}, {"v", {2, 2, 40, 8}}},
                   dtype});
     }
+    SECTION(std::string("LayerNormalization ") + std::string(data_type_name(dtype))) {
+      check_case({layer_norm, {{"x", {4, 64, 256}}, {"scale", {64, 256}}, {"bias", {256}}}, dtype});
+    }
+    SECTION(std::string("SkipLayerNormalization ") + std::string(data_type_name(dtype))) {
+      check_case({skip_layer_norm_broadcast,
+                  {{"x", {4, 32, 128}}, {"skip", {32, 128}}, {"gamma", {128}}, {"beta", {128}}},
+                  dtype});
+      check_case({skip_layer_norm_sum,
+                  {{"x", {4, 32, 128}},
+                   {"skip", {4, 32, 128}},
+                   {"gamma", {128}},
+                   {"beta", {128}},
+                   {"bias", {128}}},
+                  dtype});
+    }
+    SECTION(std::string("SoftmaxCrossEntropyLoss ") + std::string(data_type_name(dtype))) {
+      check_case({softmax_cross_entropy, {{"x", {4, 10, 6}}}, dtype});
+    }
+    SECTION(std::string("MatMul ") + std::string(data_type_name(dtype))) {
+      check_case({matmul, {{"a", {2, 3, 40, 48}}, {"b", {48, 56}}}, dtype});
+    }
+    SECTION(std::string("Gemm ") + std::string(data_type_name(dtype))) {
+      check_case(
+          {gemm,
+           {{"a", {64, 48}}, {"b", {40, 48}}, {"c", {40}}, {"w", {40, 32}}, {"full", {64, 32}}},
+           dtype});
+    }
   }
 }
 
@@ -288,4 +498,16 @@ TEST_CASE("the attention ops' scratch is planned from their contracts", "[arena]
                  {"cos", {16, 8}},
                  {"sin", {16, 8}}}});
   }
+}
+
+TEST_CASE("the integer products' int32 sums and run-time filters are planned from their contracts",
+          "[arena][workspace]") {
+  check_case({quantized_products, {{"a", {48, 64}}, {"b", {64, 40}}}, DataType::Float, 19, true});
+  check_case(
+      {integer_convs, {{"x", {1, 4, 10, 10}}, {"w", {8, 4, 3, 3}}}, DataType::Float, 19, true});
+}
+
+TEST_CASE("MatMulNBits's prepared A, packed A^T and panels are planned from its contract",
+          "[arena][workspace]") {
+  check_case({matmul_nbits, {{"a", {2, 24, 256}}, {"row", {3, 256}}}});
 }
