@@ -156,6 +156,7 @@ struct ClearOnExit {
       }
     }
     b.temps.clear();
+    b.captures.clear();
     for (Value& v : b.outs) {
       if (v.defined()) clear_value(v);
     }
@@ -251,8 +252,11 @@ class StepHooks final : public ops::ExecutionHooks {
       throw Error(ErrorKind::Runtime, "no nested graph #" + std::to_string(index));
     }
     const auto& slots = step_.capture_slots[static_cast<size_t>(index)];
-    std::vector<Value> captures;
-    captures.reserve(slots.size());
+    const plan::GraphPlan& sub = *step_.subgraphs[static_cast<size_t>(index)];
+    // The nested graph's own buffers carry them in: it never runs inside itself, so they are
+    // free now, and they keep their capacity.
+    std::vector<Value>& captures = ex_.scratch_.at(sub.index).captures;
+    captures.clear();
     for (int32_t slot : slots) {
       const ir::ValueId id = step_.node->implicit_inputs[static_cast<size_t>(slot)];
       Value& v = frame_.slots[static_cast<size_t>(id)];
@@ -266,8 +270,9 @@ class StepHooks final : public ops::ExecutionHooks {
         captures.push_back(v);
       }
     }
-    return ex_.run(*step_.subgraphs[static_cast<size_t>(index)], std::move(sub_inputs),
-                   std::move(captures), depth_ + 1);
+    std::vector<Value> results;
+    ex_.run(sub, sub_inputs, captures, results, depth_ + 1);
+    return results;
   }
 
  private:
@@ -287,8 +292,8 @@ void Executor::check_stop() const {
   }
 }
 
-std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value> inputs,
-                                 std::vector<Value> captures, int depth) {
+void Executor::run(const plan::GraphPlan& plan, std::span<Value> inputs, std::span<Value> captures,
+                   std::vector<Value>& results, int depth) {
   if (options_) check_stop();
   const ir::Graph& g = *plan.graph;
   FrameBuffers& buffers = scratch_.at(plan.index);
@@ -450,7 +455,7 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
     if (f.weights) f.weights->end_step();
   }
 
-  std::vector<Value> results;
+  results.clear();
   results.reserve(g.outputs.size());
   for (ir::ValueId id : g.outputs) {
     Value& v = f.slots[static_cast<size_t>(id)];
@@ -464,7 +469,6 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
       results.push_back(v);
     }
   }
-  return results;
 }
 
 }  // namespace kiln
