@@ -63,7 +63,13 @@ class If final : public Kernel {
     const bool cond = read_condition(ctx, ctx.input(0), "the condition");
     // The branch's outputs become the node's outputs as they are: no copy.
     const int branch = cond ? then_ : else_;
-    std::vector<Value> outs = ctx.run_subgraph(branch, {}, CaptureMode::MoveIfLastUse);
+    // The branch's outputs arrive in a vector the executor keeps; moved out, and cleared
+    // whatever happens, so it holds no reference past this node.
+    std::vector<Value>& outs = ctx.run_subgraph_kept(branch, {}, CaptureMode::MoveIfLastUse);
+    struct Clear {
+      std::vector<Value>& v;
+      ~Clear() { v.clear(); }
+    } clear{outs};
     for (size_t i = 0; i < outs.size(); ++i) {
       check_declared(ctx, cond ? *then_graph_ : *else_graph_, i, outs[i],
                      cond ? "then_branch" : "else_branch");

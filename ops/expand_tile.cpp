@@ -18,7 +18,7 @@ void require_byte_types(const Tensor& x, const char* what) {
 }
 
 // Expand's output shape: `x` broadcast with `target`, whose dimensions must not be negative.
-Shape expand_output_shape(const Shape& x, const std::vector<int64_t>& target) {
+Shape expand_output_shape(const Shape& x, const Shape& target) {
   for (int64_t d : target) {
     if (d < 0)
       throw Error(ErrorKind::Runtime,
@@ -28,7 +28,7 @@ Shape expand_output_shape(const Shape& x, const std::vector<int64_t>& target) {
 }
 
 // Tile's output shape: each dimension of `x` times its repeat.
-Shape tile_output_shape(const Shape& x, const std::vector<int64_t>& repeats) {
+Shape tile_output_shape(const Shape& x, const Shape& repeats) {
   if (repeats.size() != x.size()) {
     throw Error(ErrorKind::Runtime, "repeats has " + std::to_string(repeats.size()) +
                                         " entries for an input of rank " +
@@ -71,7 +71,7 @@ class Tile final : public Kernel {
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
     require_byte_types(x, "Tile input");
-    const std::vector<int64_t> repeats = to_int64s(ctx.input(1));
+    const Shape repeats = to_int64s(ctx.input(1));
     const size_t rank = x.rank();
     const Shape shape = tile_output_shape(x.shape(), repeats);
     check_output_size(shape);

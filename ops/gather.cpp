@@ -85,8 +85,8 @@ T* elems(const Tensor& t) {
 }
 
 // Indices normalised to [0, dim) (negative ones count from the end); throws when outside.
-std::vector<int64_t> checked_indices(const Tensor& indices, int64_t dim, const char* what) {
-  std::vector<int64_t> idx = to_int64s(indices);
+Shape checked_indices(const Tensor& indices, int64_t dim, const char* what) {
+  Shape idx = to_int64s(indices);
   for (int64_t& i : idx) {
     if (i < -dim || i >= dim) index_out_of_range(i, dim, what);
     if (i < 0) i += dim;
@@ -111,7 +111,7 @@ class Gather final : public Kernel {
     check_index_type(ctx, indices);
     int64_t axis = 0;
     const Shape out_shape = gather_output_shape(data.shape(), indices.shape(), axis_, &axis);
-    const std::vector<int64_t> idx = checked_indices(indices, data.dim(axis), "Gather");
+    const Shape idx = checked_indices(indices, data.dim(axis), "Gather");
     Tensor& out = ctx.output(0, data.dtype(), out_shape);
 
     const int64_t outer = shape_numel(Shape(data.shape().begin(), data.shape().begin() + axis));
@@ -160,7 +160,7 @@ class GatherElements final : public Kernel {
                  " outside the gather axis");
       }
     }
-    const std::vector<int64_t> idx = checked_indices(indices, data.dim(axis), "GatherElements");
+    const Shape idx = checked_indices(indices, data.dim(axis), "GatherElements");
     Tensor& out = ctx.output(0, data.dtype(), indices.shape());
     if (out.numel() == 0) return;
 

@@ -178,6 +178,16 @@ class ExecutionHooks {
   virtual void count_in_place() = 0;
   virtual std::vector<Value> run_subgraph(int index, std::vector<Value> inputs,
                                           CaptureMode mode) = 0;
+  // The same run, its outputs left in a vector the hooks keep for that nested graph (it never
+  // runs inside itself), valid until its next run: the caller moves them out and clears it.
+  virtual std::vector<Value>& run_subgraph_kept(int index, std::vector<Value> inputs,
+                                                CaptureMode mode) {
+    kept_ = run_subgraph(index, std::move(inputs), mode);
+    return kept_;
+  }
+
+ private:
+  std::vector<Value> kept_;
 };
 
 // A node as its kernel sees it when running.
@@ -233,6 +243,10 @@ class OpContext {
   }
   std::vector<Value> run_subgraph(int index, std::vector<Value> inputs, CaptureMode mode) {
     return hooks_.run_subgraph(index, std::move(inputs), mode);
+  }
+  // run_subgraph without a vector per run (ExecutionHooks::run_subgraph_kept).
+  std::vector<Value>& run_subgraph_kept(int index, std::vector<Value> inputs, CaptureMode mode) {
+    return hooks_.run_subgraph_kept(index, std::move(inputs), mode);
   }
 
   [[noreturn]] void fail(const std::string& message, ErrorKind kind = ErrorKind::Runtime) const;

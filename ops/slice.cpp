@@ -44,21 +44,19 @@ void slice_range(int64_t dim, int64_t start, int64_t end, int64_t step, int64_t*
 // a Slice takes (unsliced axes: the whole dimension from 0 by 1), from its starts, ends, axes
 // and steps (`axes` and `steps` null when omitted: the first axes, steps of 1). The kernel and
 // the shape rule both compute the output's shape with it. First indices and steps share one
-// vector: slices run on every decode step, and each allocation counts.
+// Shapes: slices run on every decode step, and their few numbers stay inline.
 struct SliceWindow {
-  Shape len;
-  std::vector<int64_t> first_step;  // first index of axis d at 2d, step at 2d + 1
-  int64_t first(size_t d) const { return first_step[2 * d]; }
-  int64_t step(size_t d) const { return first_step[2 * d + 1]; }
+  Shape len, firsts, steps;
+  int64_t first(size_t d) const { return firsts[d]; }
+  int64_t step(size_t d) const { return steps[d]; }
 };
 
-SliceWindow slice_window(const Shape& x, const std::vector<int64_t>& starts,
-                         const std::vector<int64_t>& ends, const std::vector<int64_t>* axes,
-                         const std::vector<int64_t>* steps) {
+SliceWindow slice_window(const Shape& x, const Shape& starts, const Shape& ends, const Shape* axes,
+                         const Shape* steps) {
   const size_t n = starts.size();
   if (ends.size() != n || (axes && axes->size() != n) || (steps && steps->size() != n))
     throw Error(ErrorKind::Runtime, "starts, ends, axes and steps must have the same length");
-  SliceWindow w{x, std::vector<int64_t>(2 * x.size(), 0)};  // step 0: the axis is not sliced yet
+  SliceWindow w{x, Shape(x.size(), 0), Shape(x.size(), 0)};  // step 0: the axis is not sliced yet
   for (size_t i = 0; i < n; ++i) {
     const int64_t a = axes ? (*axes)[i] : static_cast<int64_t>(i);
     const auto axis = static_cast<size_t>(normalize_axis(a, static_cast<int64_t>(x.size())));
@@ -66,11 +64,11 @@ SliceWindow slice_window(const Shape& x, const std::vector<int64_t>& starts,
       throw Error(ErrorKind::Runtime, "axis " + std::to_string(a) + " is repeated");
     const int64_t step = steps ? (*steps)[i] : 1;
     if (step == 0) throw Error(ErrorKind::Runtime, "step cannot be 0");
-    slice_range(x[axis], starts[i], ends[i], step, &w.first_step[2 * axis], &w.len[axis]);
-    w.first_step[2 * axis + 1] = step;
+    slice_range(x[axis], starts[i], ends[i], step, &w.firsts[axis], &w.len[axis]);
+    w.steps[axis] = step;
   }
   for (size_t d = 0; d < x.size(); ++d)
-    if (w.step(d) == 0) w.first_step[2 * d + 1] = 1;
+    if (w.steps[d] == 0) w.steps[d] = 1;
   return w;
 }
 
@@ -92,7 +90,7 @@ class Slice final : public Kernel {
     if (x.dtype() != DataType::String && bits_per_element(x.dtype()) < 8) {
       throw_unsupported_type(x.dtype(), "Slice input");
     }
-    std::vector<int64_t> starts = starts_, ends = ends_, axes = axes_, steps;
+    Shape starts = starts_, ends = ends_, axes = axes_, steps;
     bool has_axes = !axes_.empty(), has_steps = false;
     if (ctx.opset() >= 10) {
       starts = to_int64s(ctx.input(1));
@@ -127,12 +125,12 @@ class Slice final : public Kernel {
   }
 
  private:
-  std::vector<int64_t> starts_, ends_, axes_;
+  Shape starts_, ends_, axes_;
 };
 
 void slice_shape(ShapeContext& c) {
   const ValueFacts& x = c.in(0);
-  std::vector<int64_t> starts, ends, axes, steps;
+  Shape starts, ends, axes, steps;
   bool has_axes = false, has_steps = false;
   if (c.opset() < 10) {
     starts = c.attr_ints("starts");

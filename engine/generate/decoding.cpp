@@ -184,6 +184,20 @@ std::vector<CacheSlot> cache_slots(const Session& s, const std::string& file) {
   return slots;
 }
 
+// ---------------------------------------------------------------- Feeds
+
+void Feeds::add(std::string_view name, Value value) {
+  if (count_ == items_.size()) items_.emplace_back();
+  NamedValue& nv = items_[count_++];
+  if (nv.name != name) nv.name.assign(name);
+  nv.value = std::move(value);
+}
+
+std::vector<NamedValue>& Feeds::items() {
+  items_.resize(count_);
+  return items_;
+}
+
 // ---------------------------------------------------------------- KvCaches
 
 namespace {
@@ -217,14 +231,14 @@ void KvCaches::init_empty(int64_t batch) {
   }
 }
 
-void KvCaches::feed(std::vector<NamedValue>& inputs) {
+void KvCaches::feed(Feeds& inputs) {
   for (const CacheSlot& c : slots_) {
     auto it = values_.find(c.past);
     if (it == values_.end()) continue;
     if (c.cross) {
-      inputs.push_back({c.past, it->second});
+      inputs.add(c.past, it->second);
     } else {
-      inputs.push_back({c.past, std::move(it->second)});
+      inputs.add(c.past, std::move(it->second));
     }
   }
 }
@@ -365,7 +379,28 @@ Seq2SeqDecoding::Seq2SeqDecoding(const Seq2SeqModels& models, const Tensor& hidd
               capacity),
       batch_(batch),
       file0_(models.merged ? models.merged_file : models.first_file),
-      filen_(models.merged ? models.merged_file : models.with_past_file) {}
+      filen_(models.merged ? models.merged_file : models.with_past_file),
+      hidden0_(has_input(models.merged ? *models.merged : *models.first, "encoder_hidden_states")),
+      hiddenn_(
+          has_input(models.merged ? *models.merged : *models.with_past, "encoder_hidden_states")),
+      use_cache_{Tensor::from_vector<bool>({1}, {false}), Tensor::from_vector<bool>({1}, {true})} {}
+
+Value Seq2SeqDecoding::ids_input(const std::vector<std::vector<int64_t>>& rows) {
+  const auto batch = static_cast<int64_t>(rows.size());
+  const auto len = static_cast<int64_t>(rows.at(0).size());
+  // Only this handle left: the last run is over and no output shares the bytes.
+  if (!ids_.defined() || ids_.storage().use_count() != 1 || ids_.shape() != Shape{batch, len}) {
+    ids_ = ids_tensor(rows);
+    return ids_;
+  }
+  int64_t* p = ids_.data<int64_t>();
+  for (const auto& r : rows) {
+    if (static_cast<int64_t>(r.size()) != len)
+      throw Error(ErrorKind::InvalidArgument, "decoder rows of different lengths");
+    p = std::copy(r.begin(), r.end(), p);
+  }
+  return ids_;  // a shared handle: the run only reads it
+}
 
 Tensor Seq2SeqDecoding::step(const std::vector<std::vector<int64_t>>& ids, StepStats& stats) {
   if (static_cast<int64_t>(ids.size()) != batch_)
@@ -374,22 +409,22 @@ Tensor Seq2SeqDecoding::step(const std::vector<std::vector<int64_t>>& ids, StepS
   Session& s = models_.merged ? *models_.merged : (first ? *models_.first : *models_.with_past);
   const std::string& file = first ? file0_ : filen_;
   stats.past_len = first ? 0 : caches_.past_len();
-  std::vector<NamedValue> in;
-  in.push_back({"input_ids", ids_tensor(ids)});
-  if (has_input(s, "encoder_hidden_states")) in.push_back({"encoder_hidden_states", hidden_});
+  feeds_.clear();
+  feeds_.add("input_ids", ids_input(ids));
+  if (first ? hidden0_ : hiddenn_) feeds_.add("encoder_hidden_states", hidden_);
   if (models_.merged) {
     // The merged decoder reads every input at every step: empty caches first.
     if (first) caches_.init_empty(batch_);
-    in.push_back({"use_cache_branch", Tensor::from_vector<bool>({1}, {!first})});
+    feeds_.add("use_cache_branch", use_cache_[first ? 0 : 1]);
   }
-  caches_.feed(in);
+  caches_.feed(feeds_);
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<NamedValue> outs = s.run(std::move(in));
+  s.run(feeds_.items(), outs_);
   stats.run_ms = ms_since(t0);
   stats.bytes_copied = s.last_run_stats().bytes_copied;
   stats.allocations = s.last_run_stats().allocations;
-  Tensor logits = named_output(outs, "logits", file).tensor();
-  stats.bytes_copied += caches_.take(outs, file, first);
+  Tensor logits = named_output(outs_, "logits", file).tensor();
+  stats.bytes_copied += caches_.take(outs_, file, first);
   ++steps_;
   return logits;
 }

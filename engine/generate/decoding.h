@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/util/json_file.h"
@@ -53,6 +54,22 @@ Tensor ids_tensor(const std::vector<std::vector<int64_t>>& rows);
 double ms_since(std::chrono::steady_clock::time_point t0);
 SessionOptions session_options(const GeneratorOptions& o, std::shared_ptr<Environment>& env);
 
+// The inputs of a decoder's runs, kept from step to step for Session::run's reusing form:
+// each step sets them in order, and a name already in its place stays, so a decode loop makes
+// no new names or vectors.
+class Feeds {
+ public:
+  // Starts the next run's inputs.
+  void clear() { count_ = 0; }
+  void add(std::string_view name, Value value);
+  // The inputs added since clear().
+  std::vector<NamedValue>& items();
+
+ private:
+  std::vector<NamedValue> items_;
+  size_t count_ = 0;
+};
+
 // One KV input of a decoder ("past_key_values.3.decoder.key") and its output name.
 struct CacheSlot {
   std::string past, present;
@@ -74,7 +91,7 @@ class KvCaches {
   // that reads them).
   void init_empty(int64_t batch = 1);
   // Feeds for the next run: decoder caches by move, cross caches by shared handle.
-  void feed(std::vector<NamedValue>& inputs);
+  void feed(Feeds& inputs);
   // Takes the present.* outputs. A decoder cache without room for the next token is moved
   // once into a buffer with room (capacity, or twice the old capacity when longer); the
   // cross-attention caches of the first step are made contiguous if they are views. These
@@ -120,12 +137,20 @@ class Seq2SeqDecoding {
   const std::string& file() const { return steps_ == 0 ? file0_ : filen_; }
 
  private:
+  // input_ids for `rows`: the last step's tensor rewritten when the run let go of it.
+  Value ids_input(const std::vector<std::vector<int64_t>>& rows);
+
   const Seq2SeqModels& models_;
   Tensor hidden_;
   KvCaches caches_;
   int64_t batch_;
   int64_t steps_ = 0;
   std::string file0_, filen_;
+  bool hidden0_ = false, hiddenn_ = false;  // the first and later runs take the encoder output
+  Tensor ids_;
+  Tensor use_cache_[2];  // use_cache_branch false, true (merged decoder)
+  Feeds feeds_;
+  std::vector<NamedValue> outs_;
 };
 
 }  // namespace kiln::detail

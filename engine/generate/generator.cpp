@@ -259,28 +259,29 @@ GenerationResult CausalLmGenerator::generate(const std::vector<int64_t>& prompt,
   TokenPicker picker(options, m.decode);
   std::vector<int64_t> next = prompt;
   std::vector<float> scratch;
+  Feeds in;
+  std::vector<NamedValue> outs;
   int64_t past = 0;
   for (int64_t step = 0; step < max_new; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     StepStats st;
     st.past_len = past;
     const auto cur = static_cast<int64_t>(next.size());
-    std::vector<NamedValue> in;
-    in.push_back({"input_ids", ids_tensor({next})});
+    in.clear();
+    in.add("input_ids", ids_tensor({next}));
     if (m.attention_mask) {
-      in.push_back(
-          {"attention_mask",
-           Tensor::from_vector<int64_t>({1, past + cur},
-                                        std::vector<int64_t>(static_cast<size_t>(past + cur), 1))});
+      in.add("attention_mask",
+             Tensor::from_vector<int64_t>(
+                 {1, past + cur}, std::vector<int64_t>(static_cast<size_t>(past + cur), 1)));
     }
     if (m.position_ids) {
       std::vector<int64_t> pos(static_cast<size_t>(cur));
       std::iota(pos.begin(), pos.end(), past);
-      in.push_back({"position_ids", Tensor::from_vector<int64_t>({1, cur}, pos)});
+      in.add("position_ids", Tensor::from_vector<int64_t>({1, cur}, pos));
     }
     caches.feed(in);
     const auto run_start = std::chrono::steady_clock::now();
-    std::vector<NamedValue> outs = m.model->run(std::move(in));
+    m.model->run(in.items(), outs);
     st.run_ms = ms_since(run_start);
     st.bytes_copied = m.model->last_run_stats().bytes_copied;
     st.allocations = m.model->last_run_stats().allocations;

@@ -1,5 +1,7 @@
 #include "engine/runtime/arena_state.h"
 
+#include <charconv>
+
 #include "engine/plan/memory_plan.h"
 
 namespace kiln::detail {
@@ -155,19 +157,53 @@ size_t ArenaState::start(ArenaRun& run, const std::vector<Value>& inputs) {
   return run.used_ ? arena_inputs_.size() : 0;
 }
 
+namespace {
+
+// Appends what identifies `v` in a signature: a tensor's element type and shape as
+// Tensor::describe writes them ("float32[1,6,3,64];"), without a temporary string.
+void append_key(std::string& s, const Value& v) {
+  if (!v.defined()) {
+    s += "-;";
+    return;
+  }
+  if (!v.is_tensor()) {
+    s += v.describe();
+    s += ';';
+    return;
+  }
+  const Tensor& t = v.tensor();
+  s += data_type_name(t.dtype());
+  s += '[';
+  char digits[24];
+  for (size_t i = 0; i < t.rank(); ++i) {
+    if (i) s += ',';
+    const auto r = std::to_chars(digits, digits + sizeof(digits), t.dim(i));
+    s.append(digits, r.ptr);
+  }
+  s += "];";
+}
+
+}  // namespace
+
 void ArenaState::begin(ArenaRun& run, const std::vector<Value>& inputs,
                        const std::vector<std::string>& names, RunStats& stats) {
   run.counts.peak_bytes_in_use = pool_.core().bytes_in_use.load();
   find_held_inputs(run, inputs, names);
-  if (options_.enabled) {
-    for (const Value& v : inputs) run.shapes_ += v.defined() ? v.describe() + ";" : "-;";
-    run.signature_ = run.shapes_ + "|";
-    for (const std::string& k : run.held_keys_) run.signature_ += k;
-  }
   size_t arena_inputs = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (options_.enabled) arena_inputs = start(run, inputs);
+    if (options_.enabled) {
+      // Written into the spare buffers, which keep their capacity from run to run.
+      run.shapes_.swap(spare_shapes_);
+      run.signature_.swap(spare_signature_);
+      run.shapes_.clear();
+      run.signature_.clear();
+      for (const Value& v : inputs) append_key(run.shapes_, v);
+      run.signature_ += run.shapes_;
+      run.signature_ += '|';
+      for (const std::string& k : run.held_keys_) run.signature_ += k;
+      arena_inputs = start(run, inputs);
+    }
   }
   run.recording_ = run.counts.recording;
   for (size_t j = 0; j < run.allocated_.size(); ++j) {
@@ -202,7 +238,12 @@ void ArenaState::end(ArenaRun& run, RunStats& stats) {
 void ArenaState::finish(ArenaRun& run, RunStats& stats) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (run.recording_) plan(run.recorded_, run.signature_, run.shapes_, std::move(run.held_keys_));
-  if (options_.enabled) last_signature_ = std::move(run.signature_);
+  if (options_.enabled) {
+    // The run's signature becomes the last one; the buffers it replaces serve the next run.
+    last_signature_.swap(run.signature_);
+    spare_signature_.swap(run.signature_);
+    spare_shapes_.swap(run.shapes_);
+  }
   // The layout this run used, or the one it recorded.
   const ArenaLayout* layout = run.used_ ? run.used_.get() : run.recording_ ? arena_.get() : nullptr;
   if (layout) {

@@ -22,9 +22,38 @@ namespace detail {
 PoolCore::~PoolCore() {
   for (auto& [cap, p] : free_) std::free(p);
   std::free(arena_);
+  free_storage_blocks();
 }
 
 namespace {
+
+// Places a pool Storage and its shared_ptr counts in one of the pool's storage blocks. It
+// holds the pool: its copy in the counts block gives the block back after the storage's last
+// handle is gone, which may be after the last BufferPool referring to the pool.
+template <typename T>
+struct StorageBlockAllocator {
+  using value_type = T;
+  std::shared_ptr<PoolCore> pool;
+
+  explicit StorageBlockAllocator(std::shared_ptr<PoolCore> p) noexcept : pool(std::move(p)) {}
+  template <typename U>
+  StorageBlockAllocator(const StorageBlockAllocator<U>& other) noexcept : pool(other.pool) {}
+
+  T* allocate(size_t n) {
+    static_assert(sizeof(T) <= PoolCore::kStorageBlockBytes &&
+                  alignof(T) <= alignof(std::max_align_t));
+    if (n != 1) return std::allocator<T>().allocate(n);
+    return static_cast<T*>(pool->take_storage_block());
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    if (n != 1) return std::allocator<T>().deallocate(p, n);
+    pool->give_storage_block(p);
+  }
+  template <typename U>
+  bool operator==(const StorageBlockAllocator<U>& other) const noexcept {
+    return pool == other.pool;
+  }
+};
 
 void raise_to(std::atomic<uint64_t>& peak, uint64_t now) {
   uint64_t seen = peak.load(std::memory_order_relaxed);
@@ -39,14 +68,39 @@ std::shared_ptr<Storage> PoolCore::make_storage(std::byte* data, size_t capacity
   raise_to(peak_bytes_in_use, now);
   if (run) raise_to(run->peak_bytes_in_use, now);
   // Storage's constructor is private; a local class of a friend's member may call it, and
-  // lets make_shared put the Storage and its count in one allocation instead of two.
+  // lets allocate_shared put the Storage and its counts in one recycled block.
   struct PoolStorage : Storage {};
-  std::shared_ptr<Storage> s = std::make_shared<PoolStorage>();
+  std::shared_ptr<Storage> s =
+      std::allocate_shared<PoolStorage>(StorageBlockAllocator<PoolStorage>(shared_from_this()));
   s->data_ = data;
   s->capacity_ = capacity;
   s->kind_ = Storage::Kind::Pool;
-  s->pool_ = shared_from_this();
+  s->pool_ = this;
   return s;
+}
+
+void* PoolCore::take_storage_block() {
+  {
+    std::lock_guard<std::mutex> lock(blocks_mutex_);
+    if (FreeBlock* b = free_blocks_) {
+      free_blocks_ = b->next;
+      return b;
+    }
+  }
+  return ::operator new(kStorageBlockBytes);
+}
+
+void PoolCore::give_storage_block(void* block) noexcept {
+  std::lock_guard<std::mutex> lock(blocks_mutex_);
+  free_blocks_ = new (block) FreeBlock{free_blocks_};
+}
+
+void PoolCore::free_storage_blocks() {
+  std::lock_guard<std::mutex> lock(blocks_mutex_);
+  while (FreeBlock* b = free_blocks_) {
+    free_blocks_ = b->next;
+    ::operator delete(b);
+  }
 }
 
 // Called with mutex_ held: the range of entry `index`, if it takes `bytes` and overlaps no
@@ -202,7 +256,8 @@ void PoolCore::release(std::byte* data, size_t capacity) {
 bool PoolCore::adopt(Storage& s) {
   if (s.kind_ != Storage::Kind::Heap || !s.writable_ || s.capacity_ == 0) return false;
   s.kind_ = Storage::Kind::Pool;
-  s.pool_ = shared_from_this();
+  s.pool_ = this;
+  s.keepalive_ = shared_from_this();  // its counts block is not the pool's: it holds the pool
   bytes_in_use += s.capacity_;
   return true;
 }
@@ -251,10 +306,13 @@ void PoolCore::end_arena(PoolRun& run) {
 }
 
 void PoolCore::trim() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& [cap, p] : free_) std::free(p);
-  free_.clear();
-  bytes_cached = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [cap, p] : free_) std::free(p);
+    free_.clear();
+    bytes_cached = 0;
+  }
+  free_storage_blocks();
 }
 
 }  // namespace detail

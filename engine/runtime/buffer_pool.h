@@ -62,7 +62,7 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   ~PoolCore();
   std::shared_ptr<Storage> acquire(size_t bytes, PoolRun* run = nullptr, bool planned = true);
   void release(std::byte* data, size_t capacity);
-  // Frees every cached buffer not in use.
+  // Frees every cached buffer not in use (and the storage blocks not in use).
   void trim();
   // Makes a uniquely owned heap storage a pool buffer: when it is released it serves later
   // requests instead of being freed. False (and nothing changes) for other kinds.
@@ -89,6 +89,15 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   std::shared_ptr<Storage> acquire_arena_input(const std::shared_ptr<const ArenaLayout>& layout,
                                                size_t index, size_t bytes,
                                                PoolRun* counts = nullptr);
+
+  // The room of one pool Storage with its shared_ptr counts. Every storage the pool makes
+  // takes one, and a block whose storage has no handle left (strong or weak) serves the next,
+  // so a warm run makes no heap allocation per tensor. A block returns only once nothing can
+  // observe its storage any more: use counts, and with them in-place decisions, never see
+  // a recycled one.
+  static constexpr size_t kStorageBlockBytes = 128;
+  void* take_storage_block();
+  void give_storage_block(void* block) noexcept;
 
   // Pool totals over all runs.
 
@@ -123,6 +132,16 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   size_t arena_capacity_ = 0;
   // (offset, end) of the live arena buffers, by offset.
   std::vector<std::pair<uint64_t, uint64_t>> arena_live_;
+
+  // Storage blocks not in use, linked through their own bytes (so keeping one allocates
+  // nothing). A lock of their own: a block is taken and given back beside, not inside, the
+  // buffer's own turn with mutex_.
+  struct FreeBlock {
+    FreeBlock* next;
+  };
+  std::mutex blocks_mutex_;
+  FreeBlock* free_blocks_ = nullptr;
+  void free_storage_blocks();
 };
 
 }  // namespace detail

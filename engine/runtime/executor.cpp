@@ -156,6 +156,7 @@ struct ClearOnExit {
       }
     }
     b.temps.clear();
+    b.captures.clear();
     for (Value& v : b.outs) {
       if (v.defined()) clear_value(v);
     }
@@ -247,12 +248,35 @@ class StepHooks final : public ops::ExecutionHooks {
 
   std::vector<Value> run_subgraph(int index, std::vector<Value> sub_inputs,
                                   ops::CaptureMode mode) override {
+    std::vector<Value> results;
+    run_nested(index, sub_inputs, mode, results);
+    return results;
+  }
+
+  std::vector<Value>& run_subgraph_kept(int index, std::vector<Value> sub_inputs,
+                                        ops::CaptureMode mode) override {
+    std::vector<Value>& results = ex_.scratch_.at(nested_plan(index).index).results;
+    results.clear();
+    run_nested(index, sub_inputs, mode, results);
+    return results;
+  }
+
+ private:
+  const plan::GraphPlan& nested_plan(int index) const {
     if (index < 0 || static_cast<size_t>(index) >= step_.subgraphs.size()) {
       throw Error(ErrorKind::Runtime, "no nested graph #" + std::to_string(index));
     }
+    return *step_.subgraphs[static_cast<size_t>(index)];
+  }
+
+  void run_nested(int index, std::vector<Value>& sub_inputs, ops::CaptureMode mode,
+                  std::vector<Value>& results) {
+    const plan::GraphPlan& sub = nested_plan(index);
     const auto& slots = step_.capture_slots[static_cast<size_t>(index)];
-    std::vector<Value> captures;
-    captures.reserve(slots.size());
+    // The nested graph's own buffers carry them in: it never runs inside itself, so they are
+    // free now, and they keep their capacity.
+    std::vector<Value>& captures = ex_.scratch_.at(sub.index).captures;
+    captures.clear();
     for (int32_t slot : slots) {
       const ir::ValueId id = step_.node->implicit_inputs[static_cast<size_t>(slot)];
       Value& v = frame_.slots[static_cast<size_t>(id)];
@@ -266,11 +290,9 @@ class StepHooks final : public ops::ExecutionHooks {
         captures.push_back(v);
       }
     }
-    return ex_.run(*step_.subgraphs[static_cast<size_t>(index)], std::move(sub_inputs),
-                   std::move(captures), depth_ + 1);
+    ex_.run(sub, sub_inputs, captures, results, depth_ + 1);
   }
 
- private:
   Executor& ex_;
   Frame& frame_;
   const plan::Step& step_;
@@ -287,8 +309,8 @@ void Executor::check_stop() const {
   }
 }
 
-std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value> inputs,
-                                 std::vector<Value> captures, int depth) {
+void Executor::run(const plan::GraphPlan& plan, std::span<Value> inputs, std::span<Value> captures,
+                   std::vector<Value>& results, int depth) {
   if (options_) check_stop();
   const ir::Graph& g = *plan.graph;
   FrameBuffers& buffers = scratch_.at(plan.index);
@@ -450,7 +472,7 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
     if (f.weights) f.weights->end_step();
   }
 
-  std::vector<Value> results;
+  results.clear();
   results.reserve(g.outputs.size());
   for (ir::ValueId id : g.outputs) {
     Value& v = f.slots[static_cast<size_t>(id)];
@@ -464,7 +486,6 @@ std::vector<Value> Executor::run(const plan::GraphPlan& plan, std::vector<Value>
       results.push_back(v);
     }
   }
-  return results;
 }
 
 }  // namespace kiln

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "engine/plan/plan.h"
@@ -31,11 +32,15 @@ struct FrameBuffers {
   std::vector<Value> temps;
   std::vector<bool> temporary;
   std::vector<Value> outs;
+  std::vector<Value> captures;  // a nested graph's captured values, on their way in
+  std::vector<Value> results;   // a nested graph's outputs, on their way out (run_subgraph_kept)
 };
 
 // FrameBuffers kept across runs (a session keeps a few, one per run in progress), one set per graph
 // of the plan tree (GraphPlan::index): a graph never runs inside itself, and its runs (Loop
 // iterations) follow one another.
+// The run's graph inputs and outputs are kept here too: the session binds the inputs into
+// `inputs` and the executor leaves the outputs in `results`, so a warm run allocates neither.
 class ExecutorScratch {
  public:
   FrameBuffers& at(int32_t plan_index) {
@@ -43,6 +48,9 @@ class ExecutorScratch {
     while (frames_.size() <= d) frames_.push_back(std::make_unique<FrameBuffers>());
     return *frames_[d];
   }
+
+  std::vector<Value> inputs, results;
+  std::vector<bool> given;  // which inputs the caller named
 
  private:
   std::vector<std::unique_ptr<FrameBuffers>> frames_;
@@ -62,9 +70,10 @@ class Executor {
         run_(run) {}
 
   // Runs `plan` with `inputs` bound to graph.inputs (in order; an undefined Value takes the
-  // input's default) and `captures` bound to graph.captures. Returns graph.outputs.
-  std::vector<Value> run(const plan::GraphPlan& plan, std::vector<Value> inputs,
-                         std::vector<Value> captures, int depth = 0);
+  // input's default) and `captures` bound to graph.captures, both moved from. Leaves
+  // graph.outputs in `results` (replacing what it held, keeping its capacity).
+  void run(const plan::GraphPlan& plan, std::span<Value> inputs, std::span<Value> captures,
+           std::vector<Value>& results, int depth = 0);
 
   BufferPool& pool() { return pool_; }
   RunStats& stats() { return stats_; }

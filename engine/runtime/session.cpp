@@ -365,13 +365,16 @@ struct Session::Impl {
         .with_file(model.path);
   }
 
-  // A run's steps (Session::run): the caller's inputs in graph-input order, checked; the
-  // graph run on them; its outputs, named and checked against the declared types.
-  std::vector<Value> bind_inputs(std::vector<NamedValue> named) const;
-  std::vector<Value> execute(std::vector<Value> ordered, const RunOptions& options,
-                             detail::ArenaRun& arena_run, RunStats& run_stats,
-                             std::vector<NodeEvent>& events);
-  std::vector<NamedValue> hand_outputs(std::vector<Value> results) const;
+  // A run (Session::run), in the vectors of its executor scratch: the caller's inputs moved
+  // into `scratch.inputs` in graph-input order, checked; the graph run on them, leaving its
+  // outputs in `scratch.results`; these moved into `out`, named and checked against the
+  // declared types (names already in place are kept).
+  void run(std::span<NamedValue> named, std::vector<NamedValue>& out, const RunOptions& options,
+           RunStats* stats_out, std::vector<NodeEvent>* profile_out);
+  void bind_inputs(std::span<NamedValue> named, ExecutorScratch& scratch) const;
+  void execute(ExecutorScratch& scratch, const RunOptions& options, detail::ArenaRun& arena_run,
+               RunStats& run_stats, std::vector<NodeEvent>& events);
+  void hand_outputs(std::vector<Value>& results, std::vector<NamedValue>& out) const;
 
   void check_input(const IoInfo& io, const Value& v) const {
     auto fail = [&](const std::string& why) {
@@ -617,16 +620,43 @@ std::vector<NamedValue> Session::run(std::vector<NamedValue> named) {
   return run(std::move(named), defaults);
 }
 
+std::vector<NamedValue> Session::run(std::vector<NamedValue> named, const RunOptions& options,
+                                     RunStats* stats_out, std::vector<NodeEvent>* profile_out) {
+  std::vector<NamedValue> out;
+  impl_->run(named, out, options, stats_out, profile_out);
+  return out;  // `named` (the caller's moved-from handles) goes: moved inputs are ours
+}
+
+void Session::run(std::vector<NamedValue>& inputs, std::vector<NamedValue>& outputs,
+                  const RunOptions& options, RunStats* stats, std::vector<NodeEvent>* profile) {
+  impl_->run(inputs, outputs, options, stats, profile);
+}
+
 namespace {
 
-// Gives a run's executor scratch back to the session when the run ends, normally or by an
-// exception.
+// Lends a run an executor scratch of the session (a new one when all are in use) and gives
+// it back when the run ends, normally or by an exception, emptied of the run's values.
 struct ScratchHold {
   std::mutex& mutex;
   std::vector<std::unique_ptr<ExecutorScratch>>& free_scratch;
   std::unique_ptr<ExecutorScratch> scratch;
+
+  ScratchHold(std::mutex& m, std::vector<std::unique_ptr<ExecutorScratch>>& free)
+      : mutex(m), free_scratch(free) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!free_scratch.empty()) {
+        scratch = std::move(free_scratch.back());
+        free_scratch.pop_back();
+      }
+    }
+    if (!scratch) scratch = std::make_unique<ExecutorScratch>();
+  }
+  ScratchHold(const ScratchHold&) = delete;
+  ScratchHold& operator=(const ScratchHold&) = delete;
   ~ScratchHold() {
-    if (!scratch) return;
+    scratch->inputs.clear();
+    scratch->results.clear();
     std::lock_guard<std::mutex> lock(mutex);
     free_scratch.push_back(std::move(scratch));
   }
@@ -634,10 +664,13 @@ struct ScratchHold {
 
 }  // namespace
 
-std::vector<Value> Session::Impl::bind_inputs(std::vector<NamedValue> named) const {
+void Session::Impl::bind_inputs(std::span<NamedValue> named, ExecutorScratch& scratch) const {
   const ir::Graph& g = *model.graph;
-  std::vector<Value> ordered(g.inputs.size());
-  std::vector<bool> given(g.inputs.size(), false);
+  std::vector<Value>& ordered = scratch.inputs;
+  std::vector<bool>& given = scratch.given;
+  ordered.clear();
+  ordered.resize(g.inputs.size());
+  given.assign(g.inputs.size(), false);
   for (NamedValue& nv : named) {
     auto it = std::find_if(inputs.begin(), inputs.end(),
                            [&](const IoInfo& io) { return io.name == nv.name; });
@@ -653,7 +686,9 @@ std::vector<Value> Session::Impl::bind_inputs(std::vector<NamedValue> named) con
     }
     check_input(*it, nv.value);
     given[i] = true;
+    // The caller keeps the name and an empty value: what was moved in is the run's alone.
     ordered[i] = std::move(nv.value);
+    nv.value = Value();
   }
   for (size_t i = 0; i < g.inputs.size(); ++i) {
     if (!given[i] && !g.value(g.inputs[i]).constant.defined()) {
@@ -661,12 +696,10 @@ std::vector<Value> Session::Impl::bind_inputs(std::vector<NamedValue> named) con
           .with_file(model.path);
     }
   }
-  return ordered;  // `named` (the caller's moved-from handles) goes: moved inputs are ours
 }
 
-std::vector<NamedValue> Session::Impl::hand_outputs(std::vector<Value> results) const {
-  std::vector<NamedValue> out;
-  out.reserve(results.size());
+void Session::Impl::hand_outputs(std::vector<Value>& results, std::vector<NamedValue>& out) const {
+  out.resize(results.size());
   for (size_t i = 0; i < results.size(); ++i) {
     // An output whose element type differs from the model's declaration is an error, never a
     // value handed over under the wrong type.
@@ -678,24 +711,15 @@ std::vector<NamedValue> Session::Impl::hand_outputs(std::vector<Value> results) 
                                           results[i].tensor().describe())
           .with_file(model.path);
     }
-    out.push_back({io.name, std::move(results[i])});
+    if (out[i].name != io.name) out[i].name = io.name;
+    out[i].value = std::move(results[i]);
   }
-  return out;
 }
 
-std::vector<Value> Session::Impl::execute(std::vector<Value> ordered, const RunOptions& options,
-                                          detail::ArenaRun& arena_run, RunStats& run_stats,
-                                          std::vector<NodeEvent>& events) {
-  ScratchHold hold{mutex, free_scratch, nullptr};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!free_scratch.empty()) {
-      hold.scratch = std::move(free_scratch.back());
-      free_scratch.pop_back();
-    }
-  }
-  if (!hold.scratch) hold.scratch = std::make_unique<ExecutorScratch>();
-  Executor ex(pool, run_stats, profile ? &events : nullptr, hold.scratch.get(), &arena_run.counts);
+void Session::Impl::execute(ExecutorScratch& scratch, const RunOptions& options,
+                            detail::ArenaRun& arena_run, RunStats& run_stats,
+                            std::vector<NodeEvent>& events) {
+  Executor ex(pool, run_stats, profile ? &events : nullptr, &scratch, &arena_run.counts);
   ex.set_adopt_inputs(reuse_inputs);
   ex.set_run_options(&options);
   std::unique_lock<std::mutex> weight_turn;
@@ -704,38 +728,40 @@ std::vector<Value> Session::Impl::execute(std::vector<Value> ordered, const RunO
     weight_release->start_run(run_stats);
     ex.set_weight_release(weight_release.get());
   }
-  std::vector<Value> results;
+  // Two references, so that the std::function holds the lambda inline (no allocation).
+  const auto graph_run = [&] { ex.run(*plan, scratch.inputs, {}, scratch.results); };
   try {
-    env->execute([&] { results = ex.run(*plan, std::move(ordered), {}); });
+    env->execute([&graph_run] { graph_run(); });
   } catch (Error& e) {
     e.with_file(model.path);
     throw;
   }
   arena->end(arena_run, run_stats);  // before the next run may take its turn with the weights
-  return results;
 }
 
-std::vector<NamedValue> Session::run(std::vector<NamedValue> named, const RunOptions& options,
-                                     RunStats* stats_out, std::vector<NodeEvent>* profile_out) {
-  Impl& s = *impl_;
+void Session::Impl::run(std::span<NamedValue> named, std::vector<NamedValue>& out,
+                        const RunOptions& options, RunStats* stats_out,
+                        std::vector<NodeEvent>* profile_out) {
   // This run's pool counters and arena use, from the allocations of its inputs on.
-  detail::ArenaRun arena_run(s.pool.core());
-  s.arena->take_inputs(arena_run);
+  detail::ArenaRun arena_run(pool.core());
+  arena->take_inputs(arena_run);
   RunStats run_stats;
   std::vector<NodeEvent> events;
 
-  s.check_constants_given();
-  std::vector<Value> ordered = s.bind_inputs(std::move(named));
-  s.arena->begin(arena_run, ordered, s.input_names, run_stats);
-  std::vector<Value> results = s.execute(std::move(ordered), options, arena_run, run_stats, events);
-  std::vector<NamedValue> out = s.hand_outputs(std::move(results));
-  s.arena->finish(arena_run, run_stats);
+  check_constants_given();
+  ScratchHold hold(mutex, free_scratch);
+  ExecutorScratch& scratch = *hold.scratch;
+  bind_inputs(named, scratch);
+  arena->begin(arena_run, scratch.inputs, input_names, run_stats);
+  execute(scratch, options, arena_run, run_stats, events);
+  hand_outputs(scratch.results, out);
+  arena->finish(arena_run, run_stats);
 
   if (stats_out) *stats_out = run_stats;
   if (profile_out) *profile_out = events;
-  std::lock_guard<std::mutex> lock(s.mutex);
-  s.run_stats = std::move(run_stats);
-  s.events = std::move(events);
-  return out;
+  std::lock_guard<std::mutex> lock(mutex);
+  this->run_stats = std::move(run_stats);
+  this->events = std::move(events);
 }
+
 }  // namespace kiln

@@ -74,8 +74,11 @@ bool same_bytes(const Value& a, const Value& b) {
 
 // `n_threads` threads each run `s` `runs` times on the feeds in turn; every output must
 // equal, byte for byte, the one a single thread got for the same feed. Returns the mismatches.
+// `kept_vectors`: each thread runs in its own input and output vectors, kept from run to run
+// (Session::run's reusing form).
 int run_concurrently(Session& s, const std::vector<std::vector<NamedValue>>& feeds,
-                     int n_threads = kThreads, int runs = kRunsPerThread) {
+                     int n_threads = kThreads, int runs = kRunsPerThread,
+                     bool kept_vectors = false) {
   std::vector<std::vector<NamedValue>> expected;
   std::vector<uint64_t> expected_nodes;
   for (const auto& feed : feeds) {
@@ -88,11 +91,21 @@ int run_concurrently(Session& s, const std::vector<std::vector<NamedValue>>& fee
   for (int t = 0; t < n_threads; ++t) {
     threads.emplace_back([&, t] {
       const RunOptions options;
+      std::vector<NamedValue> in, out;
       try {
         for (int i = 0; i < runs; ++i) {
           const size_t k = static_cast<size_t>(t + i) % feeds.size();
           RunStats stats;
-          const auto out = s.run(feeds[k], options, &stats);
+          if (kept_vectors) {
+            in.resize(feeds[k].size());
+            for (size_t j = 0; j < in.size(); ++j) {
+              in[j].name = feeds[k][j].name;
+              in[j].value = feeds[k][j].value;
+            }
+            s.run(in, out, options, &stats);
+          } else {
+            out = s.run(feeds[k], options, &stats);
+          }
           bool ok = out.size() == expected[k].size() && stats.nodes_run == expected_nodes[k];
           for (size_t j = 0; ok && j < out.size(); ++j) {
             ok = same_bytes(out[j].value, expected[k][j].value);
@@ -135,6 +148,16 @@ TEST_CASE("decode steps of GPT-2 on one Session from 8 threads equal single-thre
   std::vector<std::vector<NamedValue>> feeds;
   for (int v = 0; v < 4; ++v) feeds.push_back(decode_feed(s, v, v % 2 == 0 ? 6 : 9));
   CHECK(run_concurrently(s, feeds) == 0);
+}
+
+TEST_CASE("decode steps of GPT-2 in each thread's kept vectors equal single-threaded runs",
+          "[concurrency]") {
+  SessionOptions so;
+  so.environment = std::make_shared<Environment>(2);
+  Session s(kGpt2, so);
+  std::vector<std::vector<NamedValue>> feeds;
+  for (int v = 0; v < 4; ++v) feeds.push_back(decode_feed(s, v, v % 2 == 0 ? 6 : 9));
+  CHECK(run_concurrently(s, feeds, kThreads, kRunsPerThread, true) == 0);
 }
 
 TEST_CASE("runs whose kernels split across the arena's threads, from 4 threads at once",

@@ -277,6 +277,14 @@ class Session {
                               RunStats* stats = nullptr, std::vector<NodeEvent>* profile = nullptr);
   // The same for a braced list: values moved into the list are owned by the run.
   std::vector<NamedValue> run(std::initializer_list<NamedValue> inputs);
+  // The same, in the caller's vectors, for a loop that runs the session again and again (a
+  // decoder's steps): the run takes every value of `inputs` as if moved in (a value the
+  // caller still shares is only read) and leaves each empty, names kept; `outputs` receives
+  // the outputs in the model's order, keeping its elements' names and its capacity. Kept
+  // from one run to the next, neither vector nor the names allocate again.
+  void run(std::vector<NamedValue>& inputs, std::vector<NamedValue>& outputs,
+           const RunOptions& options = RunOptions(), RunStats* stats = nullptr,
+           std::vector<NodeEvent>* profile = nullptr);
 
   // A tensor for graph input `name`, to fill and pass to the next run() by move: its storage
   // comes from the session's buffer pool (uninitialized) and, with

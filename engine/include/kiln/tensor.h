@@ -69,8 +69,10 @@ class Storage {
   bool writable_ = true;
   bool file_mapped_ = false;
   size_t string_count_ = 0;
+  // View: what keeps the bytes alive. Pool: the pool itself when the storage was adopted
+  // (a pool storage made by the pool is kept alive by its recycling allocator instead).
   std::shared_ptr<const void> keepalive_;
-  std::shared_ptr<detail::PoolCore> pool_;
+  detail::PoolCore* pool_ = nullptr;  // Pool: where the bytes go back
 };
 
 // A typed view of a Storage: byte offset, shape and strides (in elements). Copying a
