@@ -1251,10 +1251,10 @@ int fold_conv_scale_shift(Rewriter& r) {
   return count;
 }
 
-// A float Conv, then optionally an Add of another tensor Z (a residual connection; it may
-// broadcast), then optionally an activation, each reading the previous output alone: one
-// kiln.FusedConv(X, W, B, Z) with the `activation` attribute, y = act(conv + B + Z), which
-// accumulates onto Z in place and applies the activation to each tile while it is in cache.
+// A float Conv, then optionally an Add (or a two-input Sum) of another tensor Z (a residual
+// connection; it may broadcast), then optionally an activation, each reading the previous output
+// alone: one kiln.FusedConv(X, W, B, Z) with the `activation` attribute, y = act(conv + B + Z),
+// which accumulates onto Z in place and applies the activation to each tile while it is in cache.
 int fuse_conv_epilogue(Rewriter& r) {
   int count = 0;
   for (size_t i = 0; i < r.size(); ++i) {
@@ -1274,8 +1274,10 @@ int fuse_conv_epilogue(Rewriter& r) {
       return nullptr;
     };
     ir::Node* next = reader(y);
-    // (Add takes one type, so Z is float as the convolution is.)
-    if (next && is(*next, "Add") && next->inputs.size() == 2 && other_input(*next, y) != y) {
+    // (Add and Sum take one type, so Z is float as the convolution is. Sum of two inputs is
+    // Add from opset 8, which broadcasts as Add does; Caffe2's ResNets write residuals so.)
+    const bool adds = next && (is(*next, "Add") || (is(*next, "Sum") && next->opset >= 8));
+    if (adds && next->inputs.size() == 2 && other_input(*next, y) != y) {
       z = other_input(*next, y);
       chain.push_back(next);
       y = next->outputs[0];

@@ -547,6 +547,42 @@ TEST_CASE("Conv, BatchNormalization, a residual Add and an activation become one
   }
 }
 
+TEST_CASE("A residual two-input Sum fuses into the FusedConv as Add does; three inputs do not",
+          "[passes][fusion]") {
+  // Caffe2's ResNets (the backend data's light resnet50) add residuals with Sum.
+  for (const int inputs : {2, 3}) {
+    const int64_t c = 8, m = 8;
+    auto make = [&] {
+      GraphBuilder b;
+      b.input("x", DataType::Float, {1, c, 11, 11}, true);
+      b.input("z", DataType::Float, {1, m, 11, 11}, true);
+      b.initializer("w", random_floats({m, c, 3, 3}, 41));
+      b.initializer("b", random_floats({m}, 42));
+      b.node("Conv", {"x", "w", "b"}, {"y"}, {ints_attr("pads", {1, 1, 1, 1})});
+      b.node("Sum",
+             inputs == 2 ? std::vector<std::string>{"z", "y"}
+                         : std::vector<std::string>{"z", "y", "z"},
+             {"s"});
+      b.node("Relu", {"s"}, {"r"});
+      b.node("Neg", {"r"}, {"out"});
+      b.output("out");
+      return b.build();
+    };
+    INFO(inputs << " inputs");
+    LoadStats stats;
+    check_same(make,
+               {{"x", random_floats({1, c, 11, 11}, 43)}, {"z", random_floats({1, m, 11, 11}, 44)}},
+               GraphOptimization::All, 1e-5, &stats);
+    if (inputs == 2) {
+      CHECK(stats.fusions == 1);         // Conv, Sum, Relu: one FusedConv
+      CHECK(stats.nodes_planned == 2u);  // FusedConv, Neg
+    } else {
+      CHECK(stats.fusions == 0);
+      CHECK(stats.nodes_planned == 4u);  // Conv, Sum, Relu, Neg
+    }
+  }
+}
+
 TEST_CASE("A per-channel Mul and Add after a Conv fold into its filter and bias",
           "[passes][fusion]") {
   // Caffe2's exports write a batch normalization out as Mul and Add by [M, 1, 1] constants;
