@@ -392,6 +392,19 @@ class GroupQueryAttention final : public Kernel {
   float scale_, softcap_;
 };
 
+// The present's length: total_sequence_length's value, or the past's when longer.
+int64_t present_length(const ShapeContext& c) {
+  const std::vector<int64_t>& total = c.data(kTotalSeqLen);
+  if (total.size() != 1) unknown("total_sequence_length");
+  int64_t present = total[0];
+  if (c.has(kPastKey)) {
+    const Shape& pk = c.shape(kPastKey);
+    if (pk.size() != 4 || pk[2] < 0) unknown("past of another rank");
+    present = std::max(present, pk[2]);
+  }
+  return present;
+}
+
 // output [B, S, N*H]; present [B, Nkv, max(past, total_sequence_length), H] when that total
 // is known before the run.
 void group_query_attention_shape(ShapeContext& c) {
@@ -401,14 +414,7 @@ void group_query_attention_shape(ShapeContext& c) {
   const int64_t h = q[2] / (c.has(kKey) ? n : n + 2 * nk);
   c.set(0, c.dtype(kQuery), {q[0], q[1], n * h});
   if (!c.has_out(1) && !c.has_out(2)) return;
-  const std::vector<int64_t>& total = c.data(kTotalSeqLen);
-  if (total.size() != 1) unknown("total_sequence_length");
-  int64_t present = total[0];
-  if (c.has(kPastKey)) {
-    const Shape& pk = c.shape(kPastKey);
-    if (pk.size() != 4 || pk[2] < 0) unknown("past of another rank");
-    present = std::max(present, pk[2]);
-  }
+  const int64_t present = present_length(c);
   for (size_t o : {size_t{1}, size_t{2}}) c.set(o, c.dtype(kQuery), {q[0], nk, present, h});
 }
 
@@ -439,14 +445,7 @@ uint64_t group_query_attention_workspace(const ShapeContext& c) {
     unknown("query or head counts");
   }
   const int64_t h = q[2] / (c.has(kKey) ? n : n + 2 * nk);
-  const std::vector<int64_t>& total = c.data(kTotalSeqLen);
-  if (total.size() != 1) unknown("total_sequence_length");
-  int64_t present = total[0];
-  if (c.has(kPastKey)) {
-    const Shape& pk = c.shape(kPastKey);
-    if (pk.size() != 4 || pk[2] < 0) unknown("past of another rank");
-    present = std::max(present, pk[2]);
-  }
+  const int64_t present = present_length(c);
   if (present < 0) unknown("total_sequence_length");
   Request r;
   r.d = {q[0], n, nk, q[1], present, h, h};
