@@ -2,11 +2,11 @@
 // DeformConv, com.microsoft Attention, the ops on the shared attention core: ONNX Attention,
 // MultiHeadAttention, GroupQueryAttention, FlexAttention, and LinearAttention,
 // LayerNormalization, SkipLayerNormalization, MatMul, Gemm, QGemm, QLinearMatMul, ConvInteger,
-// QLinearConv, MatMulNBits, SoftmaxCrossEntropyLoss): on two threads, where the per-thread parts
-// of their workspaces take a slot per thread, and for
-// float16, whose widened inputs and float results are parts too, the arena planned from the
-// contracts equals the one recorded from the run, and no kernel takes scratch outside it
-// (RunStats::unplanned_scratch). The results equal those of one thread.
+// QLinearConv, MatMulNBits, SoftmaxCrossEntropyLoss, Einsum): on two threads, where the per-thread
+// parts of their workspaces take a slot per thread, and for float16, whose widened inputs and float
+// results are parts too, the arena planned from the contracts equals the one recorded from the run,
+// and no kernel takes scratch outside it (RunStats::unplanned_scratch). The results equal those of
+// one thread.
 #include <memory>
 #include <random>
 #include <string>
@@ -387,6 +387,23 @@ std::shared_ptr<ir::Graph> matmul_nbits() {
   return b.build();
 }
 
+// Einsum: three operands contracted through an intermediate product, and a label of one
+// operand summed out first with an operand whose contracted labels must be gathered
+// (float16: every operand widened and the result computed in float).
+std::shared_ptr<ir::Graph> einsum() {
+  GraphBuilder b;
+  b.input("a", g_dtype, {4, 16, 24}, true);
+  b.input("b", g_dtype, {4, 24, 20}, true);
+  b.input("c", g_dtype, {20, 12}, true);
+  b.input("x", g_dtype, {16, 12, 10, 3}, true);
+  b.input("z", g_dtype, {10, 12, 14}, true);
+  b.node("Einsum", {"a", "b", "c"}, {"y"}, {string_attr("equation", "bij,bjk,kl->bil")});
+  b.node("Einsum", {"x", "z"}, {"w"}, {string_attr("equation", "abcs,cbd->ad")});
+  b.output("y");
+  b.output("w");
+  return b.build();
+}
+
 }  // namespace
 
 TEST_CASE("kernels with per-thread and float16 workspaces are planned from their contracts",
@@ -465,6 +482,15 @@ TEST_CASE("kernels with per-thread and float16 workspaces are planned from their
     }
     SECTION(std::string("MatMul ") + std::string(data_type_name(dtype))) {
       check_case({matmul, {{"a", {2, 3, 40, 48}}, {"b", {48, 56}}}, dtype});
+    }
+    SECTION(std::string("Einsum ") + std::string(data_type_name(dtype))) {
+      check_case({einsum,
+                  {{"a", {4, 16, 24}},
+                   {"b", {4, 24, 20}},
+                   {"c", {20, 12}},
+                   {"x", {16, 12, 10, 3}},
+                   {"z", {10, 12, 14}}},
+                  dtype});
     }
     SECTION(std::string("Gemm ") + std::string(data_type_name(dtype))) {
       check_case(
