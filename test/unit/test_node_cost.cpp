@@ -4,6 +4,7 @@
 // (sessions here run on one thread), so other threads cannot disturb the counts.
 #include <cstdlib>
 #include <new>
+#include <random>
 
 // The replacement operator delete frees what the replacement operator new took from malloc;
 // GCC cannot see that pairing where it inlines them.
@@ -348,4 +349,29 @@ TEST_CASE("a warm Einsum run takes its operands' copies and products from the ar
     // (the smallest, c, is 240 elements) or of a product.
     CHECK(g_largest_allocation < 240 * sizeof(uint16_t));
   }
+}
+
+TEST_CASE("a warm run of the losses reads their targets and weights in place",
+          "[executor][node_cost][loss]") {
+  if (contracts_checked()) {
+    WARN("KILN-SKIP: KILN_CHECK_CONTRACTS is set; its checks allocate per node");
+    return;
+  }
+  std::mt19937 rng(3);
+  GraphBuilder b;
+  b.input("x", DataType::Float, {8, 10, 30}, true);
+  b.input("t", DataType::Int64, {8, 30}, true);
+  b.input("w", DataType::Float, {10}, true);
+  b.node("NegativeLogLikelihoodLoss", {"x", "t", "w"}, {"nll"});
+  b.node("SoftmaxCrossEntropyLoss", {"x", "t", "w"}, {"sce"}, {string_attr("reduction", "none")});
+  b.output("nll");
+  b.output("sce");
+  Session s = make_session(b.build());
+  std::vector<NamedValue> in = {{"x", Value()}, {"t", Value()}, {"w", Value()}}, out;
+  const std::vector<Tensor> values = {random_tensor(DataType::Float, {8, 10, 30}, rng, -1, 1),
+                                      random_tensor(DataType::Int64, {8, 30}, rng, 0, 9),
+                                      random_tensor(DataType::Float, {10}, rng, 0, 1)};
+  CHECK(warm_reusing_run_allocations(s, in, values, out) == 0);
+  REQUIRE(out.size() == 2);
+  CHECK(out[1].value.tensor().shape() == Shape{8, 30});
 }
