@@ -375,3 +375,48 @@ TEST_CASE("a warm run of the losses reads their targets and weights in place",
   REQUIRE(out.size() == 2);
   CHECK(out[1].value.tensor().shape() == Shape{8, 30});
 }
+
+TEST_CASE("a warm QLinearMatMul of float8 inputs decodes them into the arena",
+          "[executor][node_cost][qlinear]") {
+  if (contracts_checked()) {
+    WARN("KILN-SKIP: KILN_CHECK_CONTRACTS is set; its checks allocate per node");
+    return;
+  }
+  std::mt19937 rng(4);
+  GraphBuilder b;
+  b.input("a", DataType::Float8E4M3FN, {2, 16, 24}, true);
+  b.input("b", DataType::Float8E4M3FN, {24, 20}, true);
+  b.initializer("sa", Tensor::scalar<float>(0.02f));
+  b.initializer("za", Tensor::zeros(DataType::Float8E4M3FN, {}));
+  b.initializer("sb", Tensor::scalar<float>(0.01f));
+  b.initializer("zb", Tensor::zeros(DataType::Float8E4M3FN, {}));
+  b.initializer("sy", Tensor::scalar<float>(0.5f));
+  b.initializer("zy", Tensor::zeros(DataType::UInt8, {}));
+  b.node("QLinearMatMul", {"a", "sa", "za", "b", "sb", "zb", "sy", "zy"}, {"y"});
+  b.output("y");
+  Session s = make_session(b.build(), 21);
+  std::vector<NamedValue> in = {{"a", Value()}, {"b", Value()}}, out;
+  std::vector<Tensor> values;
+  for (const Shape& shape : {Shape{2, 16, 24}, Shape{24, 20}}) {
+    // Random bytes as float8 E4M3FN, NaN (0x7f, 0xff) excluded.
+    const Tensor bytes = random_tensor(DataType::UInt8, shape, rng, 0, 0x7e);
+    Tensor t = Tensor::zeros(DataType::Float8E4M3FN, shape);
+    std::copy_n(bytes.data<const uint8_t>(), bytes.numel(),
+                reinterpret_cast<uint8_t*>(t.raw_data()));
+    values.push_back(t);
+  }
+  auto run = [&] {
+    for (size_t i = 0; i < in.size(); ++i) in[i].value = values[i];
+    s.run(in, out);
+  };
+  run();
+  run();
+  g_largest_allocation = 0;
+  run();
+  CHECK(s.last_run_stats().unplanned_scratch == 0);
+  // The smallest operand B holds 480 elements, a batch's product 320: no allocation near
+  // either in double.
+  CHECK(g_largest_allocation < 320 * sizeof(double));
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].value.tensor().shape() == Shape{2, 16, 20});
+}

@@ -331,6 +331,25 @@ std::shared_ptr<ir::Graph> quantized_products() {
   return b.build();
 }
 
+// QLinearMatMul of float8 inputs (cast from the uint8 inputs): A and B decoded and centred in
+// double and a batch's double product in the workspace.
+std::shared_ptr<ir::Graph> float8_product() {
+  GraphBuilder b;
+  b.input("a", DataType::UInt8, {2, 16, 24}, true);
+  b.input("b", DataType::UInt8, {24, 20}, true);
+  b.initializer("sa", scalar(DataType::Float, 0.02f));
+  b.initializer("za", Tensor::zeros(DataType::Float8E4M3FN, {}));
+  b.initializer("sb", scalar(DataType::Float, 0.01f));
+  b.initializer("zb", Tensor::zeros(DataType::Float8E4M3FN, {}));
+  b.initializer("sy", scalar(DataType::Float, 0.5f));
+  b.initializer("zy", scalar(DataType::UInt8, 100));
+  b.node("Cast", {"a"}, {"a8"}, {int_attr("to", 17)});
+  b.node("Cast", {"b"}, {"b8"}, {int_attr("to", 17)});
+  b.node("QLinearMatMul", {"a8", "sa", "za", "b8", "sb", "zb", "sy", "zy"}, {"y"});
+  b.output("y");
+  return b.build();
+}
+
 // ConvInteger and QLinearConv with a filter given at run time: packed into the workspace.
 std::shared_ptr<ir::Graph> integer_convs() {
   GraphBuilder b;
@@ -526,9 +545,12 @@ TEST_CASE("the attention ops' scratch is planned from their contracts", "[arena]
   }
 }
 
-TEST_CASE("the integer products' int32 sums and run-time filters are planned from their contracts",
-          "[arena][workspace]") {
+TEST_CASE(
+    "the integer products' int32 sums, float8 products and run-time filters are planned "
+    "from their contracts",
+    "[arena][workspace]") {
   check_case({quantized_products, {{"a", {48, 64}}, {"b", {64, 40}}}, DataType::Float, 19, true});
+  check_case({float8_product, {{"a", {2, 16, 24}}, {"b", {24, 20}}}, DataType::Float, 21, true});
   check_case(
       {integer_convs, {{"x", {1, 4, 10, 10}}, {"w", {8, 4, 3, 3}}}, DataType::Float, 19, true});
 }
