@@ -9,8 +9,18 @@
 // The last operand is permuted and reduced into the output. Integers compute on their
 // unsigned counterparts (same bits, wrapping without UB) in plain loops; half types compute
 // in float.
+//
+// The widened operands, the summed-out and gathered operands, the batch offsets and the
+// intermediate products are the op's workspace. One walk of the evaluation (steps) lays
+// them out from the shapes alone: the workspace rule runs it to size the workspace and the
+// kernel runs it twice, once to size and once to carve and compute, so the bytes the
+// contract declares are the bytes the kernel takes. Whether an operand read from an input
+// is used in place depends on its strides, which the shapes do not tell: such an operand
+// always has room for its gathered copy.
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -19,6 +29,7 @@
 #include "ops/common.h"
 #include "ops/math/gemm.h"
 #include "ops/math/threading.h"
+#include "ops/workspace.h"
 
 namespace kiln::ops {
 namespace {
@@ -139,11 +150,40 @@ int64_t merged_stride(const std::vector<int>& labels, const View& v,
   return stride;
 }
 
+// The scratch of one evaluation, taken in order from the workspace: when sizing, only the
+// bytes are counted (every pointer is null); when running, the parts are carved from `base`
+// at the same offsets.
+class Scratch {
+ public:
+  Scratch() = default;
+  explicit Scratch(uint8_t* base) : base_(base), running_(true) {}
+  bool running() const { return running_; }
+  uint64_t used() const { return used_; }
+  template <typename T>
+  T* take(int64_t n) {
+    const uint64_t offset =
+        (used_ + WorkspaceLayout::kAlign - 1) / WorkspaceLayout::kAlign * WorkspaceLayout::kAlign;
+    const uint64_t bytes = static_cast<uint64_t>(n) * sizeof(T);
+    if (n < 0 || bytes / sizeof(T) != static_cast<uint64_t>(n) || bytes > UINT64_MAX / 2 - offset) {
+      throw Error(ErrorKind::Runtime, "Einsum workspace too large");
+    }
+    used_ = offset + bytes;
+    return running_ && n > 0 ? reinterpret_cast<T*>(base_ + offset) : nullptr;
+  }
+
+ private:
+  uint8_t* base_ = nullptr;
+  bool running_ = false;
+  uint64_t used_ = 0;
+};
+
+// `known`: the view's strides follow from the shapes (a contiguous part of the workspace),
+// not from an input's layout.
 template <typename C>
 struct Operand {
   const C* data;
   View view;
-  std::vector<C> owned;
+  bool known;
 };
 
 // Element count of `labels`; throws kiln::Error when too large to allocate.
@@ -159,20 +199,26 @@ int64_t work(int64_t a, int64_t b) {
 }
 
 // An operand's [batch, rows, cols] matrices: used in place when possible, else gathered.
+// The batch offsets and the gathered copy (when one may be needed) come from `scratch`.
 template <typename C>
 struct MatrixSide {
   const C* data = nullptr;
-  std::vector<C> gathered;
-  std::vector<int64_t> batch_offset;
+  const int64_t* batch_offset = nullptr;
   int64_t row_stride = 0, col_stride = 0;  // one of them is 1
 
   void prepare(const Operand<C>& op, const std::vector<int>& batch, const std::vector<int>& rows,
-               const std::vector<int>& cols, const std::vector<int64_t>& size) {
+               const std::vector<int>& cols, const std::vector<int64_t>& size, Scratch& scratch) {
     const int64_t nb = product(batch, size), nr = product(rows, size), nc = product(cols, size);
+    int64_t* offsets = scratch.take<int64_t>(nb);
     int64_t rs = merged_stride(rows, op.view, size), cs = merged_stride(cols, op.view, size);
     if (cs == kAny) cs = 1;
     if (rs == kAny) rs = cs == 1 ? std::max<int64_t>(nc, 1) : 1;
-    if (rs != kNone && cs != kNone && ((cs == 1 && rs >= 1) || (rs == 1 && cs >= 1))) {
+    const bool in_place =
+        rs != kNone && cs != kNone && ((cs == 1 && rs >= 1) || (rs == 1 && cs >= 1));
+    C* gathered = op.known && in_place ? nullptr : scratch.take<C>(checked_numel({nb, nr, nc}));
+    if (!scratch.running()) return;
+    batch_offset = offsets;
+    if (in_place) {
       data = op.data;
       row_stride = rs;
       col_stride = cs;
@@ -181,21 +227,18 @@ struct MatrixSide {
         o.sizes.push_back(size[l]);
         o.strides.push_back(op.view.stride_of(l));
       }
-      batch_offset.resize(nb);
       o.seek(0);
-      for (int64_t b = 0; b < nb; ++b, o.next()) batch_offset[b] = o.offset;
+      for (int64_t b = 0; b < nb; ++b, o.next()) offsets[b] = o.offset;
       return;
     }
     std::vector<int> order = batch;
     order.insert(order.end(), rows.begin(), rows.end());
     order.insert(order.end(), cols.begin(), cols.end());
-    gathered.resize(checked_numel({nb, nr, nc}));
-    reduce_into(op.data, op.view, order, size, gathered.data());
-    data = gathered.data();
+    reduce_into(op.data, op.view, order, size, gathered);
+    data = gathered;
     row_stride = nc;
     col_stride = 1;
-    batch_offset.resize(nb);
-    for (int64_t b = 0; b < nb; ++b) batch_offset[b] = b * nr * nc;
+    for (int64_t b = 0; b < nb; ++b) offsets[b] = b * nr * nc;
   }
 };
 
@@ -215,7 +258,7 @@ void batched_matmul(const MatrixSide<C>& a, const MatrixSide<C>& b, int64_t nb, 
     // A right operand shared by every batch (broadcast) with the left operand's batches
     // stacked along its rows is one taller product.
     int64_t rows = m, batches = nb, ars = a.row_stride;
-    if (nb > 1 && std::all_of(b.batch_offset.begin(), b.batch_offset.end(),
+    if (nb > 1 && std::all_of(b.batch_offset, b.batch_offset + nb,
                               [&](int64_t o) { return o == b.batch_offset[0]; })) {
       const int64_t step = a.batch_offset[1] - a.batch_offset[0];
       bool even = step >= 0 && (m == 1 || step == m * a.row_stride);
@@ -268,10 +311,12 @@ void batched_matmul(const MatrixSide<C>& a, const MatrixSide<C>& b, int64_t nb, 
   }
 }
 
-// Evaluates the equation on compute-type operands into `out` (contiguous, labels `out_labels`).
+// Evaluates the equation on compute-type operands into `out` (contiguous, labels `out_labels`),
+// its intermediates taken from `scratch`; when sizing, only takes them.
 template <typename C>
 void evaluate(std::vector<Operand<C>> ops, const std::vector<int>& out_labels,
-              const std::vector<int64_t>& size, C* out) {
+              const std::vector<int64_t>& size, C* out, Scratch& scratch) {
+  const bool run = scratch.running();
   auto used_elsewhere = [&](int label, size_t self) {
     if (std::find(out_labels.begin(), out_labels.end(), label) != out_labels.end()) return true;
     for (size_t j = 0; j < ops.size(); ++j) {
@@ -286,11 +331,9 @@ void evaluate(std::vector<Operand<C>> ops, const std::vector<int>& out_labels,
         if (used_elsewhere(l, i)) keep.push_back(l);
       }
       if (keep.size() == ops[i].view.labels.size()) continue;
-      std::vector<C> reduced(product(keep, size));
-      reduce_into(ops[i].data, ops[i].view, keep, size, reduced.data());
-      ops[i].owned = std::move(reduced);
-      ops[i].data = ops[i].owned.data();
-      ops[i].view = contiguous_view(keep, size);
+      C* reduced = scratch.take<C>(product(keep, size));
+      if (run) reduce_into(ops[i].data, ops[i].view, keep, size, reduced);
+      ops[i] = {reduced, contiguous_view(keep, size), true};
     }
   }
   auto out_pos = [&](int l) {
@@ -325,24 +368,23 @@ void evaluate(std::vector<Operand<C>> ops, const std::vector<int>& out_labels,
       std::swap(a_only, b_only);
     }
     MatrixSide<C> ma, mb;
-    ma.prepare(ops[0], batch, a_only, contracted, size);
-    mb.prepare(ops[1], batch, contracted, b_only, size);
+    ma.prepare(ops[0], batch, a_only, contracted, size, scratch);
+    mb.prepare(ops[1], batch, contracted, b_only, size, scratch);
     std::vector<int> result = batch;
     result.insert(result.end(), a_only.begin(), a_only.end());
     result.insert(result.end(), b_only.begin(), b_only.end());
     const int64_t nb = product(batch, size), m = product(a_only, size),
                   k = product(contracted, size), n = product(b_only, size);
     if (ops.size() == 2 && result == out_labels) {
-      batched_matmul(ma, mb, nb, m, k, n, out);
+      if (run) batched_matmul(ma, mb, nb, m, k, n, out);
       return;
     }
-    Operand<C> r{nullptr, contiguous_view(result, size), std::vector<C>(checked_numel({nb, m, n}))};
-    batched_matmul(ma, mb, nb, m, k, n, r.owned.data());
-    r.data = r.owned.data();
+    C* r = scratch.take<C>(checked_numel({nb, m, n}));
+    if (run) batched_matmul(ma, mb, nb, m, k, n, r);
     ops.erase(ops.begin(), ops.begin() + 2);
-    ops.insert(ops.begin(), std::move(r));
+    ops.insert(ops.begin(), Operand<C>{r, contiguous_view(result, size), true});
   }
-  reduce_into(ops[0].data, ops[0].view, out_labels, size, out);
+  if (run) reduce_into(ops[0].data, ops[0].view, out_labels, size, out);
 }
 
 // One stride per distinct label: a size-1 dimension reads its one element (stride 0, so
@@ -516,6 +558,77 @@ struct EinsumCompute<T, true> {
 using EinsumTypes =
     TypeList<float, double, float16, bfloat16, int32_t, int64_t, uint32_t, uint64_t>;
 
+// Half-type `t` (any strides) widened into `dst` (contiguous, t's shape).
+template <typename T, typename C>
+void widen_into(const Tensor& t, C* dst) {
+  const T* src = t.data<const T>();
+  Odometer walk;
+  walk.sizes.assign(t.shape().begin(), t.shape().end());
+  walk.strides.assign(t.strides().begin(), t.strides().end());
+  parallel_for(t.numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+    Odometer o = walk;
+    o.seek(lo);
+    for (int64_t i = lo; i < hi; ++i, o.next()) dst[i] = static_cast<C>(src[o.offset]);
+  });
+}
+
+// The equation on operands of `shapes` (LabelSizes `ls`), its scratch from `scratch`. Sizing
+// (`ctx` null) takes the scratch of the evaluation without computing; running reads the
+// inputs from `ctx` and writes `y`. Half types take their widened operands and float result
+// first.
+template <typename T>
+void steps(const LabelSizes& ls, const std::vector<Shape>& shapes, OpContext* ctx, Tensor* y,
+           Scratch& scratch) {
+  using C = typename EinsumCompute<T>::type;
+  constexpr bool widen = !std::is_same_v<compute_t<T>, T>;
+  // An empty label empties the output or every sum: the result is all zeros.
+  if (std::find(ls.size.begin(), ls.size.end(), 0) != ls.size.end()) {
+    if (y) std::fill(y->data<T>(), y->data<T>() + y->numel(), T(0));
+    return;
+  }
+  const size_t n = shapes.size();
+  std::vector<Operand<C>> ops(n);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (widen) {
+      C* dst = scratch.take<C>(shape_numel(shapes[i]));
+      if (ctx) widen_into<T>(ctx->input(i), dst);
+      ops[i] = {dst, make_view(ls.dims[i], shapes[i], contiguous_strides(shapes[i])), true};
+    } else if (ctx) {
+      const Tensor& t = ctx->input(i);
+      ops[i] = {reinterpret_cast<const C*>(t.data<const T>()),
+                make_view(ls.dims[i], t.shape(), t.strides()), false};
+    } else {
+      ops[i] = {nullptr, make_view(ls.dims[i], shapes[i], contiguous_strides(shapes[i])), false};
+    }
+  }
+  C* result = nullptr;
+  if constexpr (widen) {
+    result = scratch.take<C>(shape_numel(ls.out_shape));
+  } else if (y) {
+    result = reinterpret_cast<C*>(y->data<T>());
+  }
+  evaluate<C>(std::move(ops), ls.out_labels, ls.size, result, scratch);
+  if constexpr (widen) {
+    if (y) {
+      T* dst = y->data<T>();
+      parallel_for(y->numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) dst[i] = T(result[i]);
+      });
+    }
+  }
+}
+
+// The workspace bytes of the equation on operands of these shapes (steps, sizing).
+uint64_t workspace_bytes(DataType dtype, const LabelSizes& ls, const std::vector<Shape>& shapes) {
+  uint64_t bytes = 0;
+  dispatch(EinsumTypes{}, dtype, [&]<typename T>() {
+    Scratch sizing;
+    steps<T>(ls, shapes, nullptr, nullptr, sizing);
+    bytes = sizing.used();
+  });
+  return bytes;
+}
+
 class Einsum final : public Kernel {
  public:
   explicit Einsum(const NodeInfo& info) {
@@ -541,40 +654,15 @@ class Einsum final : public Kernel {
     } catch (const EquationError& e) {
       ctx.fail(e.message);
     }
-    const std::vector<int64_t>& size = labels.size;
-    const std::vector<std::vector<int>>& dims = labels.dims;
-    const std::vector<int>& out_labels = labels.out_labels;
-    const Shape& out_shape = labels.out_shape;
-    Tensor& y = ctx.output(0, dtype, out_shape);
-    // An empty label empties the output or every sum: the result is all zeros.
-    const bool empty = std::find(size.begin(), size.end(), 0) != size.end();
+    Tensor& y = ctx.output(0, dtype, labels.out_shape);
+    WorkspaceLayout layout;
+    const int part =
+        layout.add(DataType::UInt8, static_cast<int64_t>(workspace_bytes(dtype, labels, shapes)));
+    const Workspace space(ctx, layout);
     dispatch(EinsumTypes{}, dtype, [&]<typename T>() {
-      using C = typename EinsumCompute<T>::type;
-      if (empty) {
-        std::fill(y.data<T>(), y.data<T>() + y.numel(), T(0));
-        return;
-      }
-      std::vector<Operand<C>> ops(n);
-      for (size_t i = 0; i < n; ++i) {
-        const Tensor& t = ctx.input(i);
-        if constexpr (std::is_same_v<compute_t<T>, T>) {
-          ops[i].data = reinterpret_cast<const C*>(t.data<const T>());
-          ops[i].view = make_view(dims[i], t.shape(), t.strides());
-        } else {  // widen half types into a contiguous copy
-          const std::vector<T> values = t.to_vector<T>();
-          ops[i].owned.assign(values.begin(), values.end());
-          ops[i].data = ops[i].owned.data();
-          ops[i].view = make_view(dims[i], t.shape(), contiguous_strides(t.shape()));
-        }
-      }
-      if constexpr (std::is_same_v<compute_t<T>, T>) {
-        evaluate<C>(std::move(ops), out_labels, size, reinterpret_cast<C*>(y.data<T>()));
-      } else {
-        std::vector<C> result(y.numel());
-        evaluate<C>(std::move(ops), out_labels, size, result.data());
-        T* dst = y.data<T>();
-        for (size_t i = 0; i < result.size(); ++i) dst[i] = T(result[i]);
-      }
+      Scratch carve(space.data<uint8_t>(part));
+      steps<T>(labels, shapes, &ctx, &y, carve);
+      if (carve.used() != layout.bytes()) throw std::logic_error("Einsum workspace mislaid");
     });
   }
 
@@ -596,6 +684,24 @@ void einsum_shape(ShapeContext& c) {
   }
 }
 
+// The kernel's workspace (steps, sizing) for these shapes.
+uint64_t einsum_workspace(const ShapeContext& c) {
+  std::vector<Shape> shapes;
+  for (size_t i = 0; i < c.num_inputs(); ++i) {
+    if (c.dtype(i) != c.dtype(0)) unknown("inputs have different element types");
+    shapes.push_back(c.shape(i));
+  }
+  if (!type_in(EinsumTypes{}, c.dtype(0))) unknown("unsupported element type");
+  try {
+    const Equation eq = parse_equation(c.attr_s("equation", ""), c.num_inputs());
+    return workspace_bytes(c.dtype(0), label_sizes(eq, shapes), shapes);
+  } catch (const EquationError& e) {
+    unknown(e.message);
+  } catch (const Error& e) {  // operands too large: the kernel reports it
+    unknown(e.what());
+  }
+}
+
 }  // namespace
 
 KILN_REGISTER_OP({.op = "Einsum",
@@ -606,6 +712,7 @@ KILN_REGISTER_OP({.op = "Einsum",
                   .strided_inputs = true,
                   .types = "float types, int32, int64, uint32, uint64",
                   .shape = einsum_shape,
+                  .workspace = einsum_workspace,
                   .create = make<Einsum>});
 
 }  // namespace kiln::ops

@@ -52,13 +52,14 @@ std::vector<double> line_values(const OpContext& ctx, const Tensor& v, const Ten
   return out;
 }
 
-// t - zero_point as doubles. `rows`: zero point per row of a (else per column of b).
-std::vector<double> centered(const OpContext& ctx, const Tensor& t, const Tensor* zp, bool rows,
-                             const char* what) {
+// t - zero_point as doubles into `v` (t's elements). `rows`: zero point per row of a (else per
+// column of b).
+void centered(const OpContext& ctx, const Tensor& t, const Tensor* zp, bool rows, const char* what,
+              double* v) {
   const int64_t n = t.numel();
-  std::vector<double> v(static_cast<size_t>(n));
-  lowp::read_as_doubles(t, 0, n, v.data());
-  if (!zp) return v;
+  if (n == 0) return;
+  lowp::read_as_doubles(t, 0, n, v);
+  if (!zp) return;
   if (zp->dtype() != t.dtype()) ctx.fail(std::string(what) + " type differs from its input's");
   const bool vec = t.rank() == 1;
   const int64_t cols = t.shape().back();
@@ -66,8 +67,8 @@ std::vector<double> centered(const OpContext& ctx, const Tensor& t, const Tensor
   const int64_t lines = rows ? rows_n : (vec ? 1 : cols);
   const std::vector<double> z = line_values(ctx, *zp, t, lines, rows, what);
   if (z.size() == 1) {
-    for (double& x : v) x -= z[0];
-    return v;
+    for (int64_t i = 0; i < n; ++i) v[i] -= z[0];
+    return;
   }
   const int64_t mat = rows_n * (vec ? 1 : cols);
   for (int64_t i = 0; i < n; ++i) {
@@ -75,9 +76,8 @@ std::vector<double> centered(const OpContext& ctx, const Tensor& t, const Tensor
     const int64_t line = rows ? in_mat / cols : in_mat % cols;
     // 1-D zero points repeat for every batch; N-D ones have one line set per batch.
     const int64_t zi = static_cast<int64_t>(z.size()) == lines ? line : batch * lines + line;
-    v[static_cast<size_t>(i)] -= z[static_cast<size_t>(zi)];
+    v[i] -= z[static_cast<size_t>(zi)];
   }
-  return v;
 }
 
 bool is_int8(DataType t) {
@@ -215,15 +215,14 @@ void run_int(const MatMulPlan& p, const Tensor& a, const Tensor& b, const math::
   }
 }
 
-// Calls emit(batch, c) with c the double product (M x N) of every output batch.
+// Calls emit(batch, c) with c the double product (M x N, in `c`) of every output batch.
 template <typename Emit>
-void double_products(const MatMulPlan& p, const std::vector<double>& a,
-                     const std::vector<double>& b, Emit&& emit) {
-  std::vector<double> c(static_cast<size_t>(p.M * p.N));
+void double_products(const MatMulPlan& p, const double* a, const double* b, double* c,
+                     Emit&& emit) {
   for (size_t bi = 0; bi < p.a_batch.size(); ++bi) {
-    math::gemm<double>(a.data() + p.a_batch[bi] * p.M * p.K, p.M, p.K, p.K, 1,
-                       b.data() + p.b_batch[bi] * p.K * p.N, p.N, p.N, 1, c.data(), p.N);
-    emit(static_cast<int64_t>(bi), c.data());
+    math::gemm<double>(a + p.a_batch[bi] * p.M * p.K, p.M, p.K, p.K, 1,
+                       b + p.b_batch[bi] * p.K * p.N, p.N, p.N, 1, c, p.N);
+    emit(static_cast<int64_t>(bi), c);
   }
 }
 
@@ -287,11 +286,21 @@ class MatMulInteger final : public Kernel {
 
 // QLinearMatMul's workspace, as the kernel and qlinear_matmul_workspace lay it out: the int32
 // sums of 8-bit integer inputs when the output is a float8 type (an 8-bit integer output is
-// requantized tile by tile, float8 inputs are multiplied in double).
-WorkspaceLayout qlinear_matmul_parts(DataType a, DataType b, DataType out, const Shape& y) {
+// requantized tile by tile); for float8 inputs A and B decoded and centred in double and one
+// batch's double product (M x N). None for an empty output.
+WorkspaceLayout qlinear_matmul_parts(DataType a, DataType b, DataType out, const Shape& a_shape,
+                                     const Shape& b_shape, const Shape& y) {
   WorkspaceLayout l;
-  if (is_int8(a) && is_int8(b) && lowp::minifloat_format(out) != nullptr)
-    l.add(DataType::Int32, shape_numel(y));
+  if (shape_numel(y) == 0) return l;
+  if (is_int8(a) && is_int8(b)) {
+    if (lowp::minifloat_format(out) != nullptr) l.add(DataType::Int32, shape_numel(y));
+    return l;
+  }
+  const int64_t m = a_shape.size() < 2 ? 1 : a_shape[a_shape.size() - 2];
+  const int64_t n = b_shape.size() < 2 ? 1 : b_shape.back();
+  l.add(DataType::Double, shape_numel(a_shape));
+  l.add(DataType::Double, shape_numel(b_shape));
+  l.add(DataType::Double, checked_numel({m, n}));
   return l;
 }
 
@@ -376,7 +385,8 @@ class QLinearMatMul final : public Kernel {
       }
       // A float8 output: the exact int32 sums (the workspace, qlinear_matmul_parts),
       // rescaled and encoded.
-      const WorkspaceLayout layout = qlinear_matmul_parts(a.dtype(), b.dtype(), out_t, p.out);
+      const WorkspaceLayout layout =
+          qlinear_matmul_parts(a.dtype(), b.dtype(), out_t, a.shape(), b.shape(), p.out);
       const Workspace space(ctx, layout);
       int32_t* acc = space.data<int32_t>(0);
       run_int(p, a, b, weight_.for_input(b), za, zb, acc, nullptr, nullptr);
@@ -391,14 +401,18 @@ class QLinearMatMul final : public Kernel {
       return;
     }
 
-    // float8 inputs: decoded, centred and multiplied in double.
-    const std::vector<double> ca =
-        centered(ctx, a, ctx.has_input(2) ? &ctx.input(2) : nullptr, true, "a_zero_point");
-    const std::vector<double> cb =
-        centered(ctx, b, ctx.has_input(5) ? &ctx.input(5) : nullptr, false, "b_zero_point");
+    // float8 inputs: decoded, centred and multiplied in double, in the workspace
+    // (qlinear_matmul_parts).
+    const WorkspaceLayout layout =
+        qlinear_matmul_parts(a.dtype(), b.dtype(), out_t, a.shape(), b.shape(), p.out);
+    const Workspace space(ctx, layout);
+    double* ca = space.data<double>(0);
+    double* cb = space.data<double>(1);
+    centered(ctx, a, ctx.has_input(2) ? &ctx.input(2) : nullptr, true, "a_zero_point", ca);
+    centered(ctx, b, ctx.has_input(5) ? &ctx.input(5) : nullptr, false, "b_zero_point", cb);
     std::byte* out = y.raw_data();
     const double lo = out_t == DataType::Int8 ? -128 : 0, hi = out_t == DataType::Int8 ? 127 : 255;
-    double_products(p, ca, cb, [&](int64_t batch, const double* c) {
+    double_products(p, ca, cb, space.data<double>(2), [&](int64_t batch, const double* c) {
       for (int64_t m = 0; m < p.M; ++m) {
         for (int64_t n = 0; n < p.N; ++n) {
           const double v = c[m * p.N + n] * multiplier(m, n) + pick(zy, m);
@@ -439,7 +453,8 @@ void qlinear_matmul_shape(ShapeContext& c) {
 // The kernel's workspace (qlinear_matmul_parts) for these shapes.
 uint64_t qlinear_matmul_workspace(const ShapeContext& c) {
   const DataType out = c.has(7) ? c.dtype(7) : c.dtype(0);
-  return qlinear_matmul_parts(c.dtype(0), c.dtype(3), out, matmul_shape_of(c.shape(0), c.shape(3)))
+  return qlinear_matmul_parts(c.dtype(0), c.dtype(3), out, c.shape(0), c.shape(3),
+                              matmul_shape_of(c.shape(0), c.shape(3)))
       .bytes();
 }
 

@@ -69,23 +69,25 @@ class LossBase : public Kernel {
   }
 
   // Writes output 0 (`y`, loss_output) from log-probabilities `logp(index)` laid out as
-  // [N, C, D].
+  // [N, C, D]. The targets and weights are read where they lie (the executor hands this op
+  // contiguous inputs), not copied.
   template <typename T, typename LogP>
   void write_loss(OpContext& ctx, Tensor& y, const LossShape& s, const Tensor& target,
                   const Tensor* weight, LogP logp) const {
-    const std::vector<int64_t> t = to_int64s(target);
-    std::vector<double> w;
-    if (weight) {
-      const Tensor wc = weight->contiguous();
-      for (int64_t c = 0; c < s.classes; ++c) {
-        w.push_back(static_cast<compute_t<T>>(wc.data<const T>()[c]));
-      }
+    if (target.dtype() != DataType::Int64 && target.dtype() != DataType::Int32) {
+      ctx.fail("target must be int32 or int64, got " + target.describe());
     }
+    if (!target.is_contiguous() || (weight && !weight->is_contiguous())) {
+      ctx.fail("target and weight must be contiguous");
+    }
+    const int64_t* t64 = target.dtype() == DataType::Int64 ? target.data<const int64_t>() : nullptr;
+    const int32_t* t32 = target.dtype() == DataType::Int32 ? target.data<const int32_t>() : nullptr;
+    const T* w = weight ? weight->data<const T>() : nullptr;
     const int64_t count = s.batch * s.inner;
     T* out = reduction_ == Reduction::None ? y.data<T>() : nullptr;
     double total = 0, total_weight = 0;
     for (int64_t i = 0; i < count; ++i) {
-      const int64_t label = t[static_cast<size_t>(i)];
+      const int64_t label = t64 ? t64[i] : static_cast<int64_t>(t32[i]);
       double loss = 0;
       if (!(has_ignore_ && label == ignore_)) {
         if (label < 0 || label >= s.classes) {
@@ -93,7 +95,7 @@ class LossBase : public Kernel {
                    std::to_string(s.classes) + ")");
         }
         const int64_t n = i / s.inner, d = i % s.inner;
-        const double wt = weight ? w[static_cast<size_t>(label)] : 1.0;
+        const double wt = w ? static_cast<double>(static_cast<compute_t<T>>(w[label])) : 1.0;
         loss = -wt * logp((n * s.classes + label) * s.inner + d);
         total += loss;
         total_weight += wt;

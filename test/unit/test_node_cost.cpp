@@ -4,6 +4,7 @@
 // (sessions here run on one thread), so other threads cannot disturb the counts.
 #include <cstdlib>
 #include <new>
+#include <random>
 
 // The replacement operator delete frees what the replacement operator new took from malloc;
 // GCC cannot see that pairing where it inlines them.
@@ -16,10 +17,12 @@
 
 namespace {
 thread_local uint64_t g_heap_allocations = 0;
+thread_local std::size_t g_largest_allocation = 0;  // the largest since last reset
 }  // namespace
 
 void* operator new(std::size_t size) {
   ++g_heap_allocations;
+  if (size > g_largest_allocation) g_largest_allocation = size;
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
   throw std::bad_alloc();
 }
@@ -30,6 +33,7 @@ void* operator new[](std::size_t size) {
 // allocation comes from malloc, so the replacement deletes always free malloc's memory.
 void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
   ++g_heap_allocations;
+  if (size > g_largest_allocation) g_largest_allocation = size;
   return std::malloc(size == 0 ? 1 : size);
 }
 void* operator new[](std::size_t size, const std::nothrow_t& tag) noexcept {
@@ -297,4 +301,122 @@ TEST_CASE("a warm decode step of the Whisper generator allocates a fixed amount"
   // outputs and input_ids tensor from step to step (Session::run's reusing form); it
   // neither copies nor allocates the logits.
   CHECK(per_step[0] == 0);
+}
+
+TEST_CASE("a warm Einsum run takes its operands' copies and products from the arena",
+          "[executor][node_cost][einsum]") {
+  if (contracts_checked()) {
+    WARN("KILN-SKIP: KILN_CHECK_CONTRACTS is set; its checks allocate per node");
+    return;
+  }
+  for (DataType dtype : {DataType::Float, DataType::Float16}) {
+    INFO(data_type_name(dtype));
+    GraphBuilder b;
+    b.input("a", dtype, {4, 16, 24}, true);
+    b.input("b", dtype, {4, 24, 20}, true);
+    b.input("c", dtype, {20, 12}, true);
+    b.input("x", dtype, {16, 12, 10, 3}, true);
+    b.input("z", dtype, {10, 12, 14}, true);
+    // An intermediate product (4x16x20), a summed-out label and a gathered operand.
+    b.node("Einsum", {"a", "b", "c"}, {"y"}, {string_attr("equation", "bij,bjk,kl->bil")});
+    b.node("Einsum", {"x", "z"}, {"w"}, {string_attr("equation", "abcs,cbd->ad")});
+    b.output("y");
+    b.output("w");
+    Session s = make_session(b.build());
+    std::vector<NamedValue> in, out;
+    std::vector<Tensor> values;
+    for (const auto& [name, shape] :
+         std::vector<std::pair<std::string, Shape>>{{"a", {4, 16, 24}},
+                                                    {"b", {4, 24, 20}},
+                                                    {"c", {20, 12}},
+                                                    {"x", {16, 12, 10, 3}},
+                                                    {"z", {10, 12, 14}}}) {
+      in.push_back({name, Value()});
+      values.push_back(Tensor::zeros(dtype, shape));
+    }
+    // The caller's vectors kept from run to run (Session::run's reusing form), so that the
+    // run's own allocations are the only ones counted.
+    auto run = [&] {
+      for (size_t i = 0; i < in.size(); ++i) in[i].value = values[i];
+      s.run(in, out);
+    };
+    run();
+    run();
+    g_largest_allocation = 0;
+    run();
+    CHECK(s.last_run_stats().unplanned_scratch == 0);
+    // Label lists, odometers and operand views only: no allocation the size of an operand
+    // (the smallest, c, is 240 elements) or of a product.
+    CHECK(g_largest_allocation < 240 * sizeof(uint16_t));
+  }
+}
+
+TEST_CASE("a warm run of the losses reads their targets and weights in place",
+          "[executor][node_cost][loss]") {
+  if (contracts_checked()) {
+    WARN("KILN-SKIP: KILN_CHECK_CONTRACTS is set; its checks allocate per node");
+    return;
+  }
+  std::mt19937 rng(3);
+  GraphBuilder b;
+  b.input("x", DataType::Float, {8, 10, 30}, true);
+  b.input("t", DataType::Int64, {8, 30}, true);
+  b.input("w", DataType::Float, {10}, true);
+  b.node("NegativeLogLikelihoodLoss", {"x", "t", "w"}, {"nll"});
+  b.node("SoftmaxCrossEntropyLoss", {"x", "t", "w"}, {"sce"}, {string_attr("reduction", "none")});
+  b.output("nll");
+  b.output("sce");
+  Session s = make_session(b.build());
+  std::vector<NamedValue> in = {{"x", Value()}, {"t", Value()}, {"w", Value()}}, out;
+  const std::vector<Tensor> values = {random_tensor(DataType::Float, {8, 10, 30}, rng, -1, 1),
+                                      random_tensor(DataType::Int64, {8, 30}, rng, 0, 9),
+                                      random_tensor(DataType::Float, {10}, rng, 0, 1)};
+  CHECK(warm_reusing_run_allocations(s, in, values, out) == 0);
+  REQUIRE(out.size() == 2);
+  CHECK(out[1].value.tensor().shape() == Shape{8, 30});
+}
+
+TEST_CASE("a warm QLinearMatMul of float8 inputs decodes them into the arena",
+          "[executor][node_cost][qlinear]") {
+  if (contracts_checked()) {
+    WARN("KILN-SKIP: KILN_CHECK_CONTRACTS is set; its checks allocate per node");
+    return;
+  }
+  std::mt19937 rng(4);
+  GraphBuilder b;
+  b.input("a", DataType::Float8E4M3FN, {2, 16, 24}, true);
+  b.input("b", DataType::Float8E4M3FN, {24, 20}, true);
+  b.initializer("sa", Tensor::scalar<float>(0.02f));
+  b.initializer("za", Tensor::zeros(DataType::Float8E4M3FN, {}));
+  b.initializer("sb", Tensor::scalar<float>(0.01f));
+  b.initializer("zb", Tensor::zeros(DataType::Float8E4M3FN, {}));
+  b.initializer("sy", Tensor::scalar<float>(0.5f));
+  b.initializer("zy", Tensor::zeros(DataType::UInt8, {}));
+  b.node("QLinearMatMul", {"a", "sa", "za", "b", "sb", "zb", "sy", "zy"}, {"y"});
+  b.output("y");
+  Session s = make_session(b.build(), 21);
+  std::vector<NamedValue> in = {{"a", Value()}, {"b", Value()}}, out;
+  std::vector<Tensor> values;
+  for (const Shape& shape : {Shape{2, 16, 24}, Shape{24, 20}}) {
+    // Random bytes as float8 E4M3FN, NaN (0x7f, 0xff) excluded.
+    const Tensor bytes = random_tensor(DataType::UInt8, shape, rng, 0, 0x7e);
+    Tensor t = Tensor::zeros(DataType::Float8E4M3FN, shape);
+    std::copy_n(bytes.data<const uint8_t>(), bytes.numel(),
+                reinterpret_cast<uint8_t*>(t.raw_data()));
+    values.push_back(t);
+  }
+  auto run = [&] {
+    for (size_t i = 0; i < in.size(); ++i) in[i].value = values[i];
+    s.run(in, out);
+  };
+  run();
+  run();
+  g_largest_allocation = 0;
+  run();
+  CHECK(s.last_run_stats().unplanned_scratch == 0);
+  // The smallest operand B holds 480 elements, a batch's product 320: no allocation near
+  // either in double.
+  CHECK(g_largest_allocation < 320 * sizeof(double));
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].value.tensor().shape() == Shape{2, 16, 20});
 }

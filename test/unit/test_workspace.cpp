@@ -2,11 +2,11 @@
 // DeformConv, com.microsoft Attention, the ops on the shared attention core: ONNX Attention,
 // MultiHeadAttention, GroupQueryAttention, FlexAttention, and LinearAttention,
 // LayerNormalization, SkipLayerNormalization, MatMul, Gemm, QGemm, QLinearMatMul, ConvInteger,
-// QLinearConv, MatMulNBits, SoftmaxCrossEntropyLoss): on two threads, where the per-thread parts
-// of their workspaces take a slot per thread, and for
-// float16, whose widened inputs and float results are parts too, the arena planned from the
-// contracts equals the one recorded from the run, and no kernel takes scratch outside it
-// (RunStats::unplanned_scratch). The results equal those of one thread.
+// QLinearConv, MatMulNBits, SoftmaxCrossEntropyLoss, Einsum): on two threads, where the per-thread
+// parts of their workspaces take a slot per thread, and for float16, whose widened inputs and float
+// results are parts too, the arena planned from the contracts equals the one recorded from the run,
+// and no kernel takes scratch outside it (RunStats::unplanned_scratch). The results equal those of
+// one thread.
 #include <memory>
 #include <random>
 #include <string>
@@ -331,6 +331,25 @@ std::shared_ptr<ir::Graph> quantized_products() {
   return b.build();
 }
 
+// QLinearMatMul of float8 inputs (cast from the uint8 inputs): A and B decoded and centred in
+// double and a batch's double product in the workspace.
+std::shared_ptr<ir::Graph> float8_product() {
+  GraphBuilder b;
+  b.input("a", DataType::UInt8, {2, 16, 24}, true);
+  b.input("b", DataType::UInt8, {24, 20}, true);
+  b.initializer("sa", scalar(DataType::Float, 0.02f));
+  b.initializer("za", Tensor::zeros(DataType::Float8E4M3FN, {}));
+  b.initializer("sb", scalar(DataType::Float, 0.01f));
+  b.initializer("zb", Tensor::zeros(DataType::Float8E4M3FN, {}));
+  b.initializer("sy", scalar(DataType::Float, 0.5f));
+  b.initializer("zy", scalar(DataType::UInt8, 100));
+  b.node("Cast", {"a"}, {"a8"}, {int_attr("to", 17)});
+  b.node("Cast", {"b"}, {"b8"}, {int_attr("to", 17)});
+  b.node("QLinearMatMul", {"a8", "sa", "za", "b8", "sb", "zb", "sy", "zy"}, {"y"});
+  b.output("y");
+  return b.build();
+}
+
 // ConvInteger and QLinearConv with a filter given at run time: packed into the workspace.
 std::shared_ptr<ir::Graph> integer_convs() {
   GraphBuilder b;
@@ -384,6 +403,23 @@ std::shared_ptr<ir::Graph> matmul_nbits() {
   b.output("y");
   b.output("r");
   b.output("r8");
+  return b.build();
+}
+
+// Einsum: three operands contracted through an intermediate product, and a label of one
+// operand summed out first with an operand whose contracted labels must be gathered
+// (float16: every operand widened and the result computed in float).
+std::shared_ptr<ir::Graph> einsum() {
+  GraphBuilder b;
+  b.input("a", g_dtype, {4, 16, 24}, true);
+  b.input("b", g_dtype, {4, 24, 20}, true);
+  b.input("c", g_dtype, {20, 12}, true);
+  b.input("x", g_dtype, {16, 12, 10, 3}, true);
+  b.input("z", g_dtype, {10, 12, 14}, true);
+  b.node("Einsum", {"a", "b", "c"}, {"y"}, {string_attr("equation", "bij,bjk,kl->bil")});
+  b.node("Einsum", {"x", "z"}, {"w"}, {string_attr("equation", "abcs,cbd->ad")});
+  b.output("y");
+  b.output("w");
   return b.build();
 }
 
@@ -466,6 +502,15 @@ TEST_CASE("kernels with per-thread and float16 workspaces are planned from their
     SECTION(std::string("MatMul ") + std::string(data_type_name(dtype))) {
       check_case({matmul, {{"a", {2, 3, 40, 48}}, {"b", {48, 56}}}, dtype});
     }
+    SECTION(std::string("Einsum ") + std::string(data_type_name(dtype))) {
+      check_case({einsum,
+                  {{"a", {4, 16, 24}},
+                   {"b", {4, 24, 20}},
+                   {"c", {20, 12}},
+                   {"x", {16, 12, 10, 3}},
+                   {"z", {10, 12, 14}}},
+                  dtype});
+    }
     SECTION(std::string("Gemm ") + std::string(data_type_name(dtype))) {
       check_case(
           {gemm,
@@ -500,9 +545,12 @@ TEST_CASE("the attention ops' scratch is planned from their contracts", "[arena]
   }
 }
 
-TEST_CASE("the integer products' int32 sums and run-time filters are planned from their contracts",
-          "[arena][workspace]") {
+TEST_CASE(
+    "the integer products' int32 sums, float8 products and run-time filters are planned "
+    "from their contracts",
+    "[arena][workspace]") {
   check_case({quantized_products, {{"a", {48, 64}}, {"b", {64, 40}}}, DataType::Float, 19, true});
+  check_case({float8_product, {{"a", {2, 16, 24}}, {"b", {24, 20}}}, DataType::Float, 21, true});
   check_case(
       {integer_convs, {{"x", {1, 4, 10, 10}}, {"w", {8, 4, 3, 3}}}, DataType::Float, 19, true});
 }
