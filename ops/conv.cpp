@@ -414,10 +414,11 @@ void gemm_convolve(OpContext* ctx, const float* x, const float* packed, const fl
 
 // Y[n, m, :] for all n and m; x, w, bias (may be null) and y contiguous. `packed` holds the
 // float filter of every group packed for the GEMM (null for depthwise and double).
+// `col` (double only) holds kk x op values: one (image, group) lowered.
 template <typename T>
 void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, const Sizes& s,
               const Geometry& g, const ConvEpilogue& e = {}, OpContext* ctx = nullptr,
-              float* wide_space = nullptr) {
+              float* wide_space = nullptr, T* col = nullptr) {
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size(), kk = s.cg * kp;
   if (op == 0 || s.m == 0 || s.n == 0) return;
 
@@ -434,10 +435,9 @@ void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, 
     (void)e;
     (void)ctx;
     (void)wide_space;
-    std::vector<T> col(static_cast<size_t>(kk * op));
     for (int64_t unit = 0; unit < units; ++unit) {
       const int64_t n = unit / s.groups, grp = unit % s.groups;
-      im2col(x + (n * s.c + grp * s.cg) * ip, s.cg, g, 0, op, col.data());
+      im2col(x + (n * s.c + grp * s.cg) * ip, s.cg, g, 0, op, col);
       parallel_for(s.mg, grain_for(kk * op), [&](int64_t m0, int64_t m1) {
         for (int64_t mi = m0; mi < m1; ++mi) {
           const int64_t mo = grp * s.mg + mi;
@@ -446,7 +446,7 @@ void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, 
           const T* wr = w + mo * kk;
           for (int64_t q = 0; q < kk; ++q) {
             const T wv = wr[q];
-            const T* cr = col.data() + q * op;
+            const T* cr = col + q * op;
             for (int64_t j = 0; j < op; ++j) yr[j] += wv * cr[j];
           }
         }
@@ -533,13 +533,17 @@ bool is_initializer(const NodeInfo& info, size_t i) {
 struct ConvParts {
   WorkspaceLayout layout;
   int x = -1, bias = -1, w = -1, packed = -1, y = -1, conv = -1, wide = -1;
+  int col = -1;  // double: one (image, group) lowered
 };
 
 ConvParts conv_parts(DataType dtype, const Sizes& s, const Geometry& g, bool has_bias,
                      bool filter_at_load, bool z_broadcasts, int threads) {
   ConvParts p;
-  if (dtype == DataType::Double) return p;
   WorkspaceLayout& l = p.layout;
+  if (dtype == DataType::Double) {
+    p.col = l.add(DataType::Double, s.cg * g.k_size() * g.out_size());
+    return p;
+  }
   const bool half = dtype != DataType::Float;
   const int64_t kk = s.cg * g.k_size(), out = s.n * s.m * g.out_size();
   if (half) {
@@ -630,8 +634,12 @@ class Conv final : public Kernel {
     dispatch(TypeList<float, double, float16, bfloat16>{}, x.dtype(), [&]<typename T>() {
       Tensor& y = ctx.output(0, x.dtype(), out_shape);
       if constexpr (std::is_same_v<T, double>) {
+        const ConvParts parts =
+            conv_parts(x.dtype(), s, g, has_bias, filter_planned_, false, ctx.threads());
+        const Workspace space(ctx, parts.layout);
         convolve<T>(x.data<const T>(), w.data<const T>(), nullptr,
-                    has_bias ? ctx.input(2).data<const T>() : nullptr, y.data<T>(), s, g);
+                    has_bias ? ctx.input(2).data<const T>() : nullptr, y.data<T>(), s, g, {},
+                    nullptr, nullptr, space.data<double>(parts.col));
       } else {
         // Float, or a half type computed in float in the workspace (conv_parts), which
         // follows the output.

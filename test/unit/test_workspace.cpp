@@ -41,6 +41,10 @@ std::vector<NamedValue> feeds(const Case& c) {
       Tensor h = Tensor::zeros(DataType::Float16, shape);
       for (int64_t i = 0; i < t.numel(); ++i) h.data<float16>()[i] = float16(t.data<float>()[i]);
       t = h;
+    } else if (c.dtype == DataType::Double) {
+      Tensor d = Tensor::zeros(DataType::Double, shape);
+      for (int64_t i = 0; i < t.numel(); ++i) d.data<double>()[i] = t.data<float>()[i];
+      t = d;
     }
     v.push_back({name, t});
   }
@@ -558,4 +562,11 @@ TEST_CASE(
 TEST_CASE("MatMulNBits's prepared A, packed A^T and panels are planned from its contract",
           "[arena][workspace]") {
   check_case({matmul_nbits, {{"a", {2, 24, 256}}, {"row", {3, 256}}}});
+}
+
+TEST_CASE("double Conv lowers into its planned workspace", "[arena][workspace]") {
+  g_dtype = DataType::Double;
+  check_case(
+      {conv, {{"x", {1, 16, 40, 40}}, {"w", {32, 16, 3, 3}}, {"b", {32}}}, DataType::Double});
+  g_dtype = DataType::Float;
 }
