@@ -1,6 +1,7 @@
 #include "ops/math/gemm.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <new>
@@ -237,6 +238,41 @@ Scratch& b_scratch() {
   thread_local Scratch s;
   return s;
 }
+
+// A B packed once for row tasks that read it while this thread waits for them: the waiting
+// thread may take another product's task, which may itself pack a shared B, so each product
+// in flight on the thread takes the buffer one level deeper (levels kept, grown on demand);
+// deeper than kSharedLevels, or larger than kKeptPackedB, B gets memory of its own.
+constexpr int kSharedLevels = 4;
+struct SharedB {
+  std::array<Scratch, kSharedLevels> levels;
+  int depth = 0;
+};
+SharedB& shared_b() {
+  thread_local SharedB s;
+  return s;
+}
+
+// Holds one level of this thread's SharedB for the product's lifetime.
+class SharedBLevel {
+ public:
+  explicit SharedBLevel(int64_t floats) : s_(shared_b()) {
+    if (floats <= kKeptPackedB && s_.depth < kSharedLevels) {
+      data_ = s_.levels[static_cast<size_t>(s_.depth)].get(floats);
+      ++s_.depth;
+    }
+  }
+  ~SharedBLevel() {
+    if (data_) --s_.depth;
+  }
+  SharedBLevel(const SharedBLevel&) = delete;
+  SharedBLevel& operator=(const SharedBLevel&) = delete;
+  float* data() const { return data_; }  // null: no level left, or too large to keep
+
+ private:
+  SharedB& s_;
+  float* data_ = nullptr;
+};
 
 // The product over rows [m0, m1) and columns [n0, n1) (both multiples of the tile) with A
 // packed and B packed block by block into this thread's buffer.
@@ -506,8 +542,13 @@ void sgemm(const MatrixView& a, const MatrixView& b, float* c, int64_t ldc, cons
     PackedB::pack_into(b, panels, table_of(o), PackedType::Float32);
     return run(g, a, {panels, true, 0, PackedType::Float32, k * g.nr}, k, n, c, ldc, o);
   }
-  // Otherwise B is packed once for the tasks, into memory of its own: the tasks read it while
-  // this thread, waiting for them, may run another product's task that packs into its buffer.
+  // Otherwise B is packed once for the tasks, into this thread's shared-B buffer of the
+  // product's level (SharedBLevel), or memory of its own when none is left.
+  const SharedBLevel level(floats);
+  if (level.data()) {
+    PackedB::pack_into(b, level.data(), table_of(o), PackedType::Float32);
+    return run(g, a, {level.data(), true, 0, PackedType::Float32, k * g.nr}, k, n, c, ldc, o);
+  }
   b_allocations.fetch_add(1, std::memory_order_relaxed);
   const PackedB packed(b, &table_of(o));
   run(g, a, {packed.data(), true, 0, PackedType::Float32, packed.panel_stride()}, k, n, c, ldc, o);
