@@ -566,20 +566,23 @@ TEST_CASE("optimisers follow their update formulas", "[misc]") {
   auto el = [](const Tensor& t, int64_t i) { return static_cast<double>(t.data<float>()[i]); };
 
   SECTION("Adagrad") {
-    auto out = OpTest("Adagrad", 1, domain)
-                   .attr("decay_factor", 0.2f)
-                   .attr("epsilon", 1e-3f)
-                   .attr("norm_coefficient", static_cast<float>(norm))
-                   .input(Tensor::scalar<float>(lr))
-                   .input(i64(step))
-                   .input(x1)
-                   .input(x2)
-                   .input(g1)
-                   .input(g2)
-                   .input(s1)
-                   .input(s2)
-                   .outputs(4)
-                   .run();
+    auto adagrad = [&] {
+      OpTest t("Adagrad", 1, domain);
+      t.attr("decay_factor", 0.2f)
+          .attr("epsilon", 1e-3f)
+          .attr("norm_coefficient", static_cast<float>(norm))
+          .input(Tensor::scalar<float>(lr))
+          .input(i64(step))
+          .input(x1)
+          .input(x2)
+          .input(g1)
+          .input(g2)
+          .input(s1)
+          .input(s2)
+          .outputs(4);
+      return t;
+    };
+    auto out = adagrad().run();
     const double r = lr / (1 + step * 0.2);
     for (int64_t i = 0; i < 4; ++i) {
       const double g = norm * el(x2, i) + el(g2, i);
@@ -590,20 +593,8 @@ TEST_CASE("optimisers follow their update formulas", "[misc]") {
     }
     // Without the first state's new value: it is not computed into scratch, and the others
     // are the same.
-    OpTest without("Adagrad", 1, domain);
-    without.attr("decay_factor", 0.2f)
-        .attr("epsilon", 1e-3f)
-        .attr("norm_coefficient", static_cast<float>(norm))
-        .input(Tensor::scalar<float>(lr))
-        .input(i64(step))
-        .input(x1)
-        .input(x2)
-        .input(g1)
-        .input(g2)
-        .input(s1)
-        .input(s2)
-        .outputs(4)
-        .skip_output(2);
+    OpTest without = adagrad();
+    without.skip_output(2);
     const std::vector<Value> some = without.run();  // outputs 0, 1 and 3
     CHECK(without.stats().unplanned_scratch == 0);
     REQUIRE(some.size() == 3);

@@ -73,6 +73,7 @@ uint64_t warm_run_allocations(Session& s, const std::vector<NamedValue>& feed) {
 }
 
 // The same with Session::run's reusing form: the caller's vectors are kept from run to run.
+// g_largest_allocation is reset before the counted run, so it holds that run's largest.
 uint64_t warm_reusing_run_allocations(Session& s, std::vector<NamedValue>& in,
                                       const std::vector<Tensor>& values,
                                       std::vector<NamedValue>& out) {
@@ -83,6 +84,7 @@ uint64_t warm_reusing_run_allocations(Session& s, std::vector<NamedValue>& in,
   run();
   run();
   const uint64_t before = g_heap_allocations;
+  g_largest_allocation = 0;
   run();
   return g_heap_allocations - before;
 }
@@ -334,16 +336,7 @@ TEST_CASE("a warm Einsum run takes its operands' copies and products from the ar
       in.push_back({name, Value()});
       values.push_back(Tensor::zeros(dtype, shape));
     }
-    // The caller's vectors kept from run to run (Session::run's reusing form), so that the
-    // run's own allocations are the only ones counted.
-    auto run = [&] {
-      for (size_t i = 0; i < in.size(); ++i) in[i].value = values[i];
-      s.run(in, out);
-    };
-    run();
-    run();
-    g_largest_allocation = 0;
-    run();
+    warm_reusing_run_allocations(s, in, values, out);
     CHECK(s.last_run_stats().unplanned_scratch == 0);
     // Label lists, odometers and operand views only: no allocation the size of an operand
     // (the smallest, c, is 240 elements) or of a product.
@@ -405,14 +398,7 @@ TEST_CASE("a warm QLinearMatMul of float8 inputs decodes them into the arena",
                 reinterpret_cast<uint8_t*>(t.raw_data()));
     values.push_back(t);
   }
-  auto run = [&] {
-    for (size_t i = 0; i < in.size(); ++i) in[i].value = values[i];
-    s.run(in, out);
-  };
-  run();
-  run();
-  g_largest_allocation = 0;
-  run();
+  warm_reusing_run_allocations(s, in, values, out);
   CHECK(s.last_run_stats().unplanned_scratch == 0);
   // The smallest operand B holds 480 elements, a batch's product 320: no allocation near
   // either in double.
