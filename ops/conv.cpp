@@ -22,6 +22,7 @@
 // over y.
 #include <algorithm>
 #include <array>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -79,16 +80,20 @@ void im2col(const T* x, int64_t channels, const Geometry& g, int64_t p0, int64_t
   }
 }
 
-// Floats of pack_filter_into's form of a filter [M, cg, kernel...] with `groups` groups.
-int64_t packed_filter_floats(const Tensor& w, int64_t groups) {
+// The filter of each group as its GEMM operand: a packed A ([mg x cg * kernel], the output
+// channels as rows) or, for the transposed product of small maps (use_transposed), its
+// transpose as a packed B ([cg * kernel x mg], the output channels as columns); the groups
+// one after another.
+int64_t packed_filter_floats(const Tensor& w, int64_t groups, bool transposed) {
   if (w.numel() == 0) return 0;
+  const math::GemmKernels& t = math::kernels().gemm;
   const int64_t mg = w.dim(0) / groups, kk = w.numel() / w.dim(0);
-  return groups * math::PackedA::packed_floats(mg, kk, math::kernels().gemm.mr);
+  return groups * (transposed ? math::PackedB::packed_floats(kk, mg, t.nr)
+                              : math::PackedA::packed_floats(mg, kk, t.mr));
 }
 
-// The filter of each group as a packed GEMM A ([mg x cg * kernel] each, one after another)
-// into `out` (packed_filter_floats floats).
-void pack_filter_into(const Tensor& w, int64_t groups, float* out) {
+// That form into `out` (packed_filter_floats floats).
+void pack_filter_into(const Tensor& w, int64_t groups, bool transposed, float* out) {
   Tensor f = w.contiguous();
   if (f.dtype() != DataType::Float) {
     Tensor wide(DataType::Float, f.shape(),
@@ -100,20 +105,24 @@ void pack_filter_into(const Tensor& w, int64_t groups, float* out) {
   }
   const math::MathKernels& t = math::kernels();
   const int64_t mg = f.dim(0) / groups, kk = f.numel() / f.dim(0);
-  const int64_t per = math::PackedA::packed_floats(mg, kk, t.gemm.mr);
+  const int64_t per = packed_filter_floats(f, groups, transposed) / groups;
   for (int64_t grp = 0; grp < groups; ++grp) {
-    math::PackedA::pack_into(
-        math::MatrixView::row_major(f.data<const float>() + grp * mg * kk, mg, kk, kk),
-        out + grp * per, t);
+    const math::MatrixView wg =
+        math::MatrixView::row_major(f.data<const float>() + grp * mg * kk, mg, kk, kk);
+    if (transposed) {
+      math::PackedB::pack_into(wg.transposed(), out + grp * per, t);
+    } else {
+      math::PackedA::pack_into(wg, out + grp * per, t);
+    }
   }
 }
 
 // pack_filter_into a tensor of its own (the weights cache's prepared form).
-Tensor pack_filter(const Tensor& w, int64_t groups) {
-  const int64_t floats = packed_filter_floats(w, groups);
+Tensor pack_filter(const Tensor& w, int64_t groups, bool transposed) {
+  const int64_t floats = packed_filter_floats(w, groups, transposed);
   Tensor packed(DataType::Float, Shape{floats},
                 Storage::heap_uninitialized(storage_bytes(DataType::Float, floats)));
-  pack_filter_into(w, groups, packed.data<float>());
+  pack_filter_into(w, groups, transposed, packed.data<float>());
   packed.storage()->set_read_only();
   return packed;
 }
@@ -326,6 +335,165 @@ void wide_convolve(const float* xg, const math::PackedA& a, const float* bias, f
   });
 }
 
+// Maps of at most this many output positions are products with the positions as rows:
+// Y^T [positions x mg] = patches [positions x cg * kernel] * W^T, the filter a packed B
+// streamed once for all the positions. The other way round (the filter as A) the few
+// positions make narrow B panels that a 512-channel 7x7 layer multiplied at half the FMA
+// peak (`kiln-bench gemm 512 49 4608`) where positions as rows reach 0.84 (`gemm 49 512
+// 4608`); from 14x14 and 13x13 maps as well (0.87 against 0.79), not at 27x27 (0.80 against
+// 0.90). docs/performance.md has the figures.
+constexpr int64_t kMaxTransposedPositions = 100;
+
+bool use_transposed(const Sizes& s, const Geometry& g) {
+  return !use_direct(s, g) && g.out_size() > 0 && g.out_size() <= kMaxTransposedPositions;
+}
+
+// Where the transposed product gathers its patches from: the group's input channels
+// themselves, or, when a window reaches into the padding, a zero-padded copy of them
+// covering every window (`dims` the planes' sizes either way).
+struct PatchSource {
+  bool padded = false;
+  std::array<int64_t, 3> dims{1, 1, 1};
+  int64_t plane() const { return dims[0] * dims[1] * dims[2]; }
+};
+
+PatchSource patch_source(const Geometry& g) {
+  PatchSource p;
+  std::array<int64_t, 3> extent{};
+  for (size_t i = 0; i < 3; ++i) {
+    extent[i] = (g.out[i] - 1) * g.stride[i] + (g.k[i] - 1) * g.dil[i] + 1;
+    if (g.pad[i] != 0 || extent[i] > g.in[i]) p.padded = true;
+  }
+  p.dims = p.padded ? extent : g.in;
+  return p;
+}
+
+// The transposed product's workspace floats: the padded copy of one group's channels, Y^T of
+// one (image, group); and its int64 offsets: each output position's and each patch row's.
+struct TransposedSizes {
+  int64_t source = 0, product = 0, offsets = 0;
+};
+
+TransposedSizes transposed_sizes(const Sizes& s, const Geometry& g) {
+  if (!use_transposed(s, g)) return {};
+  const PatchSource src = patch_source(g);
+  return {src.padded ? s.cg * src.plane() : 0, g.out_size() * s.mg,
+          g.out_size() + s.cg * g.k_size()};
+}
+
+// The group's channels (xg) into the zero-padded planes of `src` at `out`.
+void pad_patch_source(const float* xg, int64_t channels, const Geometry& g, const PatchSource& src,
+                      float* out) {
+  const int64_t ip = g.in_size(), plane = src.plane();
+  parallel_for(channels, grain_for(plane), [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) {
+      float* row = out + c * plane;
+      for (int64_t d = 0; d < src.dims[0]; ++d) {
+        for (int64_t h = 0; h < src.dims[1]; ++h, row += src.dims[2]) {
+          const int64_t id = d - g.pad[0], ih = h - g.pad[1];
+          std::fill(row, row + src.dims[2], 0.0f);
+          if (id < 0 || id >= g.in[0] || ih < 0 || ih >= g.in[1]) continue;
+          const float* xr = xg + c * ip + (id * g.in[1] + ih) * g.in[2];
+          const int64_t w0 = std::max<int64_t>(g.pad[2], 0);
+          const int64_t w1 = std::min(src.dims[2], g.in[2] + g.pad[2]);
+          if (w1 > w0) std::copy(xr + (w0 - g.pad[2]), xr + (w1 - g.pad[2]), row + w0);
+        }
+      }
+    }
+  });
+}
+
+// A convolution of small maps as the transposed product (use_transposed): per (image,
+// group), patches gathered from the input (or its padded copy in `source`) straight into the
+// GEMM's A panels, times the filter's packed transpose (`packed`: pack_filter's transposed
+// form), with the bias as column bias, into Y^T at `product`; then Y^T is written into y
+// transposed (added to y's values for Z) and activated. `offsets` holds
+// transposed_sizes().offsets values.
+void transposed_convolve(const float* x, const float* packed, const float* bias, float* y,
+                         const Sizes& s, const Geometry& g, const ConvEpilogue& e, float* source,
+                         float* product, int64_t* offsets) {
+  if (!product || !offsets) throw std::logic_error("transposed convolution without workspace");
+  const math::GemmKernels& t = math::kernels().gemm;
+  const PatchSource src = patch_source(g);
+  const int64_t ip = g.in_size(), op = g.out_size(), kk = s.cg * g.k_size();
+  const int64_t d12 = src.dims[1] * src.dims[2];
+  // Output position p reads its window from pos[p]; patch row q (channel, tap) adds row[q].
+  int64_t* pos = offsets;
+  int64_t* row = offsets + op;
+  for (int64_t od = 0, p = 0; od < g.out[0]; ++od) {
+    for (int64_t oh = 0; oh < g.out[1]; ++oh) {
+      for (int64_t ow = 0; ow < g.out[2]; ++ow, ++p) {
+        pos[p] = od * g.stride[0] * d12 + oh * g.stride[1] * src.dims[2] + ow * g.stride[2];
+      }
+    }
+  }
+  for (int64_t c = 0, q = 0; c < s.cg; ++c) {
+    for (int64_t kd = 0; kd < g.k[0]; ++kd) {
+      for (int64_t kh = 0; kh < g.k[1]; ++kh) {
+        for (int64_t kw = 0; kw < g.k[2]; ++kw, ++q) {
+          row[q] =
+              c * src.plane() + kd * g.dil[0] * d12 + kh * g.dil[1] * src.dims[2] + kw * g.dil[2];
+        }
+      }
+    }
+  }
+  const int64_t per = math::PackedB::packed_floats(kk, s.mg, t.nr);
+  math::GemmOptions o;
+  if (!e.accumulate) o.activation = e.activation;
+  for (int64_t u = 0; u < s.n * s.groups; ++u) {
+    const int64_t n = u / s.groups, grp = u % s.groups;
+    const float* base = x + (n * s.c + grp * s.cg) * ip;
+    if (src.padded) {
+      pad_patch_source(base, s.cg, g, src, source);
+      base = source;
+    }
+    const math::APacker pack_a = [&](int64_t i0, int rows, int mr, int64_t p0, int64_t kc,
+                                     float* out) {
+      const int64_t* pi = pos + i0;
+      const int64_t first = pi[0];
+      const bool run = pi[rows - 1] - first == rows - 1;  // consecutive inputs
+      for (int64_t q = 0; q < kc; ++q, out += mr) {
+        const float* b = base + row[p0 + q];
+        if (run) {
+          std::copy(b + first, b + first + rows, out);
+        } else {
+          for (int r = 0; r < rows; ++r) out[r] = b[pi[r]];
+        }
+        std::fill(out + rows, out + mr, 0.0f);
+      }
+    };
+    o.bias = bias ? bias + grp * s.mg : nullptr;
+    math::sgemm(op, pack_a, math::PackedB(packed + grp * per, kk, s.mg, t.nr), product, s.mg, o);
+    // Y^T into y in blocks of 16 positions by 16 channels, each block copied into `tile`
+    // first (Y^T's rows are mg floats apart: read in place, a column of a block would touch
+    // 16 lines of one cache set).
+    float* yu = y + (n * s.m + grp * s.mg) * op;
+    constexpr int64_t kBlock = 16;
+    parallel_for((s.mg + kBlock - 1) / kBlock, grain_for(op * kBlock), [&](int64_t lo, int64_t hi) {
+      alignas(64) float tile[kBlock][kBlock];
+      for (int64_t m0 = lo * kBlock; m0 < std::min(s.mg, hi * kBlock); m0 += kBlock) {
+        const int64_t mc = std::min(s.mg - m0, kBlock);
+        for (int64_t p0 = 0; p0 < op; p0 += kBlock) {
+          const int64_t pc = std::min(op - p0, kBlock);
+          for (int64_t p = 0; p < pc; ++p)
+            std::copy(product + (p0 + p) * s.mg + m0, product + (p0 + p) * s.mg + m0 + mc, tile[p]);
+          for (int64_t m = 0; m < mc; ++m) {
+            float* dst = yu + (m0 + m) * op + p0;
+            if (e.accumulate) {
+              for (int64_t p = 0; p < pc; ++p) dst[p] += tile[p][m];
+            } else {
+              for (int64_t p = 0; p < pc; ++p) dst[p] = tile[p][m];
+            }
+          }
+        }
+        if (e.accumulate) {
+          for (int64_t m = m0; m < m0 + mc; ++m) apply_activation(e.activation, yu + m * op, op);
+        }
+      }
+    });
+  }
+}
+
 bool is_pointwise(const Geometry& g) {
   return g.k_size() == 1 && g.stride == std::array<int64_t, 3>{1, 1, 1} &&
          g.pad == std::array<int64_t, 3>{0, 0, 0};
@@ -336,19 +504,35 @@ bool is_pointwise(const Geometry& g) {
 // apply. It is the kernel's workspace (see conv_workspace): taken whenever this is nonzero,
 // used unless the product runs one (image, group) unit per thread instead.
 int64_t wide_floats(const Sizes& s, const Geometry& g) {
-  if (g.out_size() == 0 || s.m == 0 || s.n == 0 || use_direct(s, g) || is_pointwise(g) ||
-      g.out[2] < kMinWideWidth) {
+  if (g.out_size() == 0 || s.m == 0 || s.n == 0 || use_direct(s, g) || use_transposed(s, g) ||
+      is_pointwise(g) || g.out[2] < kMinWideWidth) {
     return 0;
   }
   const WideExtent w(conv_geometry(g));
   return s.cg * w.plane + s.mg * w.wide_n;
 }
 
-// Float convolution through the GEMM layer; `packed` is pack_filter's form of the filter.
-// The wide path's buffers are `wide_space` (wide_floats of them) when given, else scratch
-// from `ctx` (without a context the path is not taken).
+// The float paths' workspace parts (see conv_parts): the wide or direct paths' buffers, and
+// the transposed product's.
+struct ConvSpace {
+  float* wide = nullptr;
+  float* source = nullptr;
+  float* product = nullptr;
+  int64_t* offsets = nullptr;
+};
+
+// Float convolution through the GEMM layer; `packed` is pack_filter's form of the filter
+// (transposed for small maps: use_transposed). The wide path's buffers are `space.wide`
+// (wide_floats of them) when given, else scratch from `ctx` (without a context the path is
+// not taken).
 void gemm_convolve(OpContext* ctx, const float* x, const float* packed, const float* bias, float* y,
-                   const Sizes& s, const Geometry& g, const ConvEpilogue& e, float* wide_space) {
+                   const Sizes& s, const Geometry& g, const ConvEpilogue& e,
+                   const ConvSpace& space) {
+  if (use_transposed(s, g)) {
+    transposed_convolve(x, packed, bias, y, s, g, e, space.source, space.product, space.offsets);
+    return;
+  }
+  float* wide_space = space.wide;
   const math::MathKernels& t = math::kernels();
   const math::ConvGeometry cg = conv_geometry(g);
   const int64_t ip = g.in_size(), op = g.out_size(), kk = s.cg * g.k_size();
@@ -418,23 +602,23 @@ void gemm_convolve(OpContext* ctx, const float* x, const float* packed, const fl
 template <typename T>
 void convolve(const T* x, const T* w, const float* packed, const T* bias, T* y, const Sizes& s,
               const Geometry& g, const ConvEpilogue& e = {}, OpContext* ctx = nullptr,
-              float* wide_space = nullptr, T* col = nullptr) {
+              const ConvSpace& space = {}, T* col = nullptr) {
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k_size(), kk = s.cg * kp;
   if (op == 0 || s.m == 0 || s.n == 0) return;
 
   const int64_t units = s.n * s.groups;
   if constexpr (std::is_same_v<T, float>) {
     if (use_direct(s, g)) {
-      direct_convolve(x, w, bias, y, s, g, e, wide_space);
+      direct_convolve(x, w, bias, y, s, g, e, space.wide);
     } else {
-      gemm_convolve(ctx, x, packed, bias, y, s, g, e, wide_space);
+      gemm_convolve(ctx, x, packed, bias, y, s, g, e, space);
     }
   } else {
     // Double: lower each (image, group) whole, then plain loops (never fused).
     (void)packed;
     (void)e;
     (void)ctx;
-    (void)wide_space;
+    (void)space;
     for (int64_t unit = 0; unit < units; ++unit) {
       const int64_t n = unit / s.groups, grp = unit % s.groups;
       im2col(x + (n * s.c + grp * s.cg) * ip, s.cg, g, 0, op, col);
@@ -533,7 +717,13 @@ bool is_initializer(const NodeInfo& info, size_t i) {
 struct ConvParts {
   WorkspaceLayout layout;
   int x = -1, bias = -1, w = -1, packed = -1, y = -1, conv = -1, wide = -1;
-  int col = -1;  // double: one (image, group) lowered
+  int source = -1, product = -1, offsets = -1;  // the transposed product's (transposed_sizes)
+  int col = -1;                                 // double: one (image, group) lowered
+
+  ConvSpace float_space(const Workspace& space) const {
+    return {space.data<float>(wide), space.data<float>(source), space.data<float>(product),
+            space.data<int64_t>(offsets)};
+  }
 };
 
 ConvParts conv_parts(DataType dtype, const Sizes& s, const Geometry& g, bool has_bias,
@@ -553,8 +743,11 @@ ConvParts conv_parts(DataType dtype, const Sizes& s, const Geometry& g, bool has
   if (use_direct(s, g)) {
     if (half) p.w = l.add(DataType::Float, s.m * kk);
   } else if (!filter_at_load) {
-    p.packed = l.add(DataType::Float,
-                     s.groups * math::PackedA::packed_floats(s.mg, kk, math::kernels().gemm.mr));
+    const math::GemmKernels& t = math::kernels().gemm;
+    p.packed =
+        l.add(DataType::Float,
+              s.groups * (use_transposed(s, g) ? math::PackedB::packed_floats(kk, s.mg, t.nr)
+                                               : math::PackedA::packed_floats(s.mg, kk, t.mr)));
   }
   if (half) p.y = l.add(DataType::Float, out);
   if (z_broadcasts) p.conv = l.add(DataType::Float, out);
@@ -562,6 +755,10 @@ ConvParts conv_parts(DataType dtype, const Sizes& s, const Geometry& g, bool has
   // the depthwise and padded planes are direct, and the padded planes not depthwise).
   p.wide = l.add(DataType::Float,
                  wide_floats(s, g) + depthwise_floats(s, g) + padded_plane_floats(s, g, threads));
+  const TransposedSizes ts = transposed_sizes(s, g);
+  p.source = l.add(DataType::Float, ts.source);
+  p.product = l.add(DataType::Float, ts.product);
+  p.offsets = l.add(DataType::Int64, ts.offsets);
   return p;
 }
 
@@ -584,12 +781,12 @@ class Conv final : public Kernel {
     filter_planned_ = is_initializer(info, 1) &&
                       packable_filter(info.graph().value(info.node().inputs[1]).constant, group_);
     if (w && packable_filter(*w, group_)) {
-      const math::MathKernels& t = math::kernels();
+      transposed_ = hinted_transposed(info, *w);
       const int64_t groups = group_;
-      packed_ = info.prepared_input(1,
-                                    std::string("conv-filter-") + math::isa_name(t.isa) + "-mr" +
-                                        std::to_string(t.gemm.mr) + "-g" + std::to_string(groups),
-                                    [groups](const Tensor& f) { return pack_filter(f, groups); });
+      const bool transposed = transposed_;
+      packed_ = info.prepared_input(
+          1, packing_name(groups, transposed),
+          [groups, transposed](const Tensor& f) { return pack_filter(f, groups, transposed); });
       packed_groups_ = group_;
     }
   }
@@ -639,7 +836,7 @@ class Conv final : public Kernel {
         const Workspace space(ctx, parts.layout);
         convolve<T>(x.data<const T>(), w.data<const T>(), nullptr,
                     has_bias ? ctx.input(2).data<const T>() : nullptr, y.data<T>(), s, g, {},
-                    nullptr, nullptr, space.data<double>(parts.col));
+                    nullptr, {}, space.data<double>(parts.col));
       } else {
         // Float, or a half type computed in float in the workspace (conv_parts), which
         // follows the output.
@@ -662,7 +859,7 @@ class Conv final : public Kernel {
         Tensor fy = is_float ? y : space.tensor(parts.y, out_shape);
         convolve<float>(fx.data<const float>(), fw.defined() ? fw.data<const float>() : nullptr,
                         packed, has_bias ? fb.data<const float>() : nullptr, fy.data<float>(), s, g,
-                        {}, &ctx, space.data<float>(parts.wide));
+                        {}, &ctx, parts.float_space(space));
         if (!is_float) unary_loop<float, T>(fy, y, [](float v) { return T(v); });
       }
     });
@@ -681,15 +878,50 @@ class Conv final : public Kernel {
       fw = widen(w);  // direct loops read the filter as it is
       return nullptr;
     }
-    if (packed_ && packed_groups_ == s.groups) return packed_->data<const float>();
-    const int64_t floats = packed_filter_floats(w, s.groups);
+    const bool transposed = use_transposed(s, g);
+    if (packed_ && packed_groups_ == s.groups) {
+      if (transposed == transposed_) return packed_->data<const float>();
+      return other_form(w, s.groups, transposed);
+    }
+    const int64_t floats = packed_filter_floats(w, s.groups, transposed);
     if (floats == 0) return nullptr;  // an empty product reads no filter
     if (!room) {
       packed_now = ctx.allocate(DataType::Float, Shape{floats});
       room = packed_now.data<float>();
     }
-    pack_filter_into(w, s.groups, room);
+    pack_filter_into(w, s.groups, transposed, room);
     return room;
+  }
+
+  // The name of the weights cache's packed filter in one form.
+  static std::string packing_name(int64_t groups, bool transposed) {
+    const math::MathKernels& t = math::kernels();
+    return std::string(transposed ? "conv-filter-t-" : "conv-filter-") + math::isa_name(t.isa) +
+           (transposed ? "-nr" + std::to_string(t.gemm.nr) : "-mr" + std::to_string(t.gemm.mr)) +
+           "-g" + std::to_string(groups);
+  }
+
+  // Whether the input's shape as inferred at load makes small maps (use_transposed), which
+  // read the filter's transposed form; false when it is not known.
+  bool hinted_transposed(const NodeInfo& info, const Tensor& w) const {
+    const Shape* x = info.input_shape_hint(0);
+    if (!x || x->size() != w.rank() || w.rank() < 3 || (*x)[1] != w.dim(1) * group_) return false;
+    try {
+      const Geometry g = right_aligned(forward_windows(
+          spatial_dims(*x), conv_kernel(window_, spatial_dims(w.shape())), window_));
+      return use_transposed(Sizes{(*x)[0], (*x)[1], w.dim(0), group_, w.dim(1), w.dim(0) / group_},
+                            g);
+    } catch (const Error&) {
+      return false;  // the run reports a bad shape
+    }
+  }
+
+  // The constant filter in the form the load-time shape did not choose (a run on maps of
+  // another size): packed on the first such run and kept.
+  const float* other_form(const Tensor& w, int64_t groups, bool transposed) const {
+    const std::lock_guard<std::mutex> lock(other_mutex_);
+    if (!other_) other_ = std::make_shared<const Tensor>(pack_filter(w, groups, transposed));
+    return other_->data<const float>();
   }
 
   // kiln.FusedConv: y = activation(conv + bias + Z); returns y.
@@ -739,14 +971,13 @@ class Conv final : public Kernel {
         ctx, s, g, [](const Tensor& t) { return t; }, space.data<float>(parts.packed), fw,
         packed_now);
     const float* w = fw.defined() ? fw.data<const float>() : nullptr;
-    float* wide = space.data<float>(parts.wide);
+    const ConvSpace cs = parts.float_space(space);
     if (!z_broadcasts) {
-      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx, wide);
+      convolve<float>(x.data<const float>(), w, packed, bias, y.data<float>(), s, g, e, &ctx, cs);
       return y;
     }
     Tensor conv = space.tensor(parts.conv, out_shape);
-    convolve<float>(x.data<const float>(), w, packed, bias, conv.data<float>(), s, g, {}, &ctx,
-                    wide);
+    convolve<float>(x.data<const float>(), w, packed, bias, conv.data<float>(), s, g, {}, &ctx, cs);
     binary_loop<float, float, float>(conv, *z, y, [](float a, float b) { return a + b; });
     apply_activation(activation_, y.data<float>(), y.numel());
     return y;
@@ -761,6 +992,9 @@ class Conv final : public Kernel {
   WindowAttrs window_;
   std::shared_ptr<const Tensor> packed_;  // the weights cache's packed filter
   int64_t packed_groups_ = 0;
+  bool transposed_ = false;  // packed_ is the transposed form (use_transposed)
+  mutable std::mutex other_mutex_;
+  mutable std::shared_ptr<const Tensor> other_;  // other_form's
   // The filter is an initializer packed at load: the workspace has no room to pack it
   // (conv_parts' `filter_at_load`, as the workspace rule decides it).
   bool filter_planned_ = false;

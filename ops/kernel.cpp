@@ -42,6 +42,13 @@ std::shared_ptr<const Tensor> NodeInfo::prepared_input(
   return preparer_->prepare(graph_, node_.inputs[i], *w, packing, make);
 }
 
+const Shape* NodeInfo::input_shape_hint(size_t i) const {
+  if (!hints_ || !has_input(i)) return nullptr;
+  const auto id = static_cast<size_t>(node_.inputs[i]);
+  if (id >= hints_->size() || !(*hints_)[id].known) return nullptr;
+  return &(*hints_)[id].shape;
+}
+
 const ir::TypeInfo& NodeInfo::input_type(size_t i) const {
   static const ir::TypeInfo none;
   return has_input(i) ? graph_.value(node_.inputs[i]).type : none;

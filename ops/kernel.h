@@ -97,9 +97,11 @@ class WeightPreparer {
 // A node as its kernel sees it at plan time.
 class NodeInfo {
  public:
+  // `hints` (may be null): per ir::ValueId of `graph`, its shape as inferred at load from the
+  // declared inputs (see input_shape_hint).
   NodeInfo(const ir::Graph& graph, const ir::Node& node, const OpRegistration& reg,
-           WeightPreparer* preparer = nullptr)
-      : graph_(graph), node_(node), reg_(reg), preparer_(preparer) {}
+           WeightPreparer* preparer = nullptr, const std::vector<ValueFacts>* hints = nullptr)
+      : graph_(graph), node_(node), reg_(reg), preparer_(preparer), hints_(hints) {}
 
   const ir::Node& node() const { return node_; }
   const ir::Graph& graph() const { return graph_; }
@@ -125,6 +127,10 @@ class NodeInfo {
   WeightPrecision gemm_weights() const {
     return preparer_ ? preparer_->gemm_weights() : WeightPrecision::Float32;
   }
+  // The shape input i is expected to have, inferred at load from the graph's declared inputs
+  // (a symbolic leading dimension taken as 1); null when unknown. Only a hint for choosing
+  // a prepared form: the kernel must run whatever shape it is given.
+  const Shape* input_shape_hint(size_t i) const;
   // Declared type of input/output i (kind None when undeclared).
   const ir::TypeInfo& input_type(size_t i) const;
   const ir::TypeInfo& output_type(size_t i) const;
@@ -156,6 +162,7 @@ class NodeInfo {
   const ir::Node& node_;
   const OpRegistration& reg_;
   WeightPreparer* preparer_;
+  const std::vector<ValueFacts>* hints_;
 };
 
 enum class CopyCause { Contiguous, Concat, Capture, Kernel };

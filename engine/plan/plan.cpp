@@ -3,6 +3,7 @@
 #include <queue>
 #include <string>
 
+#include "engine/plan/shape_inference.h"
 #include "kiln/error.h"
 
 namespace kiln::plan {
@@ -92,11 +93,35 @@ std::vector<int32_t> execution_order(const ir::Graph& g) {
 
 namespace {
 
+// The values of the root graph as inferred from its declared inputs, an input whose only
+// symbolic dimension is the leading one (a batch) taken with 1 there: what kernels choose
+// their prepared forms by (NodeInfo::input_shape_hint).
+std::vector<ops::ValueFacts> load_shape_hints(const ir::Graph& g) {
+  std::vector<InferredValue> given(g.inputs.size());
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    const ir::TypeInfo& t = g.value(g.inputs[i]).type;
+    if (t.kind != Value::Kind::Tensor || !t.shape || t.elem == DataType::Undefined) continue;
+    Shape shape;
+    bool fixed = true;
+    for (size_t d = 0; d < t.shape->size() && fixed; ++d) {
+      const int64_t v = (*t.shape)[d].value;
+      fixed = v >= 0 || d == 0;
+      shape.push_back(v >= 0 ? v : 1);
+    }
+    if (!fixed) continue;
+    given[i].known = true;
+    given[i].dtype = t.elem;
+    given[i].shape = shape;
+  }
+  return infer_shapes(g, execution_order(g), given).values;
+}
+
 std::unique_ptr<GraphPlan> build_plan_tree(const ir::Graph& g, ops::WeightPreparer* preparer,
                                            int32_t& next_index) {
   auto plan = std::make_unique<GraphPlan>();
   plan->graph = &g;
   plan->index = next_index++;
+  if (plan->index == 0) plan->shape_hints = load_shape_hints(g);
   plan->use_counts.assign(g.values.size(), 0);
   for (const ir::Node& node : g.nodes) {
     for (ir::ValueId id : node.inputs) {
@@ -135,7 +160,7 @@ std::unique_ptr<GraphPlan> build_plan_tree(const ir::Graph& g, ops::WeightPrepar
       step.capture_slots.push_back(std::move(slots));
     }
     try {
-      step.kernel = reg->create(ops::NodeInfo(g, node, *reg, preparer));
+      step.kernel = reg->create(ops::NodeInfo(g, node, *reg, preparer, &plan->shape_hints));
     } catch (Error& e) {
       e.with_node(node.name, node.op_type);
       throw;

@@ -33,6 +33,9 @@ struct GraphPlan {
   // This plan's position among the plans of one tree (the root is 0, nested plans follow):
   // the executor keeps each graph's frame buffers under it between runs.
   int32_t index = 0;
+  // The root graph's values as inferred at load from its declared inputs, a symbolic leading
+  // dimension taken as 1 (NodeInfo::input_shape_hint); empty for nested graphs.
+  std::vector<ops::ValueFacts> shape_hints;
 };
 
 // Orders the graph and creates its kernels (recursively for nested graphs). Throws

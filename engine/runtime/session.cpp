@@ -339,7 +339,8 @@ struct Session::Impl {
     for (plan::Step& step : plan->steps) {
       const auto& in = step.node->inputs;
       if (std::find(in.begin(), in.end(), id) == in.end()) continue;
-      step.kernel = step.op->create(ops::NodeInfo(g, *step.node, *step.op, preparer.get()));
+      step.kernel = step.op->create(
+          ops::NodeInfo(g, *step.node, *step.op, preparer.get(), &plan->shape_hints));
     }
     preparer->release_unread_originals(*plan);
   }

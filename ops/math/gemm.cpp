@@ -94,8 +94,10 @@ void tile(const GemmKernels& g, const BSource& b, int64_t kc, const float* a, co
   }
 }
 
-// The product over rows [m0, m1) and columns [n0, n1) (n0 a multiple of nr).
-void run_block(const GemmKernels& g, const MatrixView& a, const BSource& b, int64_t k, float* c,
+// The product over rows [m0, m1) and columns [n0, n1) (n0 a multiple of nr), A's panels
+// made by pack_a(i, rows, p0, kc, out) (rows i.. of k block p0.. into one panel at out).
+template <typename PackA>
+void run_block(const GemmKernels& g, const PackA& pack_a, const BSource& b, int64_t k, float* c,
                int64_t ldc, const GemmOptions& o, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   const int mr = g.mr, nr = g.nr;
   const int64_t mc = row_block(mr);
@@ -114,7 +116,7 @@ void run_block(const GemmKernels& g, const MatrixView& a, const BSource& b, int6
       const int64_t rows = std::min(mc, m1 - i0);
       for (int64_t r = 0; r < rows; r += mr) {
         const int tr = static_cast<int>(std::min<int64_t>(mr, rows - r));
-        g.pack_a(a.data + (i0 + r) * a.rs + p0 * a.cs, a.rs, a.cs, tr, kc, o.alpha, apack + r * kc);
+        pack_a(i0 + r, tr, p0, kc, apack + r * kc);
       }
       for (int64_t j0 = n0; j0 < n1; j0 += nr) {
         const int tc = static_cast<int>(std::min<int64_t>(nr, n1 - j0));
@@ -130,13 +132,21 @@ void run_block(const GemmKernels& g, const MatrixView& a, const BSource& b, int6
   }
 }
 
+// run_block's A packer for a strided view (times alpha).
+auto view_packer(const GemmKernels& g, const MatrixView& a, float alpha) {
+  return [&g, a, alpha](int64_t i, int rows, int64_t p0, int64_t kc, float* out) {
+    g.pack_a(a.data + i * a.rs + p0 * a.cs, a.rs, a.cs, rows, kc, alpha, out);
+  };
+}
+
 void run(const GemmKernels& g, const MatrixView& a, const BSource& b, int64_t k, int64_t n,
          float* c, int64_t ldc, const GemmOptions& o) {
   const int64_t m = a.rows;
   const int tasks = task_count(product_work(m, n, k, g.mr), o.max_threads);
+  const auto pack_a = view_packer(g, a, o.alpha);
   run_split(split_for(tasks, m, n, g.mr, g.nr, SplitPolicy::RowsFirst), m, n, g.mr, g.nr,
             [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-              run_block(g, a, b, k, c, ldc, o, m0, m1, n0, n1);
+              run_block(g, pack_a, b, k, c, ldc, o, m0, m1, n0, n1);
             });
 }
 
@@ -528,8 +538,8 @@ void sgemm(const MatrixView& a, const MatrixView& b, float* c, int64_t ldc, cons
       GemmOptions own = o;
       own.max_threads = 1;
       if (o.bias) own.bias = o.bias + n0;
-      run_block(g, a, {panels, true, 0, PackedType::Float32, k * g.nr}, k, c + n0, ldc, own, m0, m1,
-                0, n1 - n0);
+      run_block(g, view_packer(g, a, o.alpha), {panels, true, 0, PackedType::Float32, k * g.nr}, k,
+                c + n0, ldc, own, m0, m1, 0, n1 - n0);
     });
     return;
   }
@@ -565,6 +575,31 @@ void sgemm(const MatrixView& a, const PackedB& b, float* c, int64_t ldc, const G
   if (m == 0 || n == 0) return;
   if (k == 0) return empty_product(m, n, c, ldc, o);
   run(g, a, {b.data(), true, 0, b.type(), b.panel_stride()}, k, n, c, ldc, o);
+}
+
+void sgemm(int64_t m, const APacker& pack_a, const PackedB& b, float* c, int64_t ldc,
+           const GemmOptions& o) {
+  const GemmKernels& g = table_of(o).gemm;
+  if (b.nr() != g.nr) {
+    throw Error(ErrorKind::Runtime, "sgemm: B was packed for tiles of " + std::to_string(b.nr()) +
+                                        " columns, the kernels use " + std::to_string(g.nr));
+  }
+  if (o.alpha != 1.0f) throw Error(ErrorKind::Runtime, "sgemm: an A packer takes no alpha");
+  const int64_t n = b.n(), k = b.k();
+  if (m == 0 || n == 0) return;
+  if (k == 0) return empty_product(m, n, c, ldc, o);
+  const BSource source{b.data(), true, 0, b.type(), b.panel_stride()};
+  const int mr = g.mr;
+  const auto packer = [&](int64_t i, int rows, int64_t p0, int64_t kc, float* out) {
+    pack_a(i, rows, mr, p0, kc, out);
+  };
+  // B (a constant, the larger operand here) is split between the tasks, each reading only its
+  // own columns; the small A is packed by each.
+  const int tasks = task_count(product_work(m, n, k, g.mr), o.max_threads);
+  run_split(split_for(tasks, m, n, g.mr, g.nr, SplitPolicy::LargerOperand), m, n, g.mr, g.nr,
+            [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+              run_block(g, packer, source, k, c, ldc, o, m0, m1, n0, n1);
+            });
 }
 
 template <>

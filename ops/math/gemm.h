@@ -145,6 +145,18 @@ void sgemm(const MatrixView& a, const MatrixView& b, float* c, int64_t ldc,
 void sgemm(const MatrixView& a, const PackedB& b, float* c, int64_t ldc,
            const GemmOptions& options = {});
 
+// Produces A panel by panel: rows [i0, i0 + rows) (rows <= mr, the tile height) and columns
+// [p0, p0 + kc) of A into one panel of kc groups of mr floats at `out` (group q holds column
+// p0 + q of the rows; rows past `rows` zero). A convolution over a small map gathers its
+// input patches (one row of A per output position) straight into panels this way.
+using APacker =
+    std::function<void(int64_t i0, int rows, int mr, int64_t p0, int64_t kc, float* out)>;
+
+// C = A * B for an A of m rows delivered by `pack_a` (options.alpha must be 1) and a packed
+// B; the tasks split B's columns when it is the larger operand.
+void sgemm(int64_t m, const APacker& pack_a, const PackedB& b, float* c, int64_t ldc,
+           const GemmOptions& options = {});
+
 // C = A * B with A packed (options.alpha must be 1: the panels are as packed) and B of
 // `n` columns delivered by `pack_b`.
 void sgemm(const PackedA& a, int64_t n, const BPacker& pack_b, float* c, int64_t ldc,

@@ -341,6 +341,67 @@ KILN_ISA_TEST_CASE("sgemm with a packed A and B delivered in panels matches the 
   }
 }
 
+KILN_ISA_TEST_CASE("sgemm with A delivered in panels and a packed B matches the naive product",
+                   "[math][gemm]") {
+  KILN_REQUIRE_ISA();
+  std::mt19937 rng(78);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  // M of 1, below and across a tile and a row block; K across the k blocks; N odd.
+  const int64_t shapes[][3] = {{1, 1, 1},     {5, 7, 3},     {13, 33, 17}, {49, 512, 600},
+                               {100, 70, 27}, {130, 9, 300}, {2, 1000, 9}, {64, 2048, 40}};
+  for (const auto& sh : shapes) {
+    const int64_t m = sh[0], n = sh[1], k = sh[2];
+    // A is read through the packer with its rows in reverse (the packer's own layout).
+    std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)), bias(n);
+    for (auto& x : a) x = dist(rng);
+    for (auto& x : b) x = dist(rng);
+    for (auto& x : bias) x = dist(rng);
+    const math::PackedB pb(MatrixView::row_major(b.data(), k, n, n), &isa_kernels);
+    int panels = 0;
+    const math::APacker packer = [&](int64_t i0, int rows, int mr, int64_t p0, int64_t kc,
+                                     float* out) {
+      ++panels;
+      REQUIRE(mr == isa_kernels.gemm.mr);
+      REQUIRE(rows <= mr);
+      for (int64_t q = 0; q < kc; ++q) {
+        for (int r = 0; r < mr; ++r) {
+          out[q * mr + r] =
+              r < rows ? a[static_cast<size_t>((m - 1 - (i0 + r)) * k + p0 + q)] : 0.0f;
+        }
+      }
+    };
+    std::vector<float> c(static_cast<size_t>(m * n));
+    math::GemmOptions o;
+    o.kernels = &isa_kernels;
+    o.bias = bias.data();
+    o.activation = math::Activation::Relu;
+    math::sgemm(m, packer, pb, c.data(), n, o);
+    CHECK(panels >= (m + isa_kernels.gemm.mr - 1) / isa_kernels.gemm.mr);
+    double worst = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = bias[static_cast<size_t>(j)];
+        for (int64_t p = 0; p < k; ++p) {
+          s += static_cast<double>(a[static_cast<size_t>((m - 1 - i) * k + p)]) *
+               b[static_cast<size_t>(p * n + j)];
+        }
+        s = s > 0 ? s : 0;
+        worst =
+            std::max(worst, std::abs(c[static_cast<size_t>(i * n + j)] - s) / (1 + std::abs(s)));
+      }
+    }
+    INFO("m " << m << " n " << n << " k " << k);
+    CHECK(worst <= 2e-6 * std::sqrt(static_cast<double>(k) + 1) + 1e-6);
+  }
+  std::vector<float> a(4), b(4), c(4);
+  const math::PackedB pb(MatrixView::row_major(b.data(), 2, 2, 2), &isa_kernels);
+  math::GemmOptions o;
+  o.kernels = &isa_kernels;
+  o.alpha = 2.0f;
+  const math::APacker none = [](int64_t, int, int, int64_t, int64_t, float*) {};
+  CHECK_THROWS(math::sgemm(2, none, pb, c.data(), 2, o));  // a packer takes no alpha
+}
+
 KILN_ISA_TEST_CASE("sgemm with B packed as bfloat16 or float16 equals the product with rounded B",
                    "[math][gemm]") {
   KILN_REQUIRE_ISA();

@@ -450,6 +450,61 @@ TEST_CASE("Conv over output rows wide enough for the wide path matches a naive l
   }
 }
 
+TEST_CASE("Conv over small maps (positions as the product's rows) matches a naive loop", "[nn]") {
+  // At most 100 output positions: the patches gathered into the GEMM's A panels, the filter's
+  // transpose as B, Y^T written back transposed. The filter as a run-time input (packed into
+  // the workspace), as a constant whose shape was not known at load (its other form packed
+  // on the first run), and through a graph whose declared input shape chose the transposed
+  // form at load. Random strides, dilations, uneven pads, groups, 1-D to 3-D, batches.
+  std::mt19937 rng(34);
+  for (int iter = 0; iter < 60; ++iter) {
+    const size_t r = static_cast<size_t>(rand_int(rng, 1, 3));
+    ConvSpec s;
+    s.group = rand_int(rng, 1, 2);
+    const int64_t cg = rand_int(rng, 2, 40), mg = rand_int(rng, 3, 70);
+    Shape xs{rand_int(rng, 1, 2), cg * s.group}, ws{mg * s.group, cg};
+    s.pads.assign(2 * r, 0);
+    for (size_t d = 0; d < r; ++d) {
+      const int64_t k = rand_int(rng, 1, 3);
+      s.strides.push_back(rand_int(rng, 1, 2));
+      s.dilations.push_back(rand_int(rng, 1, 2));
+      s.pads[d] = rand_int(rng, 0, 2);
+      s.pads[d + r] = rand_int(rng, 0, 2);
+      const int64_t ek = (k - 1) * s.dilations[d] + 1;
+      ws.push_back(k);
+      const int64_t out = rand_int(rng, 1, r == 1 ? 90 : r == 2 ? 10 : 4);
+      xs.push_back(std::max<int64_t>((out - 1) * s.strides[d] + ek - s.pads[d] - s.pads[d + r], 1));
+    }
+    Tensor x = random_tensor(DataType::Float, xs, rng);
+    Tensor w = random_tensor(DataType::Float, ws, rng);
+    Tensor b = random_tensor(DataType::Float, {ws[0]}, rng);
+    INFO("x " << shape_to_string(xs) << " w " << shape_to_string(ws) << " group " << s.group);
+    const Tensor* bias = iter % 2 ? &b : nullptr;
+    const Tensor expected = naive_conv(x, w, bias, s);
+    require_close(run_conv(x, w, bias, s), expected, 1e-4, 1e-4);
+    OpTest t("Conv", 11);
+    t.input(x).constant_input(w);
+    if (bias) t.constant_input(*bias);
+    t.attr("strides", s.strides).attr("dilations", s.dilations).attr("pads", s.pads);
+    t.attr("group", s.group);
+    require_close(t.run1(), expected, 1e-4, 1e-4);
+    if (iter % 4 != 0) continue;
+    GraphBuilder gb;
+    gb.input("x", DataType::Float, std::vector<int64_t>(xs.begin(), xs.end())).initializer("w", w);
+    std::vector<std::string> in{"x", "w"};
+    if (bias) {
+      gb.initializer("b", *bias);
+      in.push_back("b");
+    }
+    gb.node("Conv", in, {"y"},
+            {ints_attr("strides", s.strides), ints_attr("dilations", s.dilations),
+             ints_attr("pads", s.pads), int_attr("group", s.group)});
+    gb.output("y");
+    Session session = make_session(gb.build(), 11, 2);
+    require_close(session.run({{"x", x}}).at(0).value.tensor(), expected, 1e-4, 1e-4);
+  }
+}
+
 TEST_CASE("Conv auto_pad equals the explicit SAME and VALID padding", "[nn]") {
   std::mt19937 rng(33);
   Tensor x = random_tensor(DataType::Float, {1, 2, 7, 8}, rng);

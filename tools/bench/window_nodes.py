@@ -42,12 +42,16 @@ CASES = {
     "ap_s2p1_240x28": ("AveragePool", [1, 240, 28, 28], dict(strides=[2, 2], pads=[1, 1, 1, 1])),
     "ap_s1p1_192x28": ("AveragePool", [1, 192, 28, 28], dict(strides=[1, 1], pads=[1, 1, 1, 1])),
     "ap_s1p1_576x14": ("AveragePool", [1, 576, 14, 14], dict(strides=[1, 1], pads=[1, 1, 1, 1])),
+    "ap_k7_2048x7": ("AveragePool", [1, 2048, 7, 7], dict(kernel_shape=[7, 7])),
+    "mp_s2p0_256x27": ("MaxPool", [1, 256, 27, 27], dict(strides=[2, 2])),
+    "gap_1000x13": ("GlobalAveragePool", [1, 1000, 13, 13], {}),
 }
 
 
 def write_case(folder, name, op, shape, attrs, rng):
     inits, inputs = [], ["x"]
-    attrs = dict(attrs, kernel_shape=[3, 3])
+    if op != "GlobalAveragePool":
+        attrs = dict({"kernel_shape": [3, 3]}, **attrs)
     if op == "Conv":
         c = shape[1]
         attrs.setdefault("pads", [1, 1, 1, 1])
