@@ -338,10 +338,11 @@ void wide_convolve(const float* xg, const math::PackedA& a, const float* bias, f
 // Maps of at most this many output positions are products with the positions as rows:
 // Y^T [positions x mg] = patches [positions x cg * kernel] * W^T, the filter a packed B
 // streamed once for all the positions. The other way round (the filter as A) the few
-// positions make narrow B panels that a 512-channel 7x7 layer multiplied at half the FMA
-// peak (`kiln-bench gemm 512 49 4608`) where positions as rows reach 0.84 (`gemm 49 512
-// 4608`); from 14x14 and 13x13 maps as well (0.87 against 0.79), not at 27x27 (0.80 against
-// 0.90). docs/performance.md has the figures.
+// positions make narrow B panels: `kiln-bench gemm 512 49 4608` runs at 0.51 of the FMA
+// peak where `gemm 49 512 4608` reaches 0.84, and light resnet50's 512-channel 3x3 layer on
+// its 7x7 map (a one-node model, 1 thread) took 1.33 ms that way and 1.07 ms this way. On
+// 13x13 and 14x14 maps the other way was as fast or faster (writing Y^T back transposed
+// costs what the narrower panels lose there).
 constexpr int64_t kMaxTransposedPositions = 100;
 
 bool use_transposed(const Sizes& s, const Geometry& g) {

@@ -1,11 +1,14 @@
 // GlobalAveragePool, GlobalMaxPool and GlobalLpPool: one value per (image, channel) plane,
-// reduced over all spatial dimensions. Planes run in parallel.
+// reduced over all spatial dimensions (float averages with the vector sum). Planes run in
+// parallel.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "ops/common.h"
+#include "ops/math/kernels.h"
 
 namespace kiln::ops {
 namespace {
@@ -36,6 +39,15 @@ class GlobalPool final : public Kernel {
       const T* in = x.data<const T>();
       T* out = ctx.output(0, x.dtype(), shape).template data<T>();
       const C p = static_cast<C>(p_);
+      if constexpr (std::is_same_v<T, float> && kKind == GlobalKind::Average) {
+        // Float averages: the vector sum (several partial sums) of each plane.
+        const math::VecMathKernels& vec = math::kernels().vec;
+        const float scale = size > 0 ? 1.0f / static_cast<float>(size) : 0.0f;
+        parallel_for(planes, grain_for(size), [&](int64_t lo, int64_t hi) {
+          for (int64_t pl = lo; pl < hi; ++pl) out[pl] = vec.sum(in + pl * size, size) * scale;
+        });
+        return;
+      }
       parallel_for(planes, grain_for(size), [&](int64_t lo, int64_t hi) {
         for (int64_t pl = lo; pl < hi; ++pl) {
           const T* v = in + pl * size;

@@ -277,6 +277,20 @@ void pool_planes_float(const float* x, float* y, int64_t planes, const Geometry&
       outer.push_back(inv[0][static_cast<size_t>(od)] * inv[1][static_cast<size_t>(oh)]);
     }
   }
+  // A window over the whole unpadded plane (AveragePool of a 7x7 map with a 7x7 kernel, as
+  // classifiers end): each plane's vector sum.
+  bool whole = !max && op == 1;
+  for (size_t i = 0; i < 3; ++i) {
+    whole = whole && g.taps[i].start[0] == 0 && g.k[i] == g.in[i] && g.dil[i] == 1;
+  }
+  if (whole) {
+    const math::VecMathKernels& vec = math::kernels().vec;
+    const float scale = 1.0f / static_cast<float>(ip);
+    parallel_for(planes, grain_for(ip), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) y[p] = vec.sum(x + p * ip, ip) * scale;
+    });
+    return;
+  }
   if (space && use_wide_planes(cg, planes)) {
     const WideExtent ext(cg);
     const float fill = max ? -std::numeric_limits<float>::infinity() : 0.0f;

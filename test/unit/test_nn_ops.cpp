@@ -1012,6 +1012,32 @@ TEST_CASE("MaxPool and AveragePool match naive windows on random shapes", "[nn]"
   }
 }
 
+TEST_CASE("AveragePool over the whole plane and GlobalAveragePool match naive sums", "[nn]") {
+  // A window as large as the unpadded input (one output per plane) takes each plane's vector
+  // sum, as GlobalAveragePool does; planes of 1 to 3 dimensions, from 1 to 300 elements.
+  std::mt19937 rng(52);
+  for (int iter = 0; iter < 40; ++iter) {
+    const size_t r = static_cast<size_t>(rand_int(rng, 1, 3));
+    PoolSpec s;
+    s.pads.assign(2 * r, 0);
+    Shape xs{rand_int(rng, 1, 2), rand_int(rng, 1, 40)};
+    for (size_t d = 0; d < r; ++d) {
+      const int64_t k = rand_int(rng, 1, r == 1 ? 300 : r == 2 ? 17 : 6);
+      s.kernel.push_back(k);
+      s.strides.push_back(rand_int(rng, 1, 2));
+      s.dilations.push_back(1);
+      xs.push_back(k);
+    }
+    Tensor x = random_tensor(DataType::Float, xs, rng);
+    INFO("x " << shape_to_string(xs));
+    const Tensor expected = naive_pool(x, s, 1).first;
+    OpTest ap("AveragePool", 19);
+    ap.input(x).attr("kernel_shape", s.kernel).attr("strides", s.strides).attr("pads", s.pads);
+    require_close(ap.run1(), expected);
+    require_close(OpTest("GlobalAveragePool", 1).input(x).run1(), expected);
+  }
+}
+
 TEST_CASE("Depthwise Conv and pooling of small planes match naive loops", "[nn]") {
   // The wide-form path (ops/wide_layout.h): channel counts that fill no vector evenly,
   // 3x3 and 5x5 windows with padding and dilation, stride 1 (and stride 2, the direct
