@@ -505,6 +505,75 @@ TEST_CASE("Conv over small maps (positions as the product's rows) matches a naiv
   }
 }
 
+TEST_CASE("Conv over large maps runs in bands of output rows that match a direct loop", "[nn]") {
+  // Channels laid out past 2 MiB (kWideBandFloats) take the wide path band by band: strides
+  // 1 and 2, dilation, uneven pads, and the optimizer's fused Conv + Add (Z) + Relu, whose
+  // activation each band applies to its own rows only.
+  struct Case {
+    int64_t c, m, h, w, k, stride, dil, pad_top, pad_left, pad_bottom, pad_right;
+  };
+  const std::vector<Case> cases = {{24, 8, 150, 150, 3, 1, 1, 1, 1, 1, 1},
+                                   {20, 6, 170, 161, 3, 2, 1, 0, 1, 2, 1},
+                                   {18, 5, 165, 170, 3, 1, 2, 2, 0, 1, 2}};
+  std::mt19937 rng(35);
+  for (const Case& c : cases) {
+    INFO("c " << c.c << " m " << c.m << " map " << c.h << "x" << c.w << " stride " << c.stride);
+    Tensor x = random_tensor(DataType::Float, {1, c.c, c.h, c.w}, rng);
+    Tensor w = random_tensor(DataType::Float, {c.m, c.c, c.k, c.k}, rng);
+    Tensor b = random_tensor(DataType::Float, {c.m}, rng);
+    const int64_t ek = (c.k - 1) * c.dil + 1;
+    const int64_t oh = (c.h + c.pad_top + c.pad_bottom - ek) / c.stride + 1;
+    const int64_t ow = (c.w + c.pad_left + c.pad_right - ek) / c.stride + 1;
+    Tensor z = random_tensor(DataType::Float, {1, c.m, oh, ow}, rng);
+    const float* xv = x.data<const float>();
+    const float* wv = w.data<const float>();
+    std::vector<double> conv(static_cast<size_t>(c.m * oh * ow)), fused(conv.size());
+    for (int64_t m = 0; m < c.m; ++m) {
+      for (int64_t i = 0; i < oh; ++i) {
+        for (int64_t j = 0; j < ow; ++j) {
+          double sum = b.data<const float>()[m];
+          for (int64_t ch = 0; ch < c.c; ++ch) {
+            for (int64_t u = 0; u < c.k; ++u) {
+              const int64_t ih = i * c.stride - c.pad_top + u * c.dil;
+              if (ih < 0 || ih >= c.h) continue;
+              for (int64_t v = 0; v < c.k; ++v) {
+                const int64_t iw = j * c.stride - c.pad_left + v * c.dil;
+                if (iw < 0 || iw >= c.w) continue;
+                sum += double(xv[(ch * c.h + ih) * c.w + iw]) *
+                       wv[((m * c.c + ch) * c.k + u) * c.k + v];
+              }
+            }
+          }
+          const size_t at = static_cast<size_t>((m * oh + i) * ow + j);
+          conv[at] = sum;
+          fused[at] = std::max(0.0, sum + z.data<const float>()[at]);
+        }
+      }
+    }
+    const Shape out{1, c.m, oh, ow};
+    ConvSpec s{{c.stride, c.stride},
+               {c.dil, c.dil},
+               {c.pad_top, c.pad_left, c.pad_bottom, c.pad_right},
+               1};
+    OpTest t("Conv", 11);
+    t.input(x).constant_input(w).constant_input(b);
+    t.attr("strides", s.strides).attr("dilations", s.dilations).attr("pads", s.pads);
+    require_close(t.run1(), float_tensor(out, conv), 1e-4, 1e-4);
+    GraphBuilder gb;
+    gb.input("x", DataType::Float, {1, c.c, c.h, c.w}).input("z", DataType::Float, out);
+    gb.initializer("w", w).initializer("b", b);
+    gb.node("Conv", {"x", "w", "b"}, {"c"},
+            {ints_attr("strides", s.strides), ints_attr("dilations", s.dilations),
+             ints_attr("pads", s.pads)});
+    gb.node("Add", {"c", "z"}, {"s"});
+    gb.node("Relu", {"s"}, {"y"});
+    gb.output("y");
+    Session session = make_session(gb.build(), 13, 2);
+    require_close(session.run({{"x", x}, {"z", z}}).at(0).value.tensor(), float_tensor(out, fused),
+                  1e-4, 1e-4);
+  }
+}
+
 TEST_CASE("Conv auto_pad equals the explicit SAME and VALID padding", "[nn]") {
   std::mt19937 rng(33);
   Tensor x = random_tensor(DataType::Float, {1, 2, 7, 8}, rng);
