@@ -227,6 +227,15 @@ const MathKernels& table_of(const GemmOptions& o) {
   return o.kernels ? *o.kernels : kernels();
 }
 
+// Throws unless an operand was packed for the kernels' tile (`what`: its rows or columns).
+void check_packed_tile(const char* operand, int packed, int used, const char* what) {
+  if (packed != used) {
+    throw Error(ErrorKind::Runtime, std::string("sgemm: ") + operand + " was packed for tiles of " +
+                                        std::to_string(packed) + " " + what + ", the kernels use " +
+                                        std::to_string(used));
+  }
+}
+
 void check_shapes(const MatrixView& a, int64_t brows) {
   if (a.cols != brows) {
     throw Error(ErrorKind::Runtime, "sgemm: A has " + std::to_string(a.cols) +
@@ -432,10 +441,7 @@ template <typename Block>
 void run_packed_a(const PackedA& a, int64_t n, float* c, int64_t ldc, const GemmOptions& o,
                   Block&& block) {
   const GemmKernels& g = table_of(o).gemm;
-  if (a.mr() != g.mr) {
-    throw Error(ErrorKind::Runtime, "sgemm: A was packed for tiles of " + std::to_string(a.mr()) +
-                                        " rows, the kernels use " + std::to_string(g.mr));
-  }
+  check_packed_tile("A", a.mr(), g.mr, "rows");
   if (o.alpha != 1.0f) throw Error(ErrorKind::Runtime, "sgemm: a packed A takes no alpha");
   const int64_t m = a.m(), k = a.k();
   if (m == 0 || n == 0) return;
@@ -567,10 +573,7 @@ void sgemm(const MatrixView& a, const MatrixView& b, float* c, int64_t ldc, cons
 void sgemm(const MatrixView& a, const PackedB& b, float* c, int64_t ldc, const GemmOptions& o) {
   check_shapes(a, b.k());
   const GemmKernels& g = table_of(o).gemm;
-  if (b.nr() != g.nr) {
-    throw Error(ErrorKind::Runtime, "sgemm: B was packed for tiles of " + std::to_string(b.nr()) +
-                                        " columns, the kernels use " + std::to_string(g.nr));
-  }
+  check_packed_tile("B", b.nr(), g.nr, "columns");
   const int64_t m = a.rows, n = b.n(), k = b.k();
   if (m == 0 || n == 0) return;
   if (k == 0) return empty_product(m, n, c, ldc, o);
@@ -580,10 +583,7 @@ void sgemm(const MatrixView& a, const PackedB& b, float* c, int64_t ldc, const G
 void sgemm(int64_t m, const APacker& pack_a, const PackedB& b, float* c, int64_t ldc,
            const GemmOptions& o) {
   const GemmKernels& g = table_of(o).gemm;
-  if (b.nr() != g.nr) {
-    throw Error(ErrorKind::Runtime, "sgemm: B was packed for tiles of " + std::to_string(b.nr()) +
-                                        " columns, the kernels use " + std::to_string(g.nr));
-  }
+  check_packed_tile("B", b.nr(), g.nr, "columns");
   if (o.alpha != 1.0f) throw Error(ErrorKind::Runtime, "sgemm: an A packer takes no alpha");
   const int64_t n = b.n(), k = b.k();
   if (m == 0 || n == 0) return;

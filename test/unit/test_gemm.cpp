@@ -47,6 +47,14 @@ std::vector<double> reference(const Case& t, const MatrixView& a, const MatrixVi
   return c;
 }
 
+// The largest |c - want| / (1 + |want|).
+double worst_relative(const std::vector<float>& c, const std::vector<double>& want) {
+  double worst = 0;
+  for (size_t i = 0; i < c.size(); ++i)
+    worst = std::max(worst, std::abs(c[i] - want[i]) / (1 + std::abs(want[i])));
+  return worst;
+}
+
 void check_case(const Case& t, const math::MathKernels& kernels, std::mt19937& rng) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   auto random = [&](int64_t count) {
@@ -313,21 +321,11 @@ KILN_ISA_TEST_CASE("sgemm with a packed A and B delivered in panels matches the 
     o.activation = math::Activation::Relu;
     math::sgemm(pa, n, packer, c.data(), n, o);
     CHECK(blocks > 0);
-    double worst = 0;
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        double s = bias[static_cast<size_t>(i)];
-        for (int64_t p = 0; p < k; ++p) {
-          s += static_cast<double>(a[static_cast<size_t>(i * k + p)]) *
-               b[static_cast<size_t>(p * n + j)];
-        }
-        s = s > 0 ? s : 0;
-        worst =
-            std::max(worst, std::abs(c[static_cast<size_t>(i * n + j)] - s) / (1 + std::abs(s)));
-      }
-    }
+    const Case t{m, n, k, false, false, false, false, false, true, true, 1.0f};
+    const auto want = reference(t, MatrixView::row_major(a.data(), m, k, k),
+                                MatrixView::row_major(b.data(), k, n, n), c, {}, bias);
     INFO("m " << m << " n " << n << " k " << k);
-    CHECK(worst <= 2e-6 * std::sqrt(static_cast<double>(k) + 1) + 1e-6);
+    CHECK(worst_relative(c, want) <= 2e-6 * std::sqrt(static_cast<double>(k) + 1) + 1e-6);
     // A view of the rows from the second tile on gives exactly those rows of C.
     const int64_t r0 = isa_kernels.gemm.mr;
     if (m > r0) {
@@ -377,21 +375,12 @@ KILN_ISA_TEST_CASE("sgemm with A delivered in panels and a packed B matches the 
     o.activation = math::Activation::Relu;
     math::sgemm(m, packer, pb, c.data(), n, o);
     CHECK(panels >= (m + isa_kernels.gemm.mr - 1) / isa_kernels.gemm.mr);
-    double worst = 0;
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        double s = bias[static_cast<size_t>(j)];
-        for (int64_t p = 0; p < k; ++p) {
-          s += static_cast<double>(a[static_cast<size_t>((m - 1 - i) * k + p)]) *
-               b[static_cast<size_t>(p * n + j)];
-        }
-        s = s > 0 ? s : 0;
-        worst =
-            std::max(worst, std::abs(c[static_cast<size_t>(i * n + j)] - s) / (1 + std::abs(s)));
-      }
-    }
+    // A's rows in reverse: a view starting at the last row, stepping back.
+    const MatrixView reversed{a.data() + (m - 1) * k, m, k, -k, 1};
+    const Case t{m, n, k, false, false, false, false, true, false, true, 1.0f};
+    const auto want = reference(t, reversed, MatrixView::row_major(b.data(), k, n, n), c, bias, {});
     INFO("m " << m << " n " << n << " k " << k);
-    CHECK(worst <= 2e-6 * std::sqrt(static_cast<double>(k) + 1) + 1e-6);
+    CHECK(worst_relative(c, want) <= 2e-6 * std::sqrt(static_cast<double>(k) + 1) + 1e-6);
   }
   std::vector<float> a(4), b(4), c(4);
   const math::PackedB pb(MatrixView::row_major(b.data(), 2, 2, 2), &isa_kernels);

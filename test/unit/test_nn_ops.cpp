@@ -338,6 +338,44 @@ Tensor naive_conv(const Tensor& x, const Tensor& w, const Tensor* bias, const Co
   return float_tensor(out, y);
 }
 
+// A random convolution of rank 1 to 3: `group` groups of cg input and mg output channels,
+// per axis a kernel of 1 to kmax(last axis) taps, stride 1 to smax, dilation 1 or 2, pads of
+// 0 to pmax, and out(last axis) output positions (the input sized to give them, plus up to
+// stride - 1 columns when `slack`); random input, filter and bias of those shapes.
+struct RandomConv {
+  Shape xs, ws;
+  ConvSpec s;
+  Tensor x, w, b;
+};
+
+template <typename Kmax, typename Out>
+RandomConv random_conv(std::mt19937& rng, int64_t group, int64_t cg, int64_t mg, Kmax kmax,
+                       int64_t smax, int64_t pmax, bool slack, Out out) {
+  RandomConv c;
+  const size_t r = static_cast<size_t>(rand_int(rng, 1, 3));
+  c.s.group = group;
+  c.xs = {rand_int(rng, 1, 2), cg * group};
+  c.ws = {mg * group, cg};
+  c.s.pads.assign(2 * r, 0);
+  for (size_t d = 0; d < r; ++d) {
+    const bool last = d + 1 == r;
+    const int64_t k = rand_int(rng, 1, kmax(last));
+    c.s.strides.push_back(rand_int(rng, 1, smax));
+    c.s.dilations.push_back(rand_int(rng, 1, 2));
+    c.s.pads[d] = rand_int(rng, 0, pmax);
+    c.s.pads[d + r] = rand_int(rng, 0, pmax);
+    const int64_t ek = (k - 1) * c.s.dilations[d] + 1, st = c.s.strides[d];
+    c.ws.push_back(k);
+    c.xs.push_back(std::max<int64_t>((out(r, last) - 1) * st + ek - c.s.pads[d] - c.s.pads[d + r] +
+                                         (slack ? rand_int(rng, 0, st - 1) : 0),
+                                     1));
+  }
+  c.x = random_tensor(DataType::Float, c.xs, rng);
+  c.w = random_tensor(DataType::Float, c.ws, rng);
+  c.b = random_tensor(DataType::Float, {c.ws[0]}, rng);
+  return c;
+}
+
 Tensor run_conv(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& s) {
   OpTest t("Conv", 11);
   t.input(x).input(w);
@@ -421,30 +459,14 @@ TEST_CASE("Conv over output rows wide enough for the wide path matches a naive l
   // stride phases): random strides 1 to 3, dilations, uneven pads, 1-D to 3-D, groups.
   std::mt19937 rng(33);
   for (int iter = 0; iter < 40; ++iter) {
-    const size_t r = static_cast<size_t>(rand_int(rng, 1, 3));
-    ConvSpec s;
-    s.group = rand_int(rng, 1, 2);
-    const int64_t cg = rand_int(rng, 2, 5), mg = rand_int(rng, 3, 14);
-    Shape xs{rand_int(rng, 1, 2), cg * s.group}, ws{mg * s.group, cg};
-    s.pads.assign(2 * r, 0);
-    for (size_t d = 0; d < r; ++d) {
-      const bool last = d + 1 == r;
-      const int64_t k = rand_int(rng, 1, last ? 7 : 3);
-      s.strides.push_back(rand_int(rng, 1, 3));
-      s.dilations.push_back(rand_int(rng, 1, 2));
-      s.pads[d] = rand_int(rng, 0, 3);
-      s.pads[d + r] = rand_int(rng, 0, 3);
-      const int64_t ek = (k - 1) * s.dilations[d] + 1;
-      ws.push_back(k);
-      // The last axis: at least 12 outputs; the others small.
-      const int64_t out = last ? rand_int(rng, 12, 40) : rand_int(rng, 1, 5);
-      xs.push_back(std::max<int64_t>((out - 1) * s.strides[d] + ek - s.pads[d] - s.pads[d + r] +
-                                         rand_int(rng, 0, s.strides[d] - 1),
-                                     1));
-    }
-    Tensor x = random_tensor(DataType::Float, xs, rng);
-    Tensor w = random_tensor(DataType::Float, ws, rng);
-    Tensor b = random_tensor(DataType::Float, {ws[0]}, rng);
+    const int64_t group = rand_int(rng, 1, 2), cg = rand_int(rng, 2, 5), mg = rand_int(rng, 3, 14);
+    // The last axis: at least 12 outputs; the others small.
+    const RandomConv rc = random_conv(
+        rng, group, cg, mg, [](bool last) { return last ? 7 : 3; }, 3, 3, true,
+        [&](size_t, bool last) { return last ? rand_int(rng, 12, 40) : rand_int(rng, 1, 5); });
+    const Shape &xs = rc.xs, &ws = rc.ws;
+    const ConvSpec& s = rc.s;
+    const Tensor &x = rc.x, &w = rc.w, &b = rc.b;
     INFO("x " << shape_to_string(xs) << " w " << shape_to_string(ws) << " group " << s.group);
     require_close(run_conv(x, w, &b, s), naive_conv(x, w, &b, s), 1e-4, 1e-4);
   }
@@ -458,26 +480,15 @@ TEST_CASE("Conv over small maps (positions as the product's rows) matches a naiv
   // form at load. Random strides, dilations, uneven pads, groups, 1-D to 3-D, batches.
   std::mt19937 rng(34);
   for (int iter = 0; iter < 60; ++iter) {
-    const size_t r = static_cast<size_t>(rand_int(rng, 1, 3));
-    ConvSpec s;
-    s.group = rand_int(rng, 1, 2);
-    const int64_t cg = rand_int(rng, 2, 40), mg = rand_int(rng, 3, 70);
-    Shape xs{rand_int(rng, 1, 2), cg * s.group}, ws{mg * s.group, cg};
-    s.pads.assign(2 * r, 0);
-    for (size_t d = 0; d < r; ++d) {
-      const int64_t k = rand_int(rng, 1, 3);
-      s.strides.push_back(rand_int(rng, 1, 2));
-      s.dilations.push_back(rand_int(rng, 1, 2));
-      s.pads[d] = rand_int(rng, 0, 2);
-      s.pads[d + r] = rand_int(rng, 0, 2);
-      const int64_t ek = (k - 1) * s.dilations[d] + 1;
-      ws.push_back(k);
-      const int64_t out = rand_int(rng, 1, r == 1 ? 90 : r == 2 ? 10 : 4);
-      xs.push_back(std::max<int64_t>((out - 1) * s.strides[d] + ek - s.pads[d] - s.pads[d + r], 1));
-    }
-    Tensor x = random_tensor(DataType::Float, xs, rng);
-    Tensor w = random_tensor(DataType::Float, ws, rng);
-    Tensor b = random_tensor(DataType::Float, {ws[0]}, rng);
+    const int64_t group = rand_int(rng, 1, 2), cg = rand_int(rng, 2, 40), mg = rand_int(rng, 3, 70);
+    const RandomConv rc = random_conv(
+        rng, group, cg, mg, [](bool) { return 3; }, 2, 2, false,
+        [&](size_t r, bool) {
+          return rand_int(rng, 1, r == 1 ? 90 : r == 2 ? 10 : 4);
+        });
+    const Shape &xs = rc.xs, &ws = rc.ws;
+    const ConvSpec& s = rc.s;
+    const Tensor &x = rc.x, &w = rc.w, &b = rc.b;
     INFO("x " << shape_to_string(xs) << " w " << shape_to_string(ws) << " group " << s.group);
     const Tensor* bias = iter % 2 ? &b : nullptr;
     const Tensor expected = naive_conv(x, w, bias, s);
