@@ -13,7 +13,9 @@ machine is shared: the minimum is the run least disturbed).
 A convolution's class is its kernel, stride, group, input and output channels and input map
 size, read from the shapes both profilers record (onnxruntime's NCHWc nodes keep the logical
 NCHW shapes; the fused activation and residual add are part of the node in both engines). The
-table lists the classes by kiln's time minus onnxruntime's time, the time there is to win.
+table lists the classes by kiln's time minus onnxruntime's time, the time there is to win,
+and for convolutions each engine's GFLOP/s (the class's flops, 2 x multiply-adds from kiln's
+recorded shapes, over its time; `kiln-bench gemm` prints the machine's FMA peak).
 """
 import argparse
 import json
@@ -50,13 +52,30 @@ def conv_class(inputs, outputs):
     return f"k{w[2]}x{w[3]} s{stride} g{group} {x[1]}->{y[1]} {x[2]}x{x[3]}"
 
 
+# onnxruntime's fused forms of ops kiln names plainly (its Gemm + activation).
+SAME_OP = {"FusedGemm": "Gemm"}
+
+
 def node_key(op, inputs, outputs):
     if op in CONV_OPS and len(inputs) >= 2:
         return "Conv " + conv_class(inputs, outputs)
-    return op
+    return SAME_OP.get(op, op)
 
 
-def kiln_round(onnx_run, model, input_name, input_path, threads, trace):
+def conv_flops(inputs, outputs):
+    """2 x the multiply-adds of a convolution node: output elements x filter elements per
+    output channel (W's dims past the first)."""
+    if len(inputs) < 2 or not outputs:
+        return 0
+    n = 2
+    for d in outputs[0]:
+        n *= d
+    for d in inputs[1][1:]:
+        n *= d
+    return n
+
+
+def kiln_round(onnx_run, model, input_name, input_path, threads, trace, flops=None):
     subprocess.run([onnx_run, model, "--input", f"{input_name}={input_path}", "--threads",
                     str(threads), "--warmup", "2", "--repeat", "1", "--profile", trace],
                    check=True, stdout=subprocess.DEVNULL)
@@ -67,9 +86,11 @@ def kiln_round(onnx_run, model, input_name, input_path, threads, trace):
         if e.get("cat") != "Node" or e["args"].get("depth", 0) != 0:
             continue
         a = e["args"]
-        key = node_key(a["op_name"], shape_list(a["input_type_shape"]),
-                       shape_list(a["output_type_shape"]))
+        ins, outs = shape_list(a["input_type_shape"]), shape_list(a["output_type_shape"])
+        key = node_key(a["op_name"], ins, outs)
         times[(e["name"], key)] += e["dur"]
+        if flops is not None and a["op_name"] in CONV_OPS:
+            flops[(e["name"], key)] = conv_flops(ins, outs)
     return times
 
 
@@ -142,11 +163,11 @@ def main():
         np.save(input_path, x)
         sess, ort_once = ort_rounds(args.model, {inp.name: x}, args.threads, args.runs,
                                     os.path.join(tmp, "ort"))
-        kiln_runs = []
+        kiln_runs, flops = [], {}
         for i in range(args.runs):
             if i % 2 == 0:
                 kiln_runs.append(kiln_round(args.onnx_run, args.model, inp.name, input_path,
-                                            args.threads, os.path.join(tmp, "kiln.json")))
+                                            args.threads, os.path.join(tmp, "kiln.json"), flops))
                 ort_once()
             else:
                 ort_once()
@@ -160,15 +181,24 @@ def main():
     print(f"{os.path.basename(args.model)}: node time kiln {k_total / 1000:.2f} ms, "
           f"onnxruntime {o_total / 1000:.2f} ms ({k_total / o_total:.2f}), {args.threads} "
           f"thread(s), minima of {args.runs} runs, load average {os.getloadavg()[0]:.1f}")
+    class_flops = defaultdict(int)
+    for (_, key), f in flops.items():
+        class_flops[key] += f
     rows = []
     for key in set(kc) | set(oc):
         k, o = kc.get(key, [0.0, 0]), oc.get(key, [0.0, 0])
         rows.append((k[0] - o[0], key, k[0], o[0], max(k[1], o[1])))
     rows.sort(reverse=True)
-    print(f"{'class':48} {'nodes':>5} {'kiln ms':>8} {'ort ms':>8} {'ratio':>6} {'excess':>7}")
+    # GFLOP/s: the class's convolution flops (from kiln's shapes) over each engine's time.
+    print(f"{'class':48} {'nodes':>5} {'kiln ms':>8} {'ort ms':>8} {'ratio':>6} {'excess':>7} "
+          f"{'kiln GF/s':>9} {'ort GF/s':>9}")
     for diff, key, k, o, n in rows[:args.top]:
         ratio = f"{k / o:.2f}" if o > 0 else "-"
-        print(f"{key:48} {n:5d} {k / 1000:8.3f} {o / 1000:8.3f} {ratio:>6} {diff / 1000:7.3f}")
+        f = class_flops.get(key, 0)
+        kg = f"{f / k / 1e3:.0f}" if f and k > 0 else "-"
+        og = f"{f / o / 1e3:.0f}" if f and o > 0 else "-"
+        print(f"{key:48} {n:5d} {k / 1000:8.3f} {o / 1000:8.3f} {ratio:>6} {diff / 1000:7.3f} "
+              f"{kg:>9} {og:>9}")
 
 
 if __name__ == "__main__":
