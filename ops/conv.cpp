@@ -376,13 +376,24 @@ int64_t wide_band(const Sizes& s, const Geometry& g) {
 // streamed once for all the positions. The other way round (the filter as A) the few
 // positions make narrow B panels: `kiln-bench gemm 512 49 4608` runs at 0.51 of the FMA
 // peak where `gemm 49 512 4608` reaches 0.84, and light resnet50's 512-channel 3x3 layer on
-// its 7x7 map (a one-node model, 1 thread) took 1.33 ms that way and 1.07 ms this way. On
-// 13x13 and 14x14 maps the other way was as fast or faster (writing Y^T back transposed
-// costs what the narrower panels lose there).
+// its 7x7 map (a one-node model, 1 thread) took 1.33 ms that way and 1.07 ms this way.
 constexpr int64_t kMaxTransposedPositions = 100;
+// Convolutions with a window (not 1x1 stride 1) up to this many positions too: a 13x13 map's
+// wide rows fill 169 of 224 columns (3x3 64 -> 256, 48 -> 192 and 96 -> 208 took 3-6% less
+// time this way), a 14x14 map's 196 of 224 (as fast or faster the other way, as were 1x1
+// layers on both: writing Y^T back costs what the narrower panels lose there).
+constexpr int64_t kMaxTransposedWindowed = 180;
+
+// 1x1, stride 1 and no padding at either end: the patch matrix is the input itself.
+bool is_pointwise(const Geometry& g) {
+  return g.k_size() == 1 && g.stride == std::array<int64_t, 3>{1, 1, 1} &&
+         g.pad == std::array<int64_t, 3>{0, 0, 0} && g.out == g.in;
+}
 
 bool use_transposed(const Sizes& s, const Geometry& g) {
-  return !use_direct(s, g) && g.out_size() > 0 && g.out_size() <= kMaxTransposedPositions;
+  const int64_t positions = g.out_size();
+  const int64_t limit = is_pointwise(g) ? kMaxTransposedPositions : kMaxTransposedWindowed;
+  return !use_direct(s, g) && positions > 0 && positions <= limit;
 }
 
 // Where the transposed product gathers its patches from: the group's input channels
@@ -484,6 +495,8 @@ void transposed_convolve(const float* x, const float* packed, const float* bias,
       pad_patch_source(base, s.cg, g, src, source);
       base = source;
     }
+    // Plain loops, not std::copy / std::fill: a dozen floats per call are cheaper copied in
+    // place than through memmove.
     const math::APacker pack_a = [&](int64_t i0, int rows, int mr, int64_t p0, int64_t kc,
                                      float* out) {
       const int64_t* pi = pos + i0;
@@ -492,15 +505,22 @@ void transposed_convolve(const float* x, const float* packed, const float* bias,
       for (int64_t q = 0; q < kc; ++q, out += mr) {
         const float* b = base + row[p0 + q];
         if (run) {
-          std::copy(b + first, b + first + rows, out);
+          for (int r = 0; r < rows; ++r) out[r] = b[first + r];
         } else {
           for (int r = 0; r < rows; ++r) out[r] = b[pi[r]];
         }
-        std::fill(out + rows, out + mr, 0.0f);
+        for (int r = rows; r < mr; ++r) out[r] = 0.0f;
       }
     };
     o.bias = bias ? bias + grp * s.mg : nullptr;
-    math::sgemm(op, pack_a, math::PackedB(packed + grp * per, kk, s.mg, t.nr), product, s.mg, o);
+    const math::PackedB wt(packed + grp * per, kk, s.mg, t.nr);
+    if (is_pointwise(g)) {
+      // The patches are the input's columns: A is the input read transposed, packed by the
+      // level's own (vector) packing.
+      math::sgemm(math::MatrixView::col_major(base, op, kk, ip), wt, product, s.mg, o);
+    } else {
+      math::sgemm(op, pack_a, wt, product, s.mg, o);
+    }
     // Y^T into y in blocks of 16 positions by 16 channels, each block copied into `tile`
     // first (Y^T's rows are mg floats apart: read in place, a column of a block would touch
     // 16 lines of one cache set).
@@ -529,11 +549,6 @@ void transposed_convolve(const float* x, const float* packed, const float* bias,
       }
     });
   }
-}
-
-bool is_pointwise(const Geometry& g) {
-  return g.k_size() == 1 && g.stride == std::array<int64_t, 3>{1, 1, 1} &&
-         g.pad == std::array<int64_t, 3>{0, 0, 0};
 }
 
 // Floats of the wide path's buffers (one group's padded input channels, then the product

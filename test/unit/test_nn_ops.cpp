@@ -444,6 +444,9 @@ TEST_CASE("Conv blocks and parallelises large problems correctly", "[nn]") {
       {{1, 3, 45, 45}, {16, 3, 7, 7}, {{2, 2}, {1, 1}, {3, 3, 3, 3}, 1}},
       {{1, 16, 30, 30}, {24, 16, 1, 1}, {{2, 2}, {1, 1}, {0, 0, 0, 0}, 1}},
       {{1, 16, 29, 28}, {32, 16, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 1}},
+      // 1x1 with padding at the end only: more outputs than inputs (not the input itself).
+      {{1, 8, 9, 40}, {12, 8, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 1, 2}, 1}},
+      {{2, 6, 300}, {10, 6, 1}, {{1}, {1}, {0, 3}, 1}},
   };
   for (const Case& c : cases) {
     Tensor x = random_tensor(DataType::Float, c.x, rng);
@@ -473,7 +476,8 @@ TEST_CASE("Conv over output rows wide enough for the wide path matches a naive l
 }
 
 TEST_CASE("Conv over small maps (positions as the product's rows) matches a naive loop", "[nn]") {
-  // At most 100 output positions: the patches gathered into the GEMM's A panels, the filter's
+  // At most 180 output positions (100 for 1x1 stride 1): the patches gathered into the
+  // GEMM's A panels (1x1: the input read transposed), the filter's
   // transpose as B, Y^T written back transposed. The filter as a run-time input (packed into
   // the workspace), as a constant whose shape was not known at load (its other form packed
   // on the first run), and through a graph whose declared input shape chose the transposed
@@ -484,7 +488,7 @@ TEST_CASE("Conv over small maps (positions as the product's rows) matches a naiv
     const RandomConv rc = random_conv(
         rng, group, cg, mg, [](bool) { return 3; }, 2, 2, false,
         [&](size_t r, bool) {
-          return rand_int(rng, 1, r == 1 ? 90 : r == 2 ? 10 : 4);
+          return rand_int(rng, 1, r == 1 ? 170 : r == 2 ? 13 : 5);
         });
     const Shape &xs = rc.xs, &ws = rc.ws;
     const ConvSpec& s = rc.s;
