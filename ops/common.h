@@ -129,6 +129,10 @@ void parallel_for(int64_t n, int64_t grain, F&& body) {
   tsan::acquire(&body);
 }
 
+// y[p] = the mean of x's plane p (`size` floats each, size > 0), for p < planes: each plane's
+// vector sum, planes in parallel (GlobalAveragePool, and AveragePool over a whole plane).
+void plane_means(const float* x, int64_t planes, int64_t size, float* y);
+
 // A grain that gives each task roughly `work_per_task` units when each item costs `cost`.
 inline int64_t grain_for(int64_t cost_per_item, int64_t work_per_task = 32768) {
   int64_t g = work_per_task / (cost_per_item > 0 ? cost_per_item : 1);

@@ -40,13 +40,10 @@ class GlobalPool final : public Kernel {
       T* out = ctx.output(0, x.dtype(), shape).template data<T>();
       const C p = static_cast<C>(p_);
       if constexpr (std::is_same_v<T, float> && kKind == GlobalKind::Average) {
-        // Float averages: the vector sum (several partial sums) of each plane.
-        const math::VecMathKernels& vec = math::kernels().vec;
-        const float scale = size > 0 ? 1.0f / static_cast<float>(size) : 0.0f;
-        parallel_for(planes, grain_for(size), [&](int64_t lo, int64_t hi) {
-          for (int64_t pl = lo; pl < hi; ++pl) out[pl] = vec.sum(in + pl * size, size) * scale;
-        });
-        return;
+        if (size > 0) {
+          plane_means(in, planes, size, out);
+          return;
+        }
       }
       parallel_for(planes, grain_for(size), [&](int64_t lo, int64_t hi) {
         for (int64_t pl = lo; pl < hi; ++pl) {
@@ -80,6 +77,14 @@ void global_pool_shape(ShapeContext& c) {
 }
 
 }  // namespace
+
+void plane_means(const float* x, int64_t planes, int64_t size, float* y) {
+  const math::VecMathKernels& vec = math::kernels().vec;
+  const float scale = 1.0f / static_cast<float>(size);
+  parallel_for(planes, grain_for(size), [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) y[p] = vec.sum(x + p * size, size) * scale;
+  });
+}
 
 #define KILN_GLOBAL_POOL(name, kind)                             \
   KILN_REGISTER_OP({.op = name,                                  \

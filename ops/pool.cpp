@@ -242,9 +242,21 @@ math::ConvGeometry pool_conv_geometry(const Geometry& g) {
   return cg;
 }
 
-// Floats of the small-plane path's workspace (pool_planes_float), 0 where it does not apply.
-int64_t pool_wide_floats(const Geometry& g, int64_t planes) {
+// A window over the whole unpadded plane (AveragePool of a 7x7 map with a 7x7 kernel, as
+// classifiers end): averaged as each plane's vector sum (plane_means).
+bool whole_plane(const Geometry& g) {
+  bool whole = g.out_size() == 1;
+  for (size_t i = 0; i < 3; ++i) {
+    whole = whole && g.taps[i].start[0] == 0 && g.k[i] == g.in[i] && g.dil[i] == 1;
+  }
+  return whole;
+}
+
+// Floats of the small-plane path's workspace (pool_planes_float) for max (`max`) or average
+// pooling, 0 where it does not apply.
+int64_t pool_wide_floats(const Geometry& g, int64_t planes, bool max) {
   if (g.out_size() == 0) return 0;  // no window starts (pool_conv_geometry reads the first)
+  if (!max && whole_plane(g)) return 0;
   const math::ConvGeometry cg = pool_conv_geometry(g);
   return use_wide_planes(cg, planes) ? wide_planes_floats(WideExtent(cg), planes) : 0;
 }
@@ -277,18 +289,8 @@ void pool_planes_float(const float* x, float* y, int64_t planes, const Geometry&
       outer.push_back(inv[0][static_cast<size_t>(od)] * inv[1][static_cast<size_t>(oh)]);
     }
   }
-  // A window over the whole unpadded plane (AveragePool of a 7x7 map with a 7x7 kernel, as
-  // classifiers end): each plane's vector sum.
-  bool whole = !max && op == 1;
-  for (size_t i = 0; i < 3; ++i) {
-    whole = whole && g.taps[i].start[0] == 0 && g.k[i] == g.in[i] && g.dil[i] == 1;
-  }
-  if (whole) {
-    const math::VecMathKernels& vec = math::kernels().vec;
-    const float scale = 1.0f / static_cast<float>(ip);
-    parallel_for(planes, grain_for(ip), [&](int64_t lo, int64_t hi) {
-      for (int64_t p = lo; p < hi; ++p) y[p] = vec.sum(x + p * ip, ip) * scale;
-    });
+  if (!max && whole_plane(g)) {
+    plane_means(x, planes, ip, y);
     return;
   }
   if (space && use_wide_planes(cg, planes)) {
@@ -459,7 +461,7 @@ class Pool final : public Kernel {
           max_pool_with_indices<T>(x.data<const T>(), y.data<T>(), ind->data<int64_t>(), col_major_,
                                    planes, g);
         } else if constexpr (std::is_same_v<T, float>) {
-          const Tensor space = workspace(ctx, g, planes);
+          const Tensor space = workspace(ctx, g, planes, true);
           pool_planes_float(x.data<const float>(), y.data<float>(), planes, g, true, false,
                             space.defined() ? space.data<float>() : nullptr);
         } else {
@@ -472,7 +474,7 @@ class Pool final : public Kernel {
         Tensor& y = ctx.output(0, x.dtype(), shape);
         if (planes == 0) return;
         if constexpr (kKind == PoolKind::Average && std::is_same_v<T, float>) {
-          const Tensor space = workspace(ctx, g, planes);
+          const Tensor space = workspace(ctx, g, planes, false);
           pool_planes_float(x.data<const float>(), y.data<float>(), planes, g, false, count_pad_,
                             space.defined() ? space.data<float>() : nullptr);
         } else if constexpr (kKind == PoolKind::Average) {
@@ -486,8 +488,8 @@ class Pool final : public Kernel {
 
  private:
   // The float path's workspace (pool_workspace), or none.
-  static Tensor workspace(OpContext& ctx, const Geometry& g, int64_t planes) {
-    const int64_t floats = pool_wide_floats(g, planes);
+  static Tensor workspace(OpContext& ctx, const Geometry& g, int64_t planes, bool max) {
+    const int64_t floats = pool_wide_floats(g, planes, max);
     return floats > 0 ? ctx.workspace(DataType::Float, floats) : Tensor();
   }
 
@@ -517,7 +519,8 @@ uint64_t pool_workspace(const ShapeContext& c) {
   if (a.kernel_shape.size() != x.size() - 2) return 0;
   const std::vector<WindowAxis> axes = forward_windows(spatial_dims(x), a.kernel_shape, a);
   const int64_t planes = x[0] * x[1];
-  return static_cast<uint64_t>(pool_wide_floats(pool_geometry(axes), planes)) * sizeof(float);
+  const bool max = c.node().op_type == "MaxPool";
+  return static_cast<uint64_t>(pool_wide_floats(pool_geometry(axes), planes, max)) * sizeof(float);
 }
 
 }  // namespace
