@@ -51,6 +51,31 @@ void check_arity(const ir::Node& node, const ops::OpRegistration& reg) {
 
 }  // namespace
 
+void check_arities(const ir::Graph& g) {
+  for (const ir::Node& node : g.nodes) {
+    if (const ops::OpRegistration* reg = ops::find_op(node.domain, node.op_type, node.opset)) {
+      check_arity(node, *reg);
+    } else {
+      bool any = false;
+      ops::OpRegistration loose{};
+      for (const auto& r : ops::all_ops()) {
+        if (r.op != node.op_type || r.domain != node.domain) continue;
+        if (!any) {
+          loose = r;
+          any = true;
+          continue;
+        }
+        loose.min_inputs = std::min(loose.min_inputs, r.min_inputs);
+        loose.max_inputs = std::max(loose.max_inputs, r.max_inputs);
+        loose.min_outputs = std::min(loose.min_outputs, r.min_outputs);
+        loose.max_outputs = std::max(loose.max_outputs, r.max_outputs);
+      }
+      if (any) check_arity(node, loose);
+    }
+    for (const ir::Attribute* a : node.graph_attributes()) check_arities(*a->g);
+  }
+}
+
 std::vector<int32_t> execution_order(const ir::Graph& g) {
   const size_t n = g.nodes.size();
   std::vector<std::vector<int32_t>> consumers(n);

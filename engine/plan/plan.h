@@ -44,6 +44,13 @@ struct GraphPlan {
 std::unique_ptr<GraphPlan> build_plan(const ir::Graph& graph,
                                       ops::WeightPreparer* preparer = nullptr);
 
+// Checks every node's input and output counts (nested graphs too) against its op's
+// registration, so that the load-time passes may read the inputs and outputs an op always
+// has. A node whose op kiln does not implement at its opset is checked against the loosest
+// bounds of the op's other registrations, if any (build_plan reports it as unsupported).
+// Throws kiln::Error (InvalidModel) naming the node.
+void check_arities(const ir::Graph& graph);
+
 // The execution order alone: a topological order in which, among the nodes ready to run,
 // those that never write into their inputs go first. A value read by both Shape and an
 // in-place Concat thus reaches Concat with one use left, whatever the order in the file.

@@ -276,6 +276,7 @@ struct Session::Impl {
     if (!cache) begin(options);
     try {
       load_stats.nodes_loaded = count_nodes(*model.graph);
+      plan::check_arities(*model.graph);
       passes::fold_constant_nodes(*model.graph);
       if (options.optimization != GraphOptimization::None) {
         const uint64_t fold_limit = options.memory_limit > 0

@@ -1005,3 +1005,44 @@ TEST_CASE("SiLU and QuickGELU become one Swish, and join a product's epilogue",
     CHECK(s.load_stats().fusions == 0);
   }
 }
+
+TEST_CASE("a node with too few inputs or outputs is refused before the passes read it",
+          "[passes][fusion]") {
+  // An Erf without its input (a model the fuzzer made): the GELU pattern reads Erf's input,
+  // so the counts are checked before the passes run, at every level, nested graphs too.
+  auto check_refused = [](std::shared_ptr<ir::Graph> g, const std::string& node) {
+    for (GraphOptimization level : {GraphOptimization::None, GraphOptimization::All}) {
+      try {
+        session(g, level);
+        FAIL("loaded");
+      } catch (const Error& e) {
+        CHECK(e.kind() == ErrorKind::InvalidModel);
+        CHECK_THAT(e.what(), Catch::Contains(node));
+        CHECK_THAT(e.what(), Catch::Contains("has 0 inputs; expected 1"));
+      }
+    }
+  };
+  {
+    GraphBuilder b;
+    b.input("x", DataType::Float, {4}, true);
+    b.node("Erf", {}, {"e"});
+    b.node("Add", {"x", "e"}, {"y"});
+    b.output("y");
+    check_refused(b.build(), "Erf_0");
+  }
+  {
+    GraphBuilder then_b("then");
+    then_b.node("Erf", {}, {"r"});
+    then_b.output("r");
+    GraphBuilder else_b("else");
+    else_b.node("Neg", {"x"}, {"r2"});
+    else_b.output("r2");
+    GraphBuilder m;
+    m.input("x", DataType::Float, {4}, true);
+    m.input("cond", DataType::Bool, {1}, true);
+    m.node("If", {"cond"}, {"y"},
+           {graph_attr("then_branch", then_b.build()), graph_attr("else_branch", else_b.build())});
+    m.output("y");
+    check_refused(m.build(), "Erf_0");
+  }
+}
