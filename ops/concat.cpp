@@ -47,9 +47,10 @@ class Concat final : public Kernel {
     size_t axis = 0;
     const Shape shape = output_shape(ctx, &axis);
     if (append_in_place(ctx, shape, axis)) return;
+    // The output may be a group's buffer (plan::ConcatGroup) whose producers wrote some inputs
+    // in place already: only the others are copied.
     Tensor& out = ctx.output(0, ctx.input(0).dtype(), shape);
-    copy_inputs(ctx, out, axis, 0);
-    ctx.count_copy(out.nbytes(), CopyCause::Concat);
+    ctx.count_copy(copy_inputs(ctx, out, axis, 0), CopyCause::Concat);
   }
 
  private:
@@ -95,10 +96,7 @@ class Concat final : public Kernel {
     } else {
       return false;
     }
-    copy_inputs(ctx, grown, axis, 1);
-    uint64_t appended = 0;
-    for (size_t i = 1; i < ctx.num_inputs(); ++i) appended += ctx.input(i).nbytes();
-    ctx.count_copy(appended, CopyCause::Concat);
+    ctx.count_copy(copy_inputs(ctx, grown, axis, 1), CopyCause::Concat);
     ctx.count_in_place();
     ctx.set_output(0, grown);
     return true;
@@ -148,19 +146,34 @@ class Concat final : public Kernel {
     return std::max(len, std::min(capacity, fit));
   }
 
-  // Copies inputs [first, n) into their windows along the axis; input i's window starts
-  // after the dims of inputs 0..i-1.
-  static void copy_inputs(const OpContext& ctx, const Tensor& out, size_t axis, size_t first) {
+  // Whether two tensors of one shape lay their elements out alike (a unit dimension's stride
+  // is any).
+  static bool same_layout(const Tensor& a, const Tensor& b) {
+    for (size_t d = 0; d < a.shape().size(); ++d) {
+      if (a.dim(d) != 1 && a.strides()[d] != b.strides()[d]) return false;
+    }
+    return true;
+  }
+
+  // Copies inputs [first, n) into their windows along the axis (input i's window starts
+  // after the dims of inputs 0..i-1), but for those already there; returns the bytes copied.
+  static uint64_t copy_inputs(const OpContext& ctx, const Tensor& out, size_t axis, size_t first) {
     const auto es = static_cast<size_t>(bits_per_element(out.dtype()) / 8);
     int64_t offset = 0;
+    uint64_t copied = 0;
     for (size_t i = 0; i < first; ++i) offset += ctx.input(i).dim(axis);
     for (size_t i = first; i < ctx.num_inputs(); ++i) {
       const Tensor& t = ctx.input(i);
       const size_t byte_offset =
           out.byte_offset() + static_cast<size_t>(offset * out.strides()[axis]) * es;
-      copy_strided(t, out.view(t.shape(), out.strides(), byte_offset));
+      const Tensor window = out.view(t.shape(), out.strides(), byte_offset);
       offset += t.dim(axis);
+      if (t.storage() == out.storage() && t.byte_offset() == byte_offset && same_layout(t, window))
+        continue;
+      copy_strided(t, window);
+      copied += t.nbytes();
     }
+    return copied;
   }
 
   int64_t axis_;

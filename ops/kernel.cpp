@@ -146,7 +146,7 @@ bool OpContext::has_output(size_t i) const {
 }
 
 Tensor& OpContext::output(size_t i, DataType dtype, const Shape& shape) {
-  outputs_.at(i) = Value(hooks_.allocate(dtype, shape));
+  outputs_.at(i) = Value(hooks_.allocate_output(i, dtype, shape));
   return outputs_[i].tensor();
 }
 

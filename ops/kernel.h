@@ -174,6 +174,11 @@ class ExecutionHooks {
   // A buffer in the run's planned sequence (outputs, and workspace the op's contract
   // declares).
   virtual Tensor allocate(DataType dtype, const Shape& shape) = 0;
+  // Output `o` of the step: a planned buffer, or the window the plan keeps for it in a
+  // Concat's output (plan::OutputSlot) when it has that type and shape.
+  virtual Tensor allocate_output(size_t /*o*/, DataType dtype, const Shape& shape) {
+    return allocate(dtype, shape);
+  }
   // Unplanned scratch: served by the pool beside the arena's plan.
   virtual Tensor allocate_scratch(DataType dtype, const Shape& shape) {
     return allocate(dtype, shape);

@@ -58,6 +58,8 @@ struct Frame {
   std::vector<Handle> slots;          // per value
   std::vector<int32_t> uses;          // reads left, per value
   std::vector<Handle> unread;         // the previous step's outputs that nothing reads
+  std::vector<Handle> groups;         // the Concat groups' buffers while held (root graph)
+  bool groups_apply = false;
 };
 
 // Replays a run as the executor makes it, on references instead of tensors: each storage
@@ -180,6 +182,14 @@ class StepPlacement final : public ops::Placement {
   void allocate(size_t o) override {
     if (!produced(o)) return;
     const InferredValue& v = output(o);
+    // The window of a Concat group kept for it (the executor's allocate_output).
+    for (const plan::OutputSlot& slot : step_.slots) {
+      if (slot.output != static_cast<int32_t>(o)) continue;
+      const Handle group = f_.groups.empty() ? kNone : f_.groups[static_cast<size_t>(slot.group)];
+      if (group == kNone || slot.dtype != v.dtype || slot.shape != v.shape) break;
+      set(o, sim_.hold(sim_.ref(group).store, v, {}, slot.byte_offset == 0));
+      return;
+    }
     const int32_t store = v.dtype == DataType::String
                               ? sim_.unplanned()
                               : sim_.request(storage_bytes(v.dtype, shape_numel(v.shape)));
@@ -325,7 +335,8 @@ std::vector<Handle> Simulation::run(const GraphPlan& plan, std::vector<InferredV
                                     const std::vector<Handle>& captures) {
   const ir::Graph& g = *plan.graph;
   Frame f{
-      plan, std::move(values), std::vector<Handle>(g.values.size(), kNone), plan.use_counts, {}};
+      plan, std::move(values), std::vector<Handle>(g.values.size(), kNone), plan.use_counts, {}, {},
+      false};
   for (size_t i = 0; i < g.inputs.size(); ++i) {
     const ir::ValueId id = g.inputs[i];
     Handle h = i < inputs.size() ? inputs[i] : kNone;
@@ -341,6 +352,13 @@ std::vector<Handle> Simulation::run(const GraphPlan& plan, std::vector<InferredV
     f.slots[idx(id)] = hold(kReadOnly, f.values[idx(id)], {}, true);
   for (size_t k = 0; k < g.captures.size() && k < captures.size(); ++k)
     f.slots[idx(g.captures[k])] = captures[k];
+  // The Concat groups apply when the inputs have the shapes they were formed for.
+  f.groups.assign(plan.concat_groups.size(), kNone);
+  f.groups_apply = !plan.concat_groups.empty();
+  for (size_t i = 0; f.groups_apply && i < g.inputs.size(); ++i) {
+    const Handle h = f.slots[idx(g.inputs[i])];
+    if (h != kNone) f.groups_apply = matches_hint(plan, i, ref(h).facts.dtype, ref(h).facts.shape);
+  }
   for (const Step& step : plan.steps) run_step(f, step);
   std::vector<Handle> results;
   for (ir::ValueId id : g.outputs) {
@@ -372,6 +390,16 @@ void Simulation::run_step(Frame& f, const Step& step) {
   ++now_;
   for (Handle h : f.unread) drop(h);  // cleared when the next step starts
   f.unread.clear();
+  for (int32_t k : step.groups_begin) {
+    if (!f.groups_apply) break;
+    const ConcatGroup& group = f.plan.concat_groups[static_cast<size_t>(k)];
+    InferredValue facts;
+    facts.known = true;
+    facts.dtype = group.dtype;
+    facts.shape = Shape{group.elements};
+    f.groups[static_cast<size_t>(k)] =
+        hold(request(storage_bytes(group.dtype, group.elements)), facts, {}, true);
+  }
   for (ir::ValueId id : node.outputs) {
     if (id != ir::kNoValue && !f.values[idx(id)].known)
       throw Unpredictable{node.label() + ": output '" + g.value(id).name +
@@ -432,6 +460,10 @@ void Simulation::run_step(Frame& f, const Step& step) {
     } else if (outs[o] != kNone) {
       f.unread.push_back(outs[o]);
     }
+  }
+  for (int32_t k : step.groups_end) {
+    drop(f.groups[static_cast<size_t>(k)]);
+    f.groups[static_cast<size_t>(k)] = kNone;
   }
 }
 

@@ -1,5 +1,6 @@
 #include "engine/plan/plan.h"
 
+#include <algorithm>
 #include <queue>
 #include <string>
 
@@ -76,6 +77,14 @@ void check_arities(const ir::Graph& g) {
   }
 }
 
+bool matches_hint(const GraphPlan& plan, size_t i, DataType dtype, const Shape& shape) {
+  const ir::Graph& g = *plan.graph;
+  if (i >= g.inputs.size()) return true;
+  const auto id = static_cast<size_t>(g.inputs[i]);
+  if (id >= plan.shape_hints.size() || !plan.shape_hints[id].known) return true;
+  return plan.shape_hints[id].dtype == dtype && plan.shape_hints[id].shape == shape;
+}
+
 std::vector<int32_t> execution_order(const ir::Graph& g) {
   const size_t n = g.nodes.size();
   std::vector<std::vector<int32_t>> consumers(n);
@@ -141,6 +150,119 @@ std::vector<ops::ValueFacts> load_shape_hints(const ir::Graph& g) {
   return infer_shapes(g, execution_order(g), given).values;
 }
 
+// Concat groups (ConcatGroup) of the root graph, from its shape hints.
+class ConcatGrouping {
+ public:
+  explicit ConcatGrouping(GraphPlan& plan) : plan_(plan), g_(*plan.graph) {
+    const size_t n = g_.values.size();
+    producer_.assign(n, {-1, -1});
+    member_.assign(n, false);
+    for (size_t pos = 0; pos < plan.steps.size(); ++pos) {
+      const ir::Node& node = *plan.steps[pos].node;
+      for (size_t o = 0; o < node.outputs.size(); ++o) {
+        if (node.outputs[o] != ir::kNoValue)
+          producer_[static_cast<size_t>(node.outputs[o])] = {static_cast<int32_t>(pos),
+                                                             static_cast<int32_t>(o)};
+      }
+    }
+    for (ir::ValueId id : g_.outputs) output_.push_back(id);
+  }
+
+  void form() {
+    // Outermost first: a Concat read by a later one joins that one's group.
+    for (size_t pos = plan_.steps.size(); pos-- > 0;) {
+      const Step& step = plan_.steps[pos];
+      const ir::Node& node = *step.node;
+      if (!concat(step) || member_[static_cast<size_t>(node.outputs[0])]) continue;
+      const ops::ValueFacts& y = hint(node.outputs[0]);
+      if (storage_bytes(y.dtype, shape_numel(y.shape)) < kMinBytes) continue;
+      // Input 0 made elsewhere (a cache passed in) may be appended to in place instead.
+      if (!joins(node.inputs[0], y.dtype, 0)) continue;
+      ConcatGroup group;
+      group.first_step = group.last_step = static_cast<int32_t>(pos);
+      group.dtype = y.dtype;
+      group.elements = shape_numel(y.shape);
+      const auto id = static_cast<int32_t>(plan_.concat_groups.size());
+      plan_.concat_groups.push_back(group);
+      member_[static_cast<size_t>(node.outputs[0])] = true;
+      place(static_cast<int32_t>(pos), 0, id, 0);
+      ConcatGroup& made = plan_.concat_groups.back();
+      plan_.steps[static_cast<size_t>(made.first_step)].groups_begin.push_back(id);
+      plan_.steps[pos].groups_end.push_back(id);
+    }
+  }
+
+ private:
+  // Below this the copy costs less than the group's bookkeeping.
+  static constexpr uint64_t kMinBytes = 16384;
+
+  const ops::ValueFacts& hint(ir::ValueId id) const {
+    return plan_.shape_hints[static_cast<size_t>(id)];
+  }
+
+  // A Concat whose inputs are consecutive blocks of its output (every dimension outside the
+  // axis 1) and whose shapes are all known.
+  bool concat(const Step& step) const {
+    const ir::Node& node = *step.node;
+    if (node.op_type != "Concat" || !node.domain.empty() || node.inputs.size() < 2 ||
+        node.outputs.size() != 1 || !step.subgraphs.empty())
+      return false;
+    const ops::ValueFacts& y = hint(node.outputs[0]);
+    if (!y.known || y.shape.empty() || y.dtype == DataType::String || bits_per_element(y.dtype) < 8)
+      return false;
+    const ir::Attribute* a = node.attr("axis");
+    const auto rank = static_cast<int64_t>(y.shape.size());
+    if (!a || a->i < -rank || a->i >= rank) return false;
+    const int64_t axis = a->i < 0 ? a->i + rank : a->i;
+    for (int64_t d = 0; d < axis; ++d)
+      if (y.shape[static_cast<size_t>(d)] != 1) return false;
+    for (ir::ValueId id : node.inputs) {
+      if (id == ir::kNoValue || !hint(id).known || hint(id).dtype != y.dtype) return false;
+    }
+    return true;
+  }
+
+  // Whether value `id` can be written into a group's window at `byte_offset`: made by a step of
+  // this graph (no nested graph), not a graph output, in no other group, and aligned as the
+  // pool aligns buffers.
+  bool joins(ir::ValueId id, DataType dtype, uint64_t byte_offset) const {
+    const auto v = static_cast<size_t>(id);
+    if (id == ir::kNoValue || member_[v] || producer_[v].first < 0 || byte_offset % 64 != 0)
+      return false;
+    if (std::find(output_.begin(), output_.end(), id) != output_.end()) return false;
+    if (!hint(id).known || hint(id).dtype != dtype) return false;
+    return plan_.steps[static_cast<size_t>(producer_[v].first)].subgraphs.empty();
+  }
+
+  // Concat step `pos` writes its output (output 0) into group `id` at `base`: its inputs that
+  // can join take their windows, a Concat among them recursively.
+  void place(int32_t pos, int32_t output, int32_t id, uint64_t base) {
+    Step& step = plan_.steps[static_cast<size_t>(pos)];
+    const ir::ValueId out = step.node->outputs[static_cast<size_t>(output)];
+    step.slots.push_back({output, id, base, hint(out).dtype, hint(out).shape});
+    ConcatGroup& group = plan_.concat_groups[static_cast<size_t>(id)];
+    group.first_step = std::min(group.first_step, pos);
+    if (output != 0 || !concat(step)) return;
+    uint64_t offset = base;
+    for (ir::ValueId in : step.node->inputs) {
+      const ops::ValueFacts& f = hint(in);
+      const uint64_t bytes = storage_bytes(f.dtype, shape_numel(f.shape));
+      if (joins(in, f.dtype, offset)) {
+        member_[static_cast<size_t>(in)] = true;
+        const auto [p, o] = producer_[static_cast<size_t>(in)];
+        place(p, o, id, offset);
+      }
+      offset += bytes;
+    }
+  }
+
+  GraphPlan& plan_;
+  const ir::Graph& g_;
+  std::vector<std::pair<int32_t, int32_t>> producer_;  // per value: step position, output
+  std::vector<bool> member_;
+  std::vector<ir::ValueId> output_;
+};
+
 std::unique_ptr<GraphPlan> build_plan_tree(const ir::Graph& g, ops::WeightPreparer* preparer,
                                            int32_t& next_index) {
   auto plan = std::make_unique<GraphPlan>();
@@ -194,6 +316,7 @@ std::unique_ptr<GraphPlan> build_plan_tree(const ir::Graph& g, ops::WeightPrepar
     }
     plan->steps.push_back(std::move(step));
   }
+  if (plan->index == 0) ConcatGrouping(*plan).form();
   return plan;
 }
 

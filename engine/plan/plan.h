@@ -13,6 +13,29 @@ namespace kiln::plan {
 
 struct GraphPlan;
 
+// A Concat whose inputs are written where the output will hold them (the root graph, batch 1):
+// its output is requested as one buffer when the first of the group's producers starts, each
+// producer's output is a view of its window, and the Concat finds its inputs in place. Nested
+// Concats whose outputs are windows of an outer one join its group (DenseNet's chains), so a
+// block of concatenations copies nothing. Formed from the shapes inferred at load
+// (GraphPlan::shape_hints); a run applies them when its inputs have those shapes.
+struct ConcatGroup {
+  int32_t first_step = 0;  // position in GraphPlan::steps: the buffer is requested as it starts
+  int32_t last_step = 0;   // the outermost Concat's position: the group lets go after it
+  DataType dtype = DataType::Float;
+  int64_t elements = 0;
+};
+
+// Output `output` of a step is the window of group `group` at `byte_offset`, when it is
+// allocated (OpContext::output) with `dtype` and `shape`.
+struct OutputSlot {
+  int32_t output = 0;
+  int32_t group = 0;
+  uint64_t byte_offset = 0;
+  DataType dtype = DataType::Float;
+  Shape shape;
+};
+
 struct Step {
   int32_t node_index = -1;
   const ir::Node* node = nullptr;
@@ -22,6 +45,10 @@ struct Step {
   std::vector<std::unique_ptr<GraphPlan>> subgraphs;
   // Per subgraph: for each of its captures, the position in node->implicit_inputs.
   std::vector<std::vector<int32_t>> capture_slots;
+  // Concat groups (ConcatGroup): this step's outputs that are windows of a group, the groups
+  // whose buffer is requested as it starts, and those let go when it ends.
+  std::vector<OutputSlot> slots;
+  std::vector<int32_t> groups_begin, groups_end;
 };
 
 struct GraphPlan {
@@ -36,7 +63,13 @@ struct GraphPlan {
   // The root graph's values as inferred at load from its declared inputs, a symbolic leading
   // dimension taken as 1 (NodeInfo::input_shape_hint); empty for nested graphs.
   std::vector<ops::ValueFacts> shape_hints;
+  // The root graph's Concat groups (empty for nested graphs).
+  std::vector<ConcatGroup> concat_groups;
 };
+
+// Whether a run whose graph input `i` has `dtype` and `shape` keeps to the shapes the plan's
+// Concat groups were formed for (an input without a hint keeps to them).
+bool matches_hint(const GraphPlan& plan, size_t i, DataType dtype, const Shape& shape);
 
 // Orders the graph and creates its kernels (recursively for nested graphs). Throws
 // kiln::Error naming the node for unsupported ops or invalid attributes.

@@ -157,6 +157,7 @@ struct ClearOnExit {
     }
     b.temps.clear();
     b.captures.clear();
+    for (Tensor& t : b.groups) t = Tensor();
     for (Value& v : b.outs) {
       if (v.defined()) clear_value(v);
     }
@@ -190,16 +191,27 @@ std::string value_shape(const Value* v) {
 class StepHooks final : public ops::ExecutionHooks {
  public:
   StepHooks(Executor& ex, Frame& frame, const plan::Step& step, std::vector<const Value*>& inputs,
-            std::vector<bool>& temporary, int depth)
+            std::vector<bool>& temporary, const std::vector<Tensor>& groups, int depth)
       : ex_(ex),
         frame_(frame),
         step_(step),
         inputs_(inputs),
         temporary_(temporary),
+        groups_(groups),
         depth_(depth) {}
 
   Tensor allocate(DataType dtype, const Shape& shape) override {
     return allocate_tensor(ex_.pool_, dtype, shape, ex_.run_);
+  }
+
+  Tensor allocate_output(size_t o, DataType dtype, const Shape& shape) override {
+    for (const plan::OutputSlot& slot : step_.slots) {
+      if (slot.output != static_cast<int32_t>(o)) continue;
+      const Tensor& group = groups_[static_cast<size_t>(slot.group)];
+      if (!group.defined() || slot.dtype != dtype || slot.shape != shape) break;
+      return group.view(shape, contiguous_strides(shape), group.byte_offset() + slot.byte_offset);
+    }
+    return allocate(dtype, shape);
   }
 
   Tensor allocate_scratch(DataType dtype, const Shape& shape) override {
@@ -298,6 +310,7 @@ class StepHooks final : public ops::ExecutionHooks {
   const plan::Step& step_;
   std::vector<const Value*>& inputs_;
   std::vector<bool>& temporary_;
+  const std::vector<Tensor>& groups_;
   int depth_;
 };
 
@@ -359,6 +372,14 @@ void Executor::run(const plan::GraphPlan& plan, std::span<Value> inputs, std::sp
   for (size_t i = 0; i < captures.size(); ++i) {
     f.slots[static_cast<size_t>(g.captures[i])] = std::move(captures[i]);
   }
+  // The Concat groups apply when the inputs have the shapes they were formed for.
+  bool groups_apply = !plan.concat_groups.empty();
+  for (size_t i = 0; groups_apply && i < g.inputs.size(); ++i) {
+    const Value& v = f.slots[static_cast<size_t>(g.inputs[i])];
+    if (v.is_tensor() && v.tensor().defined())
+      groups_apply = plan::matches_hint(plan, i, v.tensor().dtype(), v.tensor().shape());
+  }
+  buffers.groups.resize(plan.concat_groups.size());
   if (depth == 0 && weight_release_) {
     f.weights = weight_release_;
     for (const Value& v : f.slots) f.weights->hold(v);
@@ -380,6 +401,17 @@ void Executor::run(const plan::GraphPlan& plan, std::span<Value> inputs, std::sp
     }
     ++steps_;
     if (run_) run_->step.store(steps_, std::memory_order_relaxed);
+    for (int32_t k : step.groups_begin) {
+      if (!groups_apply) break;
+      const plan::ConcatGroup& group = plan.concat_groups[static_cast<size_t>(k)];
+      try {
+        buffers.groups[static_cast<size_t>(k)] =
+            allocate_tensor(pool_, group.dtype, Shape{group.elements}, run_);
+      } catch (Error& e) {
+        e.with_node(node.name, node.op_type);
+        throw;
+      }
+    }
     const size_t n_in = node.inputs.size();
     in_ptrs.assign(n_in, nullptr);
     temporary.assign(n_in, false);
@@ -407,7 +439,7 @@ void Executor::run(const plan::GraphPlan& plan, std::span<Value> inputs, std::sp
     for (Value& v : outs) {
       if (v.defined()) clear_value(v);  // moved from by the previous step
     }
-    StepHooks hooks(*this, f, step, in_ptrs, temporary, depth);
+    StepHooks hooks(*this, f, step, in_ptrs, temporary, buffers.groups, depth);
     ops::OpContext ctx(node, in_ptrs, outs, hooks);
     // The clock is read only for profiles: two reads cost as much as a tiny kernel.
     const auto t0 =
@@ -469,6 +501,7 @@ void Executor::run(const plan::GraphPlan& plan, std::span<Value> inputs, std::sp
         if (f.weights) f.weights->hold(f.slots[static_cast<size_t>(id)]);
       }
     }
+    for (int32_t k : step.groups_end) buffers.groups[static_cast<size_t>(k)] = Tensor();
     if (f.weights) f.weights->end_step();
   }
 

@@ -34,6 +34,8 @@ struct FrameBuffers {
   std::vector<Value> outs;
   std::vector<Value> captures;  // a nested graph's captured values, on their way in
   std::vector<Value> results;   // a nested graph's outputs, on their way out (run_subgraph_kept)
+  // The root graph's Concat group buffers (plan::ConcatGroup) while the run holds them.
+  std::vector<Tensor> groups;
 };
 
 // FrameBuffers kept across runs (a session keeps a few, one per run in progress), one set per graph
