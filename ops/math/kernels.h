@@ -7,6 +7,7 @@
 // impl/, and one line in each unit's table.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "ops/math/isa.h"
@@ -102,6 +103,16 @@ inline int64_t conv_padded_floats(const ConvGeometry& g) {
   return rows[0] * rows[1] * g.stride[2] * len[2];
 }
 
+// Floats of ConvKernels::depthwise_lanes's tile for a 2-D geometry at `lanes` floats a vector:
+// the zero-padded input positions, the filters' taps and the output positions, each a vector.
+inline int64_t depthwise_lanes_floats(const ConvGeometry& g, int64_t lanes) {
+  const int64_t hp =
+      std::max(g.pad[1] + g.in[1], (g.out[1] - 1) * g.stride[1] + (g.k[1] - 1) * g.dil[1] + 1);
+  const int64_t wp =
+      std::max(g.pad[2] + g.in[2], (g.out[2] - 1) * g.stride[2] + (g.k[2] - 1) * g.dil[2] + 1);
+  return (hp * wp + g.k[1] * g.k[2] + g.out[1] * g.out[2]) * lanes;
+}
+
 // Each tap's offset in that copy from an output row's first tap (taps in filter order).
 inline void conv_tap_offsets(const ConvGeometry& g, int64_t* off) {
   int64_t rows[3], len[3];
@@ -187,6 +198,14 @@ struct ConvKernels {
   void (*wide_plane)(float* xp, const float* w, const int64_t* taps, int64_t n_taps, WideOp op,
                      float init, const ConvGeometry& g, int64_t len1, int64_t len2,
                      const WideEpilogue& e, float* scratch, float* y) = nullptr;
+  // Depthwise convolution of `lanes` (at most `lanes` below) consecutive channels at once, one
+  // per vector lane, for 2-D geometries: x's planes ip floats apart, w their kp-tap filters,
+  // bias per channel (or null); y's planes op floats apart get bias + taps, plus y's values
+  // when `accumulate`, then max(., 0) when `relu`. `tile` holds depthwise_lanes_floats(g).
+  void (*depthwise_lanes)(const float* x, int64_t ip, const float* w, const float* bias, int lanes,
+                          const ConvGeometry& g, bool accumulate, bool relu, float* tile, float* y,
+                          int64_t op) = nullptr;
+  int lanes = 0;  // this level's vector width in floats
   static constexpr int64_t direct_max_width = 16;
   static constexpr int64_t wide_slack = 16;  // the widest vector (avx512) in floats
   // wide_plane's separable Max and Sum take windows up to this many rows and columns.

@@ -1163,6 +1163,54 @@ TEST_CASE("Depthwise Conv and pooling of small planes match naive loops", "[nn]"
   }
 }
 
+TEST_CASE("Depthwise Conv of a block of channels at once matches a naive loop", "[nn]") {
+  // Output planes of at most 8x8 (ConvKernels::depthwise_lanes: a channel per vector lane):
+  // channel counts around the vector widths, rectangular kernels of 1 to 7 taps, strides 1 to
+  // 3, dilation, uneven pads, with and without a bias, and the fused Conv + Add (Z) + Relu.
+  std::mt19937 rng(57);
+  for (int iter = 0; iter < 60; ++iter) {
+    const int64_t c = iter < 6 ? int64_t{4} << (iter % 3) : rand_int(rng, 1, 40);
+    const int64_t kh = rand_int(rng, 1, 7), kw = rand_int(rng, 1, 7);
+    const int64_t sh = rand_int(rng, 1, 3), sw = rand_int(rng, 1, 3);
+    const int64_t dh = rand_int(rng, 1, 2), dw = rand_int(rng, 1, 2);
+    const std::vector<int64_t> pads{rand_int(rng, 0, 3), rand_int(rng, 0, 3), rand_int(rng, 0, 3),
+                                    rand_int(rng, 0, 3)};
+    const int64_t oh = rand_int(rng, 1, 8), ow = rand_int(rng, 1, 8);
+    const int64_t eh = (kh - 1) * dh + 1, ew = (kw - 1) * dw + 1;
+    const int64_t h = std::max<int64_t>((oh - 1) * sh + eh - pads[0] - pads[2], 1);
+    const int64_t w = std::max<int64_t>((ow - 1) * sw + ew - pads[1] - pads[3], 1);
+    const Shape xs{rand_int(rng, 1, 2), c, h, w};
+    Tensor x = random_tensor(DataType::Float, xs, rng);
+    Tensor wt = random_tensor(DataType::Float, {c, 1, kh, kw}, rng);
+    Tensor b = random_tensor(DataType::Float, {c}, rng);
+    INFO("x " << shape_to_string(xs) << " k " << kh << "x" << kw << " strides " << sh << "," << sw
+              << " dilations " << dh << "," << dw);
+    const ConvSpec s{{sh, sw}, {dh, dw}, pads, c};
+    const Tensor* bias = iter % 3 ? &b : nullptr;
+    const Tensor want = naive_conv(x, wt, bias, s);
+    require_close(run_conv(x, wt, bias, s), want, 1e-4, 1e-4);
+    if (iter % 4 != 0) continue;
+    // Fused with Z and Relu (constant filter and bias, as the optimizer requires).
+    Tensor z = random_tensor(DataType::Float, want.shape(), rng);
+    GraphBuilder gb;
+    gb.input("x", DataType::Float, xs).input("z", DataType::Float, want.shape());
+    gb.initializer("w", wt).initializer("b", b);
+    gb.node("Conv", {"x", "w", "b"}, {"c"},
+            {ints_attr("strides", s.strides), ints_attr("dilations", s.dilations),
+             ints_attr("pads", s.pads), int_attr("group", c)});
+    gb.node("Add", {"c", "z"}, {"s"});
+    gb.node("Relu", {"s"}, {"y"});
+    gb.output("y");
+    Session session = make_session(gb.build(), 13, 2);
+    const Tensor with_bias = naive_conv(x, wt, &b, s);
+    std::vector<double> fused(static_cast<size_t>(want.numel()));
+    for (size_t i = 0; i < fused.size(); ++i)
+      fused[i] = std::max(0.0, double(with_bias.data<const float>()[i]) + z.data<const float>()[i]);
+    require_close(session.run({{"x", x}, {"z", z}}).at(0).value.tensor(),
+                  float_tensor(want.shape(), fused), 1e-4, 1e-4);
+  }
+}
+
 TEST_CASE("MaxPool reports column-major indices with storage_order 1", "[nn]") {
   Tensor x = Tensor::from_vector<float>({1, 1, 2, 3}, {1, 9, 2, 8, 3, 17});
   auto outs = OpTest("MaxPool", 12)

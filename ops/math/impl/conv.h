@@ -756,6 +756,68 @@ void im2col_panels(const float* x, const ConvGeometry& g, int64_t p0, int64_t kc
   }
 }
 
+// Depthwise convolution of `lanes` (at most kLanes) consecutive channels at once, one channel
+// per vector lane: their planes (ip floats apart) are laid out position-major in a
+// zero-padded tile, every output position sums its taps as whole vectors in filter order from
+// the bias, and the results go back to y's planes (op floats apart), added to y's values
+// when `accumulate`, then max(., 0) when `relu`. 2-D geometry (g.in[0] = g.k[0] = 1); `tile`
+// holds depthwise_lanes_floats(g) floats.
+void dc_depthwise_lanes(const float* x, int64_t ip, const float* w, const float* bias, int lanes,
+                        const ConvGeometry& g, bool accumulate, bool relu, float* tile, float* y,
+                        int64_t op) {
+  const int64_t in_h = g.in[1], in_w = g.in[2], out_h = g.out[1], out_w = g.out[2];
+  const int64_t kh_n = g.k[1], kw_n = g.k[2], kp = kh_n * kw_n;
+  const int64_t hp = dc_max(g.pad[1] + in_h, (out_h - 1) * g.stride[1] + (kh_n - 1) * g.dil[1] + 1);
+  const int64_t wp = dc_max(g.pad[2] + in_w, (out_w - 1) * g.stride[2] + (kw_n - 1) * g.dil[2] + 1);
+  float* xt = tile;
+  float* wt = xt + hp * wp * kLanes;
+  float* yt = wt + kp * kLanes;
+  for (int64_t i = 0; i < hp * wp; ++i) vstore(xt + i * kLanes, vzero());
+  for (int c = 0; c < lanes; ++c) {
+    const float* xc = x + c * ip;
+    for (int64_t h = 0; h < in_h; ++h) {
+      float* row = xt + ((h + g.pad[1]) * wp + g.pad[2]) * kLanes + c;
+      const float* src = xc + h * in_w;
+      for (int64_t j = 0; j < in_w; ++j) row[j * kLanes] = src[j];
+    }
+  }
+  for (int64_t t = 0; t < kp; ++t) {
+    for (int c = 0; c < kLanes; ++c) wt[t * kLanes + c] = c < lanes ? w[c * kp + t] : 0.0f;
+  }
+  const VF b = bias ? vload_partial(bias, lanes) : vzero();
+  const int64_t row_step = g.stride[1] * wp * kLanes, col_step = g.stride[2] * kLanes;
+  const int64_t tap_row = g.dil[1] * wp * kLanes, tap_col = g.dil[2] * kLanes;
+  for (int64_t oh = 0; oh < out_h; ++oh) {
+    const float* xr = xt + oh * row_step;
+    float* yr = yt + oh * out_w * kLanes;
+    for (int64_t ow = 0; ow < out_w; ++ow) {
+      const float* xo = xr + ow * col_step;
+      VF acc = b;
+      for (int64_t kh = 0; kh < kh_n; ++kh) {
+        const float* xk = xo + kh * tap_row;
+        const float* wk = wt + kh * kw_n * kLanes;
+        for (int64_t kw = 0; kw < kw_n; ++kw)
+          acc = vfmadd(vload(wk + kw * kLanes), vload(xk + kw * tap_col), acc);
+      }
+      if (relu && !accumulate) acc = vmax(acc, vzero());
+      vstore(yr + ow * kLanes, acc);
+    }
+  }
+  const int64_t positions = out_h * out_w;
+  for (int c = 0; c < lanes; ++c) {
+    float* yc = y + c * op;
+    const float* src = yt + c;
+    if (!accumulate) {
+      for (int64_t i = 0; i < positions; ++i) yc[i] = src[i * kLanes];
+      continue;
+    }
+    for (int64_t i = 0; i < positions; ++i) {
+      const float v = yc[i] + src[i * kLanes];
+      yc[i] = relu ? (v > 0.0f ? v : 0.0f) : v;
+    }
+  }
+}
+
 constexpr ConvKernels kConvKernels{.pad_plane = dc_pad_plane,
                                    .padded_plane = dc_padded_plane,
                                    .im2col_panels = im2col_panels,
@@ -764,4 +826,6 @@ constexpr ConvKernels kConvKernels{.pad_plane = dc_pad_plane,
                                    .direct_pool_plane = dc_direct_pool_plane,
                                    .pad_rows = dc_pad_rows,
                                    .pad_rows_pair = dc_pad_rows_pair,
-                                   .wide_plane = dc_wide_plane};
+                                   .wide_plane = dc_wide_plane,
+                                   .depthwise_lanes = dc_depthwise_lanes,
+                                   .lanes = kLanes};
