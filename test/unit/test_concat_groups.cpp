@@ -78,6 +78,14 @@ void declare_x(GraphBuilder& b, bool declared, std::vector<int64_t> chw) {
   b.input("x", DataType::Float, shape, true);
 }
 
+// x declared (or not) with `channels` of 8x8; a = -x, bb = sigmoid(x), `joined` = [a, bb].
+void two_branches(GraphBuilder& b, bool declared, int64_t channels, const std::string& joined) {
+  declare_x(b, declared, {channels, 8, 8});
+  b.node("Neg", {"x"}, {"a"});
+  b.node("Sigmoid", {"x"}, {"bb"});
+  b.node("Concat", {"a", "bb"}, {joined}, {int_attr("axis", 1)});
+}
+
 Tensor random_x(Shape shape, uint32_t seed) {
   std::mt19937 rng(seed);
   return random_tensor(DataType::Float, std::move(shape), rng);
@@ -138,10 +146,7 @@ TEST_CASE("a grouped Concat's inputs are not overwritten while its output lives"
   // place; b is a window of c, which is read after it.
   auto make = [](bool declared) {
     GraphBuilder b;
-    declare_x(b, declared, {32, 8, 8});
-    b.node("Neg", {"x"}, {"a"});
-    b.node("Sigmoid", {"x"}, {"bb"});
-    b.node("Concat", {"a", "bb"}, {"c"}, {int_attr("axis", 1)});
+    two_branches(b, declared, 32, "c");
     b.node("Relu", {"bb"}, {"r"});
     b.node("Exp", {"a"}, {"ea"});
     b.node("Concat", {"r", "ea"}, {"d"}, {int_attr("axis", 1)});
@@ -171,10 +176,7 @@ TEST_CASE("Concat groups step aside for other shapes, graph outputs and small ou
   SECTION("an input that is a graph output keeps its own buffer") {
     auto make = [](bool declared) {
       GraphBuilder b;
-      declare_x(b, declared, {32, 8, 8});
-      b.node("Neg", {"x"}, {"a"});
-      b.node("Sigmoid", {"x"}, {"bb"});
-      b.node("Concat", {"a", "bb"}, {"c"}, {int_attr("axis", 1)});
+      two_branches(b, declared, 32, "c");
       b.node("Relu", {"c"}, {"y"});
       b.output("y");
       b.output("bb");
@@ -186,10 +188,7 @@ TEST_CASE("Concat groups step aside for other shapes, graph outputs and small ou
   SECTION("a Concat under 16 KiB copies") {
     auto make = [](bool declared) {
       GraphBuilder b;
-      declare_x(b, declared, {4, 8, 8});
-      b.node("Neg", {"x"}, {"a"});
-      b.node("Sigmoid", {"x"}, {"bb"});
-      b.node("Concat", {"a", "bb"}, {"y"}, {int_attr("axis", 1)});
+      two_branches(b, declared, 4, "y");
       b.output("y");
       return b.build();
     };
