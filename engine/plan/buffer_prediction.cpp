@@ -183,12 +183,12 @@ class StepPlacement final : public ops::Placement {
     if (!produced(o)) return;
     const InferredValue& v = output(o);
     // The window of a Concat group kept for it (the executor's allocate_output).
-    for (const plan::OutputSlot& slot : step_.slots) {
-      if (slot.output != static_cast<int32_t>(o)) continue;
-      const Handle group = f_.groups.empty() ? kNone : f_.groups[static_cast<size_t>(slot.group)];
-      if (group == kNone || slot.dtype != v.dtype || slot.shape != v.shape) break;
-      set(o, sim_.hold(sim_.ref(group).store, v, {}, slot.byte_offset == 0));
-      return;
+    if (const OutputSlot* slot = output_slot(step_, o, v.dtype, v.shape)) {
+      const Handle group = f_.groups[static_cast<size_t>(slot->group)];
+      if (group != kNone) {
+        set(o, sim_.hold(sim_.ref(group).store, v, {}, slot->byte_offset == 0));
+        return;
+      }
     }
     const int32_t store = v.dtype == DataType::String
                               ? sim_.unplanned()

@@ -77,6 +77,14 @@ void check_arities(const ir::Graph& g) {
   }
 }
 
+const OutputSlot* output_slot(const Step& step, size_t o, DataType dtype, const Shape& shape) {
+  for (const OutputSlot& slot : step.slots) {
+    if (slot.output == static_cast<int32_t>(o))
+      return slot.dtype == dtype && slot.shape == shape ? &slot : nullptr;
+  }
+  return nullptr;
+}
+
 bool matches_hint(const GraphPlan& plan, size_t i, DataType dtype, const Shape& shape) {
   const ir::Graph& g = *plan.graph;
   if (i >= g.inputs.size()) return true;
@@ -165,7 +173,6 @@ class ConcatGrouping {
                                                              static_cast<int32_t>(o)};
       }
     }
-    for (ir::ValueId id : g_.outputs) output_.push_back(id);
   }
 
   void form() {
@@ -179,7 +186,7 @@ class ConcatGrouping {
       // Input 0 made elsewhere (a cache passed in) may be appended to in place instead.
       if (!joins(node.inputs[0], y.dtype, 0)) continue;
       ConcatGroup group;
-      group.first_step = group.last_step = static_cast<int32_t>(pos);
+      group.first_step = static_cast<int32_t>(pos);
       group.dtype = y.dtype;
       group.elements = shape_numel(y.shape);
       const auto id = static_cast<int32_t>(plan_.concat_groups.size());
@@ -229,7 +236,7 @@ class ConcatGrouping {
     const auto v = static_cast<size_t>(id);
     if (id == ir::kNoValue || member_[v] || producer_[v].first < 0 || byte_offset % 64 != 0)
       return false;
-    if (std::find(output_.begin(), output_.end(), id) != output_.end()) return false;
+    if (std::find(g_.outputs.begin(), g_.outputs.end(), id) != g_.outputs.end()) return false;
     if (!hint(id).known || hint(id).dtype != dtype) return false;
     return plan_.steps[static_cast<size_t>(producer_[v].first)].subgraphs.empty();
   }
@@ -260,7 +267,6 @@ class ConcatGrouping {
   const ir::Graph& g_;
   std::vector<std::pair<int32_t, int32_t>> producer_;  // per value: step position, output
   std::vector<bool> member_;
-  std::vector<ir::ValueId> output_;
 };
 
 std::unique_ptr<GraphPlan> build_plan_tree(const ir::Graph& g, ops::WeightPreparer* preparer,

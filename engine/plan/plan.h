@@ -19,9 +19,10 @@ struct GraphPlan;
 // Concats whose outputs are windows of an outer one join its group (DenseNet's chains), so a
 // block of concatenations copies nothing. Formed from the shapes inferred at load
 // (GraphPlan::shape_hints); a run applies them when its inputs have those shapes.
+// The steps that request and let go of a group's buffer list it in Step::groups_begin and
+// Step::groups_end.
 struct ConcatGroup {
   int32_t first_step = 0;  // position in GraphPlan::steps: the buffer is requested as it starts
-  int32_t last_step = 0;   // the outermost Concat's position: the group lets go after it
   DataType dtype = DataType::Float;
   int64_t elements = 0;
 };
@@ -66,6 +67,10 @@ struct GraphPlan {
   // The root graph's Concat groups (empty for nested graphs).
   std::vector<ConcatGroup> concat_groups;
 };
+
+// Step `step`'s window for output `o` when the plan keeps one for it and it is allocated with
+// `dtype` and `shape` (the executor's OpContext::output and the arena's prediction), else null.
+const OutputSlot* output_slot(const Step& step, size_t o, DataType dtype, const Shape& shape);
 
 // Whether a run whose graph input `i` has `dtype` and `shape` keeps to the shapes the plan's
 // Concat groups were formed for (an input without a hint keeps to them).

@@ -205,11 +205,11 @@ class StepHooks final : public ops::ExecutionHooks {
   }
 
   Tensor allocate_output(size_t o, DataType dtype, const Shape& shape) override {
-    for (const plan::OutputSlot& slot : step_.slots) {
-      if (slot.output != static_cast<int32_t>(o)) continue;
-      const Tensor& group = groups_[static_cast<size_t>(slot.group)];
-      if (!group.defined() || slot.dtype != dtype || slot.shape != shape) break;
-      return group.view(shape, contiguous_strides(shape), group.byte_offset() + slot.byte_offset);
+    if (const plan::OutputSlot* slot = plan::output_slot(step_, o, dtype, shape)) {
+      const Tensor& group = groups_[static_cast<size_t>(slot->group)];
+      if (group.defined())
+        return group.view(shape, contiguous_strides(shape),
+                          group.byte_offset() + slot->byte_offset);
     }
     return allocate(dtype, shape);
   }

@@ -103,14 +103,18 @@ inline int64_t conv_padded_floats(const ConvGeometry& g) {
   return rows[0] * rows[1] * g.stride[2] * len[2];
 }
 
-// Floats of ConvKernels::depthwise_lanes's tile for a 2-D geometry at `lanes` floats a vector:
-// the zero-padded input positions, the filters' taps and the output positions, each a vector.
+// The zero-padded input extent of ConvKernels::depthwise_lanes's tile for a 2-D geometry: rows
+// and columns, enough for every tap of every output and for the whole input at its pads.
+inline void depthwise_lanes_extent(const ConvGeometry& g, int64_t& rows, int64_t& cols) {
+  rows = std::max(g.pad[1] + g.in[1], (g.out[1] - 1) * g.stride[1] + (g.k[1] - 1) * g.dil[1] + 1);
+  cols = std::max(g.pad[2] + g.in[2], (g.out[2] - 1) * g.stride[2] + (g.k[2] - 1) * g.dil[2] + 1);
+}
+// Floats of that tile at `lanes` floats a vector: the padded input positions, the filters'
+// taps and the output positions, each a vector.
 inline int64_t depthwise_lanes_floats(const ConvGeometry& g, int64_t lanes) {
-  const int64_t hp =
-      std::max(g.pad[1] + g.in[1], (g.out[1] - 1) * g.stride[1] + (g.k[1] - 1) * g.dil[1] + 1);
-  const int64_t wp =
-      std::max(g.pad[2] + g.in[2], (g.out[2] - 1) * g.stride[2] + (g.k[2] - 1) * g.dil[2] + 1);
-  return (hp * wp + g.k[1] * g.k[2] + g.out[1] * g.out[2]) * lanes;
+  int64_t rows = 0, cols = 0;
+  depthwise_lanes_extent(g, rows, cols);
+  return (rows * cols + g.k[1] * g.k[2] + g.out[1] * g.out[2]) * lanes;
 }
 
 // Each tap's offset in that copy from an output row's first tap (taps in filter order).

@@ -767,8 +767,8 @@ void dc_depthwise_lanes(const float* x, int64_t ip, const float* w, const float*
                         int64_t op) {
   const int64_t in_h = g.in[1], in_w = g.in[2], out_h = g.out[1], out_w = g.out[2];
   const int64_t kh_n = g.k[1], kw_n = g.k[2], kp = kh_n * kw_n;
-  const int64_t hp = dc_max(g.pad[1] + in_h, (out_h - 1) * g.stride[1] + (kh_n - 1) * g.dil[1] + 1);
-  const int64_t wp = dc_max(g.pad[2] + in_w, (out_w - 1) * g.stride[2] + (kw_n - 1) * g.dil[2] + 1);
+  int64_t hp = 0, wp = 0;
+  depthwise_lanes_extent(g, hp, wp);
   float* xt = tile;
   float* wt = xt + hp * wp * kLanes;
   float* yt = wt + kp * kLanes;
