@@ -34,6 +34,7 @@
 #include "ops/geometry.h"
 #include "ops/math/gemm.h"
 #include "ops/math/threading.h"
+#include "ops/math/winograd.h"
 #include "ops/wide_layout.h"
 #include "ops/workspace.h"
 
@@ -80,20 +81,36 @@ void im2col(const T* x, int64_t channels, const Geometry& g, int64_t p0, int64_t
   }
 }
 
-// The filter of each group as its GEMM operand: a packed A ([mg x cg * kernel], the output
-// channels as rows) or, for the transposed product of small maps (use_transposed), its
-// transpose as a packed B ([cg * kernel x mg], the output channels as columns); the groups
-// one after another.
-int64_t packed_filter_floats(const Tensor& w, int64_t groups, bool transposed) {
-  if (w.numel() == 0) return 0;
+// The forms a float filter is packed in for the GEMM layer: of each group, a packed A
+// ([mg x cg * kernel], the output channels as rows); for the transposed product of small
+// maps (use_transposed), its transpose as a packed B ([cg * kernel x mg], the output channels
+// as columns); for 3x3 stride-1 convolutions (use_winograd), the Winograd transform's 36
+// packed A ([mg x cg] each). The groups one after another.
+enum class FilterForm : uint8_t { Packed, Transposed, Winograd };
+constexpr size_t kFilterForms = 3;
+
+// Floats of a form for `groups` groups of mg output channels, cg input channels and kk =
+// cg * kernel values per output channel.
+int64_t form_floats(int64_t groups, int64_t mg, int64_t cg, int64_t kk, FilterForm form) {
   const math::GemmKernels& t = math::kernels().gemm;
-  const int64_t mg = w.dim(0) / groups, kk = w.numel() / w.dim(0);
-  return groups * (transposed ? math::PackedB::packed_floats(kk, mg, t.nr)
-                              : math::PackedA::packed_floats(mg, kk, t.mr));
+  switch (form) {
+    case FilterForm::Transposed:
+      return groups * math::PackedB::packed_floats(kk, mg, t.nr);
+    case FilterForm::Winograd:
+      return groups * math::winograd_filter_floats(mg, cg, t.mr);
+    case FilterForm::Packed:
+      break;
+  }
+  return groups * math::PackedA::packed_floats(mg, kk, t.mr);
+}
+
+int64_t packed_filter_floats(const Tensor& w, int64_t groups, FilterForm form) {
+  if (w.numel() == 0) return 0;
+  return form_floats(groups, w.dim(0) / groups, w.dim(1), w.numel() / w.dim(0), form);
 }
 
 // That form into `out` (packed_filter_floats floats).
-void pack_filter_into(const Tensor& w, int64_t groups, bool transposed, float* out) {
+void pack_filter_into(const Tensor& w, int64_t groups, FilterForm form, float* out) {
   Tensor f = w.contiguous();
   if (f.dtype() != DataType::Float) {
     Tensor wide(DataType::Float, f.shape(),
@@ -105,11 +122,13 @@ void pack_filter_into(const Tensor& w, int64_t groups, bool transposed, float* o
   }
   const math::MathKernels& t = math::kernels();
   const int64_t mg = f.dim(0) / groups, kk = f.numel() / f.dim(0);
-  const int64_t per = packed_filter_floats(f, groups, transposed) / groups;
+  const int64_t per = packed_filter_floats(f, groups, form) / groups;
   for (int64_t grp = 0; grp < groups; ++grp) {
-    const math::MatrixView wg =
-        math::MatrixView::row_major(f.data<const float>() + grp * mg * kk, mg, kk, kk);
-    if (transposed) {
+    const float* fg = f.data<const float>() + grp * mg * kk;
+    const math::MatrixView wg = math::MatrixView::row_major(fg, mg, kk, kk);
+    if (form == FilterForm::Winograd) {
+      math::winograd_pack_filter(fg, mg, f.dim(1), out + grp * per, t);
+    } else if (form == FilterForm::Transposed) {
       math::PackedB::pack_into(wg.transposed(), out + grp * per, t);
     } else {
       math::PackedA::pack_into(wg, out + grp * per, t);
@@ -118,11 +137,11 @@ void pack_filter_into(const Tensor& w, int64_t groups, bool transposed, float* o
 }
 
 // pack_filter_into a tensor of its own (the weights cache's prepared form).
-Tensor pack_filter(const Tensor& w, int64_t groups, bool transposed) {
-  const int64_t floats = packed_filter_floats(w, groups, transposed);
+Tensor pack_filter(const Tensor& w, int64_t groups, FilterForm form) {
+  const int64_t floats = packed_filter_floats(w, groups, form);
   Tensor packed(DataType::Float, Shape{floats},
                 Storage::heap_uninitialized(storage_bytes(DataType::Float, floats)));
-  pack_filter_into(w, groups, transposed, packed.data<float>());
+  pack_filter_into(w, groups, form, packed.data<float>());
   packed.storage()->set_read_only();
   return packed;
 }
@@ -434,7 +453,26 @@ bool is_pointwise(const Geometry& g) {
          g.pad == std::array<int64_t, 3>{0, 0, 0} && g.out == g.in;
 }
 
+// 3x3 stride-1 convolutions of 2-D maps with enough channels, filters and tiles are
+// Winograd F(4x4, 3x3) products (ops/math/winograd.h): a quarter of the multiply-adds. With
+// few channels or filters the products are too small to pay for the transforms, and maps of
+// few 4x4 tiles fill the products' panels poorly (a 7x7 map is 4 tiles).
+constexpr int64_t kWinogradMinChannels = 8;
+constexpr int64_t kWinogradMinTiles = 9;
+
+bool use_winograd(const Sizes& s, const Geometry& g) {
+  const int64_t tiles = (g.out[1] + 3) / 4 * ((g.out[2] + 3) / 4);
+  return g.in[0] == 1 && g.out[0] == 1 && g.k[0] == 1 && g.k[1] == 3 && g.k[2] == 3 &&
+         g.stride[1] == 1 && g.stride[2] == 1 && g.dil[1] == 1 && g.dil[2] == 1 &&
+         s.cg >= kWinogradMinChannels && s.mg >= kWinogradMinChannels && tiles >= kWinogradMinTiles;
+}
+
+math::WinogradShape winograd_shape(const Sizes& s, const Geometry& g) {
+  return {s.cg, s.mg, g.in[1], g.in[2], g.pad[1], g.pad[2], g.out[1], g.out[2]};
+}
+
 bool use_transposed(const Sizes& s, const Geometry& g) {
+  if (use_winograd(s, g)) return false;
   const int64_t positions = g.out_size();
   const int64_t limit = is_pointwise(g) ? kMaxTransposedPositions : kMaxTransposedWindowed;
   return !use_direct(s, g) && positions > 0 && positions <= limit;
@@ -600,8 +638,8 @@ void transposed_convolve(const float* x, const float* packed, const float* bias,
 // apply. It is the kernel's workspace (see conv_workspace): taken whenever this is nonzero,
 // used unless the product runs one (image, group) unit per thread instead.
 int64_t wide_floats(const Sizes& s, const Geometry& g) {
-  if (g.out_size() == 0 || s.m == 0 || s.n == 0 || use_direct(s, g) || use_transposed(s, g) ||
-      is_pointwise(g) || g.out[2] < kMinWideWidth) {
+  if (g.out_size() == 0 || s.m == 0 || s.n == 0 || use_direct(s, g) || use_winograd(s, g) ||
+      use_transposed(s, g) || is_pointwise(g) || g.out[2] < kMinWideWidth) {
     return 0;
   }
   int64_t in_row0 = 0;
@@ -616,7 +654,38 @@ struct ConvSpace {
   float* source = nullptr;
   float* product = nullptr;
   int64_t* offsets = nullptr;
+  float* winograd = nullptr;  // winograd_plan's workspace
+  int threads = 1;            // the threads the workspace was planned for
 };
+
+// The form the float paths read the filter in for these sizes.
+FilterForm filter_form(const Sizes& s, const Geometry& g) {
+  if (use_winograd(s, g)) return FilterForm::Winograd;
+  return use_transposed(s, g) ? FilterForm::Transposed : FilterForm::Packed;
+}
+
+math::WinogradPlan winograd_plan(const Sizes& s, const Geometry& g, int threads) {
+  return math::winograd_plan(winograd_shape(s, g), s.n, threads, math::kernels());
+}
+
+// A convolution as Winograd products (use_winograd), group by group; `packed` is the
+// filter's Winograd form. Relu is applied as the outputs are stored, other activations after.
+void winograd_convolve(const float* x, const float* packed, const float* bias, float* y,
+                       const Sizes& s, const Geometry& g, const ConvEpilogue& e,
+                       const ConvSpace& space) {
+  if (!space.winograd) throw std::logic_error("Winograd convolution without its workspace");
+  const math::MathKernels& t = math::kernels();
+  const math::WinogradPlan plan = winograd_plan(s, g, space.threads);
+  const int64_t per = math::winograd_filter_floats(s.mg, s.cg, t.gemm.mr);
+  const int64_t ip = g.in_size(), op = g.out_size();
+  const bool relu = e.activation == math::Activation::Relu;
+  for (int64_t grp = 0; grp < s.groups; ++grp) {
+    math::winograd_convolve(plan, x + grp * s.cg * ip, s.c * ip, packed + grp * per,
+                            bias ? bias + grp * s.mg : nullptr, e.accumulate, relu,
+                            y + grp * s.mg * op, s.m * op, space.winograd, t);
+  }
+  if (!relu) apply_activation(e.activation, y, s.n * s.m * op);
+}
 
 // Float convolution through the GEMM layer; `packed` is pack_filter's form of the filter
 // (transposed for small maps: use_transposed). The wide path's buffers are `space.wide`
@@ -625,6 +694,10 @@ struct ConvSpace {
 void gemm_convolve(OpContext* ctx, const float* x, const float* packed, const float* bias, float* y,
                    const Sizes& s, const Geometry& g, const ConvEpilogue& e,
                    const ConvSpace& space) {
+  if (use_winograd(s, g)) {
+    winograd_convolve(x, packed, bias, y, s, g, e, space);
+    return;
+  }
   if (use_transposed(s, g)) {
     transposed_convolve(x, packed, bias, y, s, g, e, space.source, space.product, space.offsets);
     return;
@@ -825,17 +898,20 @@ struct ConvParts {
   WorkspaceLayout layout;
   int x = -1, bias = -1, w = -1, packed = -1, y = -1, conv = -1, wide = -1;
   int source = -1, product = -1, offsets = -1;  // the transposed product's (transposed_sizes)
+  int winograd = -1;                            // winograd_plan's
   int col = -1;                                 // double: one (image, group) lowered
+  int threads = 1;
 
   ConvSpace float_space(const Workspace& space) const {
-    return {space.data<float>(wide), space.data<float>(source), space.data<float>(product),
-            space.data<int64_t>(offsets)};
+    return {space.data<float>(wide),      space.data<float>(source),   space.data<float>(product),
+            space.data<int64_t>(offsets), space.data<float>(winograd), threads};
   }
 };
 
 ConvParts conv_parts(DataType dtype, const Sizes& s, const Geometry& g, bool has_bias,
                      bool filter_at_load, bool z_broadcasts, int threads) {
   ConvParts p;
+  p.threads = threads;
   WorkspaceLayout& l = p.layout;
   if (dtype == DataType::Double) {
     p.col = l.add(DataType::Double, s.cg * g.k_size() * g.out_size());
@@ -850,11 +926,7 @@ ConvParts conv_parts(DataType dtype, const Sizes& s, const Geometry& g, bool has
   if (use_direct(s, g)) {
     if (half) p.w = l.add(DataType::Float, s.m * kk);
   } else if (!filter_at_load) {
-    const math::GemmKernels& t = math::kernels().gemm;
-    p.packed =
-        l.add(DataType::Float,
-              s.groups * (use_transposed(s, g) ? math::PackedB::packed_floats(kk, s.mg, t.nr)
-                                               : math::PackedA::packed_floats(s.mg, kk, t.mr)));
+    p.packed = l.add(DataType::Float, form_floats(s.groups, s.mg, s.cg, kk, filter_form(s, g)));
   }
   if (half) p.y = l.add(DataType::Float, out);
   if (z_broadcasts) p.conv = l.add(DataType::Float, out);
@@ -866,6 +938,8 @@ ConvParts conv_parts(DataType dtype, const Sizes& s, const Geometry& g, bool has
   p.source = l.add(DataType::Float, ts.source);
   p.product = l.add(DataType::Float, ts.product);
   p.offsets = l.add(DataType::Int64, ts.offsets);
+  p.winograd = l.add(DataType::Float,
+                     use_winograd(s, g) ? winograd_plan(s, g, threads).workspace_floats() : 0);
   return p;
 }
 
@@ -888,12 +962,12 @@ class Conv final : public Kernel {
     filter_planned_ = is_initializer(info, 1) &&
                       packable_filter(info.graph().value(info.node().inputs[1]).constant, group_);
     if (w && packable_filter(*w, group_)) {
-      transposed_ = hinted_transposed(info, *w);
+      form_ = hinted_form(info, *w);
       const int64_t groups = group_;
-      const bool transposed = transposed_;
-      packed_ = info.prepared_input(
-          1, packing_name(groups, transposed),
-          [groups, transposed](const Tensor& f) { return pack_filter(f, groups, transposed); });
+      const FilterForm form = form_;
+      packed_ = info.prepared_input(1, packing_name(groups, form), [groups, form](const Tensor& f) {
+        return pack_filter(f, groups, form);
+      });
       packed_groups_ = group_;
     }
   }
@@ -985,50 +1059,58 @@ class Conv final : public Kernel {
       fw = widen(w);  // direct loops read the filter as it is
       return nullptr;
     }
-    const bool transposed = use_transposed(s, g);
+    const FilterForm form = filter_form(s, g);
     if (packed_ && packed_groups_ == s.groups) {
-      if (transposed == transposed_) return packed_->data<const float>();
-      return other_form(w, s.groups, transposed);
+      if (form == form_) return packed_->data<const float>();
+      return other_form(w, s.groups, form);
     }
-    const int64_t floats = packed_filter_floats(w, s.groups, transposed);
+    const int64_t floats = packed_filter_floats(w, s.groups, form);
     if (floats == 0) return nullptr;  // an empty product reads no filter
     if (!room) {
       packed_now = ctx.allocate(DataType::Float, Shape{floats});
       room = packed_now.data<float>();
     }
-    pack_filter_into(w, s.groups, transposed, room);
+    pack_filter_into(w, s.groups, form, room);
     return room;
   }
 
   // The name of the weights cache's packed filter in one form.
-  static std::string packing_name(int64_t groups, bool transposed) {
+  static std::string packing_name(int64_t groups, FilterForm form) {
     const math::MathKernels& t = math::kernels();
-    return std::string(transposed ? "conv-filter-t-" : "conv-filter-") + math::isa_name(t.isa) +
-           (transposed ? "-nr" + std::to_string(t.gemm.nr) : "-mr" + std::to_string(t.gemm.mr)) +
-           "-g" + std::to_string(groups);
+    const std::string level = math::isa_name(t.isa), g = "-g" + std::to_string(groups);
+    switch (form) {
+      case FilterForm::Transposed:
+        return "conv-filter-t-" + level + "-nr" + std::to_string(t.gemm.nr) + g;
+      case FilterForm::Winograd:
+        return "conv-filter-winograd-" + level + "-mr" + std::to_string(t.gemm.mr) + g;
+      case FilterForm::Packed:
+        break;
+    }
+    return "conv-filter-" + level + "-mr" + std::to_string(t.gemm.mr) + g;
   }
 
-  // Whether the input's shape as inferred at load makes small maps (use_transposed), which
-  // read the filter's transposed form; false when it is not known.
-  bool hinted_transposed(const NodeInfo& info, const Tensor& w) const {
+  // The form the input's shape as inferred at load makes the convolution read (filter_form);
+  // the plain packed form when the shape is not known.
+  FilterForm hinted_form(const NodeInfo& info, const Tensor& w) const {
     const Shape* x = info.input_shape_hint(0);
-    if (!x || x->size() != w.rank() || w.rank() < 3 || (*x)[1] != w.dim(1) * group_) return false;
+    if (!x || x->size() != w.rank() || w.rank() < 3 || (*x)[1] != w.dim(1) * group_)
+      return FilterForm::Packed;
     try {
       const Geometry g = right_aligned(forward_windows(
           spatial_dims(*x), conv_kernel(window_, spatial_dims(w.shape())), window_));
-      return use_transposed(Sizes{(*x)[0], (*x)[1], w.dim(0), group_, w.dim(1), w.dim(0) / group_},
-                            g);
+      return filter_form(Sizes{(*x)[0], (*x)[1], w.dim(0), group_, w.dim(1), w.dim(0) / group_}, g);
     } catch (const Error&) {
-      return false;  // the run reports a bad shape
+      return FilterForm::Packed;  // the run reports a bad shape
     }
   }
 
-  // The constant filter in the form the load-time shape did not choose (a run on maps of
+  // The constant filter in a form the load-time shape did not choose (a run on maps of
   // another size): packed on the first such run and kept.
-  const float* other_form(const Tensor& w, int64_t groups, bool transposed) const {
+  const float* other_form(const Tensor& w, int64_t groups, FilterForm form) const {
     const std::lock_guard<std::mutex> lock(other_mutex_);
-    if (!other_) other_ = std::make_shared<const Tensor>(pack_filter(w, groups, transposed));
-    return other_->data<const float>();
+    std::shared_ptr<const Tensor>& other = others_[static_cast<size_t>(form)];
+    if (!other) other = std::make_shared<const Tensor>(pack_filter(w, groups, form));
+    return other->data<const float>();
   }
 
   // kiln.FusedConv: y = activation(conv + bias + Z); returns y.
@@ -1099,9 +1181,9 @@ class Conv final : public Kernel {
   WindowAttrs window_;
   std::shared_ptr<const Tensor> packed_;  // the weights cache's packed filter
   int64_t packed_groups_ = 0;
-  bool transposed_ = false;  // packed_ is the transposed form (use_transposed)
+  FilterForm form_ = FilterForm::Packed;  // packed_'s form
   mutable std::mutex other_mutex_;
-  mutable std::shared_ptr<const Tensor> other_;  // other_form's
+  mutable std::array<std::shared_ptr<const Tensor>, kFilterForms> others_;  // other_form's
   // The filter is an initializer packed at load: the workspace has no room to pack it
   // (conv_parts' `filter_at_load`, as the workspace rule decides it).
   bool filter_planned_ = false;

@@ -535,10 +535,13 @@ TEST_CASE("Conv, BatchNormalization, a residual Add and an activation become one
           INFO("group " << group << " broadcast Z " << broadcast_z << " Z from a node " << z_node
                         << " " << act);
           LoadStats stats;
+          // Group 1 runs as Winograd products (ops/math/winograd.h), whose rounding of the
+          // folded filter differs from that of the unfolded one by more than the direct
+          // product's.
           check_same(
               make,
               {{"x", random_floats({2, c, 13, 13}, 17)}, {"z_in", random_floats(z_shape, 18)}},
-              GraphOptimization::All, 1e-5, &stats);
+              GraphOptimization::All, group == 1 ? 1e-4 : 1e-5, &stats);
           CHECK(stats.fusions == 2);  // the folded normalization, the FusedConv
           CHECK(stats.nodes_planned == (z_node ? 3u : 2u));  // [Neg,] FusedConv, Neg
         }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/math/winograd.h"
 #include "test/unit/op_test.h"
 
 using namespace kiln;
@@ -113,6 +114,46 @@ TEST_CASE("com.microsoft.FusedConv matches a naive convolution with each activat
     const Tensor y = t.run1();
     CHECK(y.shape() == Shape{k.n, k.m, oh, ow});
     require_near(y, want, 1e-5);
+  }
+}
+
+TEST_CASE("com.microsoft.FusedConv as Winograd products applies Z and each activation",
+          "[contrib][conv][winograd]") {
+  // 3x3 stride-1 convolutions of 16 channels over maps of nine tiles or more take the
+  // Winograd products (ops/math/winograd.h): Relu as the outputs are stored, Z added onto,
+  // the parameterized activations after.
+  std::mt19937 rng(21);
+  const std::vector<std::pair<std::string, std::vector<float>>> activations = {
+      {"", {}}, {"Relu", {}}, {"Tanh", {}}, {"LeakyRelu", {0.2f}}, {"Clip", {-0.3f, 0.4f}}};
+  for (int trial = 0; trial < 10; ++trial) {
+    const auto& [act, params] = activations[static_cast<size_t>(trial) % activations.size()];
+    const Case k{1 + trial % 2, 16, 16, 1, 12 + 3 * trial, 30 - trial, 3, 3, 1, 1, 1};
+    const int64_t oh = k.h, ow = k.w;
+    const bool has_z = trial % 3 != 0, constant_w = trial % 2 == 0;
+    INFO("trial " << trial << " activation '" << act << "' Z " << has_z);
+    const Tensor x = random_tensor(DataType::Float, Shape{k.n, k.c, k.h, k.w}, rng);
+    const Tensor w = random_tensor(DataType::Float, Shape{k.m, k.c, 3, 3}, rng);
+    const Tensor bias = random_tensor(DataType::Float, Shape{k.m}, rng);
+    const Tensor z = random_tensor(DataType::Float, Shape{k.n, k.m, oh, ow}, rng);
+    OpTest t = fused_conv(k);
+    if (!act.empty()) t.attr("activation", act);
+    if (!params.empty()) t.attr("activation_params", params);
+    t.input(x);
+    if (constant_w) {
+      t.constant_input(w);
+    } else {
+      t.input(w);
+    }
+    t.input(bias);
+    if (has_z) t.input(z);
+    std::vector<double> want = naive_conv(x, w, &bias, k, oh, ow);
+    for (size_t i = 0; i < want.size(); ++i) {
+      want[i] = activate(act, params, want[i] + (has_z ? element(z, static_cast<int64_t>(i)) : 0));
+    }
+    const uint64_t before = math::winograd_convolutions();
+    const Tensor y = t.run1();
+    CHECK(math::winograd_convolutions() == before + 1);
+    require_near(y, want, 1e-3);
   }
 }
 

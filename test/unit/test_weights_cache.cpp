@@ -9,6 +9,7 @@
 
 #include "kiln/memory.h"
 #include "ops/math/gemm.h"
+#include "ops/math/winograd.h"
 #include "proto/testing/model_writer.h"
 #include "test/unit/op_test.h"
 #include "test/unit/temp_dir.h"
@@ -444,6 +445,58 @@ TEST_CASE("float weights of MatMul, Gemm and Conv are packed once per Environmen
   s3.run({{"x", Tensor::from_vector<float>({m, k}, x)},
           {"w", Tensor::from_vector<float>({k, n}, w1.values)}});
   CHECK(math::gemm_b_packs() == before + 1);
+}
+
+TEST_CASE("a 3x3 stride-1 Conv filter is transformed for Winograd once per Environment",
+          "[weights-cache][winograd]") {
+  // The declared input shape makes the convolution a Winograd one (ops/math/winograd.h): its
+  // filter's prepared form is the 36 transformed, packed positions, made by the first session
+  // and shared by the next; runs transform no filter.
+  TempDir dir;
+  const int64_t c = 16, m = 24, h = 20, w = 18;
+  ModelSpec spec;
+  spec.inputs = {{"img", {1, c, h, w}}};
+  TensorSpec filter;
+  filter.name = "w";
+  filter.dims = {m, c, 3, 3};
+  filter.values = values(static_cast<size_t>(m * c * 9), 0.01f);
+  spec.initializers = {filter};
+  spec.nodes = {{"Conv", {"img", "w"}, {"y"}, "conv", {}}};
+  spec.outputs = {"y"};
+  const std::string path = dir.file("winograd.onnx", model_bytes(spec));
+  const std::vector<float> img = values(static_cast<size_t>(c * h * w), 0.03f);
+  const int64_t oh = h - 2, ow = w - 2;  // 5 x 4 tiles
+  std::vector<double> want(static_cast<size_t>(m * oh * ow), 0.0);
+  for (int64_t o = 0; o < m; ++o)
+    for (int64_t r = 0; r < oh; ++r)
+      for (int64_t q = 0; q < ow; ++q)
+        for (int64_t ch = 0; ch < c; ++ch)
+          for (int64_t dr = 0; dr < 3; ++dr)
+            for (int64_t dq = 0; dq < 3; ++dq) {
+              const int64_t ir = r + dr, iq = q + dq;
+              want[static_cast<size_t>((o * oh + r) * ow + q)] +=
+                  double(img[static_cast<size_t>((ch * h + ir) * w + iq)]) *
+                  filter.values[static_cast<size_t>(((o * c + ch) * 3 + dr) * 3 + dq)];
+            }
+  auto check = [&](Session& s) {
+    const uint64_t before = math::winograd_convolutions();
+    auto out = s.run({{"img", Tensor::from_vector<float>({1, c, h, w}, img)}});
+    CHECK(math::winograd_convolutions() == before + 1);
+    const auto got = out.at(0).value.tensor().to_vector<float>();
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      REQUIRE(std::abs(got[i] - want[i]) <= 1e-4 * (1 + std::abs(want[i])));
+  };
+  auto env = std::make_shared<Environment>(1);
+  Session s1(path, in(env));
+  CHECK(s1.load_stats().weights_prepared_count == 1);
+  CHECK(s1.load_stats().weights_prepared_bytes ==
+        static_cast<uint64_t>(math::winograd_filter_floats(m, c, math::kernels().gemm.mr) * 4));
+  Session s2(path, in(env));
+  CHECK(s2.load_stats().weights_prepared_count == 0);
+  CHECK(s2.load_stats().weights_prepared_shared == 1);
+  check(s1);
+  check(s2);
 }
 
 TEST_CASE("SessionOptions::gemm_weights keeps MatMul and Gemm weights packed in half precision",

@@ -12,6 +12,7 @@
 #include "ops/math/impl/conv.h"
 #include "ops/math/impl/vecmath.h"
 #include "ops/math/impl/vecmath_rows.h"
+#include "ops/math/impl/winograd.h"
 
 #include "ops/math/impl/nbits_dot.h"
 #include "ops/math/impl/nbits_int8.h"
@@ -29,6 +30,7 @@ constexpr MathKernels level_table(Isa isa, const Int8GemmKernels& int8) {
                      .convert = kConvertKernels,
                      .gemm = kGemmKernels,
                      .conv = kConvKernels,
+                     .winograd = kWinogradKernels,
                      .binary = kBinaryKernels,
                      .vec = kVecMathKernels,
                      .int8_gemm = int8,

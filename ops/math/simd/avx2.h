@@ -135,6 +135,10 @@ inline VM vlanes_between(int lo, int hi) {
 inline VF vload_masked(const float* p, VM m) {
   return _mm256_maskload_ps(p, _mm256_castps_si256(m));
 }
+// p[i] = v[i] for the lanes i in [lo, hi); nothing else is written (or read).
+inline void vstore_lanes(float* p, VF v, int lo, int hi) {
+  _mm256_maskstore_ps(p, _mm256_castps_si256(vlanes_between(lo, hi)), v);
+}
 // The even lanes of a then of b: lane i is element 2i of the concatenation a, b.
 inline VF vpack_even(VF a, VF b) {
   const __m256 t = _mm256_shuffle_ps(a, b, 0x88);  // a0 a2 b0 b2 | a4 a6 b4 b6
@@ -144,6 +148,18 @@ inline VF vpack_even(VF a, VF b) {
 inline VF vpack_odd(VF a, VF b) {
   const __m256 t = _mm256_shuffle_ps(a, b, 0xDD);  // a1 a3 b1 b3 | a5 a7 b5 b7
   return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), 0xD8));
+}
+// Lanes of a and b interleaved: vzip_lo is a0 b0 a1 b1 ... from the first halves of a and
+// b, vzip_hi the same from their second halves.
+inline VF vzip_lo(VF a, VF b) {
+  const __m256 lo = _mm256_unpacklo_ps(a, b);  // a0 b0 a1 b1 | a4 b4 a5 b5
+  const __m256 hi = _mm256_unpackhi_ps(a, b);  // a2 b2 a3 b3 | a6 b6 a7 b7
+  return _mm256_permute2f128_ps(lo, hi, 0x20);
+}
+inline VF vzip_hi(VF a, VF b) {
+  const __m256 lo = _mm256_unpacklo_ps(a, b);
+  const __m256 hi = _mm256_unpackhi_ps(a, b);
+  return _mm256_permute2f128_ps(lo, hi, 0x31);
 }
 
 inline VI vcvt_int(VF a) {

@@ -133,6 +133,10 @@ inline VM vlanes_between(int lo, int hi) {
 inline VF vload_masked(const float* p, VM m) {
   return _mm512_maskz_loadu_ps(m, p);
 }
+// p[i] = v[i] for the lanes i in [lo, hi); nothing else is written (or read).
+inline void vstore_lanes(float* p, VF v, int lo, int hi) {
+  _mm512_mask_storeu_ps(p, vlanes_between(lo, hi), v);
+}
 // The even lanes of a then of b: lane i is element 2i of the concatenation a, b.
 inline VF vpack_even(VF a, VF b) {
   const __m512i idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
@@ -141,6 +145,17 @@ inline VF vpack_even(VF a, VF b) {
 // The odd lanes of a then of b: lane i is element 2i + 1 of the concatenation a, b.
 inline VF vpack_odd(VF a, VF b) {
   const __m512i idx = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  return _mm512_permutex2var_ps(a, idx, b);
+}
+// Lanes of a and b interleaved: vzip_lo is a0 b0 a1 b1 ... from the first halves of a and
+// b, vzip_hi the same from their second halves.
+inline VF vzip_lo(VF a, VF b) {
+  const __m512i idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  return _mm512_permutex2var_ps(a, idx, b);
+}
+inline VF vzip_hi(VF a, VF b) {
+  const __m512i idx =
+      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   return _mm512_permutex2var_ps(a, idx, b);
 }
 

@@ -154,6 +154,12 @@ inline VF vload_masked(const float* p, VM m) {
   }
   return _mm_load_ps(t);
 }
+// p[i] = v[i] for the lanes i in [lo, hi); nothing else is written (or read).
+inline void vstore_lanes(float* p, VF v, int lo, int hi) {
+  alignas(16) float t[4];
+  _mm_store_ps(t, v);
+  for (int i = lo; i < hi; ++i) p[i] = t[i];
+}
 // The even lanes of a then of b: lane i is element 2i of the concatenation a, b.
 inline VF vpack_even(VF a, VF b) {
   return _mm_shuffle_ps(a, b, 0x88);
@@ -161,6 +167,14 @@ inline VF vpack_even(VF a, VF b) {
 // The odd lanes of a then of b: lane i is element 2i + 1 of the concatenation a, b.
 inline VF vpack_odd(VF a, VF b) {
   return _mm_shuffle_ps(a, b, 0xDD);
+}
+// Lanes of a and b interleaved: vzip_lo is a0 b0 a1 b1 from the first halves of a and b,
+// vzip_hi the same from their second halves.
+inline VF vzip_lo(VF a, VF b) {
+  return _mm_unpacklo_ps(a, b);
+}
+inline VF vzip_hi(VF a, VF b) {
+  return _mm_unpackhi_ps(a, b);
 }
 
 // Integer lanes: conversions and the bits of a float.
