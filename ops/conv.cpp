@@ -84,10 +84,11 @@ void im2col(const T* x, int64_t channels, const Geometry& g, int64_t p0, int64_t
 // The forms a float filter is packed in for the GEMM layer: of each group, a packed A
 // ([mg x cg * kernel], the output channels as rows); for the transposed product of small
 // maps (use_transposed), its transpose as a packed B ([cg * kernel x mg], the output channels
-// as columns); for 3x3 stride-1 convolutions (use_winograd), the Winograd transform's 36
-// packed A ([mg x cg] each). The groups one after another.
-enum class FilterForm : uint8_t { Packed, Transposed, Winograd };
-constexpr size_t kFilterForms = 3;
+// as columns); for 3x3 stride-1 convolutions (winograd_tile), the Winograd transform's 36
+// (4x4 output tiles) or 16 (2x2 tiles) packed A ([mg x cg] each). The groups one after
+// another.
+enum class FilterForm : uint8_t { Packed, Transposed, Winograd4, Winograd2 };
+constexpr size_t kFilterForms = 4;
 
 // Floats of a form for `groups` groups of mg output channels, cg input channels and kk =
 // cg * kernel values per output channel.
@@ -96,8 +97,10 @@ int64_t form_floats(int64_t groups, int64_t mg, int64_t cg, int64_t kk, FilterFo
   switch (form) {
     case FilterForm::Transposed:
       return groups * math::PackedB::packed_floats(kk, mg, t.nr);
-    case FilterForm::Winograd:
-      return groups * math::winograd_filter_floats(mg, cg, t.mr);
+    case FilterForm::Winograd4:
+      return groups * math::winograd_filter_floats(mg, cg, t.mr, 4);
+    case FilterForm::Winograd2:
+      return groups * math::winograd_filter_floats(mg, cg, t.mr, 2);
     case FilterForm::Packed:
       break;
   }
@@ -126,8 +129,9 @@ void pack_filter_into(const Tensor& w, int64_t groups, FilterForm form, float* o
   for (int64_t grp = 0; grp < groups; ++grp) {
     const float* fg = f.data<const float>() + grp * mg * kk;
     const math::MatrixView wg = math::MatrixView::row_major(fg, mg, kk, kk);
-    if (form == FilterForm::Winograd) {
-      math::winograd_pack_filter(fg, mg, f.dim(1), out + grp * per, t);
+    if (form == FilterForm::Winograd4 || form == FilterForm::Winograd2) {
+      math::winograd_pack_filter(fg, mg, f.dim(1), form == FilterForm::Winograd4 ? 4 : 2,
+                                 out + grp * per, t);
     } else if (form == FilterForm::Transposed) {
       math::PackedB::pack_into(wg.transposed(), out + grp * per, t);
     } else {
@@ -453,22 +457,34 @@ bool is_pointwise(const Geometry& g) {
          g.pad == std::array<int64_t, 3>{0, 0, 0} && g.out == g.in;
 }
 
-// 3x3 stride-1 convolutions of 2-D maps with enough channels, filters and tiles are
-// Winograd F(4x4, 3x3) products (ops/math/winograd.h): a quarter of the multiply-adds. With
-// few channels or filters the products are too small to pay for the transforms, and maps of
-// few 4x4 tiles fill the products' panels poorly (a 7x7 map is 4 tiles).
+// 3x3 stride-1 convolutions of 2-D maps with enough channels and filters are Winograd
+// products (ops/math/winograd.h): F(4x4, 3x3), a quarter of the multiply-adds, over maps of
+// at least nine 4x4 tiles; F(2x2, 3x3), 4/9 of them, over smaller maps of at least nine 2x2
+// tiles (7x7: 16, where 4x4 tiles are 4 and would fill the products' panels poorly). With
+// fewer channels or filters the products are too small to pay for the transforms.
 constexpr int64_t kWinogradMinChannels = 8;
 constexpr int64_t kWinogradMinTiles = 9;
 
+// The Winograd tile size for a convolution: 4, 2, or 0 where it is not a Winograd one.
+int winograd_tile(const Sizes& s, const Geometry& g) {
+  if (g.in[0] != 1 || g.out[0] != 1 || g.k[0] != 1 || g.k[1] != 3 || g.k[2] != 3 ||
+      g.stride[1] != 1 || g.stride[2] != 1 || g.dil[1] != 1 || g.dil[2] != 1 ||
+      s.cg < kWinogradMinChannels || s.mg < kWinogradMinChannels)
+    return 0;
+  for (const int tile : {4, 2}) {
+    if ((g.out[1] + tile - 1) / tile * ((g.out[2] + tile - 1) / tile) >= kWinogradMinTiles)
+      return tile;
+  }
+  return 0;
+}
+
 bool use_winograd(const Sizes& s, const Geometry& g) {
-  const int64_t tiles = (g.out[1] + 3) / 4 * ((g.out[2] + 3) / 4);
-  return g.in[0] == 1 && g.out[0] == 1 && g.k[0] == 1 && g.k[1] == 3 && g.k[2] == 3 &&
-         g.stride[1] == 1 && g.stride[2] == 1 && g.dil[1] == 1 && g.dil[2] == 1 &&
-         s.cg >= kWinogradMinChannels && s.mg >= kWinogradMinChannels && tiles >= kWinogradMinTiles;
+  return winograd_tile(s, g) != 0;
 }
 
 math::WinogradShape winograd_shape(const Sizes& s, const Geometry& g) {
-  return {s.cg, s.mg, g.in[1], g.in[2], g.pad[1], g.pad[2], g.out[1], g.out[2]};
+  return {
+      s.cg, s.mg, g.in[1], g.in[2], g.pad[1], g.pad[2], g.out[1], g.out[2], winograd_tile(s, g)};
 }
 
 bool use_transposed(const Sizes& s, const Geometry& g) {
@@ -660,7 +676,9 @@ struct ConvSpace {
 
 // The form the float paths read the filter in for these sizes.
 FilterForm filter_form(const Sizes& s, const Geometry& g) {
-  if (use_winograd(s, g)) return FilterForm::Winograd;
+  if (const int tile = winograd_tile(s, g)) {
+    return tile == 4 ? FilterForm::Winograd4 : FilterForm::Winograd2;
+  }
   return use_transposed(s, g) ? FilterForm::Transposed : FilterForm::Packed;
 }
 
@@ -676,7 +694,7 @@ void winograd_convolve(const float* x, const float* packed, const float* bias, f
   if (!space.winograd) throw std::logic_error("Winograd convolution without its workspace");
   const math::MathKernels& t = math::kernels();
   const math::WinogradPlan plan = winograd_plan(s, g, space.threads);
-  const int64_t per = math::winograd_filter_floats(s.mg, s.cg, t.gemm.mr);
+  const int64_t per = math::winograd_filter_floats(s.mg, s.cg, t.gemm.mr, plan.shape.tile);
   const int64_t ip = g.in_size(), op = g.out_size();
   const bool relu = e.activation == math::Activation::Relu;
   for (int64_t grp = 0; grp < s.groups; ++grp) {
@@ -1081,8 +1099,10 @@ class Conv final : public Kernel {
     switch (form) {
       case FilterForm::Transposed:
         return "conv-filter-t-" + level + "-nr" + std::to_string(t.gemm.nr) + g;
-      case FilterForm::Winograd:
-        return "conv-filter-winograd-" + level + "-mr" + std::to_string(t.gemm.mr) + g;
+      case FilterForm::Winograd4:
+        return "conv-filter-winograd4-" + level + "-mr" + std::to_string(t.gemm.mr) + g;
+      case FilterForm::Winograd2:
+        return "conv-filter-winograd2-" + level + "-mr" + std::to_string(t.gemm.mr) + g;
       case FilterForm::Packed:
         break;
     }

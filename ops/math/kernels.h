@@ -216,18 +216,19 @@ struct ConvKernels {
   static constexpr int64_t wide_separable_max = 16;
 };
 
-// The tiles of one image that one pass of the Winograd F(4x4, 3x3) convolution transforms
-// (ops/math/winograd.h): 4x4 output tiles, tiles_w to a row (ceil(out_w / 4)), numbered
-// row by row; the pass takes tiles [t0, t0 + count). Tile (ty, tx) reads the 6x6 input
-// window at row 4 ty - pad_h, column 4 tx - pad_w (zero outside the input).
+// The tiles of one image that one pass of a Winograd F(M x M, 3 x 3) convolution
+// transforms (ops/math/winograd.h; M is 4 or 2): M x M output tiles, tiles_w to a row
+// (ceil(out_w / M)), numbered row by row; the pass takes tiles [t0, t0 + count). Tile
+// (ty, tx) reads the (M + 2) x (M + 2) input window at row M ty - pad_h, column M tx - pad_w
+// (zero outside the input).
 struct WinogradTiles {
   int64_t in_h = 0, in_w = 0, pad_h = 0, pad_w = 0, out_h = 0, out_w = 0;
   int64_t tiles_w = 0, t0 = 0, count = 0;
 };
 
 // Floats of one strip of the Winograd transforms' scratch for `count` tiles (at any level's
-// vector width: 4 floats a tile, rounded up to whole vectors of tiles, and the reads and
-// writes past the end), and the scratch: twelve input strips, or four output ones.
+// vector width and either tile size: 4 floats a tile, rounded up to whole vectors of tiles,
+// and the reads and writes past the end), and the scratch: twelve strips.
 inline int64_t winograd_strip_len(int64_t count) {
   return 4 * ((count + 15) / 16 * 16) + 80;
 }
@@ -235,25 +236,30 @@ inline int64_t winograd_scratch_floats(int64_t count) {
   return 12 * winograd_strip_len(count);
 }
 
-// The transforms of the Winograd F(4x4, 3x3) convolution (impl/winograd.h). The 36
-// transformed positions xi = 6 i + j are 36 products (ops/math/winograd.h) whose B operands
-// `input` writes and whose results `output` reads, both laid out position-minor: row r
-// (a channel, or a filter) of position xi at (r * 36 + xi) * ld, one float per tile.
-struct WinogradKernels {
+// The transforms of one Winograd F(M x M, 3 x 3) convolution (impl/winograd.h). Its
+// P = (M + 2)^2 transformed positions xi are P products (ops/math/winograd.h) whose B
+// operands `input` writes and whose results `output` reads, both laid out position-minor:
+// row r (a channel, or a filter) of position xi at (r * P + xi) * ld, one float per tile.
+struct WinogradTransforms {
   // Channels [c0, c1) of x (channel planes `ip` floats apart) over the pass's tiles: each
   // tile's input window d as B^T d B, value xi of pass tile t and channel c at
-  // v[(c * 36 + xi) * ldv + t], and the rest of each row up to the tiles rounded up to whole
+  // v[(c * P + xi) * ldv + t], and the rest of each row up to the tiles rounded up to whole
   // vectors (ldv must hold them). `rows`: winograd_scratch_floats(count).
   void (*input)(const float* x, int64_t ip, int64_t c0, int64_t c1, const WinogradTiles& b,
                 float* v, int64_t ldv, float* rows) = nullptr;
-  // Filters [k0, k1): the products of pass tile t at m[(k * 36 + xi) * ldm + t] (readable for
-  // a vector's width past every tile) as A^T m A, plus bias[k] (bias may be null), plus y's
-  // values when `accumulate`, then max(y, 0) when `relu`, into y's planes (`op` floats apart,
-  // out_h x out_w each) at the tiles' outputs inside the plane. `rows`:
+  // Filters [k0, k1): the products of pass tile t at m[(k * P + xi) * ldm + t] (readable for
+  // the tiles rounded up to whole vectors) as A^T m A, plus bias[k] (bias may be null), plus
+  // y's values when `accumulate`, then max(y, 0) when `relu`, into y's planes (`op` floats
+  // apart, out_h x out_w each) at the tiles' outputs inside the plane. `rows`:
   // winograd_scratch_floats(count).
   void (*output)(const float* m, int64_t ldm, int64_t k0, int64_t k1, const WinogradTiles& b,
                  const float* bias, bool accumulate, bool relu, float* y, int64_t op,
                  float* rows) = nullptr;
+};
+
+struct WinogradKernels {
+  WinogradTransforms f4;  // F(4x4, 3x3): 36 positions
+  WinogradTransforms f2;  // F(2x2, 3x3): 16 positions
 };
 
 // Float arithmetic on rows: y[i] = a[i * sa] op b[i * sb] (impl/binary.h). Fast when both

@@ -10,10 +10,8 @@
 namespace kiln::math {
 namespace {
 
-constexpr int64_t kPositions = 36;
-
 std::atomic<uint64_t> g_convolutions{0};
-// A pass's transformed inputs and products (36 x (channels + filters) floats a tile) are
+// A pass's transformed inputs and products (P x (channels + filters) floats a tile) are
 // kept near this size, so both stay in the core's L2 between the transforms and products.
 constexpr int64_t kPassBytes = int64_t{512} << 10;
 // Tiles a pass takes at least when the transformed filter is larger than kPassBytes (each
@@ -22,31 +20,38 @@ constexpr int64_t kColdFilterTiles = 96;
 // Floats past a pass's products that the output transform may read (a vector's width).
 constexpr int64_t kSlack = 16;
 
-// The filter transform G g G^T of one 3x3 filter, in double.
-void transform_filter(const float* g, double* u) {
-  static constexpr double G[6][3] = {{1.0 / 4, 0, 0},
-                                     {-1.0 / 6, -1.0 / 6, -1.0 / 6},
-                                     {-1.0 / 6, 1.0 / 6, -1.0 / 6},
-                                     {1.0 / 24, 1.0 / 12, 1.0 / 6},
-                                     {1.0 / 24, -1.0 / 12, 1.0 / 6},
-                                     {0, 0, 1}};
+// The filter transform G g G^T of one 3x3 filter for tile size M (4 or 2), in double: W x W
+// values, W = M + 2.
+void transform_filter(const float* g, int tile, double* u) {
+  static constexpr double G4[6][3] = {{1.0 / 4, 0, 0},
+                                      {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                      {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                      {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                      {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                      {0, 0, 1}};
+  static constexpr double G2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+  const int w = tile + 2;
+  const double(*G)[3] = tile == 4 ? G4 : G2;
   double t[6][3];
-  for (int i = 0; i < 6; ++i) {
-    for (int c = 0; c < 3; ++c) {
-      t[i][c] = G[i][0] * g[c] + G[i][1] * g[3 + c] + G[i][2] * g[6 + c];
-    }
+  for (int i = 0; i < w; ++i) {
+    for (int c = 0; c < 3; ++c) t[i][c] = G[i][0] * g[c] + G[i][1] * g[3 + c] + G[i][2] * g[6 + c];
   }
-  for (int i = 0; i < 6; ++i) {
-    for (int j = 0; j < 6; ++j) u[i * 6 + j] = t[i][0] * G[j][0] + t[i][1] * G[j][1] + t[i][2] * G[j][2];
+  for (int i = 0; i < w; ++i) {
+    for (int j = 0; j < w; ++j)
+      u[i * w + j] = t[i][0] * G[j][0] + t[i][1] * G[j][1] + t[i][2] * G[j][2];
   }
 }
 
+int64_t positions(int tile) {
+  return (tile + 2) * (tile + 2);
+}
+
 // M_xi = U_xi V_xi for positions [xi0, xi1) of one pass: the transformed filter's rows in
-// tiles of mr, the pass's tiles in columns of nr (V_xi's rows 36 * ld floats apart).
-void pass_products(const GemmKernels& g, const float* filter, int64_t per, int64_t xi0,
-                   int64_t xi1, const WinogradPlan& p, int64_t count, const float* v, float* m) {
+// tiles of mr, the pass's tiles in columns of nr (V_xi's rows P ld floats apart).
+void pass_products(const GemmKernels& g, const float* filter, int64_t per, int64_t xi0, int64_t xi1,
+                   const WinogradPlan& p, int64_t count, const float* v, float* m) {
   const int64_t filters = p.shape.filters, channels = p.shape.channels;
-  const int64_t panels = (count + g.nr - 1) / g.nr, stride = kPositions * p.ld;
+  const int64_t panels = (count + g.nr - 1) / g.nr, stride = positions(p.shape.tile) * p.ld;
   for (int64_t xi = xi0; xi < xi1; ++xi) {
     const PackedA a(filter + xi * per, filters, channels, g.mr);
     const float* vx = v + xi * p.ld;
@@ -70,28 +75,29 @@ void pass_products(const GemmKernels& g, const float* filter, int64_t per, int64
 // (channels [c0, c1)), which the tile reads: left unwritten, they would hold whatever the
 // buffer held.
 void clear_tail(const WinogradPlan& p, int nr, int64_t count, int64_t c0, int64_t c1, float* v) {
-  const int64_t end = (count + nr - 1) / nr * nr;
+  const int64_t end = (count + nr - 1) / nr * nr, P = positions(p.shape.tile);
   if (end == count) return;
-  for (int64_t row = c0 * kPositions; row < c1 * kPositions; ++row)
+  for (int64_t row = c0 * P; row < c1 * P; ++row)
     std::fill(v + row * p.ld + count, v + row * p.ld + end, 0.0f);
 }
 
 }  // namespace
 
-int64_t winograd_filter_floats(int64_t filters, int64_t channels, int mr) {
-  return kPositions * PackedA::packed_floats(filters, channels, mr);
+int64_t winograd_filter_floats(int64_t filters, int64_t channels, int mr, int tile) {
+  return positions(tile) * PackedA::packed_floats(filters, channels, mr);
 }
 
-void winograd_pack_filter(const float* w, int64_t filters, int64_t channels, float* out,
+void winograd_pack_filter(const float* w, int64_t filters, int64_t channels, int tile, float* out,
                           const MathKernels& kernels) {
+  const int64_t P = positions(tile);
   const int64_t per = PackedA::packed_floats(filters, channels, kernels.gemm.mr);
-  std::vector<double> u(static_cast<size_t>(filters * channels * kPositions));
+  std::vector<double> u(static_cast<size_t>(filters * channels * P));
   for (int64_t fc = 0; fc < filters * channels; ++fc)
-    transform_filter(w + fc * 9, u.data() + fc * kPositions);
+    transform_filter(w + fc * 9, tile, u.data() + fc * P);
   std::vector<float> position(static_cast<size_t>(filters * channels));
-  for (int64_t xi = 0; xi < kPositions; ++xi) {
+  for (int64_t xi = 0; xi < P; ++xi) {
     for (int64_t fc = 0; fc < filters * channels; ++fc)
-      position[static_cast<size_t>(fc)] = static_cast<float>(u[static_cast<size_t>(fc * kPositions + xi)]);
+      position[static_cast<size_t>(fc)] = static_cast<float>(u[static_cast<size_t>(fc * P + xi)]);
     PackedA::pack_into(MatrixView::row_major(position.data(), filters, channels, channels),
                        out + xi * per, kernels);
   }
@@ -102,23 +108,23 @@ WinogradPlan winograd_plan(const WinogradShape& s, int64_t images, int threads,
   WinogradPlan p;
   p.shape = s;
   p.images = images;
-  const int64_t nr = kernels.gemm.nr;
-  p.tiles_w = (s.out_w + 3) / 4;
-  p.tiles = (s.out_h + 3) / 4 * p.tiles_w;
-  const int64_t per_tile = kPositions * (s.channels + s.filters) * 4;
+  const int64_t nr = kernels.gemm.nr, P = positions(s.tile), m = s.tile;
+  p.tiles_w = (s.out_w + m - 1) / m;
+  p.tiles = (s.out_h + m - 1) / m * p.tiles_w;
+  const int64_t per_tile = P * (s.channels + s.filters) * 4;
   int64_t target = std::max<int64_t>(kPassBytes / std::max<int64_t>(per_tile, 1) / nr, 1) * nr;
   // A transformed filter larger than that streams from memory (or L3) once a pass: passes
   // of enough tiles keep its stream below the products' pace.
-  if (kPositions * s.channels * s.filters * 4 > kPassBytes) target = std::max(target, kColdFilterTiles);
+  if (P * s.channels * s.filters * 4 > kPassBytes) target = std::max(target, kColdFilterTiles);
   p.block = std::max<int64_t>(std::min(target, p.tiles), 1);
   p.blocks = (p.tiles + p.block - 1) / p.block;
-  const double work = static_cast<double>(images * p.tiles) * kPositions *
+  const double work = static_cast<double>(images * p.tiles) * static_cast<double>(P) *
                       static_cast<double>(s.channels) * static_cast<double>(s.filters);
   p.tasks = tasks_for(work, threads);
   const int64_t passes = images * p.blocks;
   p.by_pass = p.tasks > 1 && passes >= 2 * p.tasks;
   p.ld = (p.block + nr - 1) / nr * nr;
-  p.slot_floats = kPositions * p.ld * (s.channels + s.filters) + kSlack;
+  p.slot_floats = P * p.ld * (s.channels + s.filters) + kSlack;
   p.slots = p.by_pass ? p.tasks : 1;
   p.row_floats = winograd_scratch_floats(p.block);
   return p;
@@ -128,13 +134,14 @@ uint64_t winograd_convolutions() {
   return g_convolutions.load(std::memory_order_relaxed);
 }
 
-void winograd_convolve(const WinogradPlan& p, const float* x, int64_t x_image,
-                       const float* filter, const float* bias, bool accumulate, bool relu,
-                       float* y, int64_t y_image, float* space, const MathKernels& kernels) {
+void winograd_convolve(const WinogradPlan& p, const float* x, int64_t x_image, const float* filter,
+                       const float* bias, bool accumulate, bool relu, float* y, int64_t y_image,
+                       float* space, const MathKernels& kernels) {
   g_convolutions.fetch_add(1, std::memory_order_relaxed);
   const WinogradShape& s = p.shape;
   const GemmKernels& g = kernels.gemm;
-  const WinogradKernels& w = kernels.winograd;
+  const WinogradTransforms& w = s.tile == 4 ? kernels.winograd.f4 : kernels.winograd.f2;
+  const int64_t P = positions(s.tile);
   const int64_t per = PackedA::packed_floats(s.filters, s.channels, g.mr);
   const int64_t ip = s.in_h * s.in_w, op = s.out_h * s.out_w;
   float* rows = space + p.slots * p.slot_floats;
@@ -151,14 +158,14 @@ void winograd_convolve(const WinogradPlan& p, const float* x, int64_t x_image,
     // Passes dealt to the tasks in turn, each with its own buffers.
     run_tasks(p.tasks, [&](int t) {
       float* v = space + t * p.slot_floats;
-      float* m = v + kPositions * p.ld * s.channels;
+      float* m = v + P * p.ld * s.channels;
       float* r = rows + t * p.row_floats;
       for (int64_t pass = t; pass < passes; pass += p.tasks) {
         const int64_t n = pass / p.blocks;
         const WinogradTiles b = tiles_of(pass);
         clear_tail(p, g.nr, b.count, 0, s.channels, v);
         w.input(x + n * x_image, ip, 0, s.channels, b, v, p.ld, r);
-        pass_products(g, filter, per, 0, kPositions, p, b.count, v, m);
+        pass_products(g, filter, per, 0, P, p, b.count, v, m);
         w.output(m, p.ld, 0, s.filters, b, bias, accumulate, relu, y + n * y_image, op, r);
       }
     });
@@ -167,7 +174,7 @@ void winograd_convolve(const WinogradPlan& p, const float* x, int64_t x_image,
   // Each pass split among the tasks: its channels, then its transformed positions, then its
   // filters.
   float* v = space;
-  float* m = v + kPositions * p.ld * s.channels;
+  float* m = v + P * p.ld * s.channels;
   for (int64_t pass = 0; pass < passes; ++pass) {
     const int64_t n = pass / p.blocks;
     const WinogradTiles b = tiles_of(pass);
@@ -177,12 +184,11 @@ void winograd_convolve(const WinogradPlan& p, const float* x, int64_t x_image,
       w.input(x + n * x_image, ip, c0, c1, b, v, p.ld, rows + t * p.row_floats);
     });
     run_tasks(p.tasks, [&](int t) {
-      pass_products(g, filter, per, kPositions * t / p.tasks, kPositions * (t + 1) / p.tasks, p,
-                    b.count, v, m);
+      pass_products(g, filter, per, P * t / p.tasks, P * (t + 1) / p.tasks, p, b.count, v, m);
     });
     run_tasks(p.tasks, [&](int t) {
-      w.output(m, p.ld, s.filters * t / p.tasks, s.filters * (t + 1) / p.tasks, b, bias,
-               accumulate, relu, y + n * y_image, op, rows + t * p.row_floats);
+      w.output(m, p.ld, s.filters * t / p.tasks, s.filters * (t + 1) / p.tasks, b, bias, accumulate,
+               relu, y + n * y_image, op, rows + t * p.row_floats);
     });
   }
 }

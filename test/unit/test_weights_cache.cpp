@@ -491,7 +491,7 @@ TEST_CASE("a 3x3 stride-1 Conv filter is transformed for Winograd once per Envir
   Session s1(path, in(env));
   CHECK(s1.load_stats().weights_prepared_count == 1);
   CHECK(s1.load_stats().weights_prepared_bytes ==
-        static_cast<uint64_t>(math::winograd_filter_floats(m, c, math::kernels().gemm.mr) * 4));
+        static_cast<uint64_t>(math::winograd_filter_floats(m, c, math::kernels().gemm.mr, 4) * 4));
   Session s2(path, in(env));
   CHECK(s2.load_stats().weights_prepared_count == 0);
   CHECK(s2.load_stats().weights_prepared_shared == 1);

@@ -1,8 +1,8 @@
-// The Winograd F(4x4, 3x3) convolution (ops/math/winograd.h, impl/winograd.h) against a
-// double-precision loop at every instruction-set level: random channels, filters, map sizes
-// (tiles cut by the map's edges), pads on either side, several images, bias, Z and Relu; the
-// plans that split passes among tasks and those that split each pass; nothing written
-// outside the workspace.
+// The Winograd F(4x4, 3x3) and F(2x2, 3x3) convolutions (ops/math/winograd.h,
+// impl/winograd.h) against a double-precision loop at every instruction-set level: random
+// channels, filters, map sizes (tiles cut by the map's edges), pads on either side, several
+// images, bias, Z and Relu; the plans that split passes among tasks and those that split each
+// pass; nothing written outside the workspace.
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -48,8 +48,8 @@ Result run_case(const Case& c, const math::MathKernels& k, std::mt19937& rng) {
   const std::vector<float> y0 = y;
 
   std::vector<float> filter(
-      static_cast<size_t>(math::winograd_filter_floats(s.filters, s.channels, k.gemm.mr)));
-  math::winograd_pack_filter(w.data(), s.filters, s.channels, filter.data(), k);
+      static_cast<size_t>(math::winograd_filter_floats(s.filters, s.channels, k.gemm.mr, s.tile)));
+  math::winograd_pack_filter(w.data(), s.filters, s.channels, s.tile, filter.data(), k);
   const math::WinogradPlan plan = math::winograd_plan(s, c.images, c.threads, k);
   const auto floats = static_cast<size_t>(plan.workspace_floats());
   std::vector<float> space(floats + 64, 12345.0f);
@@ -114,6 +114,7 @@ Case random_case(std::mt19937& rng, int64_t max_map, int64_t max_channels) {
   c.accumulate = pick(0, 1) == 1;
   c.relu = pick(0, 1) == 1;
   c.threads = static_cast<int>(pick(1, 2));
+  s.tile = pick(0, 1) == 1 ? 4 : 2;
   return c;
 }
 
@@ -126,9 +127,9 @@ KILN_ISA_TEST_CASE("the Winograd convolution matches a double-precision loop", "
   for (int iter = 0; iter < 300; ++iter) {
     const Case c = random_case(rng, 40, 24);
     const Result r = run_case(c, isa_kernels, rng);
-    INFO("case " << iter << ": " << c.s.channels << " -> " << c.s.filters << ", " << c.s.in_h
-                 << "x" << c.s.in_w << " pads " << c.s.pad_h << "," << c.s.pad_w << " out "
-                 << c.s.out_h << "x" << c.s.out_w);
+    INFO("case " << iter << ": tile " << c.s.tile << ", " << c.s.channels << " -> " << c.s.filters
+                 << ", " << c.s.in_h << "x" << c.s.in_w << " pads " << c.s.pad_h << "," << c.s.pad_w
+                 << " out " << c.s.out_h << "x" << c.s.out_w);
     CHECK(r.guard);
     CHECK(r.worst < kTolerance);
     worst = std::max(worst, r.worst);
@@ -159,9 +160,12 @@ KILN_ISA_TEST_CASE("the Winograd convolution splits passes and passes among task
   CHECK(p2.tasks == 2);
   CHECK(p2.by_pass);
   CHECK(p2.blocks > 1);
-  for (const Case& c : {one, many}) {
-    const Result r = run_case(c, isa_kernels, rng);
-    CHECK(r.guard);
-    CHECK(r.worst < kTolerance);
+  for (int tile : {4, 2}) {
+    for (Case c : {one, many}) {
+      c.s.tile = tile;
+      const Result r = run_case(c, isa_kernels, rng);
+      CHECK(r.guard);
+      CHECK(r.worst < kTolerance);
+    }
   }
 }

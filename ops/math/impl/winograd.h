@@ -13,40 +13,95 @@
 // second (vpack_even / vpack_odd). The output tiles' four columns are interleaved back
 // (vzip_lo / vzip_hi) into strips of 4 floats a tile, copied into the output's rows. Included
 // by each ops/math/isa_*.cpp inside its namespace; includes nothing.
-// B^T d for six rows (or columns) d0..d5 of a tile:
+// The transforms of F(M x M, 3 x 3) along one axis: window W = M + 2 inputs to W
+// transformed values, and W products to M outputs.
+template <int M>
+struct WinoF;
+
+// F(4x4, 3x3). B^T (rows):
 //   [4  0 -5  0 1 0]   [0 -4 -4  1 1 0]   [0 4 -4 -1 1 0]
 //   [0 -2 -1  2 1 0]   [0  2 -1 -2 1 0]   [0 4  0 -5 0 1]
-constexpr int64_t kWinoPositions = 36;
-
-struct WinoSix {
-  VF v[6];
+// A^T (rows): [1 1 1 1 1 0]   [0 1 -1 2 -2 0]   [0 1 1 4 4 0]   [0 1 -1 8 -8 1]
+template <>
+struct WinoF<4> {
+  static constexpr int W = 6;
+  static void input_1d(const VF* d, VF* t) {
+    t[0] = vfmadd(vset1(4.0f), d[0], vfmadd(vset1(-5.0f), d[2], d[4]));
+    const VF a = vfmadd(vset1(-4.0f), d[2], d[4]);  // d4 - 4 d2
+    const VF b = vfmadd(vset1(-4.0f), d[1], d[3]);  // d3 - 4 d1
+    t[1] = vadd(a, b);
+    t[2] = vsub(a, b);
+    const VF c = vsub(d[4], d[2]);
+    const VF e = vsub(d[3], d[1]);
+    t[3] = vfmadd(vset1(2.0f), e, c);
+    t[4] = vfmadd(vset1(-2.0f), e, c);
+    t[5] = vfmadd(vset1(4.0f), d[1], vfmadd(vset1(-5.0f), d[3], d[5]));
+  }
+  static void output_1d(const VF* m, VF* o) {
+    const VF p = vadd(m[1], m[2]), q = vsub(m[1], m[2]);
+    const VF r = vadd(m[3], m[4]), s = vsub(m[3], m[4]);
+    o[0] = vadd(vadd(m[0], p), r);
+    o[1] = vfmadd(vset1(2.0f), s, q);
+    o[2] = vfmadd(vset1(4.0f), r, p);
+    o[3] = vadd(vfmadd(vset1(8.0f), s, q), m[5]);
+  }
+  // A vector of tiles' six columns from the strips (tile t's columns 0..3 at 4t of `z`, its
+  // columns 4..5 at 4t of `z2`): four phases of one, two of the other.
+  static void columns(const float* z, const float* z2, VF* d) {
+    const VF a0 = vload(z), a1 = vload(z + kLanes), a2 = vload(z + 2 * kLanes),
+             a3 = vload(z + 3 * kLanes);
+    const VF e1 = vpack_even(a0, a1), o1 = vpack_odd(a0, a1);
+    const VF e2 = vpack_even(a2, a3), o2 = vpack_odd(a2, a3);
+    const VF b0 = vload(z2), b1 = vload(z2 + kLanes), b2 = vload(z2 + 2 * kLanes),
+             b3 = vload(z2 + 3 * kLanes);
+    d[0] = vpack_even(e1, e2);
+    d[1] = vpack_even(o1, o2);
+    d[2] = vpack_odd(e1, e2);
+    d[3] = vpack_odd(o1, o2);
+    d[4] = vpack_even(vpack_even(b0, b1), vpack_even(b2, b3));
+    d[5] = vpack_even(vpack_odd(b0, b1), vpack_odd(b2, b3));
+  }
+  // A vector of tiles' four output columns interleaved, four floats a tile, at dst.
+  static void store_row(const VF* o, float* dst) {
+    const VF z0 = vzip_lo(o[0], o[2]), z1 = vzip_hi(o[0], o[2]);
+    const VF z2 = vzip_lo(o[1], o[3]), z3 = vzip_hi(o[1], o[3]);
+    vstore(dst, vzip_lo(z0, z2));
+    vstore(dst + kLanes, vzip_hi(z0, z2));
+    vstore(dst + 2 * kLanes, vzip_lo(z1, z3));
+    vstore(dst + 3 * kLanes, vzip_hi(z1, z3));
+  }
 };
 
-inline WinoSix wino_input_1d(const WinoSix& d) {
-  WinoSix t;
-  t.v[0] = vfmadd(vset1(4.0f), d.v[0], vfmadd(vset1(-5.0f), d.v[2], d.v[4]));
-  const VF a = vfmadd(vset1(-4.0f), d.v[2], d.v[4]);  // d4 - 4 d2
-  const VF b = vfmadd(vset1(-4.0f), d.v[1], d.v[3]);  // d3 - 4 d1
-  t.v[1] = vadd(a, b);
-  t.v[2] = vsub(a, b);
-  const VF c = vsub(d.v[4], d.v[2]);
-  const VF e = vsub(d.v[3], d.v[1]);
-  t.v[3] = vfmadd(vset1(2.0f), e, c);
-  t.v[4] = vfmadd(vset1(-2.0f), e, c);
-  t.v[5] = vfmadd(vset1(4.0f), d.v[1], vfmadd(vset1(-5.0f), d.v[3], d.v[5]));
-  return t;
-}
-
-// A^T m for six rows (or columns) m0..m5 of a transformed tile, into four:
-//   [1 1 1 1 1 0]   [0 1 -1 2 -2 0]   [0 1 1 4 4 0]   [0 1 -1 8 -8 1]
-inline void wino_output_1d(const VF* m, VF* o) {
-  const VF p = vadd(m[1], m[2]), q = vsub(m[1], m[2]);
-  const VF r = vadd(m[3], m[4]), s = vsub(m[3], m[4]);
-  o[0] = vadd(vadd(m[0], p), r);
-  o[1] = vfmadd(vset1(2.0f), s, q);
-  o[2] = vfmadd(vset1(4.0f), r, p);
-  o[3] = vadd(vfmadd(vset1(8.0f), s, q), m[5]);
-}
+// F(2x2, 3x3). B^T (rows): [1 0 -1 0]   [0 1 1 0]   [0 -1 1 0]   [0 1 0 -1]
+// A^T (rows): [1 1 1 0]   [0 1 -1 -1]
+template <>
+struct WinoF<2> {
+  static constexpr int W = 4;
+  static void input_1d(const VF* d, VF* t) {
+    t[0] = vsub(d[0], d[2]);
+    t[1] = vadd(d[1], d[2]);
+    t[2] = vsub(d[2], d[1]);
+    t[3] = vsub(d[1], d[3]);
+  }
+  static void output_1d(const VF* m, VF* o) {
+    o[0] = vadd(vadd(m[0], m[1]), m[2]);
+    o[1] = vsub(vsub(m[1], m[2]), m[3]);
+  }
+  // Tile t's columns 0..1 at 2t of `z`, 2..3 at 2t of `z2`: two phases of each.
+  static void columns(const float* z, const float* z2, VF* d) {
+    const VF a0 = vload(z), a1 = vload(z + kLanes);
+    const VF b0 = vload(z2), b1 = vload(z2 + kLanes);
+    d[0] = vpack_even(a0, a1);
+    d[1] = vpack_odd(a0, a1);
+    d[2] = vpack_even(b0, b1);
+    d[3] = vpack_odd(b0, b1);
+  }
+  // Two output columns interleaved, two floats a tile.
+  static void store_row(const VF* o, float* dst) {
+    vstore(dst, vzip_lo(o[0], o[1]));
+    vstore(dst + kLanes, vzip_hi(o[0], o[1]));
+  }
+};
 
 // The tile row segment [tx0, tx0 + n) of tile row ty within a block starting at block tile
 // t0: calls f(ty, tx0, n, block-relative index of tx0) for each such segment of the block.
@@ -60,82 +115,71 @@ inline void wino_segments(const WinogradTiles& b, F&& f) {
   }
 }
 
-// Channels [c0, c1) of x (planes `ip` floats apart) over the pass's tiles into the 36
-// transformed products' B operands (WinogradKernels::input). `rows` holds
-// winograd_scratch_floats(b.count) floats: the twelve strips.
+// Channels [c0, c1) of x (planes `ip` floats apart) over the pass's tiles into the
+// transformed products' B operands (WinogradTransforms::input). `rows` holds
+// winograd_scratch_floats(b.count) floats: the strips.
+template <int M>
 void wino_input(const float* x, int64_t ip, int64_t c0, int64_t c1, const WinogradTiles& b,
                 float* v, int64_t ldv, float* rows) {
+  constexpr int W = WinoF<M>::W, kPositions = W * W;
   const int64_t len = winograd_strip_len(b.count), groups = (b.count + kLanes - 1) / kLanes;
-  // strip[rho]: the column-transformed row rho, tile t's columns 0..3 at 4t;
-  // next[rho]: its columns 4..7 at 4t (only 4 and 5 are read).
-  float* strip[6];
-  float* next[6];
-  for (int r = 0; r < 6; ++r) {
+  // strip[rho]: the column-transformed row rho, tile t's columns 0..M-1 at M t;
+  // next[rho]: its columns M..2M-1 at M t (only M and M + 1 are read).
+  float* strip[W];
+  float* next[W];
+  for (int r = 0; r < W; ++r) {
     strip[r] = rows + r * len;
-    next[r] = rows + (6 + r) * len;
+    next[r] = rows + (W + r) * len;
   }
   for (int64_t c = c0; c < c1; ++c) {
     wino_segments(b, [&](int64_t ty, int64_t tx0, int64_t n, int64_t tile0) {
-      const int64_t col0 = 4 * tx0 - b.pad_w, row0 = 4 * ty - b.pad_h;
-      const float* in[6];
-      for (int64_t r = 0; r < 6; ++r) {
+      const int64_t col0 = M * tx0 - b.pad_w, row0 = M * ty - b.pad_h;
+      const float* in[W];
+      for (int64_t r = 0; r < W; ++r) {
         const int64_t ih = row0 + r;
         in[r] = ih >= 0 && ih < b.in_h ? x + c * ip + ih * b.in_w + col0 : nullptr;
       }
-      // B^T down the columns of the segment's 4n + 2 input columns (zero outside the input),
+      // B^T down the columns of the segment's M n + 2 input columns (zero outside the input),
       // read straight from the input rows. Whole vectors may write past the segment's end:
       // the next segment (or the tail cleared below) writes there after.
-      const int64_t at = 4 * tile0;
-      for (int64_t w = 0; w < 4 * n + 4; w += kLanes) {
+      const int64_t at = M * tile0;
+      for (int64_t w = 0; w < M * n + M; w += kLanes) {
         const int64_t lo = dc_max(-(col0 + w), 0), hi = dc_min(b.in_w - (col0 + w), kLanes);
-        WinoSix d;
+        VF d[W], t[W];
         if (lo == 0 && hi == kLanes) {
-          for (int r = 0; r < 6; ++r) d.v[r] = in[r] ? vload(in[r] + w) : vzero();
+          for (int r = 0; r < W; ++r) d[r] = in[r] ? vload(in[r] + w) : vzero();
         } else if (hi > lo) {
           const VM m = vlanes_between(static_cast<int>(lo), static_cast<int>(hi));
-          for (int r = 0; r < 6; ++r) d.v[r] = in[r] ? vload_masked(in[r] + w, m) : vzero();
+          for (int r = 0; r < W; ++r) d[r] = in[r] ? vload_masked(in[r] + w, m) : vzero();
         } else {
-          for (int r = 0; r < 6; ++r) d.v[r] = vzero();
+          for (int r = 0; r < W; ++r) d[r] = vzero();
         }
-        const WinoSix t = wino_input_1d(d);
-        for (int r = 0; r < 6; ++r) {
-          if (w < 4 * n) vstore(strip[r] + at + w, t.v[r]);
-          // Columns 4 on go to `next`, four floats back (the first vector's first four lanes
+        WinoF<M>::input_1d(d, t);
+        for (int r = 0; r < W; ++r) {
+          if (w < M * n) vstore(strip[r] + at + w, t[r]);
+          // Columns M on go to `next`, M floats back (the first vector's first M lanes
           // belong to the previous tile's slots there, so they are not written).
           if (w == 0) {
-            vstore_lanes(next[r] + at - 4, t.v[r], dc_min(4, kLanes), kLanes);
+            vstore_lanes(next[r] + at - M, t[r], static_cast<int>(dc_min(M, kLanes)), kLanes);
           } else {
-            vstore(next[r] + at + w - 4, t.v[r]);
+            vstore(next[r] + at + w - M, t[r]);
           }
         }
       }
     });
     // Past the last tile the vectors read zeros, not whatever the strips held.
-    for (int r = 0; r < 12; ++r) {
-      for (int64_t i = 4 * b.count; i < 4 * groups * kLanes; ++i) rows[r * len + i] = 0.0f;
+    for (int r = 0; r < 2 * W; ++r) {
+      for (int64_t i = M * b.count; i < M * groups * kLanes; ++i) rows[r * len + i] = 0.0f;
     }
-    // Then B along each row: lane l takes its tile's six columns.
-    float* vc = v + c * kWinoPositions * ldv;
+    // Then B along each row: lane l takes its tile's W columns.
+    float* vc = v + c * kPositions * ldv;
     for (int64_t g = 0; g < groups; ++g) {
-      for (int64_t rho = 0; rho < 6; ++rho) {
-        const float* z = strip[rho] + 4 * g * kLanes;
-        const float* z2 = next[rho] + 4 * g * kLanes;
-        const VF a0 = vload(z), a1 = vload(z + kLanes), a2 = vload(z + 2 * kLanes),
-                 a3 = vload(z + 3 * kLanes);
-        const VF e1 = vpack_even(a0, a1), o1 = vpack_odd(a0, a1);
-        const VF e2 = vpack_even(a2, a3), o2 = vpack_odd(a2, a3);
-        const VF b0 = vload(z2), b1 = vload(z2 + kLanes), b2 = vload(z2 + 2 * kLanes),
-                 b3 = vload(z2 + 3 * kLanes);
-        WinoSix d;
-        d.v[0] = vpack_even(e1, e2);
-        d.v[1] = vpack_even(o1, o2);
-        d.v[2] = vpack_odd(e1, e2);
-        d.v[3] = vpack_odd(o1, o2);
-        d.v[4] = vpack_even(vpack_even(b0, b1), vpack_even(b2, b3));
-        d.v[5] = vpack_even(vpack_odd(b0, b1), vpack_odd(b2, b3));
-        const WinoSix t = wino_input_1d(d);
+      for (int64_t rho = 0; rho < W; ++rho) {
+        VF d[W], t[W];
+        WinoF<M>::columns(strip[rho] + M * g * kLanes, next[rho] + M * g * kLanes, d);
+        WinoF<M>::input_1d(d, t);
         // Whole vectors: a row holds ld >= the pass's tiles rounded up to whole vectors.
-        for (int64_t s = 0; s < 6; ++s) vstore(vc + (rho * 6 + s) * ldv + g * kLanes, t.v[s]);
+        for (int64_t s = 0; s < W; ++s) vstore(vc + (rho * W + s) * ldv + g * kLanes, t[s]);
       }
     }
   }
@@ -159,50 +203,45 @@ inline void wino_copy_out(const float* src, int64_t n, bool accumulate, bool rel
   }
 }
 
-// Filters [k0, k1) of the pass's tiles from the products m (WinogradKernels::output); `rows`
-// holds winograd_scratch_floats(b.count) floats (four output strips).
+// Filters [k0, k1) of the pass's tiles from the products m (WinogradTransforms::output);
+// `rows` holds winograd_scratch_floats(b.count) floats (the output strips).
+template <int M>
 void wino_output(const float* m, int64_t ldm, int64_t k0, int64_t k1, const WinogradTiles& b,
-                 const float* bias, bool accumulate, bool relu, float* y, int64_t op,
-                 float* rows) {
+                 const float* bias, bool accumulate, bool relu, float* y, int64_t op, float* rows) {
+  constexpr int W = WinoF<M>::W, kPositions = W * W;
   const int64_t len = winograd_strip_len(b.count), groups = (b.count + kLanes - 1) / kLanes;
   for (int64_t k = k0; k < k1; ++k) {
     const VF bv = vset1(bias ? bias[k] : 0.0f);
-    // Output row i of tile t at rows[i * len + 4t], four floats.
+    // Output row i of tile t at rows[i * len + M t], M floats.
     for (int64_t g = 0; g < groups; ++g) {
-      const float* mk = m + k * kWinoPositions * ldm + g * kLanes;
-      // A^T along each row of the 6x6 products, then down the columns.
-      VF u[6][4];
-      for (int64_t i = 0; i < 6; ++i) {
-        VF row[6];
-        for (int64_t j = 0; j < 6; ++j) row[j] = vload(mk + (i * 6 + j) * ldm);
-        wino_output_1d(row, u[i]);
+      const float* mk = m + k * kPositions * ldm + g * kLanes;
+      // A^T along each row of the W x W products, then down the columns.
+      VF u[W][M];
+      for (int64_t i = 0; i < W; ++i) {
+        VF row[W];
+        for (int64_t j = 0; j < W; ++j) row[j] = vload(mk + (i * W + j) * ldm);
+        WinoF<M>::output_1d(row, u[i]);
       }
-      VF col[6], o[4][4];
-      for (int64_t j = 0; j < 4; ++j) {
-        for (int64_t i = 0; i < 6; ++i) col[i] = u[i][j];
-        VF out[4];
-        wino_output_1d(col, out);
-        for (int64_t i = 0; i < 4; ++i) o[i][j] = vadd(out[i], bv);
+      VF o[M][M];
+      for (int64_t j = 0; j < M; ++j) {
+        VF col[W], out[M];
+        for (int64_t i = 0; i < W; ++i) col[i] = u[i][j];
+        WinoF<M>::output_1d(col, out);
+        for (int64_t i = 0; i < M; ++i) o[i][j] = vadd(out[i], bv);
       }
-      for (int64_t i = 0; i < 4; ++i) {
-        const VF z0 = vzip_lo(o[i][0], o[i][2]), z1 = vzip_hi(o[i][0], o[i][2]);
-        const VF z2 = vzip_lo(o[i][1], o[i][3]), z3 = vzip_hi(o[i][1], o[i][3]);
-        float* dst = rows + i * len + 4 * g * kLanes;
-        vstore(dst, vzip_lo(z0, z2));
-        vstore(dst + kLanes, vzip_hi(z0, z2));
-        vstore(dst + 2 * kLanes, vzip_lo(z1, z3));
-        vstore(dst + 3 * kLanes, vzip_hi(z1, z3));
-      }
+      for (int64_t i = 0; i < M; ++i) WinoF<M>::store_row(o[i], rows + i * len + M * g * kLanes);
     }
     // Each tile row's segment into y's rows, cut at the plane's edges.
     wino_segments(b, [&](int64_t ty, int64_t tx0, int64_t n, int64_t tile0) {
-      const int64_t oh0 = 4 * ty, out_rows = dc_min(4, b.out_h - oh0);
-      const int64_t valid = dc_min(4 * n, b.out_w - 4 * tx0);
-      float* yk = y + k * op + oh0 * b.out_w + 4 * tx0;
+      const int64_t oh0 = M * ty, out_rows = dc_min(M, b.out_h - oh0);
+      const int64_t valid = dc_min(M * n, b.out_w - M * tx0);
+      float* yk = y + k * op + oh0 * b.out_w + M * tx0;
       for (int64_t i = 0; i < out_rows; ++i)
-        wino_copy_out(rows + i * len + 4 * tile0, valid, accumulate, relu, yk + i * b.out_w);
+        wino_copy_out(rows + i * len + M * tile0, valid, accumulate, relu, yk + i * b.out_w);
     });
   }
 }
 
-constexpr WinogradKernels kWinogradKernels{.input = wino_input, .output = wino_output};
+constexpr WinogradKernels kWinogradKernels{
+    .f4 = {.input = wino_input<4>, .output = wino_output<4>},
+    .f2 = {.input = wino_input<2>, .output = wino_output<2>}};
