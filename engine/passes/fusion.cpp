@@ -14,6 +14,13 @@
 namespace kiln::passes {
 namespace {
 
+// A convolution: Conv, and the fused ones the passes write or onnxruntime's files hold.
+bool conv_op(const ir::Node& n) {
+  return n.op_type == "Conv"
+             ? n.domain.empty()
+             : n.op_type == "FusedConv" && (n.domain == "kiln" || n.domain == "com.microsoft");
+}
+
 // The node indices reading each value, kept up to date as the graph is rewritten.
 class Rewriter {
  public:
@@ -23,6 +30,7 @@ class Rewriter {
   size_t size() const { return g_.nodes.size(); }
   bool removed(size_t n) const { return removed_[n]; }
   ir::Node& node(size_t n) { return g_.nodes[n]; }
+  size_t index(const ir::Node* n) const { return static_cast<size_t>(n - g_.nodes.data()); }
 
   // The live node producing `v`, or null.
   ir::Node* producer(ir::ValueId v) {
@@ -94,8 +102,28 @@ class Rewriter {
       return static_cast<int64_t>(type.shape->size());
     }
     ir::Node* p = producer(v);
-    if (!p || !p->domain.empty()) return -1;
+    if (!p) return -1;
     const std::string& op = p->op_type;
+    const bool first = !p->outputs.empty() && p->outputs[0] == v;
+    // Convolutions: their filter's rank.
+    if (first && conv_op(*p)) {
+      const Tensor* w = constant(p->inputs.size() > 1 ? p->inputs[1] : ir::kNoValue);
+      return w ? static_cast<int64_t>(w->rank()) : -1;
+    }
+    const bool keeps_rank =
+        (p->domain == "kiln" && op == "ChannelAffine") ||
+        (p->domain.empty() &&
+         (op == "BatchNormalization" || op == "GlobalAveragePool" || op == "GlobalMaxPool"));
+    if (first && keeps_rank) return rank(p->inputs[0], depth + 1);
+    if (!p->domain.empty()) return -1;
+    // Pools: batch, channels and the window's axes.
+    if (first && (op == "MaxPool" || op == "AveragePool" || op == "LpPool")) {
+      const ir::Attribute* k = p->attr("kernel_shape");
+      return k ? 2 + static_cast<int64_t>(k->ints.size()) : -1;
+    }
+    // Concat: its last input's rank (in DenseNet the first input is the chain of every
+    // earlier Concat, the last a convolution's output; one input, so the search stays a path).
+    if (op == "Concat") return p->inputs.empty() ? -1 : rank(p->inputs.back(), depth + 1);
     if (op == "Transpose") {
       const ir::Attribute* perm = p->attr("perm");
       return perm ? static_cast<int64_t>(perm->ints.size()) : rank(p->inputs[0], depth + 1);
@@ -171,6 +199,70 @@ class Rewriter {
     const bool same = std::find_if(std::begin(kSameShape), std::end(kSameShape),
                                    [&](const char* s) { return op == s; }) != std::end(kSameShape);
     return same ? last_dim(p->inputs[0], depth + 1) : -1;
+  }
+
+  // The size of `v`'s axis 1 (its channels) when the graph tells it (constants, declared
+  // shapes, convolutions with a constant filter, normalizations with constant parameters and
+  // the ops that keep their input's channels), else -1.
+  int64_t channels(ir::ValueId v, int depth = 0) {
+    if (v == ir::kNoValue || depth > 32) return -1;
+    if (const Tensor* t = constant(v)) return t->rank() >= 2 ? t->dim(1) : -1;
+    const ir::TypeInfo& type = declared(v);
+    if (type.kind == Value::Kind::Tensor && type.shape && type.shape->size() >= 2 &&
+        (*type.shape)[1].value >= 0) {
+      return (*type.shape)[1].value;
+    }
+    ir::Node* p = producer(v);
+    if (!p || p->inputs.empty() || p->outputs.empty() || p->outputs[0] != v) return -1;
+    const std::string& op = p->op_type;
+    if (conv_op(*p)) {
+      const Tensor* w = constant(p->inputs.size() > 1 ? p->inputs[1] : ir::kNoValue);
+      return w && w->rank() >= 3 ? w->dim(0) : -1;
+    }
+    if (p->domain == "kiln" && op == "ChannelAffine") return channels(p->inputs[0], depth + 1);
+    if (!p->domain.empty()) return -1;
+    static const char* const kSameChannels[] = {
+        "Relu",        "Sigmoid", "Tanh", "Identity",     "Dropout",   "MaxPool",
+        "AveragePool", "LpPool",  "LRN",  "Clip",         "LeakyRelu", "Gelu",
+        "Swish",       "Neg",     "Cast", "GlobalMaxPool"};
+    const bool same =
+        op == "GlobalAveragePool" || op == "BatchNormalization" || op == "InstanceNormalization" ||
+        std::find_if(std::begin(kSameChannels), std::end(kSameChannels),
+                     [&](const char* s) { return op == s; }) != std::end(kSameChannels);
+    return same ? channels(p->inputs[0], depth + 1) : -1;
+  }
+
+  // Whether `v` is known to hold floats: declared so, a constant, or made by an op whose
+  // output has the type of an input known to (a convolution's filter, a Mul's constant, a
+  // pool's input, ...). Follows one input per node, so the search stays a path.
+  bool float_type(ir::ValueId v, int depth = 0) {
+    if (v == ir::kNoValue || depth > 32) return false;
+    const DataType t = dtype(v);
+    if (t != DataType::Undefined) return t == DataType::Float;
+    ir::Node* p = producer(v);
+    if (!p || p->inputs.empty() || p->outputs.empty() || p->outputs[0] != v) return false;
+    const std::string& op = p->op_type;
+    if (conv_op(*p)) return p->inputs.size() > 1 && float_type(p->inputs[1], depth + 1);
+    if (p->domain == "kiln" && op == "ChannelAffine") return true;  // float only
+    if (!p->domain.empty()) return false;
+    // Every input of these has the output's type: a constant one tells it, else the first
+    // (a Concat's last: see rank).
+    static const char* const kOneType[] = {
+        "Add",     "Sub",         "Mul",      "Div",  "Concat",       "Relu", "Neg",
+        "Sigmoid", "Tanh",        "Identity", "Gelu", "Swish",        "Clip", "LeakyRelu",
+        "MaxPool", "AveragePool", "LpPool",   "LRN",  "GlobalMaxPool"};
+    const bool one_type =
+        op == "GlobalAveragePool" || op == "InstanceNormalization" ||
+        std::find_if(std::begin(kOneType), std::end(kOneType),
+                     [&](const char* s) { return op == s; }) != std::end(kOneType);
+    // BatchNormalization's parameters have its input's type before opset 15.
+    if (!one_type && !(op == "BatchNormalization" && p->opset < 15)) {
+      return op == "BatchNormalization" && float_type(p->inputs[0], depth + 1);
+    }
+    for (ir::ValueId in : p->inputs) {
+      if (const Tensor* c = constant(in)) return c->dtype() == DataType::Float;
+    }
+    return float_type(op == "Concat" ? p->inputs.back() : p->inputs[0], depth + 1);
   }
 
   // The live nodes reading `v` (each once, however many of its inputs do).
@@ -1161,22 +1253,26 @@ void replace_with_folded_conv(Rewriter& r, ir::Node* conv, ir::Node* after, cons
   r.add(std::move(folded));
 }
 
+// A BatchNormalization at inference (opset 7 or later: before, is_test and spatial), its
+// statistics outputs unread and its parameters one per channel (spatial not 0).
+bool inference_batchnorm(Rewriter& r, const ir::Node& bn) {
+  if (!is(bn, "BatchNormalization") || bn.inputs.size() != 5 || bn.opset < 7) return false;
+  for (size_t o = 1; o < bn.outputs.size(); ++o) {
+    if (!r.unused(bn.outputs[o])) return false;
+  }
+  const ir::Attribute* training = bn.attr("training_mode");
+  const ir::Attribute* spatial = bn.attr("spatial");
+  return !(training && training->i != 0) && !(spatial && spatial->i == 0);
+}
+
 // Conv(X, W, B) -> BatchNormalization at inference, W, B and the normalization's scale,
 // bias, mean and variance constants: one Conv(X, W', B') with W' = W * s per output channel
 // and B' = (B - mean) * s + bias, s = scale / sqrt(variance + epsilon), computed in double.
 int fold_conv_batchnorm(Rewriter& r) {
   int count = 0;
   for (size_t i = 0; i < r.size(); ++i) {
-    if (r.removed(i) || !is(r.node(i), "BatchNormalization")) continue;
+    if (r.removed(i) || !inference_batchnorm(r, r.node(i))) continue;
     ir::Node* bn = &r.node(i);
-    if (bn->inputs.size() != 5 || bn->opset < 7) continue;  // before 7: is_test, spatial
-    bool statistics_used = false;
-    for (size_t o = 1; o < bn->outputs.size(); ++o) {
-      statistics_used = statistics_used || !r.unused(bn->outputs[o]);
-    }
-    const ir::Attribute* training = bn->attr("training_mode");
-    const ir::Attribute* spatial = bn->attr("spatial");
-    if (statistics_used || (training && training->i != 0) || (spatial && spatial->i == 0)) continue;
     ir::Node* conv = r.producer(bn->inputs[0], "Conv");
     if (!conv || !r.single_use(bn->inputs[0])) continue;
     const std::optional<FoldableConv> fc = foldable_conv(r, *conv);
@@ -1300,6 +1396,191 @@ int fuse_conv_epilogue(Rewriter& r) {
     for (ir::Node* n : chain) r.remove(n);
     r.add(std::move(fused));
     ++count;
+  }
+  return count;
+}
+
+// ---- per-channel scale and shift ----
+
+// One step of a chain of per-channel affine ops: the node (by index: fusing a chain appends a
+// node, which may move the others), the value it reads along the chain and, for a Mul, Add,
+// Sub or Div, its constant operand.
+struct AffineStep {
+  size_t node = 0;
+  ir::ValueId x = ir::kNoValue;
+  ir::ValueId c = ir::kNoValue;
+};
+
+// Node `i` as a step of such a chain by its form alone: an inference BatchNormalization, a
+// Mul, Add or Sub with one float constant operand, or x divided by one. Whether the constants
+// hold one value per channel is checked once the chain's channels are known.
+std::optional<AffineStep> affine_step(Rewriter& r, size_t i) {
+  const ir::Node& n = r.node(i);
+  if (r.removed(i) || n.outputs.empty() || n.outputs[0] == ir::kNoValue) return std::nullopt;
+  if (inference_batchnorm(r, n)) return AffineStep{i, n.inputs[0], ir::kNoValue};
+  const bool div = is(n, "Div");
+  if ((!is(n, "Mul") && !is(n, "Add") && !is(n, "Sub") && !div) || n.inputs.size() != 2) {
+    return std::nullopt;
+  }
+  for (int s = 0; s < 2; ++s) {
+    const Tensor* t = r.constant(n.inputs[s]);
+    if (!t || t->dtype() != DataType::Float || r.constant(n.inputs[1 - s])) continue;
+    if (div && s == 0) continue;  // c / x is no affine function of x
+    return AffineStep{i, n.inputs[1 - s], n.inputs[s]};
+  }
+  return std::nullopt;
+}
+
+// The step reading `v` alone, or nullopt.
+std::optional<AffineStep> next_affine_step(Rewriter& r, ir::ValueId v) {
+  ir::Node* n = r.sole_reader(v);
+  if (!n) return std::nullopt;
+  const std::optional<AffineStep> s = affine_step(r, r.index(n));
+  return s && s->x == v ? s : std::nullopt;
+}
+
+// y = x * scale[c] + shift[c] over channels c, composed in double along a chain.
+struct ChannelTransform {
+  std::vector<double> scale, shift;
+};
+
+// `t` followed by step `s` on a tensor of rank `rank` (-1: unknown) with `m` channels; false
+// (t unchanged) when s's constants are not one float per channel along axis 1 or one for all
+// (of a rank that cannot broadcast the tensor to a larger one; the tensor's rank is at least
+// 2, as the chain's start tells).
+bool compose(Rewriter& r, const AffineStep& s, int64_t rank, int64_t m, ChannelTransform& t) {
+  const ir::Node& n = r.node(s.node);
+  const auto size = static_cast<size_t>(m);
+  if (s.c == ir::kNoValue) {  // BatchNormalization: y = (x - mean) * a + bias
+    const std::vector<double> scale = float_values(r, n.inputs[1], m),
+                              bias = float_values(r, n.inputs[2], m),
+                              mean = float_values(r, n.inputs[3], m),
+                              var = float_values(r, n.inputs[4], m);
+    if (scale.empty() || bias.empty() || mean.empty() || var.empty()) return false;
+    const ir::Attribute* eps = n.attr("epsilon");
+    const double epsilon = eps ? static_cast<double>(eps->f) : 1e-5;
+    for (size_t k = 0; k < size; ++k) {
+      const double a = scale[k] / std::sqrt(var[k] + epsilon);
+      t.scale[k] *= a;
+      t.shift[k] = (t.shift[k] - mean[k]) * a + bias[k];
+    }
+    return true;
+  }
+  std::vector<double> v;
+  if (rank >= 0) {
+    v = per_channel(r, s.c, rank, m);
+  } else if (const Tensor* c = r.constant(s.c); c->numel() == 1 && c->rank() <= 1) {
+    v.assign(size, static_cast<double>(c->contiguous().data<const float>()[0]));
+  }
+  if (v.empty()) return false;
+  const bool constant_first = n.inputs[0] == s.c;
+  for (size_t k = 0; k < size; ++k) {
+    if (is(n, "Mul")) {
+      t.scale[k] *= v[k];
+      t.shift[k] *= v[k];
+    } else if (is(n, "Div")) {
+      t.scale[k] /= v[k];
+      t.shift[k] /= v[k];
+    } else if (is(n, "Add")) {
+      t.shift[k] += v[k];
+    } else if (constant_first) {  // c - y
+      t.scale[k] = -t.scale[k];
+      t.shift[k] = v[k] - t.shift[k];
+    } else {  // y - c
+      t.shift[k] -= v[k];
+    }
+  }
+  return true;
+}
+
+// A float tensor of m values.
+Tensor float_vector(const std::vector<double>& v) {
+  const auto m = static_cast<int64_t>(v.size());
+  Tensor t(DataType::Float, Shape{m},
+           Storage::heap_uninitialized(storage_bytes(DataType::Float, m)));
+  for (int64_t k = 0; k < m; ++k)
+    t.data<float>()[k] = static_cast<float>(v[static_cast<size_t>(k)]);
+  return t;
+}
+
+// A chain of per-channel affine ops over axis 1, each reading the previous one's output alone:
+// inference BatchNormalizations with constant parameters, and Muls, Adds, Subs and Divs by
+// float constants of one value per channel ([C, 1, 1], [1, C, 1, 1]) or one for all, in any
+// order and number, optionally followed by an activation: one kiln.ChannelAffine(X, scale,
+// shift) with the `activation` attribute, its scale and shift composed in double. The chain
+// starts where X's channels are known, so no constant broadcasts X to more of them: at a
+// BatchNormalization (which fails on any other count, as the fused op does) or where the
+// graph tells them. Made for a chain of two ops or more, or a BatchNormalization alone, that
+// holds a normalization or a constant of more than one value (scalars alone, as in attention
+// masks and near misses of the GELU patterns, are left to the other fusions). Runs after the
+// folds into convolutions, which take such chains whole.
+int fuse_channel_affine(Rewriter& r) {
+  int count = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    const std::optional<AffineStep> head = affine_step(r, i);
+    if (!head) continue;
+    // A run is taken from its first step (its steps may be listed in any order).
+    if (ir::Node* p = r.producer(head->x)) {
+      const std::optional<AffineStep> before = affine_step(r, r.index(p));
+      if (before && r.single_use(head->x) && p->outputs[0] == head->x) continue;
+    }
+    std::vector<AffineStep> run{*head};
+    while (auto s = next_affine_step(r, r.node(run.back().node).outputs[0])) run.push_back(*s);
+    for (size_t pos = 0; pos < run.size();) {
+      const AffineStep& first = run[pos];
+      const ir::Node& start = r.node(first.node);
+      int64_t m = -1;
+      if (first.c == ir::kNoValue) {
+        const Tensor* scale = r.constant(start.inputs[1]);
+        if (scale && scale->rank() == 1) m = scale->dim(0);
+      } else {
+        m = r.channels(first.x);
+      }
+      const int64_t rank = r.rank(first.x);
+      ChannelTransform t{std::vector<double>(static_cast<size_t>(std::max<int64_t>(m, 0)), 1.0),
+                         std::vector<double>(static_cast<size_t>(std::max<int64_t>(m, 0)), 0.0)};
+      // The chain's type is X's: told by the graph, or by a Mul, Add, Sub or Div constant
+      // (of the other operand's type) or a BatchNormalization's parameters before opset 15
+      // (which allows other types for them) along the chain.
+      bool is_float = r.float_type(first.x);
+      bool normalizes = false, per_channel_values = false;
+      size_t end = pos;
+      while (m > 0 && end < run.size() && compose(r, run[end], rank, m, t)) {
+        const bool bn = run[end].c == ir::kNoValue;
+        normalizes = normalizes || bn;
+        per_channel_values = per_channel_values || bn || r.constant(run[end].c)->numel() > 1;
+        is_float = is_float || !bn || r.node(run[end].node).opset < 15;
+        ++end;
+      }
+      if (end == pos) {
+        ++pos;
+        continue;
+      }
+      ir::ValueId y = r.node(run[end - 1].node).outputs[0];
+      ir::Node* act = end == run.size() ? r.sole_reader(y) : nullptr;
+      const char* act_name = act ? activation_of(*act) : nullptr;
+      if (!act_name || act->inputs.empty() || act->inputs[0] != y) act = nullptr;
+      if (!is_float || !per_channel_values || (!normalizes && end - pos + (act ? 1 : 0) < 2)) {
+        pos = end;
+        continue;
+      }
+      if (act) y = act->outputs[0];
+      const std::string base = r.graph().value(y).name;
+      ir::Node fused;
+      fused.name = start.name.empty() ? "channel_affine" : start.name;
+      fused.domain = "kiln";
+      fused.op_type = "ChannelAffine";
+      fused.opset = 1;
+      fused.inputs = {first.x, r.new_constant(base + "/affine_scale", float_vector(t.scale)),
+                      r.new_constant(base + "/affine_shift", float_vector(t.shift))};
+      fused.outputs = {y};
+      if (act) fused.attributes.push_back(activation_attr(act_name));
+      if (act) r.remove(act);
+      for (size_t k = pos; k < end; ++k) r.remove(&r.node(run[k].node));
+      r.add(std::move(fused));
+      ++count;
+      pos = end;
+    }
   }
   return count;
 }
@@ -1478,8 +1759,11 @@ void optimize_graph(ir::Graph& g, GraphOptimization level, OptimizeStats& stats)
     stats.fused += fold_into_matmul(r);
     const int convs = fold_conv_batchnorm(r) + fold_conv_scale_shift(r);
     stats.fused += convs + fuse_conv_epilogue(r);
+    const int affine = fuse_channel_affine(r);
+    stats.fused += affine;
     r.commit();
-    if (convs > 0) drop_unused_initializers(g);  // the filters and biases folded
+    // the filters, biases and normalization parameters folded
+    if (convs + affine > 0) drop_unused_initializers(g);
   }
   r.commit();
   for (ir::Node& node : g.nodes) {

@@ -267,6 +267,12 @@ struct WinogradKernels {
 struct BinaryKernels {
   using Row = void (*)(const float* a, int64_t sa, const float* b, int64_t sb, float* y, int64_t n);
   Row add = nullptr, sub = nullptr, mul = nullptr, div = nullptr;
+  // y[i] = x[i] * scale[i * ss] + shift[i * ss], then max(y, 0) when `relu` (a NaN gives 0,
+  // as Relu does), with ss 0 (one scale and shift for the row: a channel's plane) or 1 (one
+  // per element: a row of channels). One rounding where the level has FMA, two at generic.
+  // y may be x.
+  void (*affine)(const float* x, const float* scale, const float* shift, int64_t ss, float* y,
+                 int64_t n, bool relu) = nullptr;
 };
 
 // Float math over arrays (impl/vecmath.h, impl/vecmath_rows.h). Elementwise: y[i] = f(x[i])

@@ -69,3 +69,43 @@ KILN_ISA_TEST_CASE("float Add, Sub, Mul and Div rows equal the scalar operations
     }
   }
 }
+
+KILN_ISA_TEST_CASE("the affine row equals x * scale + shift, then Relu, per plane or per channel",
+                   "[math][binary]") {
+  // One rounding (fma) at the levels with FMA, two at generic; Relu gives 0 for a NaN as the
+  // Relu op does. A plane (one scale and shift, stride 0) and a row of channels (stride 1),
+  // lengths that leave vector tails, and in place.
+  KILN_REQUIRE_ISA();
+  const math::BinaryKernels& k = isa_kernels.binary;
+  const bool fma = TestType::isa != math::Isa::Generic;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-10.0f, 10.0f);
+  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), 1e-40f};
+  for (int64_t n : {0, 1, 3, 4, 7, 15, 16, 17, 63, 64, 65, 100, 1000}) {
+    std::vector<float> x(static_cast<size_t>(n)), scale(x.size()), shift(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      x[i] = i % 17 == 5 ? specials[i % 5] : dist(rng);
+      scale[i] = dist(rng);
+      shift[i] = dist(rng);
+    }
+    for (const int64_t ss : {0, 1}) {
+      for (const bool relu : {false, true}) {
+        for (const bool in_place : {false, true}) {
+          std::vector<float> y = in_place ? x : std::vector<float>(x.size(), 7.0f);
+          k.affine(in_place ? y.data() : x.data(), scale.data(), shift.data(), ss, y.data(), n,
+                   relu);
+          for (int64_t i = 0; i < n; ++i) {
+            const auto u = static_cast<size_t>(i), c = static_cast<size_t>(i * ss);
+            float want = fma ? std::fma(x[u], scale[c], shift[c]) : x[u] * scale[c] + shift[c];
+            if (relu) want = want > 0 ? want : 0.0f;
+            INFO("n " << n << " i " << i << " ss " << ss << " relu " << relu << " in place "
+                      << in_place);
+            REQUIRE(((std::isnan(want) && std::isnan(y[u])) ||
+                     std::bit_cast<uint32_t>(want) == std::bit_cast<uint32_t>(y[u])));
+          }
+        }
+      }
+    }
+  }
+}

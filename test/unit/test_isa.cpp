@@ -101,6 +101,7 @@ KILN_ISA_TEST_CASE("every entry of the level's table is filled", "[math][isa]") 
   CHECK(k.binary.sub);
   CHECK(k.binary.mul);
   CHECK(k.binary.div);
+  CHECK(k.binary.affine);
   for (auto fn : {k.vec.exp, k.vec.log, k.vec.erf, k.vec.tanh, k.vec.sigmoid, k.vec.gelu,
                   k.vec.gelu_tanh, k.vec.silu}) {
     CHECK(fn);

@@ -89,14 +89,16 @@ uint64_t warm_reusing_run_allocations(Session& s, std::vector<NamedValue>& in,
   return g_heap_allocations - before;
 }
 
-// x float[1,16] through `length` Adds with constants: each Add writes over its input.
+// x float[1,1,16] through `length` Adds with constants: each Add writes over its input. (The
+// constants run along the last axis: of [1,16] they would be per channel, and the chain one
+// kiln.ChannelAffine.)
 Session add_chain(int length) {
   GraphBuilder b;
-  b.input("x", DataType::Float, {1, 16}, true);
+  b.input("x", DataType::Float, {1, 1, 16}, true);
   std::string prev = "x";
   for (int i = 0; i < length; ++i) {
     const std::string c = "c" + std::to_string(i), out = "t" + std::to_string(i);
-    b.initializer(c, Tensor::from_vector<float>({1, 16}, std::vector<float>(16, 0.5f)));
+    b.initializer(c, Tensor::from_vector<float>({1, 1, 16}, std::vector<float>(16, 0.5f)));
     b.node("Add", {prev, c}, {out});
     prev = out;
   }
@@ -141,7 +143,7 @@ TEST_CASE("a warm run allocates at most the output tensor's handles per tiny nod
     WARN("KILN-SKIP: KILN_CHECK_CONTRACTS is set; its checks allocate per node");
     return;
   }
-  const std::vector<NamedValue> feed = {{"x", Tensor::zeros(DataType::Float, {1, 16})}};
+  const std::vector<NamedValue> feed = {{"x", Tensor::zeros(DataType::Float, {1, 1, 16})}};
   Session short_chain = add_chain(100);
   Session long_chain = add_chain(200);
   const uint64_t a100 = warm_run_allocations(short_chain, feed);
@@ -162,7 +164,7 @@ TEST_CASE("a warm run in the caller's kept vectors allocates nothing", "[executo
   }
   Session chain = add_chain(100);
   std::vector<NamedValue> in = {{"x", Value()}}, out;
-  const std::vector<Tensor> values = {Tensor::zeros(DataType::Float, {1, 16})};
+  const std::vector<Tensor> values = {Tensor::zeros(DataType::Float, {1, 1, 16})};
   // The inputs bound in graph order, the frame, the arena's signature, the first Add's
   // output (a pool buffer and its recycled Storage block) and the outputs handed back: none
   // allocates once warm.
