@@ -61,6 +61,23 @@ void apply_epilogue(const GemmOptions& o, float* c, int64_t ldc, int64_t rows, i
   }
 }
 
+// The part of `o`'s epilogue the tile kernels apply as they store a tile at row i0, column j0
+// (the biases and Relu), in `room`; null when there is none.
+const TileEpilogue* tile_epilogue(const GemmOptions& o, int64_t i0, int64_t j0,
+                                  TileEpilogue& room) {
+  const bool relu = o.activation == Activation::Relu;
+  if (!o.bias && !o.row_bias && !relu) return nullptr;
+  room = {o.row_bias ? o.row_bias + i0 : nullptr, o.bias ? o.bias + j0 : nullptr, relu};
+  return &room;
+}
+
+// The rest of `o`'s epilogue over a tile stored with tile_epilogue's: activations but Relu.
+void finish_tile(const GemmOptions& o, float* c, int64_t ldc, int64_t rows, int64_t cols) {
+  if (o.activation == Activation::None || o.activation == Activation::Relu) return;
+  const MathKernels& t = o.kernels ? *o.kernels : kernels();
+  for (int64_t i = 0; i < rows; ++i) activate(o.activation, c + i * ldc, cols, t);
+}
+
 // B as the tiles read it: packed panels, or a row-major float view read in place.
 struct BSource {
   const void* data = nullptr;
@@ -79,18 +96,19 @@ struct BSource {
 
 // One tile; `first` when it is the first row tile to read this B panel block.
 void tile(const GemmKernels& g, const BSource& b, int64_t kc, const float* a, const void* bp,
-          float* c, int64_t ldc, int rows, int cols, bool accumulate, bool first) {
+          float* c, int64_t ldc, int rows, int cols, bool accumulate, bool first,
+          const TileEpilogue* e) {
   const int64_t ldb = b.packed ? g.nr : b.ldb;
   switch (b.type) {
     case PackedType::Float32:
       return (b.packed ? (first ? g.kernel_cold_b : g.kernel_packed) : g.kernel)(
-          kc, a, static_cast<const float*>(bp), ldb, c, ldc, rows, cols, accumulate);
+          kc, a, static_cast<const float*>(bp), ldb, c, ldc, rows, cols, accumulate, e);
     case PackedType::BFloat16:
       return g.kernel_bf16(kc, a, static_cast<const uint16_t*>(bp), ldb, c, ldc, rows, cols,
-                           accumulate);
+                           accumulate, e);
     case PackedType::Float16:
       return g.kernel_f16(kc, a, static_cast<const uint16_t*>(bp), ldb, c, ldc, rows, cols,
-                          accumulate);
+                          accumulate, e);
   }
 }
 
@@ -124,8 +142,10 @@ void run_block(const GemmKernels& g, const PackA& pack_a, const BSource& b, int6
         for (int64_t r = 0; r < rows; r += mr) {
           const int tr = static_cast<int>(std::min<int64_t>(mr, rows - r));
           float* ct = c + (i0 + r) * ldc + j0;
-          tile(g, b, kc, apack + r * kc, bp, ct, ldc, tr, tc, accumulate, r == 0);
-          if (last) apply_epilogue(o, ct, ldc, tr, tc, i0 + r, j0);
+          TileEpilogue room;
+          tile(g, b, kc, apack + r * kc, bp, ct, ldc, tr, tc, accumulate, r == 0,
+               last ? tile_epilogue(o, i0 + r, j0, room) : nullptr);
+          if (last) finish_tile(o, ct, ldc, tr, tc);
         }
       }
     }
@@ -312,8 +332,10 @@ void run_packed_a_block(const GemmKernels& g, const PackedA& a, const BPacker& p
         const int tr = static_cast<int>(std::min<int64_t>(mr, i1 - i));
         const int tc = static_cast<int>(std::min<int64_t>(nr, nc - q * nr));
         float* ct = c + i * ldc + j0 + q * nr;
-        g.kernel_cold_a(kc, a.panel(i, p0), bpack + q * kc * nr, nr, ct, ldc, tr, tc, accumulate);
-        if (last) apply_epilogue(o, ct, ldc, tr, tc, i, j0 + q * nr);
+        TileEpilogue room;
+        g.kernel_cold_a(kc, a.panel(i, p0), bpack + q * kc * nr, nr, ct, ldc, tr, tc, accumulate,
+                        last ? tile_epilogue(o, i, j0 + q * nr, room) : nullptr);
+        if (last) finish_tile(o, ct, ldc, tr, tc);
       };
       const int64_t panels = (nc + nr - 1) / nr;
       if (panels <= kFewPanels) {
@@ -353,9 +375,10 @@ void run_indirect_block(const GemmKernels& g, const PackedA& a, const float* con
           for (int64_t i = i0; i < i1; i += mr) {
             const int tr = static_cast<int>(std::min<int64_t>(mr, i1 - i));
             float* ct = c + i * ldc + j0 + q * nr;
+            TileEpilogue room;
             g.kernel_indirect(kc, a.panel(i, p0), b_rows + p0, j0 + q * nr, ct, ldc, tr, tc,
-                              accumulate);
-            if (last) apply_epilogue(o, ct, ldc, tr, tc, i, j0 + q * nr);
+                              accumulate, last ? tile_epilogue(o, i, j0 + q * nr, room) : nullptr);
+            if (last) finish_tile(o, ct, ldc, tr, tc);
           }
         }
       }

@@ -23,13 +23,24 @@ struct ConvertKernels {
   void (*f32_to_bf16)(const float* src, uint16_t* dst, int64_t n) = nullptr;
 };
 
+// What a GEMM tile kernel applies to its sums as it stores them, after adding C's values when
+// accumulating: row_bias[r] to the tile's row r and col_bias[j] to its column j (the tile's
+// own, from its first row and column; either may be null), then max(., 0) when `relu`. A
+// kernel given none stores the sums as they are.
+struct TileEpilogue {
+  const float* row_bias = nullptr;
+  const float* col_bias = nullptr;
+  bool relu = false;
+};
+
 // Single-precision GEMM building blocks (impl/sgemm.h; the driver is gemm.h).
 struct GemmKernels {
   int mr = 0, nr = 0;  // the register tile: rows of A, columns of B
   // C[rows x cols] (+)= A_packed[k x mr] * B[k x nr] (row stride ldb: nr when B is packed);
   // rows <= mr, cols <= nr.
+  // `e` (may be null) as the tile is stored: see TileEpilogue. So for every tile kernel below.
   void (*kernel)(int64_t k, const float* a, const float* b, int64_t ldb, float* c, int64_t ldc,
-                 int rows, int cols, bool accumulate) = nullptr;
+                 int rows, int cols, bool accumulate, const TileEpilogue* e) = nullptr;
   // rows (<= mr) x k of a strided A, times alpha, into one packed panel of k x mr.
   void (*pack_a)(const float* a, int64_t rs, int64_t cs, int rows, int64_t k, float alpha,
                  float* out) = nullptr;
@@ -42,9 +53,11 @@ struct GemmKernels {
   // The tile with B in bfloat16 / float16 panels (always packed, so padded), widened to
   // float in registers.
   void (*kernel_bf16)(int64_t k, const float* a, const uint16_t* b, int64_t ldb, float* c,
-                      int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
+                      int64_t ldc, int rows, int cols, bool accumulate,
+                      const TileEpilogue* e) = nullptr;
   void (*kernel_f16)(int64_t k, const float* a, const uint16_t* b, int64_t ldb, float* c,
-                     int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
+                     int64_t ldc, int rows, int cols, bool accumulate,
+                     const TileEpilogue* e) = nullptr;
   // pack_b into bfloat16 / float16 panels (each value rounded to nearest even).
   void (*pack_b_bf16)(const float* b, int64_t rs, int64_t cs, int64_t k, int64_t n,
                       uint16_t* out) = nullptr;
@@ -52,20 +65,24 @@ struct GemmKernels {
                      uint16_t* out) = nullptr;
   // `kernel` for B in packed panels (padded to nr columns): edge tiles load whole vectors.
   void (*kernel_packed)(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
-                        int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
+                        int64_t ldc, int rows, int cols, bool accumulate,
+                        const TileEpilogue* e) = nullptr;
   // `kernel_packed` for a packed constant A that streams from memory (a convolution's
   // filter, larger than the caches): it prefetches A well ahead of its reads.
   void (*kernel_cold_a)(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
-                        int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
+                        int64_t ldc, int rows, int cols, bool accumulate,
+                        const TileEpilogue* e) = nullptr;
   // `kernel_packed` prefetching the packed B panel ahead (the first row tile to meet a
   // panel of constant weights, which stream from memory).
   void (*kernel_cold_b)(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
-                        int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
+                        int64_t ldc, int rows, int cols, bool accumulate,
+                        const TileEpilogue* e) = nullptr;
   // The tile with B read in place through a table of row pointers: B's row p, column j at
   // b_rows[p][j0 + j] (an indirect B: a convolution's patch rows inside its padded input,
   // so nothing is lowered). A is a packed constant, prefetched as in `kernel_cold_a`.
   void (*kernel_indirect)(int64_t k, const float* a, const float* const* b_rows, int64_t j0,
-                          float* c, int64_t ldc, int rows, int cols, bool accumulate) = nullptr;
+                          float* c, int64_t ldc, int rows, int cols, bool accumulate,
+                          const TileEpilogue* e) = nullptr;
   // y[j] = dot(x, b + j * ldb) over k elements, for j < n (a row vector times a
   // column-major matrix: attention scores of one query against a row-major K).
   void (*dots)(const float* x, const float* b, int64_t ldb, int64_t k, int64_t n,

@@ -64,7 +64,7 @@ void pass_products(const GemmKernels& g, const float* filter, int64_t per, int64
         for (int64_t q = 0; q < panels; ++q) {
           const int cols = static_cast<int>(std::min<int64_t>(g.nr, count - q * g.nr));
           g.kernel_cold_a(kc, ap, vx + p0 * stride + q * g.nr, stride, mx + i * stride + q * g.nr,
-                          stride, rows, cols, p0 > 0);
+                          stride, rows, cols, p0 > 0, nullptr);
         }
       }
     }

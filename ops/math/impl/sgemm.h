@@ -49,22 +49,41 @@ struct BF16 {
 // `ColdA`, `ColdB`: A or B is a packed constant streaming from memory (a cold filter or
 // weight matrix), fetched ahead. `Nv`: vectors of columns computed (one for a narrow edge
 // tile of at most kLanes columns, which then costs half a full one).
-// Writes (or, with `accumulate`, adds) a Rows x Nv-vector tile of sums to C; without Full,
-// only `cols` columns.
+// Writes (or, with `accumulate`, adds) a Rows x Nv-vector tile of sums to C, with the epilogue
+// `e` when given; without Full, only `cols` columns.
 template <int Rows, bool Full, int Nv>
-inline void store_tile(const VF (&acc)[Rows][Nv], float* c, int64_t ldc, int cols,
-                       bool accumulate) {
-#pragma GCC unroll 16
-  for (int r = 0; r < Rows; ++r) {
-    float* cr = c + r * ldc;
+inline void store_tile(const VF (&acc)[Rows][Nv], float* c, int64_t ldc, int cols, bool accumulate,
+                       const TileEpilogue* e) {
+  VF col_bias[Nv];
+  if (e) {
 #pragma GCC unroll 4
     for (int v = 0; v < Nv; ++v) {
       const int left = Full ? kLanes : cols - v * kLanes;
-      if (left >= kLanes) {
-        vstore(cr + v * kLanes, accumulate ? vadd(vload(cr + v * kLanes), acc[r][v]) : acc[r][v]);
-      } else if (left > 0) {
-        const VF old = accumulate ? vload_partial(cr + v * kLanes, left) : vzero();
-        vstore_partial(cr + v * kLanes, vadd(old, acc[r][v]), left);
+      col_bias[v] = !e->col_bias || left <= 0 ? vzero()
+                    : left >= kLanes          ? vload(e->col_bias + v * kLanes)
+                                              : vload_partial(e->col_bias + v * kLanes, left);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < Rows; ++r) {
+    float* cr = c + r * ldc;
+    const VF row_bias = e && e->row_bias ? vset1(e->row_bias[r]) : vzero();
+#pragma GCC unroll 4
+    for (int v = 0; v < Nv; ++v) {
+      const int left = Full ? kLanes : cols - v * kLanes;
+      if (left <= 0) continue;
+      const bool whole = left >= kLanes;
+      VF x = acc[r][v];
+      if (accumulate)
+        x = vadd(x, whole ? vload(cr + v * kLanes) : vload_partial(cr + v * kLanes, left));
+      if (e) {
+        x = vadd(x, vadd(row_bias, col_bias[v]));
+        if (e->relu) x = vmax(x, vzero());
+      }
+      if (whole) {
+        vstore(cr + v * kLanes, x);
+      } else {
+        vstore_partial(cr + v * kLanes, x, left);
       }
     }
   }
@@ -72,7 +91,7 @@ inline void store_tile(const VF (&acc)[Rows][Nv], float* c, int64_t ldc, int col
 
 template <int Rows, bool Full, typename B, bool ColdA = false, bool ColdB = false, int Nv = kGemmNv>
 inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
-                      int64_t ldc, int cols, bool accumulate) {
+                      int64_t ldc, int cols, bool accumulate, const TileEpilogue* e) {
   VF acc[Rows][Nv];
 #pragma GCC unroll 16
   for (int r = 0; r < Rows; ++r) {
@@ -105,31 +124,31 @@ inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t
     a += kGemmMr;
     b += ldb;
   }
-  store_tile<Rows, Full, Nv>(acc, c, ldc, cols, accumulate);
+  store_tile<Rows, Full, Nv>(acc, c, ldc, cols, accumulate, e);
 }
 
 template <int Rows, typename B, bool ColdA, bool ColdB>
 inline void gemm_rows(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
-                      int64_t ldc, int cols, bool accumulate) {
+                      int64_t ldc, int cols, bool accumulate, const TileEpilogue* e) {
   if (cols == kGemmNr) {
-    gemm_tile<Rows, true, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate);
+    gemm_tile<Rows, true, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate, e);
   } else if (cols <= kLanes) {
-    gemm_tile<Rows, false, B, ColdA, ColdB, 1>(k, a, b, ldb, c, ldc, cols, accumulate);
+    gemm_tile<Rows, false, B, ColdA, ColdB, 1>(k, a, b, ldb, c, ldc, cols, accumulate, e);
   } else {
-    gemm_tile<Rows, false, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate);
+    gemm_tile<Rows, false, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate, e);
   }
 }
 
 // C[rows x cols] (+)= packed A [k x kGemmMr] * B [k x kGemmNr, row stride ldb].
 template <typename B, bool ColdA = false, bool ColdB = false>
 void gemm_kernel(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
-                 int64_t ldc, int rows, int cols, bool accumulate) {
+                 int64_t ldc, int rows, int cols, bool accumulate, const TileEpilogue* e) {
   switch (rows) {
-#define KILN_GEMM_ROWS(R)                                                    \
-  case R:                                                                    \
-    if constexpr (R <= kGemmMr) {                                            \
-      gemm_rows<R, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate); \
-    }                                                                        \
+#define KILN_GEMM_ROWS(R)                                                       \
+  case R:                                                                       \
+    if constexpr (R <= kGemmMr) {                                               \
+      gemm_rows<R, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate, e); \
+    }                                                                           \
     break;
     KILN_GEMM_ROWS(1)
     KILN_GEMM_ROWS(2)
@@ -150,40 +169,41 @@ void gemm_kernel(int64_t k, const float* a, const typename B::T* b, int64_t ldb,
 }
 
 void sgemm_kernel(int64_t k, const float* a, const float* b, int64_t ldb, float* c, int64_t ldc,
-                  int rows, int cols, bool accumulate) {
-  gemm_kernel<BF32>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
+                  int rows, int cols, bool accumulate, const TileEpilogue* e) {
+  gemm_kernel<BF32>(k, a, b, ldb, c, ldc, rows, cols, accumulate, e);
 }
 
 void sgemm_kernel_packed(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
-                         int64_t ldc, int rows, int cols, bool accumulate) {
-  gemm_kernel<BF32Packed>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
+                         int64_t ldc, int rows, int cols, bool accumulate, const TileEpilogue* e) {
+  gemm_kernel<BF32Packed>(k, a, b, ldb, c, ldc, rows, cols, accumulate, e);
 }
 
 void sgemm_kernel_cold_a(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
-                         int64_t ldc, int rows, int cols, bool accumulate) {
-  gemm_kernel<BF32Packed, true>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
+                         int64_t ldc, int rows, int cols, bool accumulate, const TileEpilogue* e) {
+  gemm_kernel<BF32Packed, true>(k, a, b, ldb, c, ldc, rows, cols, accumulate, e);
 }
 
 void sgemm_kernel_cold_b(int64_t k, const float* a, const float* b, int64_t ldb, float* c,
-                         int64_t ldc, int rows, int cols, bool accumulate) {
-  gemm_kernel<BF32Packed, false, true>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
+                         int64_t ldc, int rows, int cols, bool accumulate, const TileEpilogue* e) {
+  gemm_kernel<BF32Packed, false, true>(k, a, b, ldb, c, ldc, rows, cols, accumulate, e);
 }
 
 void sgemm_kernel_bf16(int64_t k, const float* a, const uint16_t* b, int64_t ldb, float* c,
-                       int64_t ldc, int rows, int cols, bool accumulate) {
-  gemm_kernel<BBF16>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
+                       int64_t ldc, int rows, int cols, bool accumulate, const TileEpilogue* e) {
+  gemm_kernel<BBF16>(k, a, b, ldb, c, ldc, rows, cols, accumulate, e);
 }
 
 void sgemm_kernel_f16(int64_t k, const float* a, const uint16_t* b, int64_t ldb, float* c,
-                      int64_t ldc, int rows, int cols, bool accumulate) {
-  gemm_kernel<BF16>(k, a, b, ldb, c, ldc, rows, cols, accumulate);
+                      int64_t ldc, int rows, int cols, bool accumulate, const TileEpilogue* e) {
+  gemm_kernel<BF16>(k, a, b, ldb, c, ldc, rows, cols, accumulate, e);
 }
 
 // gemm_tile with B's row p at b_rows[p] + j0 (an indirect B, read in place) and A a packed
 // constant fetched ahead. Full: all kGemmNr columns valid (else masked loads and stores).
 template <int Rows, bool Full, int Nv = kGemmNv>
 inline void gemm_tile_indirect(int64_t k, const float* a, const float* const* b_rows, int64_t j0,
-                               float* c, int64_t ldc, int cols, bool accumulate) {
+                               float* c, int64_t ldc, int cols, bool accumulate,
+                               const TileEpilogue* e) {
   VF acc[Rows][Nv];
 #pragma GCC unroll 16
   for (int r = 0; r < Rows; ++r) {
@@ -212,29 +232,31 @@ inline void gemm_tile_indirect(int64_t k, const float* a, const float* const* b_
     }
     a += kGemmMr;
   }
-  store_tile<Rows, Full, Nv>(acc, c, ldc, cols, accumulate);
+  store_tile<Rows, Full, Nv>(acc, c, ldc, cols, accumulate, e);
 }
 
 template <int Rows>
 inline void gemm_rows_indirect(int64_t k, const float* a, const float* const* b_rows, int64_t j0,
-                               float* c, int64_t ldc, int cols, bool accumulate) {
+                               float* c, int64_t ldc, int cols, bool accumulate,
+                               const TileEpilogue* e) {
   if (cols == kGemmNr) {
-    gemm_tile_indirect<Rows, true>(k, a, b_rows, j0, c, ldc, cols, accumulate);
+    gemm_tile_indirect<Rows, true>(k, a, b_rows, j0, c, ldc, cols, accumulate, e);
   } else if (cols <= kLanes) {
-    gemm_tile_indirect<Rows, false, 1>(k, a, b_rows, j0, c, ldc, cols, accumulate);
+    gemm_tile_indirect<Rows, false, 1>(k, a, b_rows, j0, c, ldc, cols, accumulate, e);
   } else {
-    gemm_tile_indirect<Rows, false>(k, a, b_rows, j0, c, ldc, cols, accumulate);
+    gemm_tile_indirect<Rows, false>(k, a, b_rows, j0, c, ldc, cols, accumulate, e);
   }
 }
 
 void sgemm_kernel_indirect(int64_t k, const float* a, const float* const* b_rows, int64_t j0,
-                           float* c, int64_t ldc, int rows, int cols, bool accumulate) {
+                           float* c, int64_t ldc, int rows, int cols, bool accumulate,
+                           const TileEpilogue* e) {
   switch (rows) {
-#define KILN_GEMM_ROWS(R)                                                \
-  case R:                                                                \
-    if constexpr (R <= kGemmMr) {                                        \
-      gemm_rows_indirect<R>(k, a, b_rows, j0, c, ldc, cols, accumulate); \
-    }                                                                    \
+#define KILN_GEMM_ROWS(R)                                                   \
+  case R:                                                                   \
+    if constexpr (R <= kGemmMr) {                                           \
+      gemm_rows_indirect<R>(k, a, b_rows, j0, c, ldc, cols, accumulate, e); \
+    }                                                                       \
     break;
     KILN_GEMM_ROWS(1)
     KILN_GEMM_ROWS(2)
