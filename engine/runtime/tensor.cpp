@@ -240,6 +240,18 @@ Tensor Tensor::view(Shape shape, Shape strides, size_t byte_offset) const {
   return Tensor(dtype_, std::move(shape), storage_, byte_offset, std::move(strides));
 }
 
+namespace {
+
+// dst[i * ds] = src[i * ss] for i < n, elements of T.
+template <typename T>
+void copy_strided(const std::byte* src, int64_t ss, std::byte* dst, int64_t ds, int64_t n) {
+  const T* f = reinterpret_cast<const T*>(src);
+  T* t = reinterpret_cast<T*>(dst);
+  for (int64_t i = 0; i < n; ++i) t[i * ds] = f[i * ss];
+}
+
+}  // namespace
+
 void copy_elements(const Tensor& src, const Tensor& dst) {
   const int64_t n = src.numel();
   if (n == 0) return;
@@ -252,31 +264,67 @@ void copy_elements(const Tensor& src, const Tensor& dst) {
   if (esize == 0 || (is_string && bits_per_element(src.dtype()) % 8 != 0)) {
     throw Error(ErrorKind::Unsupported, "strided copy of " + src.describe());
   }
+  // The dimensions with adjacent ones merged where both sides are dense across them (a
+  // transpose of [N, g, c, H, W] that keeps H and W copies rows of H * W, not of W), and
+  // dimensions of size 1 dropped. Shape keeps a few inline: no allocation for common ranks.
+  Shape shape, ss, ds;
+  for (size_t d = 0; d < src.rank(); ++d) {
+    const int64_t size = src.shape()[d], s = src.strides()[d], t = dst.strides()[d];
+    if (size == 1) continue;
+    if (!shape.empty() && ss.back() == s * size && ds.back() == t * size) {
+      shape.back() *= size;
+      ss.back() = s;
+      ds.back() = t;
+      continue;
+    }
+    shape.push_back(size);
+    ss.push_back(s);
+    ds.push_back(t);
+  }
+  if (shape.empty()) {  // one element
+    shape.push_back(1);
+    ss.push_back(1);
+    ds.push_back(1);
+  }
   // Odometer over all but the last dimension. Offsets are signed: views may have negative
   // strides. memcpy runs along the last dimension when both sides are dense there.
-  const Shape& shape = src.shape();
   const size_t rank = shape.size();
-  const int64_t inner = rank ? shape[rank - 1] : 1;
-  const int64_t ss = rank ? src.strides()[rank - 1] : 1, ds = rank ? dst.strides()[rank - 1] : 1;
-  std::vector<int64_t> idx(rank, 0);
+  const int64_t inner = shape[rank - 1], si = ss[rank - 1], di = ds[rank - 1];
+  Shape idx(rank, 0);
   const std::byte* sp = src.raw_data();
   std::byte* dp = dst.raw_data();
   for (int64_t done = 0; done < n; done += inner) {
     int64_t so = 0, doff = 0;
     for (size_t d = 0; d + 1 < rank; ++d) {
-      so += idx[d] * src.strides()[d];
-      doff += idx[d] * dst.strides()[d];
+      so += idx[d] * ss[d];
+      doff += idx[d] * ds[d];
     }
     if (is_string) {
       auto* f = reinterpret_cast<const std::string*>(sp) + so;
       auto* t = reinterpret_cast<std::string*>(dp) + doff;
-      for (int64_t i = 0; i < inner; ++i) t[i * ds] = f[i * ss];
-    } else if (ss == 1 && ds == 1) {
+      for (int64_t i = 0; i < inner; ++i) t[i * di] = f[i * si];
+    } else if (si == 1 && di == 1) {
       std::memcpy(dp + doff * esize, sp + so * esize, static_cast<size_t>(inner * esize));
     } else {
-      for (int64_t i = 0; i < inner; ++i) {
-        std::memcpy(dp + (doff + i * ds) * esize, sp + (so + i * ss) * esize,
-                    static_cast<size_t>(esize));
+      const std::byte* f = sp + so * esize;
+      std::byte* t = dp + doff * esize;
+      switch (esize) {
+        case 1:
+          copy_strided<uint8_t>(f, si, t, di, inner);
+          break;
+        case 2:
+          copy_strided<uint16_t>(f, si, t, di, inner);
+          break;
+        case 4:
+          copy_strided<uint32_t>(f, si, t, di, inner);
+          break;
+        case 8:
+          copy_strided<uint64_t>(f, si, t, di, inner);
+          break;
+        default:
+          for (int64_t i = 0; i < inner; ++i) {
+            std::memcpy(t + i * di * esize, f + i * si * esize, static_cast<size_t>(esize));
+          }
       }
     }
     for (size_t d = rank - 1; d-- > 0;) {

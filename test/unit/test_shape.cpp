@@ -1,13 +1,20 @@
 // kiln::Shape against std::vector<int64_t>: random operation sequences that cross the inline
 // capacity must leave both with the same elements.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "kiln/shape.h"
+#include "kiln/tensor.h"
 
+using kiln::copy_elements;
+using kiln::DataType;
 using kiln::Shape;
+using kiln::Tensor;
 
 namespace {
 
@@ -138,4 +145,71 @@ TEST_CASE("Shape construction, comparison and access", "[shape_class]") {
   const Shape target = std::move(moved);  // a heap buffer changes hands
   CHECK(target == big);
   CHECK(moved.empty());  // NOLINT(bugprone-use-after-move)
+}
+
+TEST_CASE("copy_elements between random strided views matches element-by-element indexing",
+          "[tensor]") {
+  // Permuted, sliced and reversed views of 1 to 6 dimensions on either side: the copy merges
+  // the dimensions both sides are dense across and must land every element where indexing
+  // puts it. Element sizes 1, 4 and 8.
+  std::mt19937 rng(71);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int iter = 0; iter < 300; ++iter) {
+    const size_t rank = static_cast<size_t>(pick(1, 6));
+    Shape shape(rank);
+    for (auto& d : shape) d = pick(1, 5);
+    const DataType dtype = iter % 3 == 0   ? DataType::UInt8
+                           : iter % 3 == 1 ? DataType::Float
+                                           : DataType::Int64;
+    const int64_t esize = dtype == DataType::UInt8 ? 1 : dtype == DataType::Float ? 4 : 8;
+    // A view of `shape` into a larger buffer: dimensions in a random order, each with room for
+    // a step of 1 or 2, some walked backwards.
+    auto random_view = [&](Tensor& base) {
+      std::vector<size_t> order(rank);
+      for (size_t i = 0; i < rank; ++i) order[i] = i;
+      std::shuffle(order.begin(), order.end(), rng);
+      Shape strides(rank), steps(rank);
+      int64_t stride = 1;
+      for (size_t i = rank; i-- > 0;) {
+        const size_t d = order[i];
+        steps[d] = pick(1, 2);
+        strides[d] = stride * steps[d];
+        stride *= shape[d] * steps[d];
+      }
+      base = Tensor::zeros(dtype, Shape{stride});
+      int64_t offset = 0;
+      for (size_t d = 0; d < rank; ++d) {
+        if (pick(0, 3) == 0) {  // backwards
+          offset += (shape[d] - 1) * strides[d];
+          strides[d] = -strides[d];
+        }
+      }
+      return base.view(shape, strides, static_cast<size_t>(offset * esize));
+    };
+    Tensor src_base, dst_base;
+    const Tensor src = random_view(src_base), dst = random_view(dst_base);
+    for (int64_t i = 0; i < src_base.numel(); ++i) {
+      std::memset(static_cast<std::byte*>(src_base.raw_data()) + i * esize,
+                  static_cast<int>((i * 37 + 11) % 251), static_cast<size_t>(esize));
+    }
+    copy_elements(src, dst);
+    // Every index: the bytes at its offset in dst equal those at its offset in src.
+    Shape idx(rank, 0);
+    for (int64_t n = 0; n < src.numel(); ++n) {
+      int64_t so = 0, doff = 0;
+      for (size_t d = 0; d < rank; ++d) {
+        so += idx[d] * src.strides()[d];
+        doff += idx[d] * dst.strides()[d];
+      }
+      REQUIRE(std::memcmp(static_cast<const std::byte*>(src.raw_data()) + so * esize,
+                          static_cast<const std::byte*>(dst.raw_data()) + doff * esize,
+                          static_cast<size_t>(esize)) == 0);
+      for (size_t d = rank; d-- > 0;) {
+        if (++idx[d] < shape[d]) break;
+        idx[d] = 0;
+      }
+    }
+  }
 }
