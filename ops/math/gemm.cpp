@@ -71,7 +71,9 @@ const TileEpilogue* tile_epilogue(const GemmOptions& o, int64_t i0, int64_t j0,
   return &room;
 }
 
-// The rest of `o`'s epilogue over a tile stored with tile_epilogue's: activations but Relu.
+// The rest of `o`'s epilogue over a block of tiles stored with tile_epilogue's: activations
+// but Relu, a row at a time once the block's tiles are done (a call per tile row would run the
+// vector kernels over a few dozen floats at a time).
 void finish_tile(const GemmOptions& o, float* c, int64_t ldc, int64_t rows, int64_t cols) {
   if (o.activation == Activation::None || o.activation == Activation::Relu) return;
   const MathKernels& t = o.kernels ? *o.kernels : kernels();
@@ -145,9 +147,9 @@ void run_block(const GemmKernels& g, const PackA& pack_a, const BSource& b, int6
           TileEpilogue room;
           tile(g, b, kc, apack + r * kc, bp, ct, ldc, tr, tc, accumulate, r == 0,
                last ? tile_epilogue(o, i0 + r, j0, room) : nullptr);
-          if (last) finish_tile(o, ct, ldc, tr, tc);
         }
       }
+      if (last) finish_tile(o, c + i0 * ldc + n0, ldc, rows, n1 - n0);
     }
   }
 }
@@ -335,7 +337,6 @@ void run_packed_a_block(const GemmKernels& g, const PackedA& a, const BPacker& p
         TileEpilogue room;
         g.kernel_cold_a(kc, a.panel(i, p0), bpack + q * kc * nr, nr, ct, ldc, tr, tc, accumulate,
                         last ? tile_epilogue(o, i, j0 + q * nr, room) : nullptr);
-        if (last) finish_tile(o, ct, ldc, tr, tc);
       };
       const int64_t panels = (nc + nr - 1) / nr;
       if (panels <= kFewPanels) {
@@ -343,14 +344,15 @@ void run_packed_a_block(const GemmKernels& g, const PackedA& a, const BPacker& p
         for (int64_t i = m0; i < m1; i += mr) {
           for (int64_t q = 0; q < panels; ++q) tile(i, m1, q);
         }
-        continue;
-      }
-      for (int64_t i0 = m0; i0 < m1; i0 += kRowsPerBlock) {
-        const int64_t i1 = std::min(m1, i0 + kRowsPerBlock);
-        for (int64_t q = 0; q < panels; ++q) {
-          for (int64_t i = i0; i < i1; i += mr) tile(i, i1, q);
+      } else {
+        for (int64_t i0 = m0; i0 < m1; i0 += kRowsPerBlock) {
+          const int64_t i1 = std::min(m1, i0 + kRowsPerBlock);
+          for (int64_t q = 0; q < panels; ++q) {
+            for (int64_t i = i0; i < i1; i += mr) tile(i, i1, q);
+          }
         }
       }
+      if (last) finish_tile(o, c + m0 * ldc + j0, ldc, m1 - m0, nc);
     }
   }
 }
@@ -378,10 +380,10 @@ void run_indirect_block(const GemmKernels& g, const PackedA& a, const float* con
             TileEpilogue room;
             g.kernel_indirect(kc, a.panel(i, p0), b_rows + p0, j0 + q * nr, ct, ldc, tr, tc,
                               accumulate, last ? tile_epilogue(o, i, j0 + q * nr, room) : nullptr);
-            if (last) finish_tile(o, ct, ldc, tr, tc);
           }
         }
       }
+      if (last) finish_tile(o, c + m0 * ldc + j0, ldc, m1 - m0, nc);
     }
   }
 }
