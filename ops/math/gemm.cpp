@@ -416,14 +416,19 @@ int64_t PackedA::packed_floats(int64_t m, int64_t k, int mr) {
 }
 
 void PackedA::pack_into(const MatrixView& a, float* out, const MathKernels& t) {
+  pack_rows_into(a, 0, a.rows, out, t);
+}
+
+void PackedA::pack_rows_into(const MatrixView& a, int64_t r0, int64_t m, float* out,
+                             const MathKernels& t) {
   const int mr = t.gemm.mr;
-  const int64_t padded = (a.rows + mr - 1) / mr * mr;
+  const int64_t padded = (m + mr - 1) / mr * mr;
   for (int64_t p0 = 0; p0 < a.cols; p0 += kBlock) {
     const int64_t kc = std::min(kBlock, a.cols - p0);
     for (int64_t i0 = 0; i0 < a.rows; i0 += mr) {
       const int rows = static_cast<int>(std::min<int64_t>(mr, a.rows - i0));
       t.gemm.pack_a(a.data + i0 * a.rs + p0 * a.cs, a.rs, a.cs, rows, kc, 1.0f,
-                    out + p0 * padded + i0 * kc);
+                    out + p0 * padded + (r0 + i0) * kc);
     }
   }
 }

@@ -111,6 +111,10 @@ class PackedA {
 
   static int64_t packed_floats(int64_t m, int64_t k, int mr);
   static void pack_into(const MatrixView& a, float* out, const MathKernels& kernels);
+  // Rows [r0, r0 + rows.rows) (r0 a multiple of mr) of a matrix of m rows, given as `rows`,
+  // into their places in pack_into's layout of the whole matrix at `out`.
+  static void pack_rows_into(const MatrixView& rows, int64_t r0, int64_t m, float* out,
+                             const MathKernels& kernels);
 
   // Rows [r0, r0 + m) of this A (r0 a multiple of mr): a view of the same panels.
   PackedA rows(int64_t r0, int64_t m) const;

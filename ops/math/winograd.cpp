@@ -89,17 +89,23 @@ int64_t winograd_filter_floats(int64_t filters, int64_t channels, int mr, int ti
 
 void winograd_pack_filter(const float* w, int64_t filters, int64_t channels, int tile, float* out,
                           const MathKernels& kernels) {
-  const int64_t P = positions(tile);
+  const int64_t P = positions(tile), mr = kernels.gemm.mr;
   const int64_t per = PackedA::packed_floats(filters, channels, kernels.gemm.mr);
-  std::vector<double> u(static_cast<size_t>(filters * channels * P));
-  for (int64_t fc = 0; fc < filters * channels; ++fc)
-    transform_filter(w + fc * 9, tile, u.data() + fc * P);
-  std::vector<float> position(static_cast<size_t>(filters * channels));
-  for (int64_t xi = 0; xi < P; ++xi) {
-    for (int64_t fc = 0; fc < filters * channels; ++fc)
-      position[static_cast<size_t>(fc)] = static_cast<float>(u[static_cast<size_t>(fc * P + xi)]);
-    PackedA::pack_into(MatrixView::row_major(position.data(), filters, channels, channels),
-                       out + xi * per, kernels);
+  // A row tile of filters at a time: their transforms (P floats per filter and channel) are
+  // packed position by position into the row tile's place in each position's operand.
+  std::vector<float> block(static_cast<size_t>(mr * channels * P));
+  double u[36];
+  for (int64_t f0 = 0; f0 < filters; f0 += mr) {
+    const int64_t rows = std::min(mr, filters - f0);
+    for (int64_t fc = 0; fc < rows * channels; ++fc) {
+      transform_filter(w + (f0 * channels + fc) * 9, tile, u);
+      for (int64_t xi = 0; xi < P; ++xi)
+        block[static_cast<size_t>(fc * P + xi)] = static_cast<float>(u[xi]);
+    }
+    for (int64_t xi = 0; xi < P; ++xi) {
+      const MatrixView view{block.data() + xi, rows, channels, channels * P, P};
+      PackedA::pack_rows_into(view, f0, filters, out + xi * per, kernels);
+    }
   }
 }
 
