@@ -1,12 +1,12 @@
 // MaxPool (with the optional Indices output), AveragePool and LpPool over 1 to 3 spatial
 // dimensions, with strides, dilations, explicit or automatic padding and ceil_mode.
 //
-// Float max pooling (without Indices) and average pooling run the dispatched plane kernel
-// (ConvKernels::pool_plane): each plane copied once, padded with -inf or zeros and split
-// into stride phases, so every tap of a vector of outputs reads consecutive floats. The
-// other types and LpPool: the valid kernel taps of every output coordinate are computed
-// once per dimension, so the inner loops never test bounds. Planes (image, channel) run in
-// parallel.
+// Float max pooling (without Indices) and average pooling run the dispatched plane kernels
+// (pool_planes_float): 1-D and 2-D windows at column strides 1 and 2 rows first, straight
+// from the input (ConvKernels::pool_planes), the rest in place with masked loads, in their
+// wide form or from a padded copy. The other types and LpPool: the valid kernel taps of
+// every output coordinate are computed once per dimension, so the inner loops never test
+// bounds. Planes (image, channel) run in parallel.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -18,6 +18,7 @@
 #include "ops/common.h"
 #include "ops/geometry.h"
 #include "ops/math/kernels.h"
+#include "ops/math/threading.h"
 #include "ops/wide_layout.h"
 
 namespace kiln::ops {
@@ -258,23 +259,25 @@ int64_t pool_wide_floats(const Geometry& g, int64_t planes, bool max) {
   if (g.out_size() == 0) return 0;  // no window starts (pool_conv_geometry reads the first)
   if (!max && whole_plane(g)) return 0;
   const math::ConvGeometry cg = pool_conv_geometry(g);
+  if (math::pool_planes_fit(cg)) return 0;
   return use_wide_planes(cg, planes) ? wide_planes_floats(WideExtent(cg), planes) : 0;
 }
 
-// Float max or average pooling of every plane with the dispatched plane kernel; the average
+// Float max or average pooling of every plane with the dispatched plane kernels; the average
 // divides by the window's size per output (taps inside the input, or inside input and
-// padding with count_include_pad), a product over the dimensions. With `space`
-// (pool_wide_floats floats) small planes are pooled in their wide form (ops/wide_layout.h:
-// padded with -inf or zeros, so every vector of outputs takes all taps without border
-// masks, however narrow the rows), then divided as their valid columns are copied out.
+// padding with count_include_pad), a product over the dimensions, as the results are
+// stored. 1-D and 2-D windows at column stride 1 or 2 are pooled rows first, straight from
+// the input (ConvKernels::pool_planes: each input row reduced across every window row once,
+// then each output row from its window's rows: no copy of the plane, and on 14x14 planes
+// under half the wide form's time). Other windows: with `space` (pool_wide_floats floats)
+// small planes are pooled in their wide form (ops/wide_layout.h: padded with -inf or zeros,
+// so every vector of outputs takes all taps without border masks); otherwise each plane is
+// read in place (column stride 1 or 2) or from a padded copy.
 void pool_planes_float(const float* x, float* y, int64_t planes, const Geometry& g, bool max,
                        bool count_pad, float* space) {
   const math::ConvKernels& k = math::kernels().conv;
   const math::ConvGeometry cg = pool_conv_geometry(g);
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k[0] * g.k[1] * g.k[2];
-  const auto padded = static_cast<size_t>(math::conv_padded_floats(cg));
-  std::vector<int64_t> offsets(static_cast<size_t>(kp));
-  math::conv_tap_offsets(cg, offsets.data());
   std::array<std::vector<float>, 3> inv;
   for (size_t i = 0; i < 3 && !max; ++i) {
     const Taps& t = g.taps[i];
@@ -293,6 +296,18 @@ void pool_planes_float(const float* x, float* y, int64_t planes, const Geometry&
     plane_means(x, planes, ip, y);
     return;
   }
+  if (math::pool_planes_fit(cg)) {
+    const float* rs = max ? nullptr : outer.data();
+    const float* cs = max ? nullptr : inv[2].data();
+    // One run of planes per task: the kernel sets its loads up once per call.
+    const int tasks = static_cast<int>(std::min<int64_t>(
+        math::task_count(static_cast<double>(planes) * static_cast<double>(op * kp)), planes));
+    math::run_tasks(tasks, [&](int t) {
+      const int64_t lo = planes * t / tasks, hi = planes * (t + 1) / tasks;
+      k.pool_planes(x + lo * ip, ip, hi - lo, cg, max, rs, cs, y + lo * op, op);
+    });
+    return;
+  }
   if (space && use_wide_planes(cg, planes)) {
     const WideExtent ext(cg);
     const float fill = max ? -std::numeric_limits<float>::infinity() : 0.0f;
@@ -309,6 +324,9 @@ void pool_planes_float(const float* x, float* y, int64_t planes, const Geometry&
   // Column stride 1 or 2 reads each plane in place and divides in the same pass; others
   // pool a padded copy, then divide.
   const bool in_place = cg.stride[2] <= 2 && cg.k[2] <= math::ConvKernels::direct_max_width;
+  const auto padded = static_cast<size_t>(math::conv_padded_floats(cg));
+  std::vector<int64_t> offsets(static_cast<size_t>(kp));
+  math::conv_tap_offsets(cg, offsets.data());
   parallel_for(planes, grain_for(op * kp), [&](int64_t lo, int64_t hi) {
     std::vector<float> buf(in_place ? 0 : padded);
     for (int64_t p = lo; p < hi; ++p) {

@@ -226,12 +226,36 @@ struct ConvKernels {
   void (*depthwise_lanes)(const float* x, int64_t ip, const float* w, const float* bias, int lanes,
                           const ConvGeometry& g, bool accumulate, bool relu, float* tile, float* y,
                           int64_t op) = nullptr;
+  // Max or sum pooling of `planes` 1-D or 2-D planes (x's ip floats apart, y's op apart) for
+  // the geometries pool_planes_fit takes, straight from the input: each input row reduced
+  // across every output column's window row once, into a buffer of pool_rows_floats on the
+  // stack, then each output row reduced from its window's rows there. y = the maximum
+  // (`max`: NaN inputs skipped, -inf for a window with no tap inside the input) or the sum
+  // of each window's taps inside the input, a sum times row_scale[oh] * col_scale[ow] when
+  // row_scale is given. The work of a call is set up once for all its planes.
+  void (*pool_planes)(const float* x, int64_t ip, int64_t planes, const ConvGeometry& g, bool max,
+                      const float* row_scale, const float* col_scale, float* y,
+                      int64_t op) = nullptr;
   int lanes = 0;  // this level's vector width in floats
   static constexpr int64_t direct_max_width = 16;
+  // pool_planes' buffer of row results, in floats.
+  static constexpr int64_t pool_rows_floats = 4096;
   static constexpr int64_t wide_slack = 16;  // the widest vector (avx512) in floats
   // wide_plane's separable Max and Sum take windows up to this many rows and columns.
   static constexpr int64_t wide_separable_max = 16;
 };
+
+// Whether ConvKernels::pool_planes takes geometry g: 2-D or 1-D (one depth slice and a
+// window of one), column stride 1 or 2, at most direct_max_width window columns, and the
+// row results under one output row's window within its buffer (rows of whole vectors of the
+// widest level).
+inline bool pool_planes_fit(const ConvGeometry& g) {
+  constexpr int64_t kWidest = ConvKernels::wide_slack;
+  const int64_t pitch = (g.out[2] + kWidest - 1) / kWidest * kWidest;
+  return g.in[0] == 1 && g.out[0] == 1 && g.k[0] == 1 && g.pad[0] == 0 && g.stride[2] <= 2 &&
+         g.k[2] <= ConvKernels::direct_max_width &&
+         ((g.k[1] - 1) * g.dil[1] + 1) * pitch <= ConvKernels::pool_rows_floats;
+}
 
 // The tiles of one image that one pass of a Winograd F(M x M, 3 x 3) convolution
 // transforms (ops/math/winograd.h; M is 4 or 2): M x M output tiles, tiles_w to a row

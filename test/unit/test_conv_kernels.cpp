@@ -2,8 +2,8 @@
 // naive loop at every instruction-set level: random 1-D, 2-D and 3-D geometries with
 // strides, dilations and padding, 3/5/7-wide stride-2 rows through the deinterleaved input,
 // and long 1-D filters; the lowering into GEMM panels, pooling, the indirect product
-// that reads patch rows in place, and the wide-form plane kernels (pad_rows, pad_rows_pair,
-// wide_plane).
+// that reads patch rows in place, the wide-form plane kernels (pad_rows, pad_rows_pair,
+// wide_plane) and rows-first pooling (pool_planes).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -302,6 +302,105 @@ KILN_ISA_TEST_CASE("the pooling planes match a naive max and sum", "[math][conv]
           }
     }
   }
+}
+
+KILN_ISA_TEST_CASE("pool_planes matches a naive max and sum over several planes",
+                   "[math][conv][pool]") {
+  // Rows-first pooling straight from the input (ConvKernels::pool_planes): 1-D and 2-D
+  // windows of 1 to 7 taps (now and then 16 columns), column strides 1 and 2, row strides 1
+  // to 3, dilations, pads at either end or both, ceil_mode's extra window, rows of one
+  // vector to hundreds of floats (one or two vectors swept, wider ones row by row, many
+  // border vectors swept, bands of output rows), NaN inputs (max skips them), and several
+  // planes with gaps between them that must be neither read as taps nor written.
+  KILN_REQUIRE_ISA();
+  const math::ConvKernels& k = isa_kernels.conv;
+  constexpr float kSentinel = 7.0f;
+  std::mt19937 rng(47);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
+  int tested = 0;
+  for (int iter = 0; iter < 600; ++iter) {
+    math::ConvGeometry g;
+    const bool one_d = iter % 9 == 0;
+    for (int d = one_d ? 2 : 1; d < 3; ++d) {
+      const bool wide_taps = d == 2 && iter % 17 == 0;
+      g.k[d] = wide_taps ? pick(9, math::ConvKernels::direct_max_width) : pick(1, 7);
+      g.stride[d] = d == 2 ? pick(1, 2) : pick(1, 3);
+      g.dil[d] = pick(1, 2);
+      const int64_t ek = (g.k[d] - 1) * g.dil[d] + 1;
+      g.pad[d] = iter % 4 == 1 ? 0 : pick(0, ek - 1);  // sometimes only at the end
+      const int64_t pad_end = iter % 4 == 2 ? 0 : pick(0, ek - 1);
+      const int64_t extent = d == 2 && iter % 3 == 0 ? pick(40, 700) : pick(0, 40);
+      g.in[d] = std::max<int64_t>(ek - g.pad[d] - pad_end, 1) + extent;
+      const int64_t span = g.in[d] + g.pad[d] + pad_end - ek;
+      g.out[d] = span / g.stride[d] + 1;
+      // ceil_mode: a last window that runs past the end padding (still starting inside).
+      if (iter % 5 == 0 && span % g.stride[d] != 0 && g.out[d] * g.stride[d] < g.in[d] + g.pad[d])
+        ++g.out[d];
+    }
+    if (!math::pool_planes_fit(g)) continue;
+    ++tested;
+    const int64_t planes = pick(1, 4), plane_in = g.in[1] * g.in[2],
+                  plane_out = g.out[1] * g.out[2];
+    const int64_t ip = plane_in + pick(0, 9), op = plane_out + pick(1, 5);
+    std::vector<float> x(static_cast<size_t>(planes * ip));
+    for (auto& v : x) v = dist(rng);
+    // The gaps hold huge values: a tap read outside its plane would win every max.
+    for (int64_t p = 0; p < planes; ++p) {
+      for (int64_t i = plane_in; i < ip; ++i) x[static_cast<size_t>(p * ip + i)] = 1e30f;
+    }
+    if (iter % 7 == 0) {
+      x[static_cast<size_t>(pick(0, planes - 1) * ip + pick(0, plane_in - 1))] = std::nanf("");
+    }
+    std::vector<float> rs(static_cast<size_t>(g.out[1])), cs(static_cast<size_t>(g.out[2]));
+    for (auto& v : rs) v = dist(rng);
+    for (auto& v : cs) v = dist(rng);
+    INFO("iteration " << iter << " in " << g.in[1] << "x" << g.in[2] << " k " << g.k[1] << "x"
+                      << g.k[2] << " stride " << g.stride[1] << "," << g.stride[2] << " dil "
+                      << g.dil[1] << "," << g.dil[2] << " pad " << g.pad[1] << "," << g.pad[2]
+                      << " out " << g.out[1] << "x" << g.out[2] << " planes " << planes);
+    for (const int mode : {0, 1, 2}) {  // max, sum, scaled sum
+      const bool max = mode == 0;
+      std::vector<float> y(static_cast<size_t>(planes * op), kSentinel);
+      k.pool_planes(x.data(), ip, planes, g, max, mode == 2 ? rs.data() : nullptr,
+                    mode == 2 ? cs.data() : nullptr, y.data(), op);
+      for (int64_t p = 0; p < planes; ++p) {
+        for (int64_t i = plane_out; i < op; ++i) {
+          REQUIRE(y[static_cast<size_t>(p * op + i)] == kSentinel);  // nothing past the plane
+        }
+        for (int64_t oh = 0; oh < g.out[1]; ++oh)
+          for (int64_t ow = 0; ow < g.out[2]; ++ow) {
+            double best = -INFINITY, sum = 0;
+            int64_t count = 0;
+            for (int64_t kh = 0; kh < g.k[1]; ++kh)
+              for (int64_t kw = 0; kw < g.k[2]; ++kw) {
+                const int64_t ih = oh * g.stride[1] - g.pad[1] + kh * g.dil[1];
+                const int64_t iw = ow * g.stride[2] - g.pad[2] + kw * g.dil[2];
+                if (ih < 0 || ih >= g.in[1] || iw < 0 || iw >= g.in[2]) continue;
+                const double v = x[static_cast<size_t>(p * ip + ih * g.in[2] + iw)];
+                sum += v;
+                ++count;
+                if (v > best) best = v;
+              }
+            if (mode == 2)
+              sum *= static_cast<double>(rs[static_cast<size_t>(oh)]) * cs[static_cast<size_t>(ow)];
+            const float got = y[static_cast<size_t>(p * op + oh * g.out[2] + ow)];
+            INFO("mode " << mode << " plane " << p << " output " << oh << "," << ow);
+            if (max) {
+              REQUIRE(got == static_cast<float>(best));  // -inf for a window with no tap inside
+            } else if (std::isnan(sum)) {
+              REQUIRE(std::isnan(got));
+            } else {
+              REQUIRE(std::abs(got - sum) <=
+                      1e-6 * static_cast<double>(count + 1) * (1 + std::abs(sum)) * 16);
+            }
+          }
+      }
+    }
+  }
+  CHECK(tested > 400);
 }
 
 KILN_ISA_TEST_CASE("the indirect product equals a naive product over its row table",

@@ -1138,11 +1138,52 @@ TEST_CASE("MaxPool and AveragePool match naive windows on random shapes", "[nn]"
     require_close(outs[0].tensor(), ymax);
     const auto got_arg = values(outs[1].tensor());
     for (size_t i = 0; i < arg.size(); ++i) REQUIRE(got_arg[i] == static_cast<double>(arg[i]));
+    OpTest mp_values("MaxPool", 12);  // without Indices: the float plane kernels
+    configure(mp_values);
+    require_close(mp_values.run1(), ymax);
 
     OpTest ap("AveragePool", 19);
     configure(ap);
     ap.attr("count_include_pad", int64_t{s.count_pad});
     require_close(ap.run1(), naive_pool(x, s, 1).first);
+  }
+}
+
+TEST_CASE("MaxPool and AveragePool of wide 2-D planes match naive windows", "[nn]") {
+  // Rows of up to 300 floats (several vectors, bands of output rows in the rows-first
+  // kernel), windows of 1 to 5 taps at column strides 1 and 2 and row strides 1 to 3, pads at
+  // one end or both, ceil_mode and count_include_pad.
+  std::mt19937 rng(58);
+  for (int iter = 0; iter < 40; ++iter) {
+    PoolSpec s;
+    s.ceil = rng() % 2;
+    s.count_pad = rng() % 2;
+    s.pads.assign(4, 0);
+    Shape xs{1, rand_int(rng, 1, 3)};
+    for (size_t d = 0; d < 2; ++d) {
+      const int64_t k = rand_int(rng, 1, 5);
+      s.kernel.push_back(k);
+      s.strides.push_back(d == 1 ? rand_int(rng, 1, 2) : rand_int(rng, 1, 3));
+      s.dilations.push_back(iter % 5 == 0 ? 2 : 1);
+      const int64_t ek = (k - 1) * s.dilations[d] + 1;
+      s.pads[d] = iter % 3 == 1 ? 0 : rand_int(rng, 0, k - 1);
+      s.pads[d + 2] = iter % 3 == 2 ? 0 : rand_int(rng, 0, k - 1);
+      const int64_t extent = d == 1 ? rand_int(rng, 20, 300) : rand_int(rng, 0, 40);
+      xs.push_back(std::max<int64_t>(ek - s.pads[d] - s.pads[d + 2], 1) + extent);
+    }
+    Tensor x = random_tensor(DataType::Float, xs, rng);
+    INFO("x " << shape_to_string(xs) << " ceil " << s.ceil << " count_pad " << s.count_pad);
+    auto configure = [&](OpTest& t) {
+      t.input(x).attr("kernel_shape", s.kernel).attr("strides", s.strides);
+      t.attr("dilations", s.dilations).attr("pads", s.pads).attr("ceil_mode", int64_t{s.ceil});
+    };
+    OpTest mp("MaxPool", 12);
+    configure(mp);
+    require_close(mp.run1(), naive_pool(x, s, 0).first);
+    OpTest ap("AveragePool", 19);
+    configure(ap);
+    ap.attr("count_include_pad", int64_t{s.count_pad});
+    require_close(ap.run1(), naive_pool(x, s, 1).first, 1e-5, 1e-5);
   }
 }
 

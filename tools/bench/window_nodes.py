@@ -6,10 +6,10 @@ onnxruntime on one thread.
 
 Each case is one Conv (depthwise 3x3, pads 1, with a bias), MaxPool or AveragePool node on a
 random standard-normal input of the shape the light/ models give it (shufflenet, squeezenet,
-inception_v2, resnet50), written once into a temporary folder. For every round and case each
-kiln build runs `kiln-bench run CASE.onnx --threads 1 --warmup 20 --iterations N` and
-onnxruntime (intra_op_num_threads = 1, default graph optimizations) 20 untimed then N timed
-runs; the table gives each engine's minimum over all runs (the machine is shared: the minimum
+inception_v2, resnet50, densenet121, vgg19), written once into a temporary folder. For every
+round and case each kiln build runs `kiln-bench run CASE.onnx --threads 1 --warmup 20
+--iterations N` and onnxruntime (intra_op_num_threads = 1, default graph optimizations) 20
+untimed then N timed runs; the table gives each engine's minimum over all runs (the machine is shared: the minimum
 is the run least disturbed) and kiln over onnxruntime. Several builds (--kiln-bench given
 more than once, e.g. before=... after=...) are timed in the same rounds.
 """
@@ -45,6 +45,22 @@ CASES = {
     "ap_k7_2048x7": ("AveragePool", [1, 2048, 7, 7], dict(kernel_shape=[7, 7])),
     "mp_s2p0_256x27": ("MaxPool", [1, 256, 27, 27], dict(strides=[2, 2])),
     "gap_1000x13": ("GlobalAveragePool", [1, 1000, 13, 13], {}),
+    # vgg19's five 2x2 stride-2 MaxPools, densenet121's 2x2 stride-2 AveragePools, the rest of
+    # inception_v2's pools.
+    "mp_k2s2_64x224": ("MaxPool", [1, 64, 224, 224], dict(kernel_shape=[2, 2], strides=[2, 2])),
+    "mp_k2s2_128x112": ("MaxPool", [1, 128, 112, 112], dict(kernel_shape=[2, 2], strides=[2, 2])),
+    "mp_k2s2_256x56": ("MaxPool", [1, 256, 56, 56], dict(kernel_shape=[2, 2], strides=[2, 2])),
+    "mp_k2s2_512x28": ("MaxPool", [1, 512, 28, 28], dict(kernel_shape=[2, 2], strides=[2, 2])),
+    "mp_k2s2_512x14": ("MaxPool", [1, 512, 14, 14], dict(kernel_shape=[2, 2], strides=[2, 2])),
+    "ap_k2s2_128x56": ("AveragePool", [1, 128, 56, 56], dict(kernel_shape=[2, 2], strides=[2, 2])),
+    "ap_k2s2_256x28": ("AveragePool", [1, 256, 28, 28], dict(kernel_shape=[2, 2], strides=[2, 2])),
+    "ap_k2s2_512x14": ("AveragePool", [1, 512, 14, 14], dict(kernel_shape=[2, 2], strides=[2, 2])),
+    "mp_s2pe_64x112": ("MaxPool", [1, 64, 112, 112], dict(strides=[2, 2], pads=[0, 0, 1, 1])),
+    "mp_s2pe_320x28": ("MaxPool", [1, 320, 28, 28], dict(strides=[2, 2], pads=[0, 0, 1, 1])),
+    "mp_s2pe_576x14": ("MaxPool", [1, 576, 14, 14], dict(strides=[2, 2], pads=[0, 0, 1, 1])),
+    "ap_s1p1_256x28": ("AveragePool", [1, 256, 28, 28], dict(strides=[1, 1], pads=[1, 1, 1, 1])),
+    "ap_s1p1_1024x7": ("AveragePool", [1, 1024, 7, 7], dict(strides=[1, 1], pads=[1, 1, 1, 1])),
+    "mp_s1p1_1024x7": ("MaxPool", [1, 1024, 7, 7], dict(strides=[1, 1], pads=[1, 1, 1, 1])),
 }
 
 
