@@ -364,13 +364,14 @@ def small_section(runner, args, tmp):
 
     paths = make_small_models.write(os.path.join(tmp, "small"))
     rng = np.random.default_rng(16)
-    idir = write_inputs(os.path.join(tmp, "small-inputs"),
-                        {"x": rng.standard_normal((1, make_small_models.WIDTH)).astype(np.float32),
-                         "flag": np.array(True)})
+    x = rng.standard_normal((1, make_small_models.WIDTH)).astype(np.float32)
+    idir = write_inputs(os.path.join(tmp, "small-inputs"), {"x": x, "flag": np.array(True)})
+    # The add chain's x has a unit axis before the values (see make_small_models.add_chain).
+    chain_dir = write_inputs(os.path.join(tmp, "add-chain-inputs"), {"x": x.reshape(1, 1, -1)})
     rows = []
     for case, path in paths.items():
         for t in args.threads:
-            res, diff = runner.measure(case, "run", path, idir, t,
+            res, diff = runner.measure(case, "run", path, chain_dir if case == "add-chain" else idir, t,
                                        compare_output="probs" if case == "small-if" else "y")
             k, o = summarize(res["kiln"]), summarize(res["onnxruntime"])
             executed = res["kiln"][0]["last_run_stats"]["nodes_run"]
@@ -382,8 +383,9 @@ def small_section(runner, args, tmp):
                   f"kiln {k['rate']} µs/node, onnxruntime {o['rate']} µs/node; kiln nodes "
                   f"{k['nodes'][0]} → {k['nodes'][1]}", flush=True)
             rows.append((case, t, k, o, diff))
-    desc = ("`tools/export/make_small_models.py`: `add-chain` is x float32[1,16] through 1,000 Adds, each "
-            "with its own [1,16] constant; `if-chain` is x through 200 Ifs on a flag input, each branch one "
+    desc = ("`tools/export/make_small_models.py`: `add-chain` is x float32[1,1,16] through 1,000 Adds, each "
+            "with its own [1,1,16] constant (varying along the last axis, so the chain does not fuse into one "
+            "per-channel op); `if-chain` is x through 200 Ifs on a flag input, each branch one "
             "Add or Sub of a [1,16] constant (the cost of dispatching an If); `small-if` repeats a voice-activity-like block 4 times (MatMul, "
             "Add, Relu, an If on the block's sum whose then-branch holds a second If on its mean, branches "
             "of 2-4 small ops, a one-step LSTM with hidden size 16). Both run in microseconds, so the time "

@@ -6,7 +6,8 @@ small-if).
 
 writes OUT_DIR/add_chain.onnx, OUT_DIR/if_chain.onnx and OUT_DIR/small_if.onnx:
 
-- add_chain: x float32[1,16] through 1,000 Adds, each with its own random [1,16] constant.
+- add_chain: x float32[1,1,16] through 1,000 Adds, each with its own random [1,1,16] constant
+  (varying along the last axis, so no engine fuses the chain into one per-channel affine op).
 - if_chain: x float32[1,16] through 200 Ifs on a flag input, each branch one Add or Sub of a
   [1,16] constant: the cost of dispatching an If and running a one-node branch.
 - small_if: a voice-activity-like block repeated 4 times on x float32[1,16] and an LSTM state:
@@ -36,13 +37,13 @@ def add_chain(length=1000, width=WIDTH):
     prev = "x"
     for i in range(length):
         c = f"c{i}"
-        inits.append(_const(rng, c, (1, width), 0.01))
+        inits.append(_const(rng, c, (1, 1, width), 0.01))
         out = "y" if i + 1 == length else f"t{i}"
         nodes.append(helper.make_node("Add", [prev, c], [out], name=f"add{i}"))
         prev = out
     graph = helper.make_graph(
-        nodes, "add_chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])], inits)
+        nodes, "add_chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, width])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                              producer_name="kiln make_small_models.py")
 
