@@ -46,20 +46,21 @@ int64_t positions(int tile) {
   return (tile + 2) * (tile + 2);
 }
 
-// M_xi = U_xi V_xi for positions [xi0, xi1) of one pass: the transformed filter's rows in
-// tiles of mr, the pass's tiles in columns of nr (V_xi's rows P ld floats apart).
-void pass_products(const GemmKernels& g, const float* filter, int64_t per, int64_t xi0, int64_t xi1,
+// M_xi = U_xi V_xi of one pass for filters [f0, f1) (f0 a multiple of mr): the transformed
+// filter's rows in tiles of mr, the pass's tiles in columns of nr (V_xi's rows P ld floats
+// apart).
+void pass_products(const GemmKernels& g, const float* filter, int64_t per, int64_t f0, int64_t f1,
                    const WinogradPlan& p, int64_t count, const float* v, float* m) {
-  const int64_t filters = p.shape.filters, channels = p.shape.channels;
-  const int64_t panels = (count + g.nr - 1) / g.nr, stride = positions(p.shape.tile) * p.ld;
-  for (int64_t xi = xi0; xi < xi1; ++xi) {
+  const int64_t filters = p.shape.filters, channels = p.shape.channels, P = positions(p.shape.tile);
+  const int64_t panels = (count + g.nr - 1) / g.nr, stride = P * p.ld;
+  for (int64_t xi = 0; xi < P; ++xi) {
     const PackedA a(filter + xi * per, filters, channels, g.mr);
     const float* vx = v + xi * p.ld;
     float* mx = m + xi * p.ld;
     for (int64_t p0 = 0; p0 < channels; p0 += PackedA::kBlock) {
       const int64_t kc = std::min(PackedA::kBlock, channels - p0);
-      for (int64_t i = 0; i < filters; i += g.mr) {
-        const int rows = static_cast<int>(std::min<int64_t>(g.mr, filters - i));
+      for (int64_t i = f0; i < f1; i += g.mr) {
+        const int rows = static_cast<int>(std::min<int64_t>(g.mr, f1 - i));
         const float* ap = a.panel(i, p0);
         for (int64_t q = 0; q < panels; ++q) {
           const int cols = static_cast<int>(std::min<int64_t>(g.nr, count - q * g.nr));
@@ -131,7 +132,7 @@ WinogradPlan winograd_plan(const WinogradShape& s, int64_t images, int threads,
   p.by_pass = p.tasks > 1 && passes >= 2 * p.tasks;
   p.ld = (p.block + nr - 1) / nr * nr;
   p.slot_floats = P * p.ld * (s.channels + s.filters) + kSlack;
-  p.slots = p.by_pass ? p.tasks : 1;
+  p.slots = p.tasks;
   p.row_floats = winograd_scratch_floats(p.block);
   return p;
 }
@@ -171,30 +172,29 @@ void winograd_convolve(const WinogradPlan& p, const float* x, int64_t x_image, c
         const WinogradTiles b = tiles_of(pass);
         clear_tail(p, g.nr, b.count, 0, s.channels, v);
         w.input(x + n * x_image, ip, 0, s.channels, b, v, p.ld, r);
-        pass_products(g, filter, per, 0, P, p, b.count, v, m);
+        pass_products(g, filter, per, 0, s.filters, p, b.count, v, m);
         w.output(m, p.ld, 0, s.filters, b, bias, accumulate, relu, y + n * y_image, op, r);
       }
     });
     return;
   }
-  // Each pass split among the tasks: its channels, then its transformed positions, then its
-  // filters.
-  float* v = space;
-  float* m = v + P * p.ld * s.channels;
+  // Too few passes to deal out: each pass's filters split among the tasks, each task
+  // transforming the pass's input itself (a few per cent of the work done twice, where
+  // splitting the transforms too would take three hand-offs per pass).
   for (int64_t pass = 0; pass < passes; ++pass) {
     const int64_t n = pass / p.blocks;
     const WinogradTiles b = tiles_of(pass);
     run_tasks(p.tasks, [&](int t) {
-      const int64_t c0 = s.channels * t / p.tasks, c1 = s.channels * (t + 1) / p.tasks;
-      clear_tail(p, g.nr, b.count, c0, c1, v);
-      w.input(x + n * x_image, ip, c0, c1, b, v, p.ld, rows + t * p.row_floats);
-    });
-    run_tasks(p.tasks, [&](int t) {
-      pass_products(g, filter, per, P * t / p.tasks, P * (t + 1) / p.tasks, p, b.count, v, m);
-    });
-    run_tasks(p.tasks, [&](int t) {
-      w.output(m, p.ld, s.filters * t / p.tasks, s.filters * (t + 1) / p.tasks, b, bias, accumulate,
-               relu, y + n * y_image, op, rows + t * p.row_floats);
+      const int64_t f0 = part_edge(t, p.tasks, s.filters, g.mr);
+      const int64_t f1 = part_edge(t + 1, p.tasks, s.filters, g.mr);
+      if (f0 >= f1) return;
+      float* v = space + t * p.slot_floats;
+      float* m = v + P * p.ld * s.channels;
+      float* r = rows + t * p.row_floats;
+      clear_tail(p, g.nr, b.count, 0, s.channels, v);
+      w.input(x + n * x_image, ip, 0, s.channels, b, v, p.ld, r);
+      pass_products(g, filter, per, f0, f1, p, b.count, v, m);
+      w.output(m, p.ld, f0, f1, b, bias, accumulate, relu, y + n * y_image, op, r);
     });
   }
 }

@@ -50,13 +50,13 @@ struct WinogradPlan {
   int64_t tiles_w = 0, tiles = 0;  // per image
   int64_t block = 0, blocks = 0;   // tiles per pass, passes per image
   int tasks = 1;
-  // Each task runs its own passes (every pass's buffers its own), or each pass is split
-  // among the tasks (channels, transformed positions, filters) when there are too few.
+  // Each task runs its own passes (every pass's buffers its own), or, when there are too few
+  // of them, each pass's filters are split among the tasks (each transforming the input).
   bool by_pass = false;
   // The products of a pass (WinogradTransforms' layout): V (channels x P rows) and M
   // (filters x P rows) of ld floats, a multiple of the register tile's width.
   int64_t ld = 0;
-  int64_t slot_floats = 0, slots = 1, row_floats = 0;
+  int64_t slot_floats = 0, slots = 1, row_floats = 0;  // a pass's buffers per task
 
   int64_t workspace_floats() const { return slots * slot_floats + tasks * row_floats; }
 };
