@@ -247,7 +247,8 @@ class Runner:
         kiln = [self.kiln, case, model] + common + extra_kiln
         ort = self.worker + [case, model] + common
         if case != "decode":
-            iters = ["--warmup", str(self.args.warmup), "--iterations", str(self.args.iterations)]
+            iters = ["--warmup", str(self.args.warmup), "--warmup-ms", str(self.args.warmup_ms),
+                     "--iterations", str(self.args.iterations)]
             kiln += iters
             ort += iters
         else:
@@ -288,8 +289,8 @@ class Runner:
         """One profiled kiln child of the decoder step: its summed node times per run (the
         kernels) and the read bandwidth measured after its timed runs, in the same process."""
         cmd = [self.kiln, "decoder-step", model, "--input-dir", input_dir, "--threads", str(threads),
-               "--warmup", str(self.args.warmup), "--iterations", str(self.args.iterations),
-               "--profile", "--bandwidth"] + list(extra_kiln)
+               "--warmup", str(self.args.warmup), "--warmup-ms", str(self.args.warmup_ms),
+               "--iterations", str(self.args.iterations), "--profile", "--bandwidth"] + list(extra_kiln)
         res = run_child(cmd)
         self.raw.append({"command": cmd, "result": res})
         return res
@@ -333,8 +334,8 @@ def bf16_section(runner, args, dirs, past_lens):
             times = []
             for r in range(args.rounds):
                 cmd = [runner.kiln, case, args.whisper, "--input-dir", idir, "--threads", str(t),
-                       "--warmup", str(args.warmup), "--iterations", str(args.iterations),
-                       "--gemm-weights", prec] + extra_args + (["--output-dir", odir] if r == 0 else [])
+                       "--warmup", str(args.warmup), "--warmup-ms", str(args.warmup_ms),
+                       "--iterations", str(args.iterations), "--gemm-weights", prec] + extra_args + (["--output-dir", odir] if r == 0 else [])
                 res = run_child(cmd)
                 runner.raw.append({"command": cmd, "result": res})
                 times += res["iterations_ms"]
@@ -897,8 +898,9 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
         f"- onnxruntime: {info['ort_version']} (CPU execution provider, intra_op_num_threads = N, "
         "inter_op_num_threads = 1, default graph optimizations, driven from Python)",
         f"- Method: each engine in its own child process; {args.rounds} alternating rounds per case and "
-        f"thread count (order flipped every round), {args.warmup} warm-up + {args.iterations} timed runs "
-        "per round; median and p90 over the pooled timed runs; load = median session creation time; "
+        f"thread count (order flipped every round), {args.warmup} warm-up runs (and more until "
+        f"{args.warmup_ms} ms have passed: a pool's threads and the processor's clocks settle over the first "
+        f"tens of milliseconds of work) + {args.iterations} timed runs per round; median and p90 over the pooled timed runs; load = median session creation time; "
         "peak RSS = the child's VmHWM (largest over rounds; ru_maxrss is not used because Linux carries "
         "the parent's high-water mark over exec); RSS growth = peak minus the child's RSS "
         "just before loading the model (so the Python interpreter and onnxruntime's import are not "
@@ -1001,6 +1003,8 @@ def main():
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup-ms", type=int, default=300,
+                   help="warm-up runs go on until this many milliseconds have passed too")
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--past-lens", default="16,128,400")
     p.add_argument("--seq-len", type=int, default=128)

@@ -1,7 +1,7 @@
 """onnxruntime's side of the kiln comparison: the same cases as kiln-bench, run in their own
 process, printing one JSON object with the same keys (load_ms, iterations_ms, peak RSS...).
 
-    ort_worker.py CASE MODEL --input-dir DIR [--threads N] [--warmup N] [--iterations N]
+    ort_worker.py CASE MODEL --input-dir DIR [--threads N] [--warmup N] [--warmup-ms MS] [--iterations N]
                   [--steps N] [--output-dir DIR]
 
 CASE is encoder, decoder-step, minilm, decode or run (any model file; see kiln-bench). Every model input is read
@@ -73,17 +73,21 @@ def run_session_case(args) -> dict:
     feed = load_inputs(sess, args.input_dir)
     names = [o.name for o in sess.get_outputs()]
     times, present_bytes = [], []
-    for it in range(args.warmup + args.iterations):
+    # Untimed runs: --warmup of them, and more until --warmup-ms have passed.
+    start, it = time.perf_counter(), 0
+    while it < args.warmup or (time.perf_counter() - start) * 1000 < args.warmup_ms:
+        sess.run(None, feed)
+        it += 1
+    for it in range(args.iterations):
         t0 = time.perf_counter()
         outs = sess.run(None, feed)
         ms = (time.perf_counter() - t0) * 1000
-        if it + 1 == args.warmup + args.iterations and args.output_dir:
+        if it + 1 == args.iterations and args.output_dir:
             os.makedirs(args.output_dir, exist_ok=True)
             for n, v in zip(names, outs):
                 np.save(os.path.join(args.output_dir, n + ".npy"), v)
-        if it >= args.warmup:
-            times.append(ms)
-            present_bytes.append(sum(v.nbytes for n, v in zip(names, outs) if n.startswith("present")))
+        times.append(ms)
+        present_bytes.append(sum(v.nbytes for n, v in zip(names, outs) if n.startswith("present")))
         del outs
     result = {"load_ms": load_ms, "iterations_ms": times, "median_ms": percentile(times, 0.5),
               "p90_ms": percentile(times, 0.9), "min_ms": min(times)}
@@ -171,6 +175,8 @@ def main() -> None:
     p.add_argument("--input-dir", required=True)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--warmup-ms", type=float, default=0,
+                   help="untimed runs go on until this many milliseconds have passed too (not decode)")
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--output-dir")

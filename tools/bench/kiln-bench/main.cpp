@@ -67,6 +67,7 @@ struct Options {
   std::string kase, model;
   int threads = 0;
   int warmup = -1, iterations = 10;
+  int warmup_ms = 0;
   std::vector<std::pair<std::string, std::string>> inputs;
   std::string input_dir, output_dir;
   int64_t past_len = 16, kv_capacity = 0, seq_len = 128, batch = 1, steps = 200;
@@ -86,6 +87,8 @@ void define_options(CLI::App& app, Options& o) {
   add_int(app, "--threads", o.threads, 1, "thread pool size (default: one per core)");
   add_int(app, "--warmup", o.warmup, 0,
           "untimed runs first (default 3; decode: whole generations, 1)");
+  add_int(app, "--warmup-ms", o.warmup_ms, 0,
+          "untimed runs go on until this many milliseconds have passed too (not decode)");
   add_int(app, "--iterations", o.iterations, 1, "timed runs (default 10)");
   add_named_files(app, "--input", o.inputs, "NAME=FILE.npy",
                   "an input from a file (repeatable); others are generated");
@@ -367,10 +370,16 @@ double run_once(kiln::Session& s, Feed& f, const std::string& output_dir) {
 // profile, and each wall time has node times measured right after it.
 RunResult time_runs(kiln::Session& s, kiln::Session* profiled, Feed& f, const Options& o) {
   RunResult r;
-  for (int it = 0; it < o.warmup + o.iterations; ++it) {
-    const bool last = it + 1 == o.warmup + o.iterations;
+  // Untimed runs: --warmup of them, and more until --warmup-ms have passed (a pool's threads
+  // and the processor's clocks settle over the first tens of milliseconds of work).
+  const auto start = Clock::now();
+  for (int it = 0; it < o.warmup || Clock::now() - start < std::chrono::milliseconds(o.warmup_ms);
+       ++it) {
+    run_once(s, f, std::string());
+  }
+  for (int it = 0; it < o.iterations; ++it) {
+    const bool last = it + 1 == o.iterations;
     const double ms = run_once(s, f, last ? o.output_dir : std::string());
-    if (it < o.warmup) continue;
     const kiln::RunStats& st = s.last_run_stats();
     r.ms.push_back(ms);
     r.bytes_copied.push_back(st.bytes_copied);
@@ -511,6 +520,7 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
   j["gemm_weights"] = kiln::tooling::gemm_weights_name(o.gemm_weights);
   j["threads"] = env->threads();
   j["warmup"] = o.warmup;
+  j["warmup_ms"] = o.warmup_ms;
   j["iterations"] = o.iterations;
   if (o.kase == "decoder-step") j["past_len"] = o.past_len;
   if (!feed.kv.empty()) j["kv_capacity"] = kv_capacity;
