@@ -161,15 +161,61 @@ auto view_packer(const GemmKernels& g, const MatrixView& a, float alpha) {
   };
 }
 
+// run_block with A read in place (GemmKernels::kernel_rows_a): a row-major A, alpha 1, float
+// B in packed panels.
+void run_rows_a_block(const GemmKernels& g, const MatrixView& a, const BSource& b, int64_t k,
+                      float* c, int64_t ldc, const GemmOptions& o, int64_t m0, int64_t m1,
+                      int64_t n0, int64_t n1) {
+  const int mr = g.mr, nr = g.nr;
+  const int64_t mc = row_block(mr);
+  for (int64_t p0 = 0; p0 < k; p0 += kKc) {
+    const int64_t kc = std::min(kKc, k - p0);
+    const bool last = p0 + kc == k;
+    const bool accumulate = p0 > 0 || o.accumulate;
+    for (int64_t i0 = m0; i0 < m1; i0 += mc) {
+      const int64_t rows = std::min(mc, m1 - i0);
+      for (int64_t j0 = n0; j0 < n1; j0 += nr) {
+        const int tc = static_cast<int>(std::min<int64_t>(nr, n1 - j0));
+        const auto* bp = static_cast<const float*>(b.at(p0, j0, nr));
+        for (int64_t r = 0; r < rows; r += mr) {
+          const int tr = static_cast<int>(std::min<int64_t>(mr, rows - r));
+          TileEpilogue room;
+          g.kernel_rows_a(kc, a.data + (i0 + r) * a.rs + p0, a.rs, bp, c + (i0 + r) * ldc + j0, ldc,
+                          tr, tc, accumulate, last ? tile_epilogue(o, i0 + r, j0, room) : nullptr);
+        }
+      }
+      if (last) finish_tile(o, c + i0 * ldc + n0, ldc, rows, n1 - n0);
+    }
+  }
+}
+
+// Products of at most this many column panels read a row-major A in place: a packed A panel
+// would serve only this many tiles, so making it costs about what it saves. Attention's
+// product of a block's softmaxed scores (60 x 1500 for Whisper's encoder) by V (64 columns)
+// packed 90,000 floats a block that way, ~5% of the encoder's time.
+constexpr int64_t kRowsAMaxPanels = 2;
+
+bool reads_a_in_place(const GemmKernels& g, const MatrixView& a, const BSource& b, int64_t n,
+                      const GemmOptions& o) {
+  return b.packed && b.type == PackedType::Float32 && a.cs == 1 && o.alpha == 1.0f &&
+         n <= kRowsAMaxPanels * g.nr;
+}
+
 void run(const GemmKernels& g, const MatrixView& a, const BSource& b, int64_t k, int64_t n,
          float* c, int64_t ldc, const GemmOptions& o) {
   const int64_t m = a.rows;
   const int tasks = task_count(product_work(m, n, k, g.mr), o.max_threads);
+  const Split split = split_for(tasks, m, n, g.mr, g.nr, SplitPolicy::RowsFirst);
+  if (reads_a_in_place(g, a, b, n, o)) {
+    run_split(split, m, n, g.mr, g.nr, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+      run_rows_a_block(g, a, b, k, c, ldc, o, m0, m1, n0, n1);
+    });
+    return;
+  }
   const auto pack_a = view_packer(g, a, o.alpha);
-  run_split(split_for(tasks, m, n, g.mr, g.nr, SplitPolicy::RowsFirst), m, n, g.mr, g.nr,
-            [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-              run_block(g, pack_a, b, k, c, ldc, o, m0, m1, n0, n1);
-            });
+  run_split(split, m, n, g.mr, g.nr, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    run_block(g, pack_a, b, k, c, ldc, o, m0, m1, n0, n1);
+  });
 }
 
 // C = 0 (or unchanged when accumulating) plus the epilogue, for k == 0.

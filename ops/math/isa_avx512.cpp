@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "ops/math/kernels.h"
 

@@ -83,6 +83,12 @@ struct GemmKernels {
   void (*kernel_indirect)(int64_t k, const float* a, const float* const* b_rows, int64_t j0,
                           float* c, int64_t ldc, int rows, int cols, bool accumulate,
                           const TileEpilogue* e) = nullptr;
+  // The tile with A read in place, row-major: row r, column p at a[r * lda + p] (no alpha);
+  // B in packed panels. For products with one or two column panels, where a packed A panel
+  // would be read only once or twice after it is made.
+  void (*kernel_rows_a)(int64_t k, const float* a, int64_t lda, const float* b, float* c,
+                        int64_t ldc, int rows, int cols, bool accumulate,
+                        const TileEpilogue* e) = nullptr;
   // y[j] = dot(x, b + j * ldb) over k elements, for j < n (a row vector times a
   // column-major matrix: attention scores of one query against a row-major K).
   void (*dots)(const float* x, const float* b, int64_t ldb, int64_t k, int64_t n,

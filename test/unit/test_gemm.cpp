@@ -178,6 +178,11 @@ KILN_ISA_TEST_CASE("sgemm crosses k blocks, row blocks and threads", "[math][gem
       {1, 3000, 700, true, false, true, false, false, false, true, 2.0f},     // GEMV, packed
       {40, 2000, 64, false, false, false, false, false, false, false, 1.0f},  // small M, in place
       {1000, 8, 300, false, true, true, false, true, false, false, 1.0f},     // tall and thin
+      // Packed B of one or two panels with a row-major A read in place (kernel_rows_a),
+      // across k blocks and row blocks, with and without the epilogue.
+      {150, 64, 1500, false, false, true, true, true, true, false, 1.0f},
+      {301, 40, 600, false, false, true, false, false, false, true, 1.0f},
+      {61, 17, 257, false, false, true, false, true, false, false, 1.0f},
   };
   for (const Case& t : cases) check_case(t, isa_kernels, rng);
 }

@@ -76,6 +76,7 @@ KILN_ISA_TEST_CASE("every entry of the level's table is filled", "[math][isa]") 
   CHECK(k.gemm.kernel_packed);
   CHECK(k.gemm.kernel_cold_a);
   CHECK(k.gemm.kernel_cold_b);
+  CHECK(k.gemm.kernel_rows_a);
   CHECK(k.gemm.dots);
   CHECK(k.gemm.gemv_rows);
   CHECK(k.gemm.epilogue);

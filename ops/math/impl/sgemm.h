@@ -51,6 +51,17 @@ struct BF16 {
 // tile of at most kLanes columns, which then costs half a full one).
 // Writes (or, with `accumulate`, adds) a Rows x Nv-vector tile of sums to C, with the epilogue
 // `e` when given; without Full, only `cols` columns.
+// Calls f.template operator()<R>() for R = rows (1 to kGemmMr): the tile kernels' row
+// counts as template arguments. Nothing is called for rows outside that range.
+template <typename F, int... R>
+inline void dispatch_rows_of(int rows, F& f, std::integer_sequence<int, R...>) {
+  (void)((rows == R + 1 ? (f.template operator()<R + 1>(), true) : false) || ...);
+}
+template <typename F>
+inline void dispatch_rows(int rows, F&& f) {
+  dispatch_rows_of(rows, f, std::make_integer_sequence<int, kGemmMr>{});
+}
+
 template <int Rows, bool Full, int Nv>
 inline void store_tile(const VF (&acc)[Rows][Nv], float* c, int64_t ldc, int cols, bool accumulate,
                        const TileEpilogue* e) {
@@ -143,29 +154,9 @@ inline void gemm_rows(int64_t k, const float* a, const typename B::T* b, int64_t
 template <typename B, bool ColdA = false, bool ColdB = false>
 void gemm_kernel(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
                  int64_t ldc, int rows, int cols, bool accumulate, const TileEpilogue* e) {
-  switch (rows) {
-#define KILN_GEMM_ROWS(R)                                                       \
-  case R:                                                                       \
-    if constexpr (R <= kGemmMr) {                                               \
-      gemm_rows<R, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate, e); \
-    }                                                                           \
-    break;
-    KILN_GEMM_ROWS(1)
-    KILN_GEMM_ROWS(2)
-    KILN_GEMM_ROWS(3)
-    KILN_GEMM_ROWS(4)
-    KILN_GEMM_ROWS(5)
-    KILN_GEMM_ROWS(6)
-    KILN_GEMM_ROWS(7)
-    KILN_GEMM_ROWS(8)
-    KILN_GEMM_ROWS(9)
-    KILN_GEMM_ROWS(10)
-    KILN_GEMM_ROWS(11)
-    KILN_GEMM_ROWS(12)
-#undef KILN_GEMM_ROWS
-    default:
-      break;
-  }
+  dispatch_rows(rows, [&]<int R>() {
+    gemm_rows<R, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate, e);
+  });
 }
 
 void sgemm_kernel(int64_t k, const float* a, const float* b, int64_t ldb, float* c, int64_t ldc,
@@ -251,29 +242,54 @@ inline void gemm_rows_indirect(int64_t k, const float* a, const float* const* b_
 void sgemm_kernel_indirect(int64_t k, const float* a, const float* const* b_rows, int64_t j0,
                            float* c, int64_t ldc, int rows, int cols, bool accumulate,
                            const TileEpilogue* e) {
-  switch (rows) {
-#define KILN_GEMM_ROWS(R)                                                   \
-  case R:                                                                   \
-    if constexpr (R <= kGemmMr) {                                           \
-      gemm_rows_indirect<R>(k, a, b_rows, j0, c, ldc, cols, accumulate, e); \
-    }                                                                       \
-    break;
-    KILN_GEMM_ROWS(1)
-    KILN_GEMM_ROWS(2)
-    KILN_GEMM_ROWS(3)
-    KILN_GEMM_ROWS(4)
-    KILN_GEMM_ROWS(5)
-    KILN_GEMM_ROWS(6)
-    KILN_GEMM_ROWS(7)
-    KILN_GEMM_ROWS(8)
-    KILN_GEMM_ROWS(9)
-    KILN_GEMM_ROWS(10)
-    KILN_GEMM_ROWS(11)
-    KILN_GEMM_ROWS(12)
-#undef KILN_GEMM_ROWS
-    default:
-      break;
+  dispatch_rows(
+      rows, [&]<int R>() { gemm_rows_indirect<R>(k, a, b_rows, j0, c, ldc, cols, accumulate, e); });
+}
+
+// gemm_tile with A read in place: row r of the tile at a + r * lda (a row-major A, its
+// columns consecutive), B in packed panels. Each k step broadcasts one float of every row,
+// as from a packed panel; the rows are Rows sequential streams, each cache line serving
+// kLanes steps.
+template <int Rows, bool Full, int Nv = kGemmNv>
+inline void gemm_tile_rows_a(int64_t k, const float* a, int64_t lda, const float* b, float* c,
+                             int64_t ldc, int cols, bool accumulate, const TileEpilogue* e) {
+  VF acc[Rows][Nv];
+#pragma GCC unroll 16
+  for (int r = 0; r < Rows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < Nv; ++v) acc[r][v] = vzero();
   }
+  for (int64_t p = 0; p < k; ++p) {
+    VF bv[Nv];
+#pragma GCC unroll 4
+    for (int v = 0; v < Nv; ++v) bv[v] = vload(b + v * kLanes);
+#pragma GCC unroll 16
+    for (int r = 0; r < Rows; ++r) {
+      const VF ar = vbroadcast(a + r * lda + p);
+#pragma GCC unroll 4
+      for (int v = 0; v < Nv; ++v) acc[r][v] = vfmadd(ar, bv[v], acc[r][v]);
+    }
+    b += kGemmNr;
+  }
+  store_tile<Rows, Full, Nv>(acc, c, ldc, cols, accumulate, e);
+}
+
+template <int Rows>
+inline void gemm_rows_rows_a(int64_t k, const float* a, int64_t lda, const float* b, float* c,
+                             int64_t ldc, int cols, bool accumulate, const TileEpilogue* e) {
+  if (cols == kGemmNr) {
+    gemm_tile_rows_a<Rows, true>(k, a, lda, b, c, ldc, cols, accumulate, e);
+  } else if (cols <= kLanes) {
+    gemm_tile_rows_a<Rows, false, 1>(k, a, lda, b, c, ldc, cols, accumulate, e);
+  } else {
+    gemm_tile_rows_a<Rows, false>(k, a, lda, b, c, ldc, cols, accumulate, e);
+  }
+}
+
+void sgemm_kernel_rows_a(int64_t k, const float* a, int64_t lda, const float* b, float* c,
+                         int64_t ldc, int rows, int cols, bool accumulate, const TileEpilogue* e) {
+  dispatch_rows(rows,
+                [&]<int R>() { gemm_rows_rows_a<R>(k, a, lda, b, c, ldc, cols, accumulate, e); });
 }
 
 // rows (<= kGemmMr) x k of A, element (r, p) at a[r * rs + p * cs], into one packed panel,
@@ -512,6 +528,7 @@ constexpr GemmKernels kGemmKernels{.mr = kGemmMr,
                                    .kernel_cold_a = sgemm_kernel_cold_a,
                                    .kernel_cold_b = sgemm_kernel_cold_b,
                                    .kernel_indirect = sgemm_kernel_indirect,
+                                   .kernel_rows_a = sgemm_kernel_rows_a,
                                    .dots = sdots,
                                    .gemv_rows = sgemv_rows,
                                    .epilogue = gemm_epilogue};
