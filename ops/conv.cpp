@@ -356,6 +356,47 @@ struct WideLayout : WideExtent {
   }
 };
 
+// Output rows at least this wide may be products of their own (rows_direct).
+constexpr int64_t kMinDirectRowWidth = 64;
+
+// Whether each output row is better its own product, written straight into y, than a band of
+// wide rows copied out: when the row's columns, rounded to the tile kernels' vectors (a last
+// tile of at most half the tile width takes one vector), are at most the wide row's plus a
+// thirty-second (the copy-out's pass over y). light resnet50's 7x7 stride-2 stem (112
+// outputs a row, wide rows of 115) and squeezenet's 3x3 stride-2 first layer (111 of 112) are
+// such rows; a 28-wide output row (wide rows of 29-30 columns, 32 computed) is not.
+bool rows_direct(const math::ConvGeometry& cg, const WideExtent& w, int nr) {
+  const int64_t out_w = cg.out[2], rest = out_w % nr;
+  const int64_t computed = out_w - rest + (rest == 0 ? 0 : rest <= nr / 2 ? nr / 2 : nr);
+  return out_w >= kMinDirectRowWidth && computed <= w.len[2] + w.len[2] / 32;
+}
+
+// The wide path's product one output row at a time, each row's patch rows read in place from
+// the laid-out channels and its product stored into y with the bias, Z and activation (the
+// tile epilogue): no wide product, no copy-out. Rows are dealt to the threads (a single row
+// is split inside the product).
+void direct_rows(const math::PackedA& a, const float* bias, float* y, int64_t op, const Sizes& s,
+                 const math::ConvGeometry& cg, const WideLayout& w, const ConvEpilogue& e,
+                 const float* xp) {
+  const int64_t rows_out = cg.out[0] * cg.out[1], out_w = cg.out[2];
+  const auto kk = static_cast<int64_t>(w.row_offsets.size());
+  math::GemmOptions o;
+  o.row_bias = bias;
+  o.accumulate = e.accumulate;
+  o.activation = e.activation;
+  if (rows_out > 1) o.max_threads = 1;
+  const int64_t row_work = s.mg * out_w * kk;
+  parallel_for(rows_out, grain_for(row_work, int64_t{1} << 20), [&](int64_t lo, int64_t hi) {
+    std::vector<const float*> rows(static_cast<size_t>(kk));
+    for (int64_t r = lo; r < hi; ++r) {
+      const int64_t od = r / cg.out[1], oh = r % cg.out[1];
+      const float* base = xp + (od * w.len[1] + oh) * w.len[2];
+      for (int64_t p = 0; p < kk; ++p) rows[static_cast<size_t>(p)] = base + w.row_offsets[p];
+      math::sgemm_indirect(a, out_w, rows.data(), y + r * out_w, op, o);
+    }
+  });
+}
+
 // A convolution of one (image, group) over "wide" output positions: with each input channel
 // laid out once in stride phases (pad_phases), every row of the patch matrix over output
 // rows as wide as a phase's rows is a contiguous run of that layout, which the product reads
@@ -370,6 +411,9 @@ void wide_convolve(const float* xg, int64_t ip, const math::PackedA& a, const fl
   parallel_for(s.cg, grain_for(w.plane), [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c) pad_phases(xg + c * ip, cg, w, xp + c * w.plane);
   });
+  if (rows_direct(cg, w, math::kernels().gemm.nr)) {
+    return direct_rows(a, bias, y, op, s, cg, w, e, xp);
+  }
   // The bias and the activation are applied while the valid columns are copied out (one
   // pass over y instead of another over the wide product).
   // Every patch-matrix row is a run of xp: the product reads it there (no lowering).

@@ -117,6 +117,46 @@ TEST_CASE("com.microsoft.FusedConv matches a naive convolution with each activat
   }
 }
 
+TEST_CASE(
+    "com.microsoft.FusedConv with each output row its own product applies Z and each "
+    "activation",
+    "[contrib][conv]") {
+  // Strided convolutions whose output rows are 64 or more wide and fill the tile kernels'
+  // vectors about as well as their wide rows do are products written straight into y, row by
+  // row (ops/conv.cpp, direct_rows): a 7x7 stride-2 stem (112 outputs a row, wide rows of
+  // 115) and a 3x3 stride-2 layer without padding (111 of 112), with the bias, Z and the
+  // activation in the tile epilogue.
+  std::mt19937 rng(22);
+  const std::vector<std::pair<std::string, std::vector<float>>> activations = {
+      {"", {}}, {"Relu", {}}, {"Tanh", {}}, {"LeakyRelu", {0.2f}}};
+  for (int trial = 0; trial < 8; ++trial) {
+    const auto& [act, params] = activations[static_cast<size_t>(trial) % activations.size()];
+    const bool stem = trial % 2 == 0;
+    const Case k = stem ? Case{1, 3, 16 + trial, 1, 9, 224, 7, 7, 2, 3, 1}
+                        : Case{1 + trial % 3 / 2, 5, 13 + trial, 1, 7, 224, 3, 3, 2, 0, 1};
+    const int64_t oh = (k.h + 2 * k.pad - k.dilation * (k.kh - 1) - 1) / k.stride + 1;
+    const int64_t ow = (k.w + 2 * k.pad - k.dilation * (k.kw - 1) - 1) / k.stride + 1;
+    const bool has_z = trial % 3 != 0;
+    INFO("trial " << trial << " activation '" << act << "' Z " << has_z << " ow " << ow);
+    const Tensor x = random_tensor(DataType::Float, Shape{k.n, k.c, k.h, k.w}, rng);
+    const Tensor w = random_tensor(DataType::Float, Shape{k.m, k.c, k.kh, k.kw}, rng);
+    const Tensor bias = random_tensor(DataType::Float, Shape{k.m}, rng);
+    const Tensor z = random_tensor(DataType::Float, Shape{k.n, k.m, oh, ow}, rng);
+    OpTest t = fused_conv(k);
+    if (!act.empty()) t.attr("activation", act);
+    if (!params.empty()) t.attr("activation_params", params);
+    t.input(x).constant_input(w).input(bias);
+    if (has_z) t.input(z);
+    std::vector<double> want = naive_conv(x, w, &bias, k, oh, ow);
+    for (size_t i = 0; i < want.size(); ++i) {
+      want[i] = activate(act, params, want[i] + (has_z ? element(z, static_cast<int64_t>(i)) : 0));
+    }
+    const Tensor y = t.run1();
+    CHECK(y.shape() == Shape{k.n, k.m, oh, ow});
+    require_near(y, want, 1e-4);
+  }
+}
+
 TEST_CASE("com.microsoft.FusedConv as Winograd products applies Z and each activation",
           "[contrib][conv][winograd]") {
   // 3x3 stride-1 convolutions of 16 channels over maps of nine tiles or more take the

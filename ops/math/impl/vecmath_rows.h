@@ -99,11 +99,21 @@ float exp_shifted_sum(const float* x, float* y, int64_t n, float mx) {
   const VF m = vset1(mx);
   VF s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
   int64_t i = 0;
+  const VF lo = vset1(kVmExpNormalLo);
   for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
-    const VF e0 = vm_exp(vsub(vload(x + i), m));
-    const VF e1 = vm_exp(vsub(vload(x + i + kLanes), m));
-    const VF e2 = vm_exp(vsub(vload(x + i + 2 * kLanes), m));
-    const VF e3 = vm_exp(vsub(vload(x + i + 3 * kLanes), m));
+    const VF d0 = vsub(vload(x + i), m), d1 = vsub(vload(x + i + kLanes), m);
+    const VF d2 = vsub(vload(x + i + 2 * kLanes), m), d3 = vsub(vload(x + i + 3 * kLanes), m);
+    // x - m <= 0 (or NaN): the short exp unless a value lies below its range (masked keys'
+    // -inf, far tails), whose results are subnormal or 0.
+    const bool tails =
+        vany(vmask_or(vmask_or(vlt(d0, lo), vlt(d1, lo)), vmask_or(vlt(d2, lo), vlt(d3, lo))));
+    VF e0, e1, e2, e3;
+    if (tails) {
+      e0 = vm_exp(d0), e1 = vm_exp(d1), e2 = vm_exp(d2), e3 = vm_exp(d3);
+    } else {
+      e0 = vm_exp_normal(d0), e1 = vm_exp_normal(d1), e2 = vm_exp_normal(d2);
+      e3 = vm_exp_normal(d3);
+    }
     vstore(y + i, e0);
     vstore(y + i + kLanes, e1);
     vstore(y + i + 2 * kLanes, e2);
