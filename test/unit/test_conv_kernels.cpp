@@ -310,8 +310,9 @@ KILN_ISA_TEST_CASE("pool_planes matches a naive max and sum over several planes"
   // windows of 1 to 7 taps (now and then 16 columns), column strides 1 and 2, row strides 1
   // to 3, dilations, pads at either end or both, ceil_mode's extra window, rows of one
   // vector to hundreds of floats (one or two vectors swept, wider ones row by row, many
-  // border vectors swept, bands of output rows), NaN inputs (max skips them), and several
-  // planes with gaps between them that must be neither read as taps nor written.
+  // border vectors swept, bands of output rows), 3x3 windows at stride 2 (max reduces their
+  // rows first), NaN inputs (max skips them), and several planes with gaps between them that
+  // must be neither read as taps nor written.
   KILN_REQUIRE_ISA();
   const math::ConvKernels& k = isa_kernels.conv;
   constexpr float kSentinel = 7.0f;
@@ -320,15 +321,17 @@ KILN_ISA_TEST_CASE("pool_planes matches a naive max and sum over several planes"
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
   std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
-  int tested = 0;
+  int tested = 0, stems = 0;
   for (int iter = 0; iter < 600; ++iter) {
     math::ConvGeometry g;
     const bool one_d = iter % 9 == 0;
+    // 3x3 windows at stride 2 without dilation: max takes its column-first path.
+    const bool stem = !one_d && iter % 6 == 5;
     for (int d = one_d ? 2 : 1; d < 3; ++d) {
-      const bool wide_taps = d == 2 && iter % 17 == 0;
-      g.k[d] = wide_taps ? pick(9, math::ConvKernels::direct_max_width) : pick(1, 7);
-      g.stride[d] = d == 2 ? pick(1, 2) : pick(1, 3);
-      g.dil[d] = pick(1, 2);
+      const bool wide_taps = d == 2 && iter % 17 == 0 && !stem;
+      g.k[d] = stem ? 3 : wide_taps ? pick(9, math::ConvKernels::direct_max_width) : pick(1, 7);
+      g.stride[d] = stem ? 2 : d == 2 ? pick(1, 2) : pick(1, 3);
+      g.dil[d] = stem ? 1 : pick(1, 2);
       const int64_t ek = (g.k[d] - 1) * g.dil[d] + 1;
       g.pad[d] = iter % 4 == 1 ? 0 : pick(0, ek - 1);  // sometimes only at the end
       const int64_t pad_end = iter % 4 == 2 ? 0 : pick(0, ek - 1);
@@ -342,6 +345,7 @@ KILN_ISA_TEST_CASE("pool_planes matches a naive max and sum over several planes"
     }
     if (!math::pool_planes_fit(g)) continue;
     ++tested;
+    stems += stem;
     const int64_t planes = pick(1, 4), plane_in = g.in[1] * g.in[2],
                   plane_out = g.out[1] * g.out[2];
     const int64_t ip = plane_in + pick(0, 9), op = plane_out + pick(1, 5);
@@ -401,6 +405,7 @@ KILN_ISA_TEST_CASE("pool_planes matches a naive max and sum over several planes"
     }
   }
   CHECK(tested > 400);
+  CHECK(stems > 80);
 }
 
 KILN_ISA_TEST_CASE("the indirect product equals a naive product over its row table",

@@ -761,9 +761,103 @@ void dc_pool_planes_of(const float* x, int64_t ip, int64_t planes, const ConvGeo
   }
 }
 
+// The row pitch of dc_max_pool_3x3s2's buffer: a padded row's columns written (pl, then the
+// input's in whole vectors) and read (two vectors from column 2j and two from 2j + 2 for each
+// vector of outputs j), in whole vectors.
+inline int64_t dc_max_pool_pitch(const ConvGeometry& g) {
+  const int64_t vecs = (g.out[2] + kLanes - 1) / kLanes;
+  const int64_t written = g.pad[2] + (g.in[2] + kLanes - 1) / kLanes * kLanes;
+  const int64_t read = 2 * vecs * kLanes + 2;
+  return (dc_max(written, read) + kLanes - 1) / kLanes * kLanes;
+}
+
+// Max pooling with 3x3 windows at stride 2 (no dilation, any padding) over 2-D planes whose
+// padded rows fit dc_max_pool_3x3s2's buffer, more than one vector of outputs wide (narrower
+// rows do as well rows first, a vector swept down the plane): the stem pools of most CNNs.
+inline bool dc_max_pool_3x3s2_fits(const ConvGeometry& g) {
+  return g.in[0] == 1 && g.out[0] == 1 && g.out[2] > kLanes && g.k[0] == 1 && g.k[1] == 3 &&
+         g.k[2] == 3 && g.stride[1] == 2 && g.stride[2] == 2 && g.dil[1] == 1 && g.dil[2] == 1 &&
+         dc_max_pool_pitch(g) <= ConvKernels::pool_rows_floats;
+}
+
+// That pooling a column of windows first: over a band of output rows, each output row's (up
+// to) three input rows are reduced into one padded row of the buffer (a vector max per input
+// vector, the NaN-skipping max of dc_step), then each output is the max of three consecutive
+// columns there, read as the even and odd lanes of two vectors and the even lanes of the two
+// after them. A band's rows are all reduced before any is read back, so the unaligned reads
+// find the rows in the cache rather than waiting on the stores that wrote them. An output row
+// costs about a fifth fewer operations than pool_planes' rows-first passes, which reduce
+// every input row across the windows (twice per output row at stride 2) and then the window
+// rows.
+void dc_max_pool_3x3s2(const float* x, int64_t ip, int64_t planes, const ConvGeometry& g, float* y,
+                       int64_t op) {
+  const int64_t in_h = g.in[1], in_w = g.in[2], out_h = g.out[1], out_w = g.out[2];
+  const int64_t pt = g.pad[1], pl = g.pad[2];
+  const int64_t full = in_w / kLanes * kLanes, tail = in_w - full;
+  const int64_t pitch = dc_max_pool_pitch(g);
+  const int64_t band = dc_max(int64_t{1}, ConvKernels::pool_rows_floats / pitch);
+  const VF low = vset1(-__builtin_inff());
+  // Column c of a padded row at row[c] (input column c - pl); the columns outside the input,
+  // and those read only for lanes past out_w, are -inf throughout.
+  alignas(64) float rows[ConvKernels::pool_rows_floats];
+  for (int64_t c = 0; c < ConvKernels::pool_rows_floats; c += kLanes) vstore(rows + c, low);
+  const VM tail_mask = vlanes_below(static_cast<int>(tail));
+  const int64_t ahead = dc_prefetch_distance(in_w);
+  const bool prefetch = planes * ip >= kPrefetchMinFloats;
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* xp = x + p * ip;
+    float* yp = y + p * op;
+    for (int64_t oh0 = 0; oh0 < out_h; oh0 += band) {
+      const int64_t oh1 = dc_min(out_h, oh0 + band);
+      for (int64_t oh = oh0; oh < oh1; ++oh) {
+        float* r = rows + (oh - oh0) * pitch + pl;
+        const int64_t h0 = oh * 2 - pt;
+        // The two rows this output row's successor first reads, `ahead` floats on.
+        if (prefetch) dc_prefetch_row(xp + (h0 + 3) * in_w + ahead, 2 * in_w);
+        const int64_t lo = dc_max(h0, 0), hi = dc_min(h0 + 3, in_h);
+        const int64_t n = dc_max(hi - lo, 0);
+        const float* a = xp + lo * in_w;
+        const float* b = a + (n > 1 ? in_w : 0);
+        const float* c = a + (n > 2 ? 2 * in_w : 0);
+        if (n == 0) {  // no row inside the input (a ceil_mode window)
+          for (int64_t i = 0; i < in_w; i += kLanes) vstore(r + i, low);
+          continue;
+        }
+        int64_t i = 0;
+        for (; i < full; i += kLanes) {
+          vstore(r + i, vmax(vload(c + i), vmax(vload(b + i), vmax(vload(a + i), low))));
+        }
+        if (tail) {
+          const VF t =
+              vmax(vload_masked(c + i, tail_mask),
+                   vmax(vload_masked(b + i, tail_mask), vmax(vload_masked(a + i, tail_mask), low)));
+          // Lanes past the input stay -inf (the masked loads gave zeros there).
+          vstore(r + i, vselect(tail_mask, t, low));
+        }
+      }
+      for (int64_t oh = oh0; oh < oh1; ++oh) {
+        const float* row = rows + (oh - oh0) * pitch;
+        float* yr = yp + oh * out_w;
+        for (int64_t j = 0; j < out_w; j += kLanes) {
+          const float* q = row + 2 * j;
+          const VF v0 = vload(q), v1 = vload(q + kLanes);
+          const VF w0 = vload(q + 2), w1 = vload(q + 2 + kLanes);
+          const VF o = vmax(vpack_even(w0, w1), vmax(vpack_odd(v0, v1), vpack_even(v0, v1)));
+          if (j + kLanes <= out_w) {
+            vstore(yr + j, o);
+          } else {
+            vstore_partial(yr + j, o, static_cast<int>(out_w - j));
+          }
+        }
+      }
+    }
+  }
+}
+
 // ConvKernels::pool_planes.
 void dc_pool_planes(const float* x, int64_t ip, int64_t planes, const ConvGeometry& g, bool max,
                     const float* row_scale, const float* col_scale, float* y, int64_t op) {
+  if (max && dc_max_pool_3x3s2_fits(g)) return dc_max_pool_3x3s2(x, ip, planes, g, y, op);
   DcPoolPairs pairs;
   if (g.stride[2] == 2) dc_pool_pairs(g, pairs);
   const float* rs = max ? nullptr : row_scale;
