@@ -114,6 +114,32 @@ void tile(const GemmKernels& g, const BSource& b, int64_t kc, const float* a, co
   }
 }
 
+// The row tiles of `rows` rows of an A packed (or read) per call: whole tiles of mr rows,
+// except that where the last would be shorter than half a tile the rows are spread evenly
+// over as many tiles. A tile of one or two rows keeps too few sums in flight to hide the
+// FMA's latency: `kiln-bench gemm 49 2048 512` (12 + 12 + 12 + 12 + 1 rows) took as long as
+// `gemm 52 2048 512`.
+struct RowTiles {
+  int64_t count = 0, base = 0, extra = 0;
+  bool even = false;
+  int mr = 0;
+
+  RowTiles(int64_t rows, int tile) : count((rows + tile - 1) / tile), mr(tile) {
+    even = count > 1 && rows % tile != 0 && rows % tile < tile / 2;
+    base = even ? rows / count : tile;
+    extra = even ? rows % count : 0;
+    last = rows - (count - 1) * tile;
+  }
+  int64_t start(int64_t t) const { return even ? t * base + std::min(t, extra) : t * mr; }
+  int size(int64_t t) const {
+    if (even) return static_cast<int>(base + (t < extra ? 1 : 0));
+    return static_cast<int>(t + 1 < count ? mr : last);
+  }
+
+ private:
+  int64_t last = 0;
+};
+
 // The product over rows [m0, m1) and columns [n0, n1) (n0 a multiple of nr), A's panels
 // made by pack_a(i, rows, p0, kc, out) (rows i.. of k block p0.. into one panel at out).
 template <typename PackA>
@@ -134,18 +160,18 @@ void run_block(const GemmKernels& g, const PackA& pack_a, const BSource& b, int6
     const bool accumulate = !first || o.accumulate;
     for (int64_t i0 = m0; i0 < m1; i0 += mc) {
       const int64_t rows = std::min(mc, m1 - i0);
-      for (int64_t r = 0; r < rows; r += mr) {
-        const int tr = static_cast<int>(std::min<int64_t>(mr, rows - r));
-        pack_a(i0 + r, tr, p0, kc, apack + r * kc);
+      const RowTiles tiles(rows, mr);
+      for (int64_t t = 0; t < tiles.count; ++t) {
+        pack_a(i0 + tiles.start(t), tiles.size(t), p0, kc, apack + t * mr * kc);
       }
       for (int64_t j0 = n0; j0 < n1; j0 += nr) {
         const int tc = static_cast<int>(std::min<int64_t>(nr, n1 - j0));
         const void* bp = b.at(p0, j0, nr);
-        for (int64_t r = 0; r < rows; r += mr) {
-          const int tr = static_cast<int>(std::min<int64_t>(mr, rows - r));
+        for (int64_t t = 0; t < tiles.count; ++t) {
+          const int64_t r = tiles.start(t);
           float* ct = c + (i0 + r) * ldc + j0;
           TileEpilogue room;
-          tile(g, b, kc, apack + r * kc, bp, ct, ldc, tr, tc, accumulate, r == 0,
+          tile(g, b, kc, apack + t * mr * kc, bp, ct, ldc, tiles.size(t), tc, accumulate, t == 0,
                last ? tile_epilogue(o, i0 + r, j0, room) : nullptr);
         }
       }
@@ -177,8 +203,10 @@ void run_rows_a_block(const GemmKernels& g, const MatrixView& a, const BSource& 
       for (int64_t j0 = n0; j0 < n1; j0 += nr) {
         const int tc = static_cast<int>(std::min<int64_t>(nr, n1 - j0));
         const auto* bp = static_cast<const float*>(b.at(p0, j0, nr));
-        for (int64_t r = 0; r < rows; r += mr) {
-          const int tr = static_cast<int>(std::min<int64_t>(mr, rows - r));
+        const RowTiles tiles(rows, mr);
+        for (int64_t t = 0; t < tiles.count; ++t) {
+          const int64_t r = tiles.start(t);
+          const int tr = tiles.size(t);
           TileEpilogue room;
           g.kernel_rows_a(kc, a.data + (i0 + r) * a.rs + p0, a.rs, bp, c + (i0 + r) * ldc + j0, ldc,
                           tr, tc, accumulate, last ? tile_epilogue(o, i0 + r, j0, room) : nullptr);
