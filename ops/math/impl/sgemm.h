@@ -62,6 +62,44 @@ inline void dispatch_rows(int rows, F&& f) {
   dispatch_rows_of(rows, f, std::make_integer_sequence<int, kGemmMr>{});
 }
 
+// Calls f.template operator()<Rows, Full, Nv>() for a tile of `rows` rows and `cols` columns:
+// Full when all kGemmNr columns are valid, one vector computed (Nv = 1) for an edge tile of
+// at most kLanes columns, else kGemmNv vectors with the columns past `cols` masked.
+template <typename F>
+inline void dispatch_tile(int rows, int cols, F&& f) {
+  dispatch_rows(rows, [&]<int R>() {
+    if (cols == kGemmNr) {
+      f.template operator()<R, true, kGemmNv>();
+    } else if (cols <= kLanes) {
+      f.template operator()<R, false, 1>();
+    } else {
+      f.template operator()<R, false, kGemmNv>();
+    }
+  });
+}
+
+// A tile's sums set to zero.
+template <int Rows, int Nv>
+inline void tile_zero(VF (&acc)[Rows][Nv]) {
+#pragma GCC unroll 16
+  for (int r = 0; r < Rows; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < Nv; ++v) acc[r][v] = vzero();
+  }
+}
+
+// One k step of a tile: row r's sums += (A's value for row r, broadcast) * the B vectors,
+// the row's value read at a_row(r).
+template <int Rows, int Nv, typename ARow>
+inline void tile_step(VF (&acc)[Rows][Nv], const VF (&bv)[Nv], ARow a_row) {
+#pragma GCC unroll 16
+  for (int r = 0; r < Rows; ++r) {
+    const VF ar = vbroadcast(a_row(r));
+#pragma GCC unroll 4
+    for (int v = 0; v < Nv; ++v) acc[r][v] = vfmadd(ar, bv[v], acc[r][v]);
+  }
+}
+
 template <int Rows, bool Full, int Nv>
 inline void store_tile(const VF (&acc)[Rows][Nv], float* c, int64_t ldc, int cols, bool accumulate,
                        const TileEpilogue* e) {
@@ -104,11 +142,7 @@ template <int Rows, bool Full, typename B, bool ColdA = false, bool ColdB = fals
 inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
                       int64_t ldc, int cols, bool accumulate, const TileEpilogue* e) {
   VF acc[Rows][Nv];
-#pragma GCC unroll 16
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Nv; ++v) acc[r][v] = vzero();
-  }
+  tile_zero(acc);
   for (int64_t p = 0; p < k; ++p) {
     VF bv[Nv];
 #pragma GCC unroll 4
@@ -126,36 +160,19 @@ inline void gemm_tile(int64_t k, const float* a, const typename B::T* b, int64_t
       __builtin_prefetch(b + kGemmPrefetchB);
       __builtin_prefetch(b + kGemmPrefetchB + kGemmNr / 2);
     }
-#pragma GCC unroll 16
-    for (int r = 0; r < Rows; ++r) {
-      const VF ar = vbroadcast(a + r);
-#pragma GCC unroll 4
-      for (int v = 0; v < Nv; ++v) acc[r][v] = vfmadd(ar, bv[v], acc[r][v]);
-    }
+    tile_step(acc, bv, [a](int r) { return a + r; });
     a += kGemmMr;
     b += ldb;
   }
   store_tile<Rows, Full, Nv>(acc, c, ldc, cols, accumulate, e);
 }
 
-template <int Rows, typename B, bool ColdA, bool ColdB>
-inline void gemm_rows(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
-                      int64_t ldc, int cols, bool accumulate, const TileEpilogue* e) {
-  if (cols == kGemmNr) {
-    gemm_tile<Rows, true, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate, e);
-  } else if (cols <= kLanes) {
-    gemm_tile<Rows, false, B, ColdA, ColdB, 1>(k, a, b, ldb, c, ldc, cols, accumulate, e);
-  } else {
-    gemm_tile<Rows, false, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate, e);
-  }
-}
-
 // C[rows x cols] (+)= packed A [k x kGemmMr] * B [k x kGemmNr, row stride ldb].
 template <typename B, bool ColdA = false, bool ColdB = false>
 void gemm_kernel(int64_t k, const float* a, const typename B::T* b, int64_t ldb, float* c,
                  int64_t ldc, int rows, int cols, bool accumulate, const TileEpilogue* e) {
-  dispatch_rows(rows, [&]<int R>() {
-    gemm_rows<R, B, ColdA, ColdB>(k, a, b, ldb, c, ldc, cols, accumulate, e);
+  dispatch_tile(rows, cols, [&]<int R, bool Full, int Nv>() {
+    gemm_tile<R, Full, B, ColdA, ColdB, Nv>(k, a, b, ldb, c, ldc, cols, accumulate, e);
   });
 }
 
@@ -196,11 +213,7 @@ inline void gemm_tile_indirect(int64_t k, const float* a, const float* const* b_
                                float* c, int64_t ldc, int cols, bool accumulate,
                                const TileEpilogue* e) {
   VF acc[Rows][Nv];
-#pragma GCC unroll 16
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Nv; ++v) acc[r][v] = vzero();
-  }
+  tile_zero(acc);
   for (int64_t p = 0; p < k; ++p) {
     const float* b = b_rows[p] + j0;
     VF bv[Nv];
@@ -215,35 +228,18 @@ inline void gemm_tile_indirect(int64_t k, const float* a, const float* const* b_
       }
     }
     __builtin_prefetch(a + kGemmPrefetchA);
-#pragma GCC unroll 16
-    for (int r = 0; r < Rows; ++r) {
-      const VF ar = vbroadcast(a + r);
-#pragma GCC unroll 4
-      for (int v = 0; v < Nv; ++v) acc[r][v] = vfmadd(ar, bv[v], acc[r][v]);
-    }
+    tile_step(acc, bv, [a](int r) { return a + r; });
     a += kGemmMr;
   }
   store_tile<Rows, Full, Nv>(acc, c, ldc, cols, accumulate, e);
 }
 
-template <int Rows>
-inline void gemm_rows_indirect(int64_t k, const float* a, const float* const* b_rows, int64_t j0,
-                               float* c, int64_t ldc, int cols, bool accumulate,
-                               const TileEpilogue* e) {
-  if (cols == kGemmNr) {
-    gemm_tile_indirect<Rows, true>(k, a, b_rows, j0, c, ldc, cols, accumulate, e);
-  } else if (cols <= kLanes) {
-    gemm_tile_indirect<Rows, false, 1>(k, a, b_rows, j0, c, ldc, cols, accumulate, e);
-  } else {
-    gemm_tile_indirect<Rows, false>(k, a, b_rows, j0, c, ldc, cols, accumulate, e);
-  }
-}
-
 void sgemm_kernel_indirect(int64_t k, const float* a, const float* const* b_rows, int64_t j0,
                            float* c, int64_t ldc, int rows, int cols, bool accumulate,
                            const TileEpilogue* e) {
-  dispatch_rows(
-      rows, [&]<int R>() { gemm_rows_indirect<R>(k, a, b_rows, j0, c, ldc, cols, accumulate, e); });
+  dispatch_tile(rows, cols, [&]<int R, bool Full, int Nv>() {
+    gemm_tile_indirect<R, Full, Nv>(k, a, b_rows, j0, c, ldc, cols, accumulate, e);
+  });
 }
 
 // gemm_tile with A read in place: row r of the tile at a + r * lda (a row-major A, its
@@ -254,42 +250,22 @@ template <int Rows, bool Full, int Nv = kGemmNv>
 inline void gemm_tile_rows_a(int64_t k, const float* a, int64_t lda, const float* b, float* c,
                              int64_t ldc, int cols, bool accumulate, const TileEpilogue* e) {
   VF acc[Rows][Nv];
-#pragma GCC unroll 16
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Nv; ++v) acc[r][v] = vzero();
-  }
+  tile_zero(acc);
   for (int64_t p = 0; p < k; ++p) {
     VF bv[Nv];
 #pragma GCC unroll 4
     for (int v = 0; v < Nv; ++v) bv[v] = vload(b + v * kLanes);
-#pragma GCC unroll 16
-    for (int r = 0; r < Rows; ++r) {
-      const VF ar = vbroadcast(a + r * lda + p);
-#pragma GCC unroll 4
-      for (int v = 0; v < Nv; ++v) acc[r][v] = vfmadd(ar, bv[v], acc[r][v]);
-    }
+    tile_step(acc, bv, [a, lda, p](int r) { return a + r * lda + p; });
     b += kGemmNr;
   }
   store_tile<Rows, Full, Nv>(acc, c, ldc, cols, accumulate, e);
 }
 
-template <int Rows>
-inline void gemm_rows_rows_a(int64_t k, const float* a, int64_t lda, const float* b, float* c,
-                             int64_t ldc, int cols, bool accumulate, const TileEpilogue* e) {
-  if (cols == kGemmNr) {
-    gemm_tile_rows_a<Rows, true>(k, a, lda, b, c, ldc, cols, accumulate, e);
-  } else if (cols <= kLanes) {
-    gemm_tile_rows_a<Rows, false, 1>(k, a, lda, b, c, ldc, cols, accumulate, e);
-  } else {
-    gemm_tile_rows_a<Rows, false>(k, a, lda, b, c, ldc, cols, accumulate, e);
-  }
-}
-
 void sgemm_kernel_rows_a(int64_t k, const float* a, int64_t lda, const float* b, float* c,
                          int64_t ldc, int rows, int cols, bool accumulate, const TileEpilogue* e) {
-  dispatch_rows(rows,
-                [&]<int R>() { gemm_rows_rows_a<R>(k, a, lda, b, c, ldc, cols, accumulate, e); });
+  dispatch_tile(rows, cols, [&]<int R, bool Full, int Nv>() {
+    gemm_tile_rows_a<R, Full, Nv>(k, a, lda, b, c, ldc, cols, accumulate, e);
+  });
 }
 
 // rows (<= kGemmMr) x k of A, element (r, p) at a[r * rs + p * cs], into one packed panel,
