@@ -1198,6 +1198,52 @@ std::vector<double> float_values(Rewriter& r, ir::ValueId v, int64_t n) {
   return std::vector<double>(p, p + n);
 }
 
+// A float tensor of m values.
+Tensor float_vector(const std::vector<double>& v) {
+  const auto m = static_cast<int64_t>(v.size());
+  Tensor t(DataType::Float, Shape{m},
+           Storage::heap_uninitialized(storage_bytes(DataType::Float, m)));
+  for (int64_t k = 0; k < m; ++k)
+    t.data<float>()[k] = static_cast<float>(v[static_cast<size_t>(k)]);
+  return t;
+}
+
+// y = x * scale[c] + shift[c] over channels c, composed in double along a chain.
+struct ChannelTransform {
+  std::vector<double> scale, shift;
+};
+
+// `t` followed by the inference BatchNormalization `bn` over m channels, y = (x - mean) * a +
+// bias with a = scale / sqrt(variance + epsilon), in double; false (t unchanged) when its
+// parameters are not m float constants.
+bool apply_batchnorm(Rewriter& r, const ir::Node& bn, int64_t m, ChannelTransform& t) {
+  const std::vector<double> scale = float_values(r, bn.inputs[1], m),
+                            bias = float_values(r, bn.inputs[2], m),
+                            mean = float_values(r, bn.inputs[3], m),
+                            var = float_values(r, bn.inputs[4], m);
+  if (scale.empty() || bias.empty() || mean.empty() || var.empty()) return false;
+  const ir::Attribute* eps = bn.attr("epsilon");
+  const double epsilon = eps ? static_cast<double>(eps->f) : 1e-5;
+  for (size_t k = 0; k < static_cast<size_t>(m); ++k) {
+    const double a = scale[k] / std::sqrt(var[k] + epsilon);
+    t.scale[k] *= a;
+    t.shift[k] = (t.shift[k] - mean[k]) * a + bias[k];
+  }
+  return true;
+}
+
+// A BatchNormalization at inference (opset 7 or later: before, is_test and spatial), its
+// statistics outputs unread and its parameters one per channel (spatial not 0).
+bool inference_batchnorm(Rewriter& r, const ir::Node& bn) {
+  if (!is(bn, "BatchNormalization") || bn.inputs.size() != 5 || bn.opset < 7) return false;
+  for (size_t o = 1; o < bn.outputs.size(); ++o) {
+    if (!r.unused(bn.outputs[o])) return false;
+  }
+  const ir::Attribute* training = bn.attr("training_mode");
+  const ir::Attribute* spatial = bn.attr("spatial");
+  return !(training && training->i != 0) && !(spatial && spatial->i == 0);
+}
+
 // A Conv whose filter a fold may rewrite: its constant float filter (rank >= 3, at least one
 // output channel), the channel count m, the filter values per channel, and its bias as
 // doubles (zeros when it has none).
@@ -1242,27 +1288,12 @@ void replace_with_folded_conv(Rewriter& r, ir::Node* conv, ir::Node* after, cons
     }
     weight = r.new_constant(base + "/conv_weight", std::move(nw));
   }
-  Tensor nb(DataType::Float, Shape{f.m},
-            Storage::heap_uninitialized(storage_bytes(DataType::Float, f.m)));
-  for (int64_t c = 0; c < f.m; ++c)
-    nb.data<float>()[c] = static_cast<float>(bias[static_cast<size_t>(c)]);
-  folded.inputs = {conv->inputs[0], weight, r.new_constant(base + "/conv_bias", std::move(nb))};
+  folded.inputs = {conv->inputs[0], weight,
+                   r.new_constant(base + "/conv_bias", float_vector(bias))};
   folded.outputs = {after->outputs[0]};
   r.remove(conv);
   r.remove(after);
   r.add(std::move(folded));
-}
-
-// A BatchNormalization at inference (opset 7 or later: before, is_test and spatial), its
-// statistics outputs unread and its parameters one per channel (spatial not 0).
-bool inference_batchnorm(Rewriter& r, const ir::Node& bn) {
-  if (!is(bn, "BatchNormalization") || bn.inputs.size() != 5 || bn.opset < 7) return false;
-  for (size_t o = 1; o < bn.outputs.size(); ++o) {
-    if (!r.unused(bn.outputs[o])) return false;
-  }
-  const ir::Attribute* training = bn.attr("training_mode");
-  const ir::Attribute* spatial = bn.attr("spatial");
-  return !(training && training->i != 0) && !(spatial && spatial->i == 0);
 }
 
 // Conv(X, W, B) -> BatchNormalization at inference, W, B and the normalization's scale,
@@ -1277,20 +1308,10 @@ int fold_conv_batchnorm(Rewriter& r) {
     if (!conv || !r.single_use(bn->inputs[0])) continue;
     const std::optional<FoldableConv> fc = foldable_conv(r, *conv);
     if (!fc) continue;
-    const int64_t m = fc->m;
-    const std::vector<double> scale = float_values(r, bn->inputs[1], m),
-                              shift = float_values(r, bn->inputs[2], m),
-                              mean = float_values(r, bn->inputs[3], m),
-                              var = float_values(r, bn->inputs[4], m);
-    if (scale.empty() || shift.empty() || mean.empty() || var.empty()) continue;
-    const ir::Attribute* eps = bn->attr("epsilon");
-    const double epsilon = eps ? static_cast<double>(eps->f) : 1e-5;
-    std::vector<double> factor(static_cast<size_t>(m)), bias(static_cast<size_t>(m));
-    for (size_t k = 0; k < factor.size(); ++k) {
-      factor[k] = scale[k] / std::sqrt(var[k] + epsilon);
-      bias[k] = (fc->bias[k] - mean[k]) * factor[k] + shift[k];
-    }
-    replace_with_folded_conv(r, conv, bn, *fc, factor, bias);
+    // The convolution's output is 1 * conv + bias before the normalization.
+    ChannelTransform t{std::vector<double>(static_cast<size_t>(fc->m), 1.0), fc->bias};
+    if (!apply_batchnorm(r, *bn, fc->m, t)) continue;
+    replace_with_folded_conv(r, conv, bn, *fc, t.scale, t.shift);
     ++count;
   }
   return count;
@@ -1439,11 +1460,6 @@ std::optional<AffineStep> next_affine_step(Rewriter& r, ir::ValueId v) {
   return s && s->x == v ? s : std::nullopt;
 }
 
-// y = x * scale[c] + shift[c] over channels c, composed in double along a chain.
-struct ChannelTransform {
-  std::vector<double> scale, shift;
-};
-
 // `t` followed by step `s` on a tensor of rank `rank` (-1: unknown) with `m` channels; false
 // (t unchanged) when s's constants are not one float per channel along axis 1 or one for all
 // (of a rank that cannot broadcast the tensor to a larger one; the tensor's rank is at least
@@ -1451,21 +1467,7 @@ struct ChannelTransform {
 bool compose(Rewriter& r, const AffineStep& s, int64_t rank, int64_t m, ChannelTransform& t) {
   const ir::Node& n = r.node(s.node);
   const auto size = static_cast<size_t>(m);
-  if (s.c == ir::kNoValue) {  // BatchNormalization: y = (x - mean) * a + bias
-    const std::vector<double> scale = float_values(r, n.inputs[1], m),
-                              bias = float_values(r, n.inputs[2], m),
-                              mean = float_values(r, n.inputs[3], m),
-                              var = float_values(r, n.inputs[4], m);
-    if (scale.empty() || bias.empty() || mean.empty() || var.empty()) return false;
-    const ir::Attribute* eps = n.attr("epsilon");
-    const double epsilon = eps ? static_cast<double>(eps->f) : 1e-5;
-    for (size_t k = 0; k < size; ++k) {
-      const double a = scale[k] / std::sqrt(var[k] + epsilon);
-      t.scale[k] *= a;
-      t.shift[k] = (t.shift[k] - mean[k]) * a + bias[k];
-    }
-    return true;
-  }
+  if (s.c == ir::kNoValue) return apply_batchnorm(r, n, m, t);
   std::vector<double> v;
   if (rank >= 0) {
     v = per_channel(r, s.c, rank, m);
@@ -1491,16 +1493,6 @@ bool compose(Rewriter& r, const AffineStep& s, int64_t rank, int64_t m, ChannelT
     }
   }
   return true;
-}
-
-// A float tensor of m values.
-Tensor float_vector(const std::vector<double>& v) {
-  const auto m = static_cast<int64_t>(v.size());
-  Tensor t(DataType::Float, Shape{m},
-           Storage::heap_uninitialized(storage_bytes(DataType::Float, m)));
-  for (int64_t k = 0; k < m; ++k)
-    t.data<float>()[k] = static_cast<float>(v[static_cast<size_t>(k)]);
-  return t;
 }
 
 // A chain of per-channel affine ops over axis 1, each reading the previous one's output alone:

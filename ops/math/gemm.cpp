@@ -47,18 +47,24 @@ Scratch& a_scratch() {
   return s;
 }
 
+// The rest of `o`'s epilogue over a block of tiles stored with tile_epilogue's: activations
+// but Relu, a row at a time once the block's tiles are done (a call per tile row would run the
+// vector kernels over a few dozen floats at a time).
+void finish_tile(const GemmOptions& o, float* c, int64_t ldc, int64_t rows, int64_t cols) {
+  if (o.activation == Activation::None || o.activation == Activation::Relu) return;
+  const MathKernels& t = o.kernels ? *o.kernels : kernels();
+  for (int64_t i = 0; i < rows; ++i) activate(o.activation, c + i * ldc, cols, t);
+}
+
 void apply_epilogue(const GemmOptions& o, float* c, int64_t ldc, int64_t rows, int64_t cols,
                     int64_t i0, int64_t j0) {
-  if (!o.bias && !o.row_bias && o.activation == Activation::None) return;
-  const MathKernels& t = o.kernels ? *o.kernels : kernels();
   const bool relu = o.activation == Activation::Relu;
   if (o.bias || o.row_bias || relu) {
+    const MathKernels& t = o.kernels ? *o.kernels : kernels();
     t.gemm.epilogue(c, ldc, rows, cols, o.bias ? o.bias + j0 : nullptr,
                     o.row_bias ? o.row_bias + i0 : nullptr, relu);
   }
-  if (o.activation != Activation::None && !relu) {
-    for (int64_t i = 0; i < rows; ++i) activate(o.activation, c + i * ldc, cols, t);
-  }
+  finish_tile(o, c, ldc, rows, cols);
 }
 
 // The part of `o`'s epilogue the tile kernels apply as they store a tile at row i0, column j0
@@ -69,15 +75,6 @@ const TileEpilogue* tile_epilogue(const GemmOptions& o, int64_t i0, int64_t j0,
   if (!o.bias && !o.row_bias && !relu) return nullptr;
   room = {o.row_bias ? o.row_bias + i0 : nullptr, o.bias ? o.bias + j0 : nullptr, relu};
   return &room;
-}
-
-// The rest of `o`'s epilogue over a block of tiles stored with tile_epilogue's: activations
-// but Relu, a row at a time once the block's tiles are done (a call per tile row would run the
-// vector kernels over a few dozen floats at a time).
-void finish_tile(const GemmOptions& o, float* c, int64_t ldc, int64_t rows, int64_t cols) {
-  if (o.activation == Activation::None || o.activation == Activation::Relu) return;
-  const MathKernels& t = o.kernels ? *o.kernels : kernels();
-  for (int64_t i = 0; i < rows; ++i) activate(o.activation, c + i * ldc, cols, t);
 }
 
 // B as the tiles read it: packed panels, or a row-major float view read in place.
@@ -140,9 +137,19 @@ struct RowTiles {
   int64_t last = 0;
 };
 
-// The largest k that run_block multiplies in one k block (a B panel of 384 x 32 floats, 48
-// KiB: the L1 of recent cores).
+// The largest k that is multiplied in one k block (a B panel of 384 x 32 floats, 48 KiB: the
+// L1 of recent cores).
 constexpr int64_t kOneBlockK = 384;
+
+// The k block of a product over `rows` rows of A per call. k blocks keep a B block in L1 for
+// the many row tiles that use it. With a single row tile (a GEMV-shaped product) nothing
+// reuses it: B is better read in one pass, each panel a single sequential stream. A k of at
+// most kOneBlockK is one block too: cut at 256 it left a second block of 128 steps, whose
+// tiles reload and store C again for half the work (`kiln-bench gemm 1500 1536 384`
+// 0.84-0.86 -> 0.91 of the FMA peak, 128 1536 384 0.92 -> 0.93-0.95).
+int64_t k_block(int64_t rows, int mr, int64_t k) {
+  return rows <= mr || k <= kOneBlockK ? k : kKc;
+}
 
 // The product over rows [m0, m1) and columns [n0, n1) (n0 a multiple of nr), A's panels
 // made by pack_a(i, rows, p0, kc, out) (rows i.. of k block p0.. into one panel at out).
@@ -151,13 +158,7 @@ void run_block(const GemmKernels& g, const PackA& pack_a, const BSource& b, int6
                int64_t ldc, const GemmOptions& o, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   const int mr = g.mr, nr = g.nr;
   const int64_t mc = row_block(mr);
-  // k blocks keep a B block in L1 for the many row tiles that use it. With a single row
-  // tile (a GEMV-shaped product) nothing reuses it: B is better read in one pass, each panel
-  // a single sequential stream. A k of at most kOneBlockK is one block too: cut at 256 it
-  // left a second block of 128 steps, whose tiles reload and store C again for half the
-  // work (`kiln-bench gemm 1500 1536 384` 0.84-0.86 -> 0.91 of the FMA peak, 128 1536 384
-  // 0.92 -> 0.93-0.95).
-  const int64_t kb = m1 - m0 <= mr || k <= kOneBlockK ? k : kKc;
+  const int64_t kb = k_block(m1 - m0, mr, k);
   // Packed panels always hold whole tiles of mr rows (short ones padded).
   const int64_t rows_packed = std::min(mc, (m1 - m0 + mr - 1) / mr * mr);
   float* apack = a_scratch().get(rows_packed * std::min(k, kb));
@@ -201,8 +202,9 @@ void run_rows_a_block(const GemmKernels& g, const MatrixView& a, const BSource& 
                       int64_t n0, int64_t n1) {
   const int mr = g.mr, nr = g.nr;
   const int64_t mc = row_block(mr);
-  for (int64_t p0 = 0; p0 < k; p0 += kKc) {
-    const int64_t kc = std::min(kKc, k - p0);
+  const int64_t kb = k_block(m1 - m0, mr, k);
+  for (int64_t p0 = 0; p0 < k; p0 += kb) {
+    const int64_t kc = std::min(kb, k - p0);
     const bool last = p0 + kc == k;
     const bool accumulate = p0 > 0 || o.accumulate;
     for (int64_t i0 = m0; i0 < m1; i0 += mc) {

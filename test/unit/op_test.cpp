@@ -173,9 +173,11 @@ ir::Model make_model(std::shared_ptr<ir::Graph> graph, int64_t opset,
   return m;
 }
 
-Session make_session(std::shared_ptr<ir::Graph> graph, int64_t opset, int threads) {
+Session make_session(std::shared_ptr<ir::Graph> graph, int64_t opset, int threads,
+                     GraphOptimization level) {
   SessionOptions so;
   so.environment = std::make_shared<Environment>(threads);
+  so.optimization = level;
   return session_from_model(make_model(std::move(graph), opset), so);
 }
 

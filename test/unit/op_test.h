@@ -101,7 +101,9 @@ ir::Attribute graph_attr(const std::string& name, std::shared_ptr<ir::Graph> g);
 // A model whose main graph is `graph` with opset imports {"": opset} (plus `extra`).
 ir::Model make_model(std::shared_ptr<ir::Graph> graph, int64_t opset = 18,
                      std::map<std::string, int64_t> extra = {});
-Session make_session(std::shared_ptr<ir::Graph> graph, int64_t opset = 18, int threads = 1);
+// A session of that model on `threads` threads, optimised at `level`.
+Session make_session(std::shared_ptr<ir::Graph> graph, int64_t opset = 18, int threads = 1,
+                     GraphOptimization level = GraphOptimization::All);
 
 // Uniform random values in [lo, hi] (integers: rounded), deterministic per generator.
 Tensor random_tensor(DataType dtype, Shape shape, std::mt19937& rng, double lo = -1, double hi = 1);

@@ -63,6 +63,44 @@ OpTest fused_conv(const Case& k) {
   return t;
 }
 
+// One com.microsoft.FusedConv of k with `act` (and its params): random x, filter (a constant
+// or a run-time input), bias and Z (each when given); y must have the output's shape and lie
+// within `tol` of the naive convolution with the bias, Z and activation applied. False (and
+// nothing run) when k has no output.
+bool check_fused_conv(const Case& k, const std::string& act, const std::vector<float>& params,
+                      bool has_bias, bool has_z, bool constant_w, double tol, std::mt19937& rng) {
+  const int64_t oh = (k.h + 2 * k.pad - k.dilation * (k.kh - 1) - 1) / k.stride + 1;
+  const int64_t ow = (k.w + 2 * k.pad - k.dilation * (k.kw - 1) - 1) / k.stride + 1;
+  if (oh < 1 || ow < 1) return false;
+  const Tensor x = random_tensor(DataType::Float, Shape{k.n, k.c, k.h, k.w}, rng);
+  const Tensor w = random_tensor(DataType::Float, Shape{k.m, k.c / k.group, k.kh, k.kw}, rng);
+  const Tensor bias = random_tensor(DataType::Float, Shape{k.m}, rng);
+  const Tensor z = random_tensor(DataType::Float, Shape{k.n, k.m, oh, ow}, rng);
+  OpTest t = fused_conv(k);
+  if (!act.empty()) t.attr("activation", act);
+  if (!params.empty()) t.attr("activation_params", params);
+  t.input(x);
+  if (constant_w) {
+    t.constant_input(w);
+  } else {
+    t.input(w);
+  }
+  if (has_bias) {
+    t.input(bias);
+  } else if (has_z) {
+    t.no_input();
+  }
+  if (has_z) t.input(z);
+  std::vector<double> want = naive_conv(x, w, has_bias ? &bias : nullptr, k, oh, ow);
+  for (size_t i = 0; i < want.size(); ++i) {
+    want[i] = activate(act, params, want[i] + (has_z ? element(z, static_cast<int64_t>(i)) : 0));
+  }
+  const Tensor y = t.run1();
+  CHECK(y.shape() == Shape{k.n, k.m, oh, ow});
+  require_near(y, want, tol);
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("com.microsoft.FusedConv matches a naive convolution with each activation and Z",
@@ -83,37 +121,9 @@ TEST_CASE("com.microsoft.FusedConv matches a naive convolution with each activat
                  group,         4 + trial % 5,           3 + trial % 7,
                  1 + trial % 3, 1 + (trial / 2) % 3,     1 + trial % 2,
                  trial % 2,     1 + (trial / 5) % 2};
-    const int64_t oh = (k.h + 2 * k.pad - k.dilation * (k.kh - 1) - 1) / k.stride + 1;
-    const int64_t ow = (k.w + 2 * k.pad - k.dilation * (k.kw - 1) - 1) / k.stride + 1;
-    if (oh < 1 || ow < 1) continue;
     const bool has_bias = trial % 2 == 0, has_z = trial % 4 < 2, constant_w = trial % 3 != 0;
     INFO("trial " << trial << " activation '" << act << "' bias " << has_bias << " Z " << has_z);
-    const Tensor x = random_tensor(DataType::Float, Shape{k.n, k.c, k.h, k.w}, rng);
-    const Tensor w = random_tensor(DataType::Float, Shape{k.m, k.c / group, k.kh, k.kw}, rng);
-    const Tensor bias = random_tensor(DataType::Float, Shape{k.m}, rng);
-    const Tensor z = random_tensor(DataType::Float, Shape{k.n, k.m, oh, ow}, rng);
-    OpTest t = fused_conv(k);
-    if (!act.empty()) t.attr("activation", act);
-    if (!params.empty()) t.attr("activation_params", params);
-    t.input(x);
-    if (constant_w) {
-      t.constant_input(w);
-    } else {
-      t.input(w);
-    }
-    if (has_bias) {
-      t.input(bias);
-    } else if (has_z) {
-      t.no_input();
-    }
-    if (has_z) t.input(z);
-    std::vector<double> want = naive_conv(x, w, has_bias ? &bias : nullptr, k, oh, ow);
-    for (size_t i = 0; i < want.size(); ++i) {
-      want[i] = activate(act, params, want[i] + (has_z ? element(z, static_cast<int64_t>(i)) : 0));
-    }
-    const Tensor y = t.run1();
-    CHECK(y.shape() == Shape{k.n, k.m, oh, ow});
-    require_near(y, want, 1e-5);
+    check_fused_conv(k, act, params, has_bias, has_z, constant_w, 1e-5, rng);
   }
 }
 
@@ -134,26 +144,9 @@ TEST_CASE(
     const bool stem = trial % 2 == 0;
     const Case k = stem ? Case{1, 3, 16 + trial, 1, 9, 224, 7, 7, 2, 3, 1}
                         : Case{1 + trial % 3 / 2, 5, 13 + trial, 1, 7, 224, 3, 3, 2, 0, 1};
-    const int64_t oh = (k.h + 2 * k.pad - k.dilation * (k.kh - 1) - 1) / k.stride + 1;
-    const int64_t ow = (k.w + 2 * k.pad - k.dilation * (k.kw - 1) - 1) / k.stride + 1;
     const bool has_z = trial % 3 != 0;
-    INFO("trial " << trial << " activation '" << act << "' Z " << has_z << " ow " << ow);
-    const Tensor x = random_tensor(DataType::Float, Shape{k.n, k.c, k.h, k.w}, rng);
-    const Tensor w = random_tensor(DataType::Float, Shape{k.m, k.c, k.kh, k.kw}, rng);
-    const Tensor bias = random_tensor(DataType::Float, Shape{k.m}, rng);
-    const Tensor z = random_tensor(DataType::Float, Shape{k.n, k.m, oh, ow}, rng);
-    OpTest t = fused_conv(k);
-    if (!act.empty()) t.attr("activation", act);
-    if (!params.empty()) t.attr("activation_params", params);
-    t.input(x).constant_input(w).input(bias);
-    if (has_z) t.input(z);
-    std::vector<double> want = naive_conv(x, w, &bias, k, oh, ow);
-    for (size_t i = 0; i < want.size(); ++i) {
-      want[i] = activate(act, params, want[i] + (has_z ? element(z, static_cast<int64_t>(i)) : 0));
-    }
-    const Tensor y = t.run1();
-    CHECK(y.shape() == Shape{k.n, k.m, oh, ow});
-    require_near(y, want, 1e-4);
+    INFO("trial " << trial << " activation '" << act << "' Z " << has_z << " stem " << stem);
+    CHECK(check_fused_conv(k, act, params, true, has_z, true, 1e-4, rng));
   }
 }
 
@@ -168,32 +161,11 @@ TEST_CASE("com.microsoft.FusedConv as Winograd products applies Z and each activ
   for (int trial = 0; trial < 10; ++trial) {
     const auto& [act, params] = activations[static_cast<size_t>(trial) % activations.size()];
     const Case k{1 + trial % 2, 16, 16, 1, 12 + 3 * trial, 30 - trial, 3, 3, 1, 1, 1};
-    const int64_t oh = k.h, ow = k.w;
     const bool has_z = trial % 3 != 0, constant_w = trial % 2 == 0;
     INFO("trial " << trial << " activation '" << act << "' Z " << has_z);
-    const Tensor x = random_tensor(DataType::Float, Shape{k.n, k.c, k.h, k.w}, rng);
-    const Tensor w = random_tensor(DataType::Float, Shape{k.m, k.c, 3, 3}, rng);
-    const Tensor bias = random_tensor(DataType::Float, Shape{k.m}, rng);
-    const Tensor z = random_tensor(DataType::Float, Shape{k.n, k.m, oh, ow}, rng);
-    OpTest t = fused_conv(k);
-    if (!act.empty()) t.attr("activation", act);
-    if (!params.empty()) t.attr("activation_params", params);
-    t.input(x);
-    if (constant_w) {
-      t.constant_input(w);
-    } else {
-      t.input(w);
-    }
-    t.input(bias);
-    if (has_z) t.input(z);
-    std::vector<double> want = naive_conv(x, w, &bias, k, oh, ow);
-    for (size_t i = 0; i < want.size(); ++i) {
-      want[i] = activate(act, params, want[i] + (has_z ? element(z, static_cast<int64_t>(i)) : 0));
-    }
     const uint64_t before = math::winograd_convolutions();
-    const Tensor y = t.run1();
+    CHECK(check_fused_conv(k, act, params, true, has_z, constant_w, 1e-3, rng));
     CHECK(math::winograd_convolutions() == before + 1);
-    require_near(y, want, 1e-3);
   }
 }
 

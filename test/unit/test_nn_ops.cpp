@@ -377,13 +377,42 @@ RandomConv random_conv(std::mt19937& rng, int64_t group, int64_t cg, int64_t mg,
   return c;
 }
 
-Tensor run_conv(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& s) {
+// Conv on x with the filter (and bias) as run-time inputs, or as constants (`constant`): then
+// the filter is packed at load without knowing x's shape.
+Tensor run_conv(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& s,
+                bool constant = false) {
   OpTest t("Conv", 11);
-  t.input(x).input(w);
-  if (bias) t.input(*bias);
+  t.input(x);
+  if (constant) {
+    t.constant_input(w);
+    if (bias) t.constant_input(*bias);
+  } else {
+    t.input(w);
+    if (bias) t.input(*bias);
+  }
   t.attr("strides", s.strides).attr("dilations", s.dilations).attr("pads", s.pads);
   t.attr("group", s.group);
   return t.run1();
+}
+
+// Conv through a session on `threads` threads whose graph declares x's shape, the filter and
+// bias initializers: the filter's packed form is chosen at load from that shape.
+Tensor run_conv_session(const Tensor& x, const Tensor& w, const Tensor* bias, const ConvSpec& s,
+                        int threads) {
+  GraphBuilder gb;
+  const Shape& xs = x.shape();
+  gb.input("x", DataType::Float, std::vector<int64_t>(xs.begin(), xs.end())).initializer("w", w);
+  std::vector<std::string> in{"x", "w"};
+  if (bias) {
+    gb.initializer("b", *bias);
+    in.push_back("b");
+  }
+  gb.node("Conv", in, {"y"},
+          {ints_attr("strides", s.strides), ints_attr("dilations", s.dilations),
+           ints_attr("pads", s.pads), int_attr("group", s.group)});
+  gb.output("y");
+  Session session = make_session(gb.build(), 11, threads);
+  return session.run({{"x", x}}).at(0).value.tensor();
 }
 
 }  // namespace
@@ -498,26 +527,9 @@ TEST_CASE("Conv over small maps (positions as the product's rows) matches a naiv
     const Tensor* bias = iter % 2 ? &b : nullptr;
     const Tensor expected = naive_conv(x, w, bias, s);
     require_close(run_conv(x, w, bias, s), expected, 1e-4, 1e-4);
-    OpTest t("Conv", 11);
-    t.input(x).constant_input(w);
-    if (bias) t.constant_input(*bias);
-    t.attr("strides", s.strides).attr("dilations", s.dilations).attr("pads", s.pads);
-    t.attr("group", s.group);
-    require_close(t.run1(), expected, 1e-4, 1e-4);
+    require_close(run_conv(x, w, bias, s, true), expected, 1e-4, 1e-4);
     if (iter % 4 != 0) continue;
-    GraphBuilder gb;
-    gb.input("x", DataType::Float, std::vector<int64_t>(xs.begin(), xs.end())).initializer("w", w);
-    std::vector<std::string> in{"x", "w"};
-    if (bias) {
-      gb.initializer("b", *bias);
-      in.push_back("b");
-    }
-    gb.node("Conv", in, {"y"},
-            {ints_attr("strides", s.strides), ints_attr("dilations", s.dilations),
-             ints_attr("pads", s.pads), int_attr("group", s.group)});
-    gb.output("y");
-    Session session = make_session(gb.build(), 11, 2);
-    require_close(session.run({{"x", x}}).at(0).value.tensor(), expected, 1e-4, 1e-4);
+    require_close(run_conv_session(x, w, bias, s, 2), expected, 1e-4, 1e-4);
   }
 }
 
@@ -546,25 +558,8 @@ TEST_CASE("Conv 3x3 stride 1 as Winograd products matches a naive loop", "[nn][w
     const Tensor expected = naive_conv(x, w, bias, s);
     const uint64_t before = math::winograd_convolutions();
     require_close(run_conv(x, w, bias, s), expected, 1e-3, 1e-3);
-    OpTest t("Conv", 11);
-    t.input(x).constant_input(w);
-    if (bias) t.constant_input(*bias);
-    t.attr("strides", s.strides).attr("dilations", s.dilations).attr("pads", s.pads);
-    t.attr("group", s.group);
-    require_close(t.run1(), expected, 1e-3, 1e-3);
-    GraphBuilder gb;
-    gb.input("x", DataType::Float, std::vector<int64_t>(xs.begin(), xs.end())).initializer("w", w);
-    std::vector<std::string> in{"x", "w"};
-    if (bias) {
-      gb.initializer("b", *bias);
-      in.push_back("b");
-    }
-    gb.node("Conv", in, {"y"},
-            {ints_attr("strides", s.strides), ints_attr("dilations", s.dilations),
-             ints_attr("pads", s.pads), int_attr("group", s.group)});
-    gb.output("y");
-    Session session = make_session(gb.build(), 11, 1 + iter % 2);
-    require_close(session.run({{"x", x}}).at(0).value.tensor(), expected, 1e-3, 1e-3);
+    require_close(run_conv(x, w, bias, s, true), expected, 1e-3, 1e-3);
+    require_close(run_conv_session(x, w, bias, s, 1 + iter % 2), expected, 1e-3, 1e-3);
     // Each run took the Winograd path, once per group.
     CHECK(math::winograd_convolutions() == before + 3 * static_cast<uint64_t>(group));
   }

@@ -16,10 +16,7 @@ using namespace kiln::testing;
 namespace {
 
 Session session(std::shared_ptr<ir::Graph> g, GraphOptimization level) {
-  SessionOptions so;
-  so.environment = std::make_shared<Environment>(1);
-  so.optimization = level;
-  return session_from_model(make_model(std::move(g), 20), so);
+  return make_session(std::move(g), 20, 1, level);
 }
 
 Tensor random_floats(const Shape& shape, uint32_t seed, float lo, float hi) {

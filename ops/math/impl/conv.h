@@ -798,9 +798,11 @@ void dc_max_pool_3x3s2(const float* x, int64_t ip, int64_t planes, const ConvGeo
   const int64_t band = dc_max(int64_t{1}, ConvKernels::pool_rows_floats / pitch);
   const VF low = vset1(-__builtin_inff());
   // Column c of a padded row at row[c] (input column c - pl); the columns outside the input,
-  // and those read only for lanes past out_w, are -inf throughout.
+  // and those read only for lanes past out_w, are -inf throughout (set once, for the rows a
+  // band uses).
   alignas(64) float rows[ConvKernels::pool_rows_floats];
-  for (int64_t c = 0; c < ConvKernels::pool_rows_floats; c += kLanes) vstore(rows + c, low);
+  const int64_t used = dc_min(band, out_h) * pitch;
+  for (int64_t c = 0; c < used; c += kLanes) vstore(rows + c, low);
   const VM tail_mask = vlanes_below(static_cast<int>(tail));
   const int64_t ahead = dc_prefetch_distance(in_w);
   const bool prefetch = planes * ip >= kPrefetchMinFloats;

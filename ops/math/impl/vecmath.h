@@ -66,14 +66,21 @@ inline VF vm_sign(VF x) {
 // -112 it is 0 even after m is multiplied by up to 2^8 (vm_times_sigmoid's -200), so clamping
 // there keeps n = round(x / ln2) within [-162, 128] and both factors normal.
 // With kLo, e^(x + lo) for a small lo that extends x's precision.
+// e^r for x = n ln2 + r, n = round(x / ln2) returned in *n (with kLo, e^(r + lo)).
+template <bool kLo = false>
+inline VF vm_exp_reduced(VF x, VF* n, VF lo = VF{}) {
+  *n = vround(vmul(x, vset1(1.44269504f)));
+  VF r = vfnmadd(*n, vset1(kVmLn2Hi), x);
+  r = vfnmadd(*n, vset1(kVmLn2Lo), r);
+  if constexpr (kLo) r = vadd(r, lo);
+  return vadd(vfmadd(vmul(r, r), vm_poly(r, kExpP), r), vset1(1.0f));
+}
+
 template <bool kLo = false>
 inline VF vm_exp_parts(VF x, VF* scale, VF lo = VF{}) {
   const VF xc = vmin(vset1(88.8f), vmax(vset1(-112.0f), x));
-  const VF n = vround(vmul(xc, vset1(1.44269504f)));
-  VF r = vfnmadd(n, vset1(kVmLn2Hi), xc);
-  r = vfnmadd(n, vset1(kVmLn2Lo), r);
-  if constexpr (kLo) r = vadd(r, lo);
-  const VF e = vadd(vfmadd(vmul(r, r), vm_poly(r, kExpP), r), vset1(1.0f));
+  VF n;
+  const VF e = vm_exp_reduced<kLo>(xc, &n, lo);
   // 2^n as two normal factors, so a result below FLT_MIN is rounded once, into a subnormal.
   const VI ni = vcvt_int(n);
   const VI n1 = vsra<1>(ni);
@@ -92,10 +99,8 @@ inline VF vm_exp(VF x) {
 // (about a quarter of vm_exp's instructions). Callers check the range first.
 constexpr float kVmExpNormalLo = -87.0f;
 inline VF vm_exp_normal(VF x) {
-  const VF n = vround(vmul(x, vset1(1.44269504f)));
-  VF r = vfnmadd(n, vset1(kVmLn2Hi), x);
-  r = vfnmadd(n, vset1(kVmLn2Lo), r);
-  const VF e = vadd(vfmadd(vmul(r, r), vm_poly(r, kExpP), r), vset1(1.0f));
+  VF n;
+  const VF e = vm_exp_reduced(x, &n);
   return vmul(e, vfrom_bits(vshl<23>(viadd(vcvt_int(n), viset1(127)))));
 }
 
