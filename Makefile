@@ -84,20 +84,26 @@ fuzz: setup
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target kiln-fuzz_model kiln-fuzz_tensor kiln-fuzz_graph
 	./test/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
+# The unit tests under AddressSanitizer + UndefinedBehaviorSanitizer: every test case of
+# kiln-unit-tests in its own process, JOBS at a time (ctest -L unit; the cases are listed by
+# the binary itself, so none is left out).
 sanitize: setup
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1"
 	cmake --build $(ASAN_BUILD) -j $(JOBS) --target kiln-unit-tests
-	ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  LSAN_OPTIONS=suppressions=$(CURDIR)/test/lsan.supp ./$(ASAN_BUILD)/test/kiln-unit-tests
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1 LSAN_OPTIONS=suppressions=$(CURDIR)/test/lsan.supp \
+	  ctest -L unit -j $(JOBS) --output-on-failure --no-tests=error
 
 # The concurrency tests ([concurrency]: many threads running one Session, sessions made and
-# destroyed concurrently) under ThreadSanitizer: the library and that one test binary only.
+# destroyed concurrently, runs stopped) under ThreadSanitizer: the library and that one test
+# binary only, each case in its own process, JOBS at a time (ctest -L concurrency).
 # test/tsan.supp names the oneTBB internals whose reports are false positives (see there).
 tsan: setup
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKILN_TSAN=ON -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1"
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target kiln-concurrency-tests
-	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/test/tsan.supp" \
-	  ./$(TSAN_BUILD)/test/kiln-concurrency-tests "[concurrency]"
+	cd $(TSAN_BUILD) && \
+	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/test/tsan.supp" \
+	  ctest -L concurrency -j $(JOBS) --output-on-failure --no-tests=error
 
 # Regenerates docs/conformance.md and adds newly passing cases to the allow-list.
 conformance-report: build

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "engine/util/float_mode.h"
 #include "engine/util/tsan.h"
 #include "kiln/data_type.h"
 #include "kiln/error.h"
@@ -98,17 +99,20 @@ Shape broadcast_strides(const Tensor& t, const Shape& out);
 // What the tasks of parallel_for call. oneTBB copies it into each task, on the thread that
 // makes the task: each copy states the hand-off to ThreadSanitizer (tsan.h) keyed on its own
 // address, which the task knows before reading anything; the tasks hand their writes back
-// to the caller keyed on the body's address.
+// to the caller keyed on the body's address. Each range runs in the caller's floating-point
+// mode (float_mode.h: the run's denormal setting).
 template <typename F>
 struct RangeCall {
   F* body;
-  explicit RangeCall(F* b) : body(b) { tsan::release(this); }
-  RangeCall(const RangeCall& other) : body((tsan::acquire(&other), other.body)) {
+  unsigned mode;
+  explicit RangeCall(F* b) : body(b), mode(fp::mode()) { tsan::release(this); }
+  RangeCall(const RangeCall& other) : body((tsan::acquire(&other), other.body)), mode(other.mode) {
     tsan::release(this);
   }
   RangeCall& operator=(const RangeCall&) = delete;
   void operator()(const tbb::blocked_range<int64_t>& r) const {
     tsan::acquire(this);
+    const fp::ModeScope scope(mode);
     (*body)(r.begin(), r.end());
     tsan::release(body);
   }

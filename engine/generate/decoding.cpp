@@ -159,6 +159,7 @@ SessionOptions session_options(const GeneratorOptions& o, std::shared_ptr<Enviro
   SessionOptions so;
   so.gemm_weights = o.gemm_weights;
   so.optimization = o.optimization;
+  so.denormals = o.denormals;
   so.environment = env;
   return so;
 }

@@ -84,6 +84,8 @@ class Executor {
   // Cancellation and deadline, checked before every node and every graph run (each Loop or
   // Scan iteration runs its body graph).
   void set_run_options(const RunOptions* options) { options_ = options; }
+  // Counts the denormal floats of every node's outputs (SessionOptions::count_denormals).
+  void set_count_denormals(bool on) { count_denormals_ = on; }
 
  private:
   friend class StepHooks;
@@ -95,6 +97,7 @@ class Executor {
   ExecutorScratch& scratch_;
   detail::PoolRun* run_;
   const RunOptions* options_ = nullptr;
+  bool count_denormals_ = false;
   int32_t steps_ = 0;  // steps started in this run, nested graphs included
   bool adopt_inputs_ = false;
   WeightRelease* weight_release_ = nullptr;

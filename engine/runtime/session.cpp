@@ -17,6 +17,7 @@
 #include "engine/runtime/executor.h"
 #include "engine/runtime/session_internal.h"
 #include "engine/runtime/weight_release.h"
+#include "engine/util/float_mode.h"
 #include "kiln/error.h"
 #include "proto/loader.h"
 #include "proto/weights_cache.h"
@@ -184,6 +185,8 @@ struct Session::Impl {
   // release_weights_after_use counts the readers of weights per run: such runs take turns.
   std::mutex weight_release_mutex;
   bool reuse_inputs = false;
+  bool flush_denormals = true;  // SessionOptions::denormals
+  bool count_denormals = false;
   std::unique_ptr<detail::ArenaState> arena;  // made once the plan is known
 
   // The pool requests a run on `ordered` will make, predicted before the run from the shapes
@@ -274,6 +277,10 @@ struct Session::Impl {
 
   void prepare(SessionOptions options) {
     if (!cache) begin(options);
+    flush_denormals = options.denormals == Denormals::Flush;
+    count_denormals = options.count_denormals;
+    // Constant folding runs kernels: in the mode the runs will have.
+    const fp::ModeScope float_mode(fp::mode_with_flush(flush_denormals));
     try {
       load_stats.nodes_loaded = count_nodes(*model.graph);
       plan::check_arities(*model.graph);
@@ -724,14 +731,20 @@ void Session::Impl::execute(ExecutorScratch& scratch, const RunOptions& options,
   Executor ex(pool, run_stats, profile ? &events : nullptr, &scratch, &arena_run.counts);
   ex.set_adopt_inputs(reuse_inputs);
   ex.set_run_options(&options);
+  ex.set_count_denormals(count_denormals);
   std::unique_lock<std::mutex> weight_turn;
   if (weight_release) {
     weight_turn = std::unique_lock<std::mutex>(weight_release_mutex);
     weight_release->start_run(run_stats);
     ex.set_weight_release(weight_release.get());
   }
-  // Two references, so that the std::function holds the lambda inline (no allocation).
-  const auto graph_run = [&] { ex.run(*plan, scratch.inputs, {}, scratch.results); };
+  // Two references, so that the std::function holds the lambda inline (no allocation). The
+  // denormal mode is set on the thread the arena runs the graph on (not always the caller's)
+  // and given back when it returns; the tasks it hands out take it along (float_mode.h).
+  const auto graph_run = [&] {
+    const fp::ModeScope float_mode(fp::mode_with_flush(flush_denormals));
+    ex.run(*plan, scratch.inputs, {}, scratch.results);
+  };
   try {
     env->execute([&graph_run] { graph_run(); });
   } catch (Error& e) {
@@ -753,9 +766,14 @@ void Session::Impl::run(std::span<NamedValue> named, std::vector<NamedValue>& ou
   check_constants_given();
   ScratchHold hold(mutex, free_scratch);
   ExecutorScratch& scratch = *hold.scratch;
-  bind_inputs(named, scratch);
-  arena->begin(arena_run, scratch.inputs, input_names, run_stats);
-  execute(scratch, options, arena_run, run_stats, events);
+  try {
+    bind_inputs(named, scratch);
+    arena->begin(arena_run, scratch.inputs, input_names, run_stats);
+    execute(scratch, options, arena_run, run_stats, events);
+  } catch (...) {
+    if (stats_out) *stats_out = run_stats;  // the counters up to the failure
+    throw;
+  }
   hand_outputs(scratch.results, out);
   arena->finish(arena_run, run_stats);
 

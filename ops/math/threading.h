@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "engine/util/float_mode.h"
 #include "engine/util/tsan.h"
 
 namespace kiln::math {
@@ -45,12 +46,15 @@ inline double product_work(int64_t m, int64_t n, int64_t k, int mr) {
 
 // What the tasks of run_tasks call. oneTBB holds it by reference, so every task knows its
 // address before reading anything: the key of the hand-off stated to ThreadSanitizer
-// (tsan.h), the tasks seeing the caller's writes and the caller theirs.
+// (tsan.h), the tasks seeing the caller's writes and the caller theirs. Each task runs in the
+// caller's floating-point mode (float_mode.h: the run's denormal setting).
 template <typename F>
 struct TaskCall {
   F* body;
+  unsigned mode;
   void operator()(int t) const {
     tsan::acquire(this);
+    const fp::ModeScope scope(mode);
     (*body)(t);
     tsan::release(this);
   }
@@ -63,7 +67,7 @@ void run_tasks(int tasks, F&& body) {
     body(0);
     return;
   }
-  const TaskCall<std::remove_reference_t<F>> call{&body};
+  const TaskCall<std::remove_reference_t<F>> call{&body, fp::mode()};
   tsan::release(&call);
   tbb::parallel_for(0, tasks, call, tbb::static_partitioner());
   tsan::acquire(&call);

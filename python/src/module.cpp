@@ -81,6 +81,19 @@ void bind_options(py::module_& m) {
       .def_property("gemm_weights", &O::gemm_weights, &O::set_gemm_weights,
                     "Precision of packed MatMul/Gemm weights: 'float32', 'bfloat16', 'float16'.")
       .def_property(
+          "denormals",
+          [](const O& o) {
+            return std::string(o.kiln.denormals == Denormals::Keep ? "keep" : "flush");
+          },
+          [](O& o, const std::string& v) {
+            if (v != "flush" && v != "keep") {
+              throw Error(ErrorKind::InvalidArgument,
+                          "denormals must be 'flush' or 'keep', not '" + v + "'");
+            }
+            o.kiln.denormals = v == "keep" ? Denormals::Keep : Denormals::Flush;
+          },
+          "Denormal floats in runs: 'flush' (to zero; the default) or 'keep' (IEEE).")
+      .def_property(
           "memory_limit", [](const O& o) { return o.kiln.memory_limit; },
           [](O& o, uint64_t v) { o.kiln.memory_limit = v; },
           "Most bytes a run's tensors may hold at once (0: no limit).")

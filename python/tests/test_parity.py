@@ -270,3 +270,26 @@ def test_sequence_and_optional_types_are_described_as_onnxruntime_does():
     want = theirs.run(None, {"opt": items, "opt_t": None})
     assert [x.tolist() for x in got[0]] == [x.tolist() for x in want[0]]
     assert got[1] == want[1] == False  # noqa: E712
+
+
+def test_denormals_are_flushed_by_default_and_kept_on_request(tmp_path):
+    # x * c with every product 1e-40, a denormal float32.
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "c"], ["y"])], "scale",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024]),
+         helper.make_tensor_value_info("c", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024])])
+    path = tmp_path / "scale.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    feed = {"x": np.full(1024, 1e-20, np.float32), "c": np.array([1e-20], np.float32)}
+
+    options = kiln.SessionOptions()
+    assert options.denormals == "flush"
+    (flushed,) = kiln.InferenceSession(str(path), options).run(None, feed)
+    assert not flushed.any()
+    options.denormals = "keep"
+    (kept,) = kiln.InferenceSession(str(path), options).run(None, feed)
+    (want,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feed)
+    assert np.array_equal(kept, want) and kept.all()  # IEEE, as onnxruntime's default
+    with pytest.raises(kiln.InvalidArgumentError, match="denormals"):
+        options.denormals = "zero"

@@ -52,6 +52,17 @@ expect 2 "endless_loop.onnx: node '[a-z]+' \\((Loop|Add|Identity)\\): run stoppe
   --input "n0=$src/test/cli/data/zero.npy" --timeout 0.2
 expect 2 'timeout needs a number' -- "$model" --timeout -1
 
+# Denormals (tools/export/make_cli_data.py): softmax_tails.onnx's 63 small probabilities are
+# denormal; flushed by default, kept with --denormals keep, counted with --count-denormals.
+tails="$src/test/cli/data/softmax_tails.onnx"
+expect 0 'denormals: 0 produced by the last run \(flush\)' -- "$tails" \
+  --input "x=$src/test/cli/data/zero.npy" --count-denormals
+expect 0 'denormals: 63 produced by the last run \(keep\)' -- "$tails" \
+  --input "x=$src/test/cli/data/zero.npy" --count-denormals --denormals keep
+expect 0 '"denormals":"keep".*"denormals_produced":63' -- "$tails" \
+  --input "x=$src/test/cli/data/zero.npy" --count-denormals --denormals keep --json
+expect 2 "denormals takes flush or keep, got 'zero'" -- "$tails" --denormals zero
+
 # Tight tolerances make the comparison fail: status 1.
 expect 1 "MISMATCH" -- "$model" --test-data "$data" --rtol 0 --atol 0
 

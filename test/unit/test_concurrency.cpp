@@ -4,8 +4,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <thread>
 
+#include "ops/kernel.h"
 #include "test/unit/op_test.h"
 
 using namespace kiln;
@@ -221,7 +223,36 @@ TEST_CASE("sessions are made, run and destroyed on several threads in one Enviro
 
 namespace {
 
-// A Loop of `trips` iterations whose body adds one to a counter.
+// kiln.test.Tick: y = x, counting its runs in `ticks`; when the count reaches `cancel_at`
+// it calls `on_tick` (a test cancels its RunOptions from inside the run there). The tests
+// count what a run did after cancel() with it, not how long it took.
+std::atomic<int64_t> ticks{0};
+std::atomic<int64_t> cancel_at{-1};
+std::function<void()> on_tick;
+
+class Tick final : public ops::Kernel {
+ public:
+  explicit Tick(const ops::NodeInfo&) {}
+  void run(ops::OpContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    Tensor& y = ctx.output(0, DataType::Float, x.shape());
+    for (int64_t i = 0; i < x.numel(); ++i) y.data<float>()[i] = x.data<const float>()[i];
+    if (++ticks == cancel_at.load()) on_tick();
+  }
+};
+
+KILN_REGISTER_OP({.domain = "kiln.test",
+                  .op = "Tick",
+                  .since = 1,
+                  .min_inputs = 1,
+                  .max_inputs = 1,
+                  .min_outputs = 1,
+                  .max_outputs = 1,
+                  .types = "float",
+                  .shape = [](ops::ShapeContext& c) { c.same(0, 0); },
+                  .create = ops::make<Tick>});
+
+// A Loop of `trips` iterations whose body ticks and adds one to a counter.
 Session counting_loop(int64_t trips) {
   GraphBuilder body("body");
   body.input("i", DataType::Int64, {}, true);
@@ -229,7 +260,8 @@ Session counting_loop(int64_t trips) {
   body.input("n_in", DataType::Float, {1}, true);
   body.initializer("one", Tensor::from_vector<float>({1}, {1.0f}));
   body.node("Identity", {"cond_in"}, {"cond_out"});
-  body.node("Add", {"n_in", "one"}, {"n_out"});
+  body.node("Tick", {"n_in"}, {"t"}, {}, "kiln.test");
+  body.node("Add", {"t", "one"}, {"n_out"});
   body.output("cond_out");
   body.output("n_out");
   GraphBuilder b;
@@ -241,45 +273,131 @@ Session counting_loop(int64_t trips) {
   return make_session(b.build(), 18, 2);
 }
 
+const std::vector<NamedValue> zero_feed() {
+  return {{"n", Tensor::from_vector<float>({1}, {0.0f})}};
+}
+
+// Waits until `done` holds, for as long as a hung run could take to show itself: this
+// bounds a test that would otherwise never end, and is no latency target.
+template <typename F>
+bool wait_for(F done) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return true;
+}
+
+// Nodes a run of the counting loop completes per iteration (the passes may drop the body's
+// Identity), from a short run: trips * per_iteration + 1 (the Loop node).
+uint64_t nodes_per_iteration() {
+  Session s = counting_loop(5);
+  RunOptions options;
+  RunStats stats;
+  s.run(zero_feed(), options, &stats);
+  REQUIRE((stats.nodes_run - 1) % 5 == 0);
+  return (stats.nodes_run - 1) / 5;
+}
+
 }  // namespace
 
-TEST_CASE("a Loop of 10^12 iterations is cancelled from another thread within 100 ms",
+TEST_CASE("a run cancelled from inside its Loop starts no node after cancel()",
+          "[concurrency][cancel]") {
+  const uint64_t per_iteration = nodes_per_iteration();
+  Session s = counting_loop(1'000'000'000'000);
+  RunOptions options;
+  ticks = 0;
+  on_tick = [&options] { options.cancel(); };
+  cancel_at = 1000;
+  RunStats stats;
+  std::string error;
+  try {
+    s.run(zero_feed(), options, &stats);
+  } catch (const RunCancelled& e) {
+    error = e.what();
+  }
+  cancel_at = -1;
+  CHECK_THAT(error, Catch::Contains("cancelled"));
+  CHECK_THAT(error, Catch::Contains("node"));
+  // The 1000th Tick cancelled; the run stopped before its next node: no Tick after it, and
+  // the nodes completed are those of 999 whole iterations and part of the 1000th.
+  CHECK(ticks == 1000);
+  CHECK(stats.nodes_run > 999 * per_iteration);
+  CHECK(stats.nodes_run <= 1000 * per_iteration);
+}
+
+TEST_CASE("a Loop of 10^12 iterations cancelled from another thread runs at most one node more",
           "[concurrency][cancel]") {
   Session s = counting_loop(1'000'000'000'000);
-  const std::vector<NamedValue> feed = {{"n", Tensor::from_vector<float>({1}, {0.0f})}};
   RunOptions options;
-  std::atomic<bool> started{false};
-  std::chrono::steady_clock::time_point cancelled_at;
+  ticks = 0;
+  std::atomic<bool> cancelled{false};
+  std::atomic<int64_t> ticks_at_cancel{-1};
   std::thread canceller([&] {
-    while (!started) std::this_thread::yield();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    cancelled_at = std::chrono::steady_clock::now();
+    // Let the run go some way first, so that cancel() meets it in the middle of the Loop.
+    if (!wait_for([] { return ticks.load() >= 200; })) return;
     options.cancel();
+    ticks_at_cancel = ticks.load();
+    cancelled = true;
   });
   std::string error;
-  std::chrono::steady_clock::time_point stopped_at;
+  RunStats stats;
   try {
-    started = true;
-    s.run(feed, options);
+    s.run(zero_feed(), options, &stats);
   } catch (const RunCancelled& e) {
-    stopped_at = std::chrono::steady_clock::now();
     error = e.what();
   }
   canceller.join();
+  REQUIRE(cancelled);
   CHECK_THAT(error, Catch::Contains("cancelled"));
-  CHECK(stopped_at - cancelled_at < std::chrono::milliseconds(100));
+  // After cancel() returned, the run finished at most the Tick it was in: the executor
+  // checks the flag before every node (RunOptions::cancel's bound).
+  CHECK(ticks - ticks_at_cancel <= 1);
+  CHECK(stats.nodes_run >= 200);
 
   // The session stays usable: a short loop runs to the end, and a cancelled RunOptions
-  // stops the next run at once until reset.
+  // stops the next run before its first node until reset.
   Session short_loop = counting_loop(5);
-  CHECK_THROWS_AS(short_loop.run(feed, options), RunCancelled);
+  RunStats stopped;
+  const int64_t before = ticks;
+  CHECK_THROWS_AS(short_loop.run(zero_feed(), options, &stopped), RunCancelled);
+  CHECK(stopped.nodes_run == 0);
+  CHECK(ticks == before);
   options.reset();
-  const auto out = short_loop.run(feed, options);
+  const auto out = short_loop.run(zero_feed(), options);
   CHECK(out[0].value.tensor().data<float>()[0] == 5.0f);
-  // The same session after the cancelled run: stopped by a deadline this time.
+}
+
+TEST_CASE("a deadline stops a run: one already past before its first node, a near one in its Loop",
+          "[concurrency][cancel]") {
+  Session s = counting_loop(1'000'000'000'000);
+  // Past: nothing runs.
+  RunOptions past;
+  past.deadline = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+  RunStats stats;
+  ticks = 0;
+  CHECK_THROWS_WITH(s.run(zero_feed(), past, &stats), Catch::Contains("deadline"));
+  CHECK(stats.nodes_run == 0);
+  CHECK(ticks == 0);
+
+  // 20 ms ahead: the same session, after the stopped run, stops in the Loop at the deadline.
+  // A watchdog cancels instead if the deadline never fires, which then fails the message
+  // check rather than hanging the suite.
   RunOptions timed;
   timed.set_timeout(std::chrono::milliseconds(20));
-  const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH(s.run(feed, timed), Catch::Contains("deadline"));
-  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+  std::atomic<bool> finished{false};
+  std::thread watchdog([&] {
+    if (!wait_for([&] { return finished.load(); })) timed.cancel();
+  });
+  std::string error;
+  try {
+    s.run(zero_feed(), timed, &stats);
+  } catch (const RunCancelled& e) {
+    error = e.what();
+  }
+  finished = true;
+  watchdog.join();
+  CHECK_THAT(error, Catch::Contains("deadline"));
+  CHECK(stats.nodes_run > 0);
 }

@@ -4,7 +4,6 @@
 // models/cache/tokenizers).
 #include <catch2/catch.hpp>
 
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -112,20 +111,16 @@ std::string fnv1a64(const std::vector<int64_t>& ids) {
 }
 
 // The corpus joined by newlines, repeated to 100 kB (the script's long_text), encoded and
-// compared by count and hash; returns the seconds encode() took.
-double check_long_text(const Tokenizer& tok, const json::Json& refs) {
+// compared by count and hash. (Its speed is a benchmark's question, not a test's.)
+void check_long_text(const Tokenizer& tok, const json::Json& refs) {
   std::string unit;
   for (const auto& r : refs["encode"]) unit += r["text"].get<std::string>() + "\n";
   std::string text;
   for (int i = 0; i < refs["long_text"]["repeat"].get<int>(); ++i) text += unit;
   REQUIRE(text.size() == refs["long_text"]["bytes"].get<size_t>());
-  const auto start = std::chrono::steady_clock::now();
   const std::vector<int64_t> ids = tok.encode(text);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(ids.size() == refs["long_text"]["count"].get<size_t>());
   CHECK(fnv1a64(ids) == refs["long_text"]["fnv1a64"].get<std::string>());
-  return seconds;
 }
 
 }  // namespace
@@ -134,8 +129,8 @@ TEST_CASE("small BPE from tokenizer.json encodes and decodes as tokenizers does"
   const Tokenizer tok = Tokenizer::from_dir(kData + "/small-bpe");
   const json::Json refs = json::read_file(kData + "/small-bpe-refs.json");
   check_references(tok, refs);
-  // 100 kB of mixed text: the same ids, in well under a second (tokenizers: ~70 ms).
-  CHECK(check_long_text(tok, refs) < 1.0);
+  // 100 kB of mixed text: the same ids.
+  check_long_text(tok, refs);
 }
 
 TEST_CASE("small BPE from vocab.json + merges.txt is the same tokenizer", "[tokenizer]") {
@@ -224,7 +219,7 @@ TEST_CASE("Whisper tiny.en's tokenizer.json encodes and decodes as tokenizers do
   const Tokenizer tok = Tokenizer::from_dir(kWhisperDir);
   check_references(tok, refs);
   check_streaming(tok, refs);
-  CHECK(check_long_text(tok, refs) < 1.0);
+  check_long_text(tok, refs);
   CHECK(tok.token_to_id("<|notimestamps|>") == 50362);
   CHECK(tok.id_to_token(50256) == "<|endoftext|>");
 

@@ -24,6 +24,18 @@ inline std::optional<WeightPrecision> parse_gemm_weights(const std::string& v) {
   return std::nullopt;
 }
 
+// --denormals flush|keep; nullopt for any other name.
+inline std::optional<Denormals> parse_denormals(const std::string& v) {
+  if (v == "flush") return Denormals::Flush;
+  if (v == "keep") return Denormals::Keep;
+  return std::nullopt;
+}
+
+// The name parse_denormals reads, for the tools' JSON.
+inline const char* denormals_name(Denormals d) {
+  return d == Denormals::Keep ? "keep" : "flush";
+}
+
 // The name parse_gemm_weights reads, for the tools' JSON.
 inline const char* gemm_weights_name(WeightPrecision p) {
   switch (p) {

@@ -46,6 +46,8 @@ struct Options {
   std::string save_optimized;
   kiln::WeightPrecision gemm_weights = kiln::WeightPrecision::Float32;
   kiln::GraphOptimization optimization = kiln::GraphOptimization::All;
+  kiln::Denormals denormals = kiln::Denormals::Flush;
+  bool count_denormals = false;
   bool arena = true, reuse_inputs = false, inputs_in_arena = false, arena_from_shapes = true;
   std::string output_dir;
   double rtol = 1e-3, atol = 1e-5;
@@ -91,6 +93,11 @@ void define_options(CLI::App& app, Options& o) {
              "precision of packed MatMul/Gemm weights: f32 (default), bf16 or f16");
   add_choice(app, "--optimize", o.optimization, parse_optimization, "none, basic or all",
              "graph optimisation: none, basic or all (default)");
+  add_choice(app, "--denormals", o.denormals, parse_denormals, "flush or keep",
+             "denormal floats in runs: flush (to zero, the default) or keep");
+  app.add_flag("--count-denormals", o.count_denormals,
+               "count the denormal floats the nodes output (denormals_produced; per node in "
+               "--profile)");
   app.add_flag("--dump-graph", o.dump_graph, "print the optimised graph on stderr");
   app.add_option("--save-optimized", o.save_optimized,
                  "write the optimised graph to this ONNX file (weights embedded, or in FILE.data "
@@ -191,6 +198,7 @@ void write_profile(const std::string& path, const std::vector<kiln::NodeEvent>& 
                        {"provider", "kiln"},
                        {"depth", ev.depth},
                        {"bytes_copied", ev.bytes_copied},
+                       {"denormals", ev.denormals},
                        {"input_type_shape", ev.input_shapes},
                        {"output_type_shape", ev.output_shapes}}}});
   }
@@ -225,6 +233,8 @@ int run(const Options& o) {
   so.arena_from_shapes = o.arena_from_shapes;
   so.gemm_weights = o.gemm_weights;
   so.optimization = o.optimization;
+  so.denormals = o.denormals;
+  so.count_denormals = o.count_denormals;
   so.optimized_model_path = o.save_optimized;
   so.memory_limit = o.memory_limit_mb < 0 ? physical_memory_bytes()
                                           : static_cast<uint64_t>(o.memory_limit_mb) << 20;
@@ -329,6 +339,7 @@ int run(const Options& o) {
     j["kiln_version"] = kiln::version();
     j["isa"] = kiln::isa_level();
     j["gemm_weights"] = kiln::tooling::gemm_weights_name(o.gemm_weights);
+    j["denormals"] = kiln::tooling::denormals_name(o.denormals);
     j["passed"] = expected.empty() ? Json(nullptr) : Json(passed);
     j["threads"] = so.environment->threads();
     j["load_ms"] = load_ms;
@@ -349,6 +360,7 @@ int run(const Options& o) {
                       {"bytes_copied_kernels", stats.bytes_copied_kernels},
                       {"in_place_ops", stats.in_place_ops},
                       {"nodes_run", stats.nodes_run},
+                      {"denormals_produced", stats.denormals_produced},
                       {"arena_bytes", stats.arena_bytes},
                       {"arena_lower_bound", stats.arena_lower_bound},
                       {"arena_served", stats.arena_served},
@@ -404,6 +416,10 @@ int run(const Options& o) {
     std::cout << "memory: peak RSS " << peak_rss_bytes() / 1024 << " KiB, pool peak "
               << stats.peak_bytes_in_use << " bytes, " << stats.allocations << " allocations, "
               << stats.bytes_copied << " bytes copied\n";
+    if (o.count_denormals) {
+      std::cout << "denormals: " << stats.denormals_produced << " produced by the last run ("
+                << kiln::tooling::denormals_name(o.denormals) << ")\n";
+    }
     if (stats.arena_bytes > 0) {
       std::cout << "arena: " << stats.arena_bytes << " bytes (lower bound "
                 << stats.arena_lower_bound << "), " << stats.arena_served << " buffers served, "

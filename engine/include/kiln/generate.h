@@ -63,6 +63,7 @@ struct GeneratorOptions {
   // (SessionOptions::gemm_weights).
   WeightPrecision gemm_weights = WeightPrecision::Float32;
   GraphOptimization optimization = GraphOptimization::All;  // SessionOptions::optimization
+  Denormals denormals = Denormals::Flush;                   // SessionOptions::denormals
 };
 
 // Whisper-style encoder-decoder. MODEL_DIR holds encoder_model.onnx, decoder_model_merged.onnx

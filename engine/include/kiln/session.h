@@ -58,6 +58,10 @@ struct RunStats {
   // arena_bytes; they are counted in arena_served too).
   uint64_t arena_input_bytes = 0;
   uint64_t nodes_run = 0;  // nodes executed, subgraph nodes included
+  // With SessionOptions::count_denormals: float32 elements of the nodes' outputs that are
+  // denormal (nonzero, below 2^-126), subnormal results the kernels produced (a view of an
+  // input counts its elements again). 0 otherwise.
+  uint64_t denormals_produced = 0;
   // With SessionOptions::release_weights_after_use: mapped weights whose pages were given
   // back after their last use. A failure leaves the pages resident and the run going; the
   // first one is described in weight_release_error ("" when none).
@@ -81,13 +85,19 @@ class RunOptions {
   RunOptions& operator=(const RunOptions&) = delete;
 
   // Stops the runs using these options: checked before every node and every iteration of a
-  // Loop or Scan, a cancelled run throws kiln::RunCancelled and the session stays
-  // usable. Runs started after cancel() stop at once, until reset().
-  void cancel() noexcept { cancelled_.store(true, std::memory_order_relaxed); }
-  void reset() noexcept { cancelled_.store(false, std::memory_order_relaxed); }
-  bool cancelled() const noexcept { return cancelled_.load(std::memory_order_relaxed); }
+  // Loop or Scan, a cancelled run throws kiln::RunCancelled naming the node it stopped
+  // before, and the session stays usable. Once cancel() has returned, no run using these
+  // options starts another node: a kernel already running finishes, so each run executes at
+  // most the one node it is in (and the nodes enclosing it: a Loop, If or Scan) after the
+  // call. Runs started after cancel() stop before their first node, until reset().
+  // (Sequentially consistent, so the bound holds against any counter the caller reads after
+  // cancel() returns; on x86 the check before each node is a plain load.)
+  void cancel() noexcept { cancelled_.store(true); }
+  void reset() noexcept { cancelled_.store(false); }
+  bool cancelled() const noexcept { return cancelled_.load(); }
 
-  // A run still going at `deadline` stops as if cancelled (checked at the same points).
+  // A run still going at `deadline` stops as if cancelled (checked at the same points); a
+  // deadline already past when the run starts stops it before its first node.
   // The default, time_point::max(), is none; the clock is read only when one is set.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   void set_timeout(std::chrono::steady_clock::duration timeout) {
@@ -141,6 +151,7 @@ struct NodeEvent {
   std::vector<std::string> input_shapes, output_shapes;  // "float32[1,3]"
   int depth = 0;                                         // 0 for the main graph
   uint64_t bytes_copied = 0;  // by this node (and, for If/Loop/Scan, its nested graphs)
+  uint64_t denormals = 0;     // its outputs' denormal floats (SessionOptions::count_denormals)
 };
 
 struct IoInfo {
@@ -162,6 +173,19 @@ enum class WeightPrecision {
   Float32,   // as given (the default: results as onnxruntime's)
   BFloat16,  // rounded to bfloat16: half the memory and bandwidth, products still in float
   Float16,   // rounded to float16 (more mantissa than bfloat16, range up to 65504)
+};
+
+// What a run does with denormal floats (nonzero magnitudes below 2^-126, FLT_MIN).
+enum class Denormals {
+  // Flushed to zero as results and read as zero as inputs (FTZ and DAZ in MXCSR on every
+  // thread that runs the session's kernels, for the run's duration; the caller's thread gets
+  // its own mode back when run() returns). The default: some processors (Intel's among them)
+  // take a microcode assist of a hundred cycles or more for each operation that meets a
+  // denormal, which random or small weights and softmax's tails produce, while the values
+  // lost are below every float output's rounding except next to zero.
+  Flush,
+  // IEEE gradual underflow, as onnxruntime and OpenVINO do by default.
+  Keep,
 };
 
 // How much the graph is rewritten before it is planned (as onnxruntime's optimisation levels).
@@ -234,6 +258,13 @@ struct SessionOptions {
   // (Float32) by default.
   WeightPrecision gemm_weights = WeightPrecision::Float32;
   GraphOptimization optimization = GraphOptimization::All;
+  // Denormal floats in runs (and in constant folding at load); on processors other than x86
+  // both settings keep them.
+  Denormals denormals = Denormals::Flush;
+  // Count the denormal float32 values in every node's outputs after it runs
+  // (RunStats::denormals_produced, NodeEvent::denormals): a diagnostic that reads every
+  // output once more, off by default.
+  bool count_denormals = false;
   // When set, the graph as the session runs it (after the passes of `optimization`; fused
   // nodes in the com.microsoft and kiln domains) is written there as an ONNX file at
   // creation, as onnxruntime's optimized_model_filepath does. Weights are embedded unless
@@ -272,7 +303,9 @@ class Session {
   std::vector<NamedValue> run(std::vector<NamedValue> inputs);
   // The same, with per-run controls, and this run's counters in `stats` and (with
   // SessionOptions::profile) its node events in `profile`, when given: the form for runs
-  // on several threads, where "the last run" is not a meaningful question.
+  // on several threads, where "the last run" is not a meaningful question. A run that
+  // throws (cancelled, past its deadline, or failing in a node) still leaves its counters up
+  // to that point in `stats`: RunStats::nodes_run counts the nodes it completed.
   std::vector<NamedValue> run(std::vector<NamedValue> inputs, const RunOptions& options,
                               RunStats* stats = nullptr, std::vector<NodeEvent>* profile = nullptr);
   // The same for a braced list: values moved into the list are owned by the run.

@@ -299,15 +299,22 @@ inline void vstore_u16(uint16_t* p, VI v) {
 }
 
 // float16 bits (in int32 lanes) to float: exact, subnormals, inf and NaN included. No F16C at
-// this level: the half's exponent and mantissa are moved into place and rescaled by 2^112.
+// this level: a normal half's exponent and mantissa are moved into place and rescaled by
+// 2^112; a subnormal half is its mantissa converted to float times 2^-24, since moved into
+// place it would be a denormal float, which reads as 0 on a thread that flushes denormals
+// (SessionOptions::denormals).
 inline VF vf16_to_f32(VI h) {
   const VI expmant = _mm_and_si128(h, _mm_set1_epi32(0x7fff));
   const VI sign = _mm_slli_epi32(_mm_xor_si128(h, expmant), 16);
   const VF scaled = _mm_mul_ps(_mm_castsi128_ps(_mm_slli_epi32(expmant, 13)),
                                _mm_castsi128_ps(_mm_set1_epi32((254 - 15) << 23)));
+  const VF subnormal =
+      _mm_mul_ps(_mm_cvtepi32_ps(expmant), _mm_castsi128_ps(_mm_set1_epi32((127 - 24) << 23)));
+  const VF finite = _mm_blendv_ps(scaled, subnormal,
+                                  _mm_castsi128_ps(_mm_cmplt_epi32(expmant, _mm_set1_epi32(0x400))));
   const VI infnan =
       _mm_and_si128(_mm_cmpgt_epi32(expmant, _mm_set1_epi32(0x7bff)), _mm_set1_epi32(255 << 23));
-  return _mm_or_ps(scaled, _mm_castsi128_ps(_mm_or_si128(infnan, sign)));
+  return _mm_or_ps(finite, _mm_castsi128_ps(_mm_or_si128(infnan, sign)));
 }
 
 // float to float16 bits (in int32 lanes), rounding to nearest even; NaN becomes 0x7e00.

@@ -75,6 +75,7 @@ struct Options {
   bool profile = false, bandwidth = false;
   kiln::WeightPrecision gemm_weights = kiln::WeightPrecision::Float32;
   kiln::GraphOptimization optimization = kiln::GraphOptimization::All;
+  kiln::Denormals denormals = kiln::Denormals::Flush;
   std::vector<std::string> positional;  // CASE MODEL, or gemm M N K
 };
 
@@ -115,6 +116,8 @@ void define_options(CLI::App& app, Options& o) {
              "f32 (default), bf16 or f16: MatMul/Gemm weights packed in this precision");
   add_choice(app, "--optimize", o.optimization, parse_optimization, "none, basic or all",
              "graph optimisation: none, basic or all (default)");
+  add_choice(app, "--denormals", o.denormals, parse_denormals, "flush or keep",
+             "denormal floats in runs: flush (to zero, the default) or keep");
 }
 
 // The checks CLI11 cannot express: the case, its arguments, the options that apply to it.
@@ -444,6 +447,7 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
   so.environment = env;
   so.gemm_weights = o.gemm_weights;
   so.optimization = o.optimization;
+  so.denormals = o.denormals;
   const auto t0 = Clock::now();
   kiln::Session s(file, so);
   const double load_ms = ms_since(t0);
@@ -518,6 +522,7 @@ int run_session_case(const Options& o, const std::shared_ptr<kiln::Environment>&
   j["kiln_version"] = kiln::version();
   j["isa"] = kiln::isa_level();
   j["gemm_weights"] = kiln::tooling::gemm_weights_name(o.gemm_weights);
+  j["denormals"] = kiln::tooling::denormals_name(o.denormals);
   j["threads"] = env->threads();
   j["warmup"] = o.warmup;
   j["warmup_ms"] = o.warmup_ms;
@@ -567,6 +572,7 @@ int run_decode_case(const Options& o, const std::shared_ptr<kiln::Environment>& 
   go.environment = env;
   go.gemm_weights = o.gemm_weights;
   go.optimization = o.optimization;
+  go.denormals = o.denormals;
   const auto t0 = Clock::now();
   kiln::Seq2SeqGenerator g(o.model, go);
   const double load_ms = ms_since(t0);
@@ -614,6 +620,7 @@ int run_decode_case(const Options& o, const std::shared_ptr<kiln::Environment>& 
   j["kiln_version"] = kiln::version();
   j["isa"] = kiln::isa_level();
   j["gemm_weights"] = kiln::tooling::gemm_weights_name(o.gemm_weights);
+  j["denormals"] = kiln::tooling::denormals_name(o.denormals);
   j["threads"] = env->threads();
   j["warmup"] = o.warmup;
   j["steps_requested"] = o.steps;
