@@ -185,9 +185,20 @@ class Loop final : public Kernel {
       info.fail("the body takes " + std::to_string(graph_.inputs.size()) + " inputs; expected " +
                 std::to_string(carried_ + 2) + " (iteration, condition, loop-carried values)");
     }
-    if (graph_.outputs.size() < carried_ + 1) info.fail("the body has too few outputs");
-    scans_ = graph_.outputs.size() - 1 - carried_;
-    if (info.num_outputs() > carried_ + scans_) info.fail("more outputs than the body produces");
+    // The body returns the condition, then one value per output of the node: its loop-carried
+    // values and its scan outputs (onnxruntime refuses any other count at load too).
+    const size_t outs = info.num_outputs();
+    if (outs < carried_) {
+      info.fail("has " + std::to_string(outs) + " outputs; expected at least " +
+                std::to_string(carried_) + " (one per loop-carried value)");
+    }
+    if (graph_.outputs.size() != outs + 1) {
+      info.fail("the body has " + std::to_string(graph_.outputs.size()) + " outputs; expected " +
+                std::to_string(outs + 1) + " (the condition, then the node's " +
+                std::to_string(carried_) + " loop-carried values and " +
+                std::to_string(outs - carried_) + " scan outputs)");
+    }
+    scans_ = outs - carried_;
   }
 
   void run(OpContext& ctx) override {
@@ -277,7 +288,16 @@ class Scan final : public Kernel {
     scan_inputs_ = static_cast<size_t>(m);
     states_ = info.num_inputs() - first - scan_inputs_;
     if (graph_.inputs.size() != states_ + scan_inputs_) info.fail("the body's inputs do not match");
-    if (graph_.outputs.size() < states_) info.fail("the body has too few outputs");
+    // The body returns one value per output of the node: its states, then its scan outputs.
+    if (info.num_outputs() < states_) {
+      info.fail("has " + std::to_string(info.num_outputs()) + " outputs; expected at least " +
+                std::to_string(states_) + " (one per state)");
+    }
+    if (graph_.outputs.size() != info.num_outputs()) {
+      info.fail("the body has " + std::to_string(graph_.outputs.size()) + " outputs; expected " +
+                std::to_string(info.num_outputs()) + " (the node's " + std::to_string(states_) +
+                " states and " + std::to_string(info.num_outputs() - states_) + " scan outputs)");
+    }
     scan_outputs_ = graph_.outputs.size() - states_;
     in_axes_ = info.attr_ints("scan_input_axes", std::vector<int64_t>(scan_inputs_, 0));
     in_dirs_ = info.attr_ints(v8_ ? "directions" : "scan_input_directions",

@@ -410,7 +410,10 @@ Tensor convert_sparse(const onnx::SparseTensorProto& sp, Source& src) {
   try {
     dense = Tensor::zeros(values.dtype(), shape);
   } catch (const Error& e) {
-    invalid("sparse tensor '" + name + "': " + e.message());
+    // Too large to allocate stays a memory error; named for the tensor (and by the callers
+    // for its node and file).
+    throw Error(e.kind() == ErrorKind::Memory ? ErrorKind::Memory : ErrorKind::InvalidModel,
+                "sparse tensor '" + name + "': " + e.message());
   }
   if (indices.dtype() != DataType::Int64 || values.rank() != 1) {
     invalid("sparse tensor '" + name + "' needs int64 indices and 1-D values");

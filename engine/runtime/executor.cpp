@@ -28,7 +28,15 @@ Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape, det
     }
   }
   if (dtype == DataType::String) return Tensor::zeros(dtype, shape);
-  return Tensor(dtype, shape, pool.acquire(storage_bytes(dtype, n), run, planned));
+  const uint64_t bytes = storage_bytes(dtype, n);
+  try {
+    return Tensor(dtype, shape, pool.acquire(bytes, run, planned));
+  } catch (const std::bad_alloc&) {
+    // The system refused: say for what (the executor adds the node, the session the file).
+    throw Error(ErrorKind::Memory, "output " + std::string(data_type_name(dtype)) +
+                                       shape_to_string(shape) + " needs " + byte_size_text(bytes) +
+                                       ": out of memory");
+  }
 }
 
 namespace {
@@ -441,7 +449,13 @@ void Executor::run(const plan::GraphPlan& plan, std::span<Value> inputs, std::sp
       }
       in_ptrs[i] = &v;
       if (!step.op->strided_inputs && v.is_tensor() && !v.tensor().is_contiguous()) {
-        temps.push_back(Value(v.tensor().contiguous()));
+        try {
+          // A broadcast view (Expand's) may stand for far more bytes than exist.
+          temps.push_back(Value(v.tensor().contiguous()));
+        } catch (Error& e) {
+          e.with_node(node.name, node.op_type);
+          throw;
+        }
         in_ptrs[i] = &temps.back();
         temporary[i] = true;
         const uint64_t bytes = v.tensor().nbytes();

@@ -79,6 +79,22 @@ std::string model_bytes(const ModelSpec& spec) {
       a->set_type(onnx::AttributeProto::TENSOR);
       fill_tensor(a->mutable_t(), t);
     }
+    for (const auto& [k, sparse] : n.sparse_attrs) {
+      auto* a = np->add_attribute();
+      a->set_name(k);
+      a->set_type(onnx::AttributeProto::SPARSE_TENSOR);
+      auto* sp = a->mutable_sparse_tensor();
+      for (int64_t d : sparse.dims) sp->add_dims(d);
+      auto* values = sp->mutable_values();
+      values->set_name(n.name + "_" + k);
+      values->set_data_type(onnx::TensorProto::FLOAT);
+      values->add_dims(static_cast<int64_t>(sparse.values.size()));
+      for (float v : sparse.values) values->add_float_data(v);
+      auto* indices = sp->mutable_indices();
+      indices->set_data_type(onnx::TensorProto::INT64);
+      indices->add_dims(static_cast<int64_t>(sparse.indices.size()));
+      for (int64_t i : sparse.indices) indices->add_int64_data(i);
+    }
   }
   for (const auto& name : spec.outputs) {
     auto* out = g->add_output();

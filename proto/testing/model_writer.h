@@ -23,12 +23,20 @@ struct TensorSpec {
   std::string offset, length;  // External: "" leaves the key out
 };
 
+// A float SparseTensorProto: `values` at the linear `indices` of a tensor of `dims`.
+struct SparseSpec {
+  std::vector<int64_t> dims;
+  std::vector<float> values;
+  std::vector<int64_t> indices;
+};
+
 struct NodeSpec {
   std::string op;
   std::vector<std::string> inputs, outputs;
   std::string name;
   std::vector<std::pair<std::string, int64_t>> int_attrs;
   std::vector<std::pair<std::string, TensorSpec>> tensor_attrs = {};  // each spec's name unused
+  std::vector<std::pair<std::string, SparseSpec>> sparse_attrs = {};
 };
 
 struct ModelSpec {

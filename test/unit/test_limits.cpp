@@ -139,6 +139,31 @@ TEST_CASE("a Constant node of huge dims with one value is refused before allocat
              Catch::Contains("float_data holds 1 values") && Catch::Contains("needs 900000000"));
 }
 
+TEST_CASE("a sparse Constant too large to allocate names its file, node and tensor", "[limits]") {
+  TempDir dir;
+  ModelSpec m;
+  m.inputs = {{"x", {4}}};
+  m.nodes = {{"Constant", {}, {"c"}, "sparse_big", {}}, {"Add", {"x", "c"}, {"y"}, "add", {}}};
+  m.outputs = {"y"};
+  m.nodes[0].sparse_attrs = {{"sparse_value", {{1000000, 1000000}, {1.0f}, {0}}}};
+  const std::string path = dir.file("sparse.onnx", model_bytes(m));
+  try {
+    Session s(path);
+    FAIL("loaded");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::Memory);
+    CHECK_THAT(std::string(e.what()),
+               Catch::Contains("sparse.onnx") && Catch::Contains("node 'sparse_big' (Constant)") &&
+                   Catch::Contains("sparse tensor 'sparse_big_sparse_value'") &&
+                   Catch::Contains("4.0 TB"));
+  }
+  // The same small loads and runs.
+  m.nodes[0].sparse_attrs = {{"sparse_value", {{4}, {2.0f}, {3}}}};
+  Session small(dir.file("small.onnx", model_bytes(m)));
+  const auto out = small.run({{"x", Tensor::from_vector<float>({4}, {1, 1, 1, 1})}});
+  CHECK(out[0].value.tensor().to_vector<float>() == std::vector<float>{1, 1, 1, 3});
+}
+
 TEST_CASE("models newer than kiln reads are refused, naming the supported version", "[limits]") {
   TempDir dir;
   TensorSpec w;
@@ -193,6 +218,72 @@ TEST_CASE("a negative Loop trip count runs no iteration", "[limits][loop]") {
   CHECK(run(-5, true) == 0);
   CHECK(run(10, true) == 3);  // the body stops itself
   CHECK(run(2, true) == 2);
+}
+
+TEST_CASE("a Loop or Scan body returning another count of values than the node has is refused",
+          "[limits][loop]") {
+  // Loop body(i, cond, n) -> (cond, n + 1, n, extra...): one loop-carried value and, for a
+  // node with one output, no scan outputs.
+  auto loop = [](int body_scans, int node_outputs) {
+    GraphBuilder body("body");
+    body.input("i", DataType::Int64, {}, true);
+    body.input("cond", DataType::Bool, {}, true);
+    body.input("n", DataType::Float, {}, true);
+    body.initializer("one", Tensor::scalar<float>(1));
+    body.node("Identity", {"cond"}, {"cond_out"});
+    body.node("Add", {"n", "one"}, {"n_next"});
+    body.output("cond_out").output("n_next");
+    for (int k = 0; k < body_scans; ++k) {
+      body.node("Identity", {"n"}, {"scan" + std::to_string(k)});
+      body.output("scan" + std::to_string(k));
+    }
+    GraphBuilder outer("main");
+    outer.initializer("trips", Tensor::scalar<int64_t>(3));
+    outer.initializer("go", Tensor::scalar<bool>(true));
+    outer.input("n0", DataType::Float, {}, true);
+    std::vector<std::string> outs;
+    for (int k = 0; k < node_outputs; ++k) outs.push_back("out" + std::to_string(k));
+    outer.node("Loop", {"trips", "go", "n0"}, outs, {graph_attr("body", body.build())});
+    for (const std::string& o : outs) outer.output(o);
+    return outer.build();
+  };
+  // Two scan outputs more than the node declares (onnxruntime: "returned type information for
+  // 4 outputs. Expected 2").
+  CHECK_THROWS_WITH(make_session(loop(2, 1)),
+                    Catch::Contains("node 'Loop_0' (Loop)") &&
+                        Catch::Contains("the body has 4 outputs; expected 2"));
+  CHECK_THROWS_WITH(make_session(loop(0, 2)),
+                    Catch::Contains("the body has 2 outputs; expected 3"));
+  // Matching counts load and run: 3 iterations, the scan output stacked.
+  Session s = make_session(loop(1, 2));
+  const auto out = s.run({{"n0", Tensor::scalar<float>(0)}});
+  CHECK(out[0].value.tensor().to_vector<float>() == std::vector<float>{3});
+  CHECK(out[1].value.tensor().to_vector<float>() == std::vector<float>{0, 1, 2});
+
+  // Scan body(state, x) -> (state + x, extra): one state, one scan input.
+  auto scan = [](int node_outputs) {
+    GraphBuilder body("body");
+    body.input("s", DataType::Float, {1}, true);
+    body.input("x", DataType::Float, {1}, true);
+    body.node("Add", {"s", "x"}, {"s_next"});
+    body.node("Identity", {"x"}, {"y"});
+    body.output("s_next").output("y");
+    GraphBuilder outer("main");
+    outer.input("s0", DataType::Float, {1}, true);
+    outer.input("xs", DataType::Float, {3, 1}, true);
+    std::vector<std::string> outs;
+    for (int k = 0; k < node_outputs; ++k) outs.push_back("out" + std::to_string(k));
+    outer
+        .node("Scan", {"s0", "xs"}, outs,
+              {graph_attr("body", body.build()), int_attr("num_scan_inputs", 1)})
+        .name = "the_scan";
+    for (const std::string& o : outs) outer.output(o);
+    return outer.build();
+  };
+  CHECK_THROWS_WITH(make_session(scan(1)),
+                    Catch::Contains("node 'Scan_0' (Scan)") &&
+                        Catch::Contains("the body has 2 outputs; expected 1"));
+  CHECK_NOTHROW(make_session(scan(2)));
 }
 
 TEST_CASE("run-time values are checked against the types the model declares", "[limits]") {
@@ -320,6 +411,22 @@ TEST_CASE("SessionOptions::memory_limit fails the node whose output would go ove
   small.output("y");
   Session ok = session_from_model(make_model(small.build()), roomy);
   CHECK(run_error(ok, {{"x", Tensor::from_vector<float>({1}, {1})}}).empty());
+}
+
+TEST_CASE("a broadcast view too large to copy fails naming the node that reads it", "[limits]") {
+  // Expand gives a view of x's one value; Neg needs it dense: 4 TB, refused by the allocator
+  // (no memory_limit set), named for the node, its op and the model.
+  GraphBuilder b;
+  b.input("x", DataType::Float, {1}, true);
+  b.initializer("shape", Tensor::from_vector<int64_t>({2}, {1000000, 1000000}));
+  b.node("Expand", {"x", "shape"}, {"wide"});
+  b.node("Neg", {"wide"}, {"y"});
+  b.output("y");
+  Session s = make_session(b.build());
+  const std::string err = run_error(s, {{"x", Tensor::from_vector<float>({1}, {1})}});
+  CHECK_THAT(err, Catch::Contains("node 'Neg_1' (Neg)") &&
+                      Catch::Contains("float32[1000000,1000000]") &&
+                      Catch::Contains("needs 4.0 TB: out of memory"));
 }
 
 TEST_CASE("constant folding at load keeps to SessionOptions::memory_limit", "[limits][folding]") {

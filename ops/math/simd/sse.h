@@ -310,8 +310,8 @@ inline VF vf16_to_f32(VI h) {
                                _mm_castsi128_ps(_mm_set1_epi32((254 - 15) << 23)));
   const VF subnormal =
       _mm_mul_ps(_mm_cvtepi32_ps(expmant), _mm_castsi128_ps(_mm_set1_epi32((127 - 24) << 23)));
-  const VF finite = _mm_blendv_ps(scaled, subnormal,
-                                  _mm_castsi128_ps(_mm_cmplt_epi32(expmant, _mm_set1_epi32(0x400))));
+  const VF finite = _mm_blendv_ps(
+      scaled, subnormal, _mm_castsi128_ps(_mm_cmplt_epi32(expmant, _mm_set1_epi32(0x400))));
   const VI infnan =
       _mm_and_si128(_mm_cmpgt_epi32(expmant, _mm_set1_epi32(0x7bff)), _mm_set1_epi32(255 << 23));
   return _mm_or_ps(finite, _mm_castsi128_ps(_mm_or_si128(infnan, sign)));
