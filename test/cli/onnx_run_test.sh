@@ -63,6 +63,15 @@ expect 0 '"denormals":"keep".*"denormals_produced":63' -- "$tails" \
   --input "x=$src/test/cli/data/zero.npy" --count-denormals --denormals keep --json
 expect 2 "denormals takes flush or keep, got 'zero'" -- "$tails" --denormals zero
 
+# A 4 TB broadcast output (Expand's view of one value): previewed without copying it; writing
+# it out fails naming the file it was for, leaving no file.
+huge="$src/test/cli/data/expand_huge.onnx"
+expect 0 'y: float32\[1000000,1000000\].*\[1, 1, 1, 1, 1, 1, 1, 1, \.\.\.\]' -- "$huge" \
+  --input "x=$src/test/cli/data/one.npy"
+expect 2 "y\.npy: .*needs 4\.0 TB: out of memory" -- "$huge" \
+  --input "x=$src/test/cli/data/one.npy" --output-dir "$tmp/huge"
+[ ! -e "$tmp/huge/y.npy" ] || { echo "FAIL: a partial y.npy was left"; failures=$((failures + 1)); }
+
 # Tight tolerances make the comparison fail: status 1.
 expect 1 "MISMATCH" -- "$model" --test-data "$data" --rtol 0 --atol 0
 

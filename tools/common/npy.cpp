@@ -141,6 +141,15 @@ void write_npy(const std::string& path, const Tensor& tensor) {
   const size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
+  // Made dense before the file is opened: a broadcast view may stand for more bytes than
+  // exist, which must fail naming the file and leave none behind.
+  Tensor c;
+  try {
+    c = tensor.contiguous();
+  } catch (Error& e) {
+    e.with_file(path);
+    throw;
+  }
   std::ofstream out(path, std::ios::binary);
   if (!out) throw Error(ErrorKind::Io, "cannot write").with_file(path);
   out.write("\x93NUMPY\x01\x00", 8);
@@ -148,7 +157,6 @@ void write_npy(const std::string& path, const Tensor& tensor) {
   const char len_bytes[2] = {static_cast<char>(len & 0xff), static_cast<char>(len >> 8)};
   out.write(len_bytes, 2);
   out << header;
-  const Tensor c = tensor.contiguous();
   out.write(reinterpret_cast<const char*>(c.raw_data()), static_cast<std::streamsize>(c.nbytes()));
   if (!out) throw Error(ErrorKind::Io, "write failed").with_file(path);
 }

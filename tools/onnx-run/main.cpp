@@ -130,32 +130,46 @@ uint64_t peak_rss_bytes() {
   return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
 }
 
+// Element `i` (row-major) of `t`, whatever its strides, as a one-element view: an output may
+// be a broadcast view standing for far more bytes than exist (Expand's), never copied whole
+// for a preview.
+kiln::Tensor element(const kiln::Tensor& t, int64_t i) {
+  int64_t offset = 0;
+  for (size_t d = t.rank(); d-- > 0;) {
+    offset += (i % t.dim(d)) * t.strides()[d];
+    i /= t.dim(d);
+  }
+  const size_t size = kiln::storage_bytes(t.dtype(), 1);
+  return t.view({}, {}, t.byte_offset() + static_cast<size_t>(offset) * size);
+}
+
 std::string preview(const kiln::Value& v) {
   if (!v.is_tensor()) return v.describe();
-  const kiln::Tensor t = v.tensor().contiguous();
+  const kiln::Tensor& t = v.tensor();
   std::ostringstream os;
   os << t.describe() << " [";
   const int64_t n = std::min<int64_t>(t.numel(), 8);
   for (int64_t i = 0; i < n; ++i) {
     if (i) os << ", ";
+    const kiln::Tensor e = element(t, i);
     switch (t.dtype()) {
       case kiln::DataType::Float:
-        os << t.data<const float>()[i];
+        os << e.data<const float>()[0];
         break;
       case kiln::DataType::Double:
-        os << t.data<const double>()[i];
+        os << e.data<const double>()[0];
         break;
       case kiln::DataType::Int64:
-        os << t.data<const int64_t>()[i];
+        os << e.data<const int64_t>()[0];
         break;
       case kiln::DataType::Int32:
-        os << t.data<const int32_t>()[i];
+        os << e.data<const int32_t>()[0];
         break;
       case kiln::DataType::Bool:
-        os << (t.data<const bool>()[i] ? "true" : "false");
+        os << (e.data<const bool>()[0] ? "true" : "false");
         break;
       case kiln::DataType::String:
-        os << '"' << t.data<const std::string>()[i] << '"';
+        os << '"' << e.data<const std::string>()[0] << '"';
         break;
       default:
         os << "?";
