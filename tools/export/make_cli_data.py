@@ -17,6 +17,14 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
+def _model(graph):
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              producer_name="kiln tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
 def softmax_tails():
     v = np.full([1, 64], -100.0, np.float32)
     v[0, 0] = 0.0
@@ -27,11 +35,7 @@ def softmax_tails():
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
         [numpy_helper.from_array(v, "v")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                              producer_name="kiln tests")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
+    return _model(graph)
 
 
 def expand_huge():
@@ -41,11 +45,7 @@ def expand_huge():
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1000000, 1000000])],
         [numpy_helper.from_array(np.array([1000000, 1000000], np.int64), "shape")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                              producer_name="kiln tests")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
+    return _model(graph)
 
 
 def main():
