@@ -9,6 +9,7 @@
 
 #include "ops/math/winograd.h"
 #include "test/unit/op_test.h"
+#include "test/unit/sweep.h"
 
 using namespace kiln;
 using namespace kiln::testing;
@@ -542,7 +543,7 @@ TEST_CASE("Conv 3x3 stride 1 as Winograd products matches a naive loop", "[nn][w
   // (transformed on the first run) and through a graph whose declared input shape chose the
   // Winograd form at load; on one and two threads.
   std::mt19937 rng(36);
-  for (int iter = 0; iter < 24; ++iter) {
+  for (int iter = 0; iter < sweep_iterations(24); ++iter) {
     const int64_t group = rand_int(rng, 1, 2), cg = rand_int(rng, 8, 40), mg = rand_int(rng, 8, 40);
     const Shape xs{rand_int(rng, 1, 2), cg * group, rand_int(rng, 11, 40), rand_int(rng, 11, 40)};
     ConvSpec s;
@@ -829,7 +830,7 @@ TEST_CASE(
     "[nn]") {
   std::mt19937 rng(43);
   const DataType types[] = {DataType::Float, DataType::Float, DataType::Double, DataType::Float16};
-  for (int iter = 0; iter < 40; ++iter) {
+  for (int iter = 0; iter < sweep_iterations(40); ++iter) {
     const DataType dt = types[iter % 4];
     const size_t r = static_cast<size_t>(rand_int(rng, 1, 3));
     ConvSpec s;
