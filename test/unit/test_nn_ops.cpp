@@ -692,12 +692,13 @@ Tensor naive_conv_transpose(const Tensor& x, const Tensor& w, const ConvSpec& s,
   }
   const auto vx = values(x), vw = values(w);
   std::vector<double> y(static_cast<size_t>(shape_numel(out)));
+  // Each input element meets only the filters of its own channel (w's first axis).
+  const int64_t per_channel = w.numel() / w.dim(0);
   for (int64_t xi = 0; xi < x.numel(); ++xi) {
     const auto xc = coords(xi, x.shape());
     const int64_t g = xc[1] / cg;
-    for (int64_t wi = 0; wi < w.numel(); ++wi) {
+    for (int64_t wi = xc[1] * per_channel; wi < (xc[1] + 1) * per_channel; ++wi) {
       const auto wc = coords(wi, w.shape());
-      if (wc[0] != xc[1]) continue;
       std::vector<int64_t> oc{xc[0], g * mg + wc[1]};
       bool inside = true;
       for (size_t d = 0; d < r; ++d) {
