@@ -8,6 +8,7 @@
 
 #include "engine/plan/shape_inference.h"
 #include "engine/runtime/weight_release.h"
+#include "engine/util/float_mode.h"
 #include "kiln/error.h"
 
 namespace kiln {
@@ -46,17 +47,13 @@ namespace {
 // planned from the contracts, its buffers with where the plan put them, so tests that run
 // models catch a rule that disagrees with its kernel (the planner's predictions rest on the
 // rules). Off by default: it costs a shape inference per node.
-// Denormal float32 elements of `v` (0 for other values): nonzero with a zero exponent field,
-// read by their bits so that a thread flushing denormals still sees them.
+// Denormal float32 elements of `v` (0 for other values).
 uint64_t denormal_count(const Value& v) {
   if (!v.is_tensor() || v.tensor().dtype() != DataType::Float) return 0;
   const Tensor dense = v.tensor().is_contiguous() ? v.tensor() : v.tensor().contiguous();
-  const auto* bits = reinterpret_cast<const uint32_t*>(dense.data<const float>());
+  const float* x = dense.data<const float>();
   uint64_t n = 0;
-  for (int64_t i = 0; i < dense.numel(); ++i) {
-    const uint32_t b = bits[i];
-    n += ((b & 0x7F800000u) == 0 && (b & 0x007FFFFFu) != 0) ? 1 : 0;
-  }
+  for (int64_t i = 0; i < dense.numel(); ++i) n += fp::is_denormal(x[i]) ? 1 : 0;
   return n;
 }
 

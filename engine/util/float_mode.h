@@ -6,6 +6,9 @@
 // Elsewhere than x86 these do nothing.
 #pragma once
 
+#include <bit>
+#include <cstdint>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #define KILN_HAS_MXCSR 1
@@ -39,6 +42,13 @@ inline unsigned mode_with_flush(bool flush) {
 // Whether this thread flushes denormals (both bits set).
 inline bool flushing() {
   return (mode() & kFlushBits) == kFlushBits;
+}
+
+// Whether `v` is a denormal float (a zero exponent field, a nonzero fraction), by its bits:
+// a comparison would read it as zero on a thread that flushes.
+inline bool is_denormal(float v) {
+  const uint32_t bits = std::bit_cast<uint32_t>(v);
+  return (bits & 0x7F800000u) == 0 && (bits & 0x007FFFFFu) != 0;
 }
 
 // MXCSR's sticky status flags for a denormal operand (bit 1) and an underflow, a result

@@ -14,17 +14,10 @@ using namespace kiln::testing;
 
 namespace {
 
-// By the bits (a zero exponent field, a nonzero fraction): a comparison would read a denormal
-// as zero on a thread that flushes.
-bool is_denormal(float v) {
-  const uint32_t bits = std::bit_cast<uint32_t>(v);
-  return (bits & 0x7F800000u) == 0 && (bits & 0x007FFFFFu) != 0;
-}
-
 int64_t count_denormals(const Tensor& t) {
   int64_t n = 0;
   const float* p = t.data<const float>();
-  for (int64_t i = 0; i < t.numel(); ++i) n += is_denormal(p[i]) ? 1 : 0;
+  for (int64_t i = 0; i < t.numel(); ++i) n += fp::is_denormal(p[i]) ? 1 : 0;
   return n;
 }
 
@@ -90,8 +83,8 @@ KILN_ISA_TEST_CASE("the softmax kernels give 0, not denormals, in the flushing m
       CHECK(y[0] == 1.0f);
       CHECK(e[0] == 1.0f);
       for (size_t i = 1; i < x.size(); ++i) {
-        CHECK(is_denormal(y[i]) == !flush);
-        CHECK(is_denormal(e[i]) == !flush);
+        CHECK(fp::is_denormal(y[i]) == !flush);
+        CHECK(fp::is_denormal(e[i]) == !flush);
         if (flush) CHECK((y[i] == 0.0f && e[i] == 0.0f));
       }
     }
