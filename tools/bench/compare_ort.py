@@ -40,6 +40,13 @@ node times of the same run on a profiled twin session; the decode loop's generat
 each step minus its Session::run).
 
 Every table gives kiln's node count as loaded and as planned after its graph optimisation.
+
+With --openvino, OpenVINO is a third engine in every case but the decode loop
+(tools/bench/ov_worker.py: the CPU plugin, PERFORMANCE_HINT LATENCY, INFERENCE_NUM_THREADS = N,
+INFERENCE_PRECISION_HINT f32, the model reshaped to the input shapes), in the same alternating
+rounds (the order of the three rotates); each case and thread count also gets one OpenVINO child
+at the plugin's default precision (bf16 on some processors), whose time and output difference
+are reported apart. A case OpenVINO cannot run is reported with its error.
 """
 import argparse
 import datetime
@@ -240,49 +247,94 @@ class Runner:
         self.tmp = tmp
         self.kiln = os.path.abspath(args.kiln_bench)
         self.worker = [sys.executable, os.path.join(HERE, "ort_worker.py")]
+        self.ov_worker = [sys.executable, os.path.join(HERE, "ov_worker.py")] if args.openvino else None
         self.raw = []  # every child's result, with its command
 
     def commands(self, case, model, input_dir, threads, extra_kiln, out_dirs):
         common = ["--input-dir", input_dir, "--threads", str(threads)]
         kiln = [self.kiln, case, model] + common + extra_kiln
         ort = self.worker + [case, model] + common
+        ov = self.ov_worker + [case, model] + common + ["--precision", "f32"] if self.ov_worker else None
         if case != "decode":
             iters = ["--warmup", str(self.args.warmup), "--warmup-ms", str(self.args.warmup_ms),
                      "--iterations", str(self.args.iterations)]
             kiln += iters
             ort += iters
+            if ov:
+                ov += iters
         else:
             kiln += ["--steps", str(self.args.decode_steps), "--bandwidth"]
             ort += ["--steps", str(self.args.decode_steps)]
+            ov = None
         if out_dirs:
             kiln += ["--output-dir", out_dirs[0]]
             ort += ["--output-dir", out_dirs[1]]
-        return {"kiln": kiln, "onnxruntime": ort}
+            if ov:
+                ov += ["--output-dir", out_dirs[2]]
+        cmds = {"kiln": kiln, "onnxruntime": ort}
+        if ov:
+            cmds["openvino"] = ov
+        return cmds
 
     def measure(self, label, case, model, input_dir, threads, extra_kiln=(), rounds=None, compare_output=None):
         """Alternating rounds; returns {engine: [result per round]} and the output difference."""
         rounds = rounds or self.args.rounds
-        results = {"kiln": [], "onnxruntime": []}
+        results = {"kiln": [], "onnxruntime": [], "openvino": []}
         diff = None
+        ov_failed = None
+        base = os.path.join(self.tmp, "out", f"{label}-t{threads}")
         for r in range(rounds):
             out_dirs = None
             if r == 0 and compare_output:
-                base = os.path.join(self.tmp, "out", f"{label}-t{threads}")
-                out_dirs = (base + "-kiln", base + "-ort")
+                out_dirs = (base + "-kiln", base + "-ort", base + "-ov")
             cmds = self.commands(case, model, input_dir, threads, list(extra_kiln), out_dirs)
-            order = ["kiln", "onnxruntime"] if r % 2 == 0 else ["onnxruntime", "kiln"]
+            if ov_failed:
+                cmds.pop("openvino", None)
+            engines = [e for e in ("kiln", "onnxruntime", "openvino") if e in cmds]
+            if len(engines) == 2:
+                order = engines if r % 2 == 0 else engines[::-1]
+            else:
+                order = engines[r % 3:] + engines[:r % 3]
             for engine in order:
                 t0 = time.time()
                 res = run_child(cmds[engine])
-                results[engine].append(res)
                 self.raw.append({"command": cmds[engine], "result": res})
+                if "error" in res:  # OpenVINO could not run the case
+                    ov_failed = res["error"]
+                    print(f"  {label} threads={threads} {engine}: error: {res['error'][:200]}", flush=True)
+                    continue
+                results[engine].append(res)
                 print(f"  {label} threads={threads} round={r + 1} {engine}: "
                       f"{res.get('median_ms', res.get('decode_ms')):.2f} ms ({time.time() - t0:.1f} s)", flush=True)
             if out_dirs:
                 a = np.load(os.path.join(out_dirs[0], compare_output + ".npy"))
                 b = np.load(os.path.join(out_dirs[1], compare_output + ".npy"))
                 diff = float(np.max(np.abs(a.astype(np.float64) - b))) if a.shape == b.shape else float("inf")
+        if self.ov_worker and case != "decode":
+            self.attach_openvino(results, case, model, input_dir, threads, compare_output, base, ov_failed)
+        results.pop("openvino")
         return results, diff
+
+    def attach_openvino(self, results, case, model, input_dir, threads, compare_output, base, failed):
+        """OpenVINO's rounds (and one child at its default precision) ride along with
+        onnxruntime's first result, where summarize() finds them."""
+        ov = {"rounds": results["openvino"], "error": failed}
+        if not failed:
+            cmd = self.commands(case, model, input_dir, threads, [], None)["openvino"]
+            cmd[cmd.index("--precision") + 1] = "default"
+            if compare_output:
+                cmd += ["--output-dir", base + "-ov-default"]
+            res = run_child(cmd)
+            self.raw.append({"command": cmd, "result": res})
+            ov["default"] = res
+            if compare_output and "error" not in res:
+                ref = np.load(os.path.join(base + "-ort", compare_output + ".npy")).astype(np.float64)
+                for key, folder in (("diff_f32", base + "-ov"), ("diff_default", base + "-ov-default")):
+                    path = os.path.join(folder, compare_output + ".npy")
+                    if os.path.exists(path):
+                        v = np.load(path)
+                        ov[key] = float(np.max(np.abs(v - ref))) if v.shape == ref.shape else float("inf")
+        results["onnxruntime"][0]["openvino"] = ov
 
 
     def overhead(self, model, input_dir, threads, extra_kiln):
@@ -312,10 +364,19 @@ def summarize(runs):
     times = [t for r in runs for t in r["iterations_ms"]]
     ls = runs[0].get("load_stats", {})
     nodes = (ls["nodes_loaded"], ls["nodes_planned"]) if "nodes_planned" in ls else None
-    return {"median": pct(times, 50), "p90": pct(times, 90), "n": len(times), "nodes": nodes,
-            "load": statistics.median(r["load_ms"] for r in runs),
-            "rss": max(r["peak_rss_bytes"] for r in runs),
-            "rss_over": max(r["peak_rss_bytes"] - r["rss_before_load_bytes"] for r in runs)}
+    s = {"median": pct(times, 50), "p90": pct(times, 90), "n": len(times), "nodes": nodes,
+         "load": statistics.median(r["load_ms"] for r in runs),
+         "rss": max(r["peak_rss_bytes"] for r in runs),
+         "rss_over": max(r["peak_rss_bytes"] - r["rss_before_load_bytes"] for r in runs)}
+    ov = runs[0].get("openvino")
+    if ov is not None:  # onnxruntime's results carry OpenVINO's (Runner.attach_openvino)
+        s["openvino"] = summarize(ov["rounds"]) if ov["rounds"] and not ov["error"] else {"error": ov["error"]}
+        default = ov.get("default")
+        if default and "error" not in default:
+            s["openvino"]["default"] = {"median": default["median_ms"],
+                                        "precision": default.get("inference_precision"),
+                                        "diff": ov.get("diff_default"), "diff_f32": ov.get("diff_f32")}
+    return s
 
 
 def bf16_section(runner, args, dirs, past_lens):
@@ -675,7 +736,39 @@ def session_table(rows, extra_col=None):
                 [s.get("rate", "")] if rate else []) + [
                 fmt_ms(s["load"]), f"{s['rss'] / MIB:.0f}", f"{s['rss_over'] / MIB:.0f}", nodes]
             out.append("| " + " | ".join(cells) + " |")
+        v = o.get("openvino")
+        if v is not None:
+            if "error" in v:
+                cells = ([str(extra)] if extra_col else []) + [str(threads), "OpenVINO", "error", "", ""] + (
+                    [""] if rate else []) + ["", "", "", ""]
+            else:
+                cells = ([str(extra)] if extra_col else []) + [
+                    str(threads), "OpenVINO (f32)", fmt_ms(v["median"]), fmt_ms(v["p90"]),
+                    f"kiln/OV {k['median'] / v['median']:.2f}"] + ([""] if rate else []) + [
+                    fmt_ms(v["load"]), f"{v['rss'] / MIB:.0f}", f"{v['rss_over'] / MIB:.0f}", ""]
+            out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
+
+
+def openvino_lines(rows, extra_col):
+    """OpenVINO's errors, and its default-precision runs, below a section's table."""
+    lines = []
+    for extra, threads, _, o, _ in rows:
+        v = o.get("openvino")
+        where = (f"{extra_col} {extra}, " if extra_col and extra is not None else "") + \
+            f"{threads} thread{'s' if threads > 1 else ''}"
+        if v is None:
+            continue
+        if "error" in v:
+            lines.append(f"- OpenVINO ({where}) could not run the case: {v['error']}")
+            continue
+        d = v.get("default")
+        if d:
+            diff = (f"; max |OV - ORT| of the first output {d['diff']:.2e} (f32: {d['diff_f32']:.2e})"
+                    if d.get("diff") is not None and d.get("diff_f32") is not None else "")
+            lines.append(f"- OpenVINO at its default precision ({d['precision']}), {where}: median "
+                         f"{fmt_ms(d['median'])} ms (f32 hint: {fmt_ms(v['median'])} ms){diff}.")
+    return lines
 
 
 def verdict(rows, what, extra_col="past"):
@@ -897,6 +990,10 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
         f"- kiln commit: {info['commit']}",
         f"- onnxruntime: {info['ort_version']} (CPU execution provider, intra_op_num_threads = N, "
         "inter_op_num_threads = 1, default graph optimizations, driven from Python)",
+    ] + ([
+        f"- OpenVINO: {info.get('ov_version')} (CPU plugin, PERFORMANCE_HINT LATENCY, INFERENCE_NUM_THREADS = N, "
+        "INFERENCE_PRECISION_HINT f32, the model reshaped to the input shapes, driven from Python; in the same "
+        "rounds, the order of the three engines rotating; not in the decode loop)"] if args.openvino else []) + [
         f"- Method: each engine in its own child process; {args.rounds} alternating rounds per case and "
         f"thread count (order flipped every round), {args.warmup} warm-up runs (and more until "
         f"{args.warmup_ms} ms have passed: a pool's threads and the processor's clocks settle over the first "
@@ -916,14 +1013,21 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
         "",
     ]
     head = ["case"] + [f"{t} thread{'s' if t > 1 else ''}" for t in args.threads]
+    if args.openvino:
+        head += [f"kiln/OpenVINO, {t} thread{'s' if t > 1 else ''}" for t in args.threads]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for title, _, rows, extra_col, *_ in sections:
-        by_extra = {}
+        by_extra, by_ov = {}, {}
         for extra, threads, k, o, _ in rows:
             by_extra.setdefault(extra, {})[threads] = k["median"] / o["median"]
+            v = o.get("openvino")
+            by_ov.setdefault(extra, {})[threads] = k["median"] / v["median"] if v and "median" in v else None
         for extra, ratios in by_extra.items():
             name = title + (f", {extra_col} {extra}" if extra is not None else "")
-            lines.append("| " + " | ".join([name] + [f"{ratios.get(t, float('nan')):.2f}" for t in args.threads]) + " |")
+            cells = [name] + [f"{ratios.get(t, float('nan')):.2f}" for t in args.threads]
+            if args.openvino:
+                cells += [f"{by_ov[extra][t]:.2f}" if by_ov[extra].get(t) else "—" for t in args.threads]
+            lines.append("| " + " | ".join(cells) + " |")
     if decode:
         cells = ["Whisper decode loop, mean cached step"]
         for t in args.threads:
@@ -946,6 +1050,7 @@ def write_report(path, args, cmdline, info, sections, decode, started, ended, lo
             lines.append(f"max |kiln - ORT| of the first output, per row pair above: {', '.join(diffs)}.")
             lines.append("")
         lines += [f"- {v}" for v in verdict(rows, title, extra_col or "past")]
+        lines += openvino_lines(rows, extra_col)
         lines.append("")
         for block in after:
             lines += block + [""]
@@ -1025,6 +1130,8 @@ def main():
                    default="encoder,decoder-step,minilm,minilm-int8,decode,light,resnet,small,gpt2,gpt2-int4,gpt2-int4-acc4,gemm,bf16")
     p.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks.md"))
     p.add_argument("--raw", help="also write every child's JSON result to this file")
+    p.add_argument("--openvino", action="store_true",
+                   help="OpenVINO as a third engine (tools/bench/ov_worker.py; not the decode loop)")
     args = p.parse_args()
     try:
         args.threads = [int(t) for t in args.threads.split(",")]
@@ -1055,6 +1162,9 @@ def main():
     info = machine()
     info["commit"] = git_commit()
     info["ort_version"] = ort.__version__
+    if args.openvino:
+        import openvino as ov
+        info["ov_version"] = ov.__version__.split("-")[0]
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
     load_start = loadavg()
     t_start = time.time()

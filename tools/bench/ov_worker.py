@@ -50,6 +50,11 @@ def percentile(values, p):
     return float(np.percentile(np.array(values), p * 100)) if values else 0.0
 
 
+def precision_name(t):
+    """f32, bf16, f16 (an openvino Type)."""
+    return t.to_string() if hasattr(t, "to_string") else str(t)
+
+
 def output_name(port, index):
     try:
         return port.get_any_name()
@@ -106,7 +111,7 @@ def run(args) -> dict:
             json.dump(files, f)  # each output's file and tensor names, in the model's output order
     return {"load_ms": load_ms, "iterations_ms": times, "median_ms": percentile(times, 0.5),
             "p90_ms": percentile(times, 0.9), "min_ms": min(times),
-            "inference_precision": str(compiled.get_property("INFERENCE_PRECISION_HINT")),
+            "inference_precision": precision_name(compiled.get_property("INFERENCE_PRECISION_HINT")),
             "rss_before_load_bytes": rss_before, "peak_rss_bytes": peak_rss_bytes()}
 
 
