@@ -46,6 +46,11 @@ import compare_ort as co  # noqa: E402  (machine description, formatting)
 import corpus_restore  # noqa: E402
 
 RTOL, ATOL_REL = 1e-4, 2e-4
+COVERAGE = [("CNN, NCHW", "nchw"), ("NHWC input (Keras)", "nhwc"), ("detector", "detector"),
+            ("segmenter (per-pixel map)", "segmenter"), ("classifier", "classifier"), ("OCR", "ocr"),
+            ("audio front end (STFT / log-mel)", "audio-frontend"), ("recurrent (LSTM, GRU, or a cell as Gemm)", "rnn"),
+            ("transformer (attention)", "transformer"), ("int8 QDQ", "int8-qdq"), ("int8 QOperator / integer ops", "int8-qoperator"),
+            ("control flow (If, Loop)", "control-flow"), ("MLP head", "mlp"), ("ONNX-ML (scikit-learn)", "ml")]
 ENGINES = ("kiln", "onnxruntime", "openvino")
 
 
@@ -211,15 +216,16 @@ class Corpus:
                 "openvino": [self.py, os.path.join(HERE, "ov_worker.py"), "run", model] + common + ["--precision", "f32"]}
 
     def iterations_for(self, model, idir):
-        """Enough timed runs for ~0.3 s per child, between --iterations and 20x that."""
+        """Enough timed runs for about --child-ms of runs per child (onnxruntime's one-thread time),
+        between --min-iterations and --max-iterations."""
         res = self.child([self.py, os.path.join(HERE, "ort_worker.py"), "run", model, "--input-dir", idir,
                           "--threads", "1", "--warmup", "1", "--iterations", "3"])
         if "error" in res:
-            return self.args.iterations
+            return max(self.args.min_iterations, 10)
         ms = max(res["median_ms"], 1e-3)
-        return int(min(20 * self.args.iterations, max(self.args.iterations, 300 / ms)))
+        return int(min(self.args.max_iterations, max(self.args.min_iterations, self.args.child_ms / ms)))
 
-    def time_model(self, name, model, idir, threads, iterations, skip):
+    def time_model(self, name, model, idir, threads, iterations, skip, ov_default_is_f32=False):
         cmds = self.commands(model, idir, threads, iterations)
         results = {e: [] for e in ENGINES}
         errors = {e: "not timed: it failed to run in the correctness pass" for e in skip}
@@ -237,7 +243,10 @@ class Corpus:
                 f"{e} {results[e][-1]['median_ms']:.3f} ms" for e in ENGINES if results[e] and e not in errors),
                 flush=True)
         default = None
-        if "openvino" not in skip and "openvino" not in errors:
+        if ov_default_is_f32 and results["openvino"] and "openvino" not in errors:
+            # The plugin's default precision is f32 here: the same compiled model, so the same time.
+            default = {"median_ms": None, "inference_precision": "f32"}
+        elif "openvino" not in skip and "openvino" not in errors:
             cmd = cmds["openvino"][:-1] + ["default"]
             res = self.child(cmd)
             default = res if "error" not in res else None
@@ -248,7 +257,7 @@ class Corpus:
                 summary[e] = {"median": co.pct(times, 50), "p90": co.pct(times, 90), "n": len(times),
                               "load": statistics.median(x["load_ms"] for x in results[e])}
         if default:
-            summary["openvino-default"] = {"median": default["median_ms"],
+            summary["openvino-default"] = {"median": default["median_ms"] or summary.get("openvino", {}).get("median"),
                                            "precision": default.get("inference_precision")}
         return summary, errors
 
@@ -269,6 +278,12 @@ class Corpus:
 def geomean(xs):
     xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def default_cell(d):
+    if not d:
+        return "—"
+    return f"{fmt_t(d['median'])} ({d.get('precision')})"
 
 
 def fmt_err(x):
@@ -316,8 +331,9 @@ def write_report(path, args, cmdline, info, manifest, models, checks, timings, p
         "INFERENCE_PRECISION_HINT f32, the model reshaped to the input shapes; from Python)",
         f"- Method: each engine in its own child process; {args.rounds} rounds per model and thread count, the "
         f"order of the three engines rotating every round; {args.warmup} warm-up runs (and more until "
-        f"{args.warmup_ms} ms have passed), then at least {args.iterations} timed runs per child (more for fast "
-        "models: about 0.3 s of runs, at most 20x); the median over the pooled timed runs. Only `run` is timed. "
+        f"{args.warmup_ms} ms have passed), then about {args.child_ms:g} ms of timed runs per child (from "
+        f"onnxruntime's one-thread time; at least {args.min_iterations}, at most {args.max_iterations}); the median "
+        "over the pooled timed runs. Only `run` is timed. "
         "kiln / best peer = kiln's median over the faster of onnxruntime's and OpenVINO's (below 1: kiln is "
         "the fastest). kiln is timed from C++ (`kiln-bench run`), onnxruntime and OpenVINO through their Python "
         "bindings, whose fixed cost per call (microseconds for onnxruntime, tens of microseconds for an "
@@ -354,7 +370,8 @@ def write_report(path, args, cmdline, info, manifest, models, checks, timings, p
     lines += ["## Times per model", "",
               "Medians in ms. `kiln top ops`: the op types with the largest shares of kiln's summed node "
               "times (one profiled run, one thread), and kiln's node count as loaded → planned.", ""]
-    head = ["model", "threads", "kiln", "onnxruntime", "OpenVINO f32", "kiln / best peer", "kiln top ops"]
+    head = ["model", "threads", "kiln", "onnxruntime", "OpenVINO f32", "kiln / best peer",
+            "OpenVINO at its default precision", "kiln top ops"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m in models:
         tm = timings.get(m["name"], {})
@@ -373,7 +390,7 @@ def write_report(path, args, cmdline, info, manifest, models, checks, timings, p
             ratio = f"**{k / min(peers):.2f}**" if k and peers else "—"
             cells = [m["name"], str(t), fmt_t(k), fmt_t(s.get("onnxruntime", {}).get("median")),
                      fmt_t(s.get("openvino", {}).get("median")) if "openvino" not in errors else "error",
-                     ratio, top if t == args.threads[0] else ""]
+                     ratio, default_cell(s.get("openvino-default")), top if t == args.threads[0] else ""]
             if "kiln" in errors:
                 cells[2] = "error"
             lines.append("| " + " | ".join(cells) + " |")
@@ -422,6 +439,21 @@ def write_report(path, args, cmdline, info, manifest, models, checks, timings, p
             seen.add((name, e))
             lines.append(f"- `{name}`, {e}: {msg}")
         lines.append("")
+    # What the corpus covers.
+    lines += ["## Coverage", "", "| class | models |", "|---|---|"]
+    for label, tag in COVERAGE:
+        names = [m["name"] for m in models if tag in m["tags"]]
+        lines.append(f"| {label} | {len(names)}: {', '.join(names) if names else '**none**'} |")
+    tiny = [m["name"] for m in models if 1 in timings.get(m["name"], {})
+            and timings[m["name"]][1][0].get("onnxruntime", {}).get("median", 1) < 0.1]
+    if timings:
+        lines.append(f"| tiny: below 0.1 ms in onnxruntime, one thread (measured here) | {len(tiny)}: {', '.join(tiny)} |")
+    lines.append("")
+    if manifest.get("missing"):
+        lines += ["Not in the corpus: " + "; ".join(manifest["missing"]) + ".", ""]
+    if manifest.get("checked_without_models"):
+        lines += ["Wheels checked that add nothing: " + "; ".join(
+            f"{k}: {v}" for k, v in manifest["checked_without_models"].items()) + ".", ""]
     # The corpus itself.
     exporters, tags = {}, {}
     for m in models:
@@ -445,7 +477,9 @@ def write_report(path, args, cmdline, info, manifest, models, checks, timings, p
                                         f"{m['exporter']} ({m['producer'] or 'empty'})", m["class"], ins,
                                         lic]) + " |")
     lines.append("")
-    notes = {w["package"] + " " + w["version"]: w["licence_note"] for w in wheels.values() if "licence_note" in w}
+    used = {m["wheel"] for m in models}
+    notes = {w["package"] + " " + w["version"]: w["licence_note"] for wid, w in wheels.items()
+             if "licence_note" in w and wid in used}
     if notes:
         lines += ["Licence notes:", ""] + [f"- {k}: {v}" for k, v in sorted(notes.items())] + [""]
     with open(path, "w") as f:
@@ -464,15 +498,34 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--warmup-ms", type=int, default=200)
-    p.add_argument("--iterations", type=int, default=10, help="fewest timed runs per child")
+    p.add_argument("--min-iterations", type=int, default=3, help="fewest timed runs per child")
+    p.add_argument("--max-iterations", type=int, default=200, help="most timed runs per child")
+    p.add_argument("--child-ms", type=float, default=1000,
+                   help="timed runs per child: about this many ms of them (at onnxruntime's one-thread speed)")
     p.add_argument("--only", help="comma-separated model names")
     p.add_argument("--no-timing", action="store_true", help="correctness only")
     p.add_argument("--child-timeout", type=int, default=600)
     p.add_argument("--note", help="a line printed in bold under the command in the report")
     p.add_argument("--out", default=os.path.join(ROOT, "docs/benchmarks-corpus.md"))
     p.add_argument("--raw", help="also write every child's JSON result to this file")
+    p.add_argument("--results", help="also write the results (what the report is made from) to this JSON file")
+    p.add_argument("--render", help="only write the report again from a --results file")
     args = p.parse_args()
     args.threads = [int(t) for t in args.threads.split(",")]
+    if args.render:
+        with open(args.render) as f:
+            saved = json.load(f)
+        for k, v in saved["args"].items():
+            setattr(args, k, v)
+        manifest = corpus_restore.load_manifest(args.manifest)
+        names = list(saved["checks"])
+        models = [m for m in manifest["models"] if m["name"] in names]
+        timings = {n: {int(t): (v[0], v[1]) for t, v in d.items()} for n, d in saved["timings"].items()}
+        write_report(args.out, args, saved["cmdline"], saved["info"], manifest, models, saved["checks"], timings,
+                     {n: tuple(v) for n, v in saved["profiles"].items()}, saved["started"], saved["ended"],
+                     tuple(saved["loads"]))
+        print(f"wrote {args.out}")
+        return
     for tool in (args.kiln_bench, args.onnx_run):
         if not os.access(tool, os.X_OK):
             p.error(f"{tool}: not found (build kiln first: cmake --build build --target onnx-run kiln-bench)")
@@ -518,7 +571,9 @@ def main():
             if checks[m["name"]]["openvino"].get("crashed"):
                 skip.add("openvino")
             iterations = c.iterations_for(model, idir)
-            timings[m["name"]] = {t: c.time_model(m["name"], model, idir, t, iterations, skip) for t in args.threads}
+            f32_default = checks[m["name"]]["openvino-default"].get("precision") == "f32"
+            timings[m["name"]] = {t: c.time_model(m["name"], model, idir, t, iterations, skip, f32_default)
+                                  for t in args.threads}
             if "kiln" not in skip:
                 top, nodes, isa = c.profile(model, idir)
                 profiles[m["name"]] = (top, nodes)
@@ -529,8 +584,15 @@ def main():
                 json.dump(c.raw, f)
     info["kiln_isa"] = ", ".join(sorted(isas)) or "?"
     ended = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-    write_report(args.out, args, cmdline, info, manifest, models, checks, timings, profiles, started, ended,
-                 (load_start, co.loadavg()))
+    loads = (load_start, co.loadavg())
+    if args.results:
+        keep = ("threads", "rounds", "warmup", "warmup_ms", "min_iterations", "max_iterations", "child_ms", "note")
+        with open(args.results, "w") as f:
+            json.dump({"args": {k: getattr(args, k) for k in keep}, "cmdline": cmdline, "info": info,
+                       "started": started, "ended": ended, "loads": loads, "checks": checks,
+                       "timings": {n: {str(t): list(v) for t, v in d.items()} for n, d in timings.items()},
+                       "profiles": profiles}, f, indent=1)
+    write_report(args.out, args, cmdline, info, manifest, models, checks, timings, profiles, started, ended, loads)
     print(f"wrote {args.out} ({time.time() - t_start:.0f} s)")
 
 
