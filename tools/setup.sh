@@ -6,7 +6,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-packages="cmake g++ make zlib1g-dev libprotobuf-dev protobuf-compiler libonnx-dev libeigen3-dev libtbb-dev nlohmann-json3-dev libcli11-dev libsndfile1-dev libsoxr-dev catch2 clang-format clang libclang-rt-14-dev pkgconf python3-dev python3-venv"
+packages="cmake g++ make ninja-build zlib1g-dev libprotobuf-dev protobuf-compiler libonnx-dev libeigen3-dev libtbb-dev nlohmann-json3-dev libcli11-dev libsndfile1-dev libsoxr-dev catch2 clang-format clang libclang-rt-14-dev pkgconf python3-dev python3-venv"
 
 install_packages() {
   missing=""
