@@ -8,8 +8,8 @@
 // padding pack the input itself. Bias is the GEMM's row epilogue. Convolutions with one
 // input channel per group (depthwise) run as direct loops; double uses plain loops.
 //
-// kiln.FusedConv (made by the graph optimizer, engine/passes/fusion.cpp) is a float Conv
-// with an `activation` attribute and an optional fourth input Z added before it:
+// kiln.FusedConv (made by the graph optimizer, engine/passes/fusion/conv.cpp) is a float
+// Conv with an `activation` attribute and an optional fourth input Z added before it:
 // y = activation(conv(x, w) + bias + Z), as one pass over y (the GEMM accumulates onto Z and
 // applies the activation to each tile while it is in cache). Z with the output's shape is
 // overwritten in place when the executor allows; a Z that broadcasts is added afterwards.

@@ -346,7 +346,7 @@ Tensor swap_last_axes(const Tensor& t) {
 }
 
 // com.microsoft.FusedMatMul and kiln.FusedMatMul (both made by the graph optimizer,
-// engine/passes/fusion.cpp; the first also by onnxruntime's): float MatMul of op(A) and
+// engine/passes/fusion/matmul.cpp; the first also by onnxruntime's): float MatMul of op(A) and
 // op(B), op a transpose of the last two axes when transA / transB is set (read through a
 // strided view; a constant B is packed transposed once), scaled by alpha. The kiln op adds
 // a bias and an activation, which the GEMM's epilogue applies to each tile while it is in

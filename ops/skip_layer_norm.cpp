@@ -1,5 +1,5 @@
 // com.microsoft.SkipLayerNormalization (onnxruntime's contrib op; the graph optimizer makes it
-// from a residual Add and the LayerNormalization reading it, engine/passes/fusion.cpp):
+// from a residual Add and the LayerNormalization reading it, engine/passes/fusion/norms.cpp):
 //
 //   input_skip_bias_sum = input + skip (+ bias)
 //   output = (sum - mean) / sqrt(var + epsilon) * gamma (+ beta), over the last axis

@@ -57,8 +57,9 @@ struct OptimizeStats {
   int fused = 0;
 };
 
-// The graph rewrites of engine/passes/fusion.cpp, on every nested graph too: at Basic the
-// identity eliminations, at All also the fusions. Results change by float rounding at most.
+// The graph rewrites of engine/passes/fusion/ (their order: fusion/pipeline.cpp), on every
+// nested graph too: at Basic the identity eliminations, at All also the fusions. Results change
+// by float rounding at most.
 OptimizeStats optimize(ir::Graph& graph, GraphOptimization level);
 
 }  // namespace kiln::passes

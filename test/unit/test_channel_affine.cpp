@@ -1,6 +1,6 @@
-// kiln.ChannelAffine and the fusion that writes it (engine/passes/fusion.cpp): chains of
-// per-channel affine ops over axis 1 (inference BatchNormalization, Mul, Add, Sub, Div by
-// constants of one value per channel or one for all) and an activation, as one node. Where it
+// kiln.ChannelAffine and the fusion that writes it (engine/passes/fusion/channel_affine.cpp):
+// chains of per-channel affine ops over axis 1 (inference BatchNormalization, Mul, Add, Sub, Div
+// by constants of one value per channel or one for all) and an activation, as one node. Where it
 // must fire, near misses where it must not, random chains against a naive reference and the
 // unoptimised graph, and the op itself on several threads and in place.
 #include <cmath>

@@ -1,4 +1,4 @@
-// The graph rewrites of engine/passes/fusion.cpp on hand-built graphs: where each must fire,
+// The graph rewrites of engine/passes/fusion/ on hand-built graphs: where each must fire,
 // near misses where it must not, and results equal to the unoptimised graph within float
 // rounding.
 #include <cmath>

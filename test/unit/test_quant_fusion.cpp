@@ -1,4 +1,4 @@
-// The dynamically quantized product rewrite of engine/passes/fusion.cpp
+// The dynamically quantized product rewrite of engine/passes/fusion/dynamic_quant_matmul.cpp
 // (fuse_dynamic_quant_matmul) on hand-built graphs as onnxruntime's quantize_dynamic writes
 // them: where it fires (one node left, results equal to the unoptimised graph bit for bit)
 // and the near misses where it must leave the graph alone.
