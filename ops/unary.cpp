@@ -40,9 +40,13 @@ class Unary final : public Kernel {
         }
       }
     }
+    // The functor by value: its parameters (alpha, ...) are then locals the compiler knows no
+    // store to y can change, so the loop over y vectorises (with -fno-trapping-math, set for
+    // this file in ops/CMakeLists.txt, which lets it compute both sides of `x >= 0 ? x :
+    // alpha * x` and select). Read through the member, LeakyRelu ran as a branch per element.
     dispatch(typename Fn::Types{}, x.dtype(), [&]<typename T>() {
-      unary_loop<T, T>(x, y,
-                       [&](T v) { return from_compute<T>(fn_(static_cast<compute_t<T>>(v))); });
+      unary_loop<T, T>(
+          x, y, [fn = fn_](T v) { return from_compute<T>(fn(static_cast<compute_t<T>>(v))); });
     });
   }
 

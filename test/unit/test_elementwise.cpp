@@ -1,6 +1,11 @@
 // Elementwise kernels against naive references over random broadcast shapes.
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <iterator>
 #include <limits>
+#include <utility>
 
 #include "test/unit/op_test.h"
 
@@ -126,6 +131,70 @@ TEST_CASE("unary ops match std:: functions on random data", "[ops][elementwise]"
     for (int64_t i = 0; i < x.numel(); ++i)
       expected.data<float>()[i] = static_cast<float>(c.f(element(x, i)));
     require_close(OpTest(c.op, 14).input(x).run1(), expected);
+  }
+}
+
+// The activations' loop is vectorised (ops/unary.cpp): every length (vector bodies and
+// tails) must give the scalar definition's bits, specials included.
+TEST_CASE("conditional activations give their scalar definition's bits at every length",
+          "[ops][elementwise]") {
+  std::mt19937 rng(11);
+  struct Case {
+    const char* op;
+    std::vector<std::pair<const char*, float>> attrs;
+    float (*f)(float, float, float);
+    float a, b;
+  };
+  const Case cases[] = {
+      {"LeakyRelu",
+       {{"alpha", 0.1f}},
+       [](float x, float a, float) { return x >= 0 ? x : a * x; },
+       0.1f,
+       0},
+      {"LeakyRelu",
+       {{"alpha", -0.5f}},
+       [](float x, float a, float) { return x >= 0 ? x : a * x; },
+       -0.5f,
+       0},
+      {"Relu", {}, [](float x, float, float) { return x > 0 ? x : 0.0f; }, 0, 0},
+      {"ThresholdedRelu",
+       {{"alpha", 0.25f}},
+       [](float x, float a, float) { return x > a ? x : 0.0f; },
+       0.25f,
+       0},
+      {"HardSigmoid",
+       {{"alpha", 0.3f}, {"beta", 0.4f}},
+       [](float x, float a, float b) { return std::max(0.0f, std::min(1.0f, a * x + b)); },
+       0.3f,
+       0.4f}};
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            1e-30f,  // small, but its products stay normal (no flush)
+                            -1e-30f,
+                            0.25f};
+  for (const Case& c : cases) {
+    for (int64_t n : {1, 3, 4, 7, 8, 15, 16, 17, 31, 64, 67, 1000}) {
+      INFO(c.op << " alpha " << c.a << ", " << n << " elements");
+      Tensor x = random_tensor(DataType::Float, {n}, rng, -3, 3);
+      for (int64_t i = 0; i < n; ++i)
+        if (rng() % 4 == 0) x.data<float>()[i] = specials[rng() % std::size(specials)];
+      std::vector<float> expected(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) expected[i] = c.f(x.data<const float>()[i], c.a, c.b);
+      OpTest test(c.op, 14);
+      for (const auto& [name, value] : c.attrs) test.attr(name, value);
+      const std::vector<float> got = test.input(x).run1().to_vector<float>();
+      for (int64_t i = 0; i < n; ++i) {
+        INFO("element " << i << " of " << x.data<const float>()[i]);
+        if (std::isnan(expected[i])) {
+          CHECK(std::isnan(got[i]));
+        } else {
+          CHECK(std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(expected[i]));
+        }
+      }
+    }
   }
 }
 
