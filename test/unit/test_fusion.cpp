@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "engine/passes/passes.h"
@@ -924,6 +925,43 @@ TEST_CASE("scalar Muls and Divs and last-axes Transposes fold into the product",
     Session s = session(b.build(), GraphOptimization::All);
     CHECK(s.load_stats().fusions == 0);
   }
+}
+
+TEST_CASE("a scale of higher rank after a 3-D Attention is not folded into the product",
+          "[passes][fusion]") {
+  // Attention's output has Q's rank (3 here) whatever its mask's (4): Mul by a [1, 1, 1, 1]
+  // constant makes it 4-D, so folding that scale into the product's alpha would drop an axis.
+  auto make = [] {
+    GraphBuilder b;
+    b.input("q", DataType::Float, {2, 5, 12}, true);
+    b.input("k", DataType::Float, {2, 6, 12}, true);
+    b.input("v", DataType::Float, {2, 6, 12}, true);
+    b.input("mask", DataType::Float, {1, 1, 5, 6}, true);
+    b.initializer("c", Tensor::from_vector<float>({1, 1, 1, 1}, {0.5f}));
+    b.initializer("w", random_floats({12, 4}, 51));
+    b.node("Attention", {"q", "k", "v", "mask"}, {"a"},
+           {int_attr("q_num_heads", 3), int_attr("kv_num_heads", 3)});
+    b.node("Mul", {"a", "c"}, {"s"});
+    b.node("MatMul", {"s", "w"}, {"y"});
+    b.output("y");
+    return b.build();
+  };
+  auto run = [&](GraphOptimization level) {
+    SessionOptions so;
+    so.environment = std::make_shared<Environment>(1);
+    so.optimization = level;
+    Session s = session_from_model(make_model(make(), 23), so);
+    const auto out = s.run({{"q", random_floats({2, 5, 12}, 52)},
+                            {"k", random_floats({2, 6, 12}, 53)},
+                            {"v", random_floats({2, 6, 12}, 54)},
+                            {"mask", random_floats({1, 1, 5, 6}, 55)}});
+    return std::make_pair(out[0].value.tensor().shape(), s.load_stats().fusions);
+  };
+  const auto [plain_shape, plain_fusions] = run(GraphOptimization::None);
+  const auto [shape, fusions] = run(GraphOptimization::All);
+  CHECK(plain_shape == Shape{1, 2, 5, 4});
+  CHECK(shape == plain_shape);
+  CHECK(fusions == 0);
 }
 
 TEST_CASE("com.microsoft.FusedMatMul reads transposed operands and scales by alpha",

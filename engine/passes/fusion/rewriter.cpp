@@ -104,12 +104,13 @@ int64_t Rewriter::rank(ir::ValueId v, int depth) {
     if (!axes || r < 0) return -1;
     return op == "Unsqueeze" ? r + axes->numel() : r - axes->numel();
   }
-  static const char* const kSameRank[] = {"Add",     "Sub",     "Mul",       "Div",
-                                          "Where",   "Softmax", "Relu",      "Identity",
-                                          "Cast",    "Concat",  "Erf",       "Tanh",
-                                          "Sigmoid", "Neg",     "Sqrt",      "Pow",
-                                          "Gelu",    "Dropout", "Attention", "LayerNormalization",
-                                          "Swish"};
+  // Attention: its output has Q's rank (3 or 4, whatever its mask's and past keys' ranks); its
+  // present keys and values and its scores are 4-D.
+  if (op == "Attention") return first ? rank(p->inputs[0], depth + 1) : 4;
+  static const char* const kSameRank[] = {
+      "Add",      "Sub",  "Mul",    "Div",     "Where", "Softmax",           "Relu",
+      "Identity", "Cast", "Concat", "Erf",     "Tanh",  "Sigmoid",           "Neg",
+      "Sqrt",     "Pow",  "Gelu",   "Dropout", "Swish", "LayerNormalization"};
   const bool same = std::find_if(std::begin(kSameRank), std::end(kSameRank),
                                  [&](const char* s) { return op == s; }) != std::end(kSameRank);
   if (!same && op != "MatMul") return -1;
