@@ -86,6 +86,9 @@ def main():
     for top in sorted({folder.split("/")[0] for folders in LAYERS.values() for folder in folders}):
         for pattern in SOURCES:
             for file in sorted((root / top).rglob(pattern)):
+                # Hidden folders (a benchmark's .venv under tools/bench) hold no kiln source.
+                if any(part.startswith(".") for part in file.relative_to(root).parts):
+                    continue
                 rel = file.relative_to(root).as_posix()
                 layer = layer_of(rel)
                 if layer is None:
