@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from conftest import TINY_CNN
-from kiln.serve import codec, whisper_options
+from kiln.serve import build_app, codec, whisper_options
 from models import model, tensor
 
 pytestmark = pytest.mark.serve
@@ -63,6 +63,89 @@ def test_npy_and_npz_inputs(cnn) -> None:
 def test_bad_requests_say_what_is_wrong(cnn, body, media, message) -> None:
     with pytest.raises(codec.RequestError, match=message):
         codec.decode_inputs(body, media, cnn.get_inputs())
+
+
+def npy_declaring(shape: tuple, data: bytes, descr: str = "<f4") -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": descr, "fortran_order": False,
+                                                  "shape": shape})
+    return buffer.getvalue() + data
+
+
+@pytest.mark.parametrize("body, message", [
+    # A header may not make the server allocate what the body does not hold.
+    (npy_declaring((1 << 40,), bytes(16)), r"declares \(1099511627776,\) float32 "
+                                           r"\(4398046511104 bytes of data\) but holds 16 bytes"),
+    (npy_declaring((2, 2), bytes(17)), "but holds 17 bytes"),
+    (npy_declaring((-1, 4), bytes(16)), "declares the shape \\(-1, 4\\), of a negative"),
+    (npy(np.array([1, "a", None], object)), "holds Python objects"),
+    (npy(np.zeros(3))[:6], "not an .npy array"),
+    (b"\x93NUMPY\x09\x00" + bytes(8), "not an .npy array"),
+])
+def test_npy_bodies_hold_what_they_declare(body, message) -> None:
+    inputs = [kiln.NodeArg("x", ["n"], "tensor(float)")]
+    with pytest.raises(codec.RequestError, match=message) as error:
+        codec.decode_inputs(body, codec.NPY, inputs)
+    assert error.value.status == 400 and "input 'x'" in str(error.value)
+
+
+def test_npy_arrays_view_the_body_in_either_order() -> None:
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    inputs = [kiln.NodeArg("x", ["n", 3], "tensor(float)")]
+    for array in (a, np.asfortranarray(a)):
+        body = npy(array)
+        got = codec.decode_inputs(body, codec.NPY, inputs)["x"]
+        np.testing.assert_array_equal(got, a)
+        assert np.shares_memory(got, np.frombuffer(body, np.uint8))  # no copy
+
+
+def test_an_npz_is_checked_before_it_is_unpacked() -> None:
+    inputs = [kiln.NodeArg("x", ["n"], "tensor(float)")]
+    bomb = io.BytesIO()
+    np.savez_compressed(bomb, x=np.zeros(1 << 20, np.float32))  # 4 MiB in 4 KiB
+    assert len(bomb.getvalue()) < 8192
+    with pytest.raises(codec.BodyTooLarge, match="the .npz unpacks to 4194(.*) bytes, over "
+                                                 "the server's limit of 1 MiB") as error:
+        codec.decode_inputs(bomb.getvalue(), codec.NPZ, inputs, limit=1 << 20)
+    assert error.value.status == 413
+    assert codec.decode_inputs(bomb.getvalue(), codec.NPZ, inputs, limit=8 << 20)["x"].size \
+        == 1 << 20
+    other = io.BytesIO()
+    np.savez_compressed(other, y=np.zeros(1 << 20, np.float32))
+    with pytest.raises(codec.RequestError, match="unknown input 'y'"):
+        codec.decode_inputs(other.getvalue(), codec.NPZ, inputs, limit=1)
+
+
+def test_json_nested_too_deeply_is_a_request_error() -> None:
+    inputs = [kiln.NodeArg("x", ["n"], "tensor(float)")]
+    with pytest.raises(codec.RequestError, match="nested too deeply"):
+        codec.decode_inputs(b"[" * 100_000 + b"]" * 100_000, codec.JSON, inputs)
+    deep = b'{"inputs": {"x": ' + b"[" * 100 + b"1" + b"]" * 100 + b"}}"
+    with pytest.raises(codec.RequestError, match="input 'x' is not a tensor\\(float\\) array"):
+        codec.decode_inputs(deep, codec.JSON, inputs)
+
+
+async def chunks(*parts: bytes):
+    for part in parts:
+        yield part
+
+
+def test_bodies_are_read_up_to_the_limit() -> None:
+    read = lambda length, *parts, limit=10: asyncio.run(  # noqa: E731
+        codec.read_body(chunks(*parts), length, limit))
+    assert read("10", b"01234", b"56789") == b"0123456789"
+    assert read(None, b"0123", b"456789") == b"0123456789"  # chunked: no length
+    assert read(None) == b""
+    with pytest.raises(codec.BodyTooLarge, match=r"the body \(11 bytes\) is over the "
+                                                 "server's limit of 10 bytes") as error:
+        read("11", b"never read")
+    assert error.value.status == 413
+    with pytest.raises(codec.BodyTooLarge, match="the body is over the server's limit"):
+        read(None, b"0123456", b"789ab", b"never read")
+    with pytest.raises(codec.RequestError, match="Content-Length 'ten' is not a number"):
+        read("ten", b"")
+    assert [codec.size_text(n) for n in (32 << 20, 64 << 10, 3 << 29, 100_000, 5)] == \
+        ["32 MiB", "64 KiB", "1.5 GiB", "100000 bytes", "5 bytes"]
 
 
 def test_npy_needs_a_single_input_model() -> None:
@@ -162,11 +245,24 @@ def test_requests_waiting_together_run_stacked_and_a_bad_one_fails_alone(tmp_pat
     np.testing.assert_array_equal(answers[2][0]["y"], [[6, 7]])
 
 
+@pytest.mark.parametrize("bounds, message", [
+    ({"max_body_bytes": 0}, "max_body_bytes must be positive, not 0"),
+    ({"max_ongoing_requests": -2}, "max_ongoing_requests must be positive, not -2"),
+    ({"max_queued_requests": 0}, "max_queued_requests must be positive or -1, not 0"),
+])
+def test_build_app_takes_only_real_bounds(bounds, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_app(TINY_CNN / "model.onnx", **bounds)
+
+
 @pytest.mark.parametrize("args, message", [
     (["nothing.onnx"], "nothing.onnx: no such file or folder"),
     ([str(TINY_CNN / "test_data_set_0" / "input_0.pb")], "input_0.pb"),
     ([str(TINY_CNN / "model.onnx"), "--replicas", "0"], "'0' is not positive"),
     ([str(TINY_CNN / "model.onnx"), "--autoscale", "3:1"], "'3:1' is not MIN:MAX replicas"),
+    ([str(TINY_CNN / "model.onnx"), "--max-queued-requests", "0"],
+     "'0' is not a positive number or -1"),
+    ([str(TINY_CNN / "model.onnx"), "--max-body-mb", "-1"], "'-1' is not positive"),
 ])
 def test_command_line_errors_are_one_line(args, message) -> None:
     done = subprocess.run([sys.executable, "-m", "kiln.serve", *args], capture_output=True,

@@ -14,12 +14,17 @@ once, and the outputs split back. Routes, under the application's prefix:
 - ``POST`` to Whisper: the body is an audio file (WAV, FLAC, Ogg, MP3); the query takes
   ``language``, ``task``, ``return_timestamps``, ``num_beams``, ``max_new_tokens``,
   ``prompt``, ``temperature``; the answer is ``{"text", "language", "tokens", "segments"}``.
+
+Failures: a body over the limit is answered 413, a request the model cannot take (malformed
+JSON, .npy or .npz, an unknown or missing input, a wrong type or shape) 400 naming the
+input, a failing run 500; a request beyond the queue bound gets Serve's 503.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import os
 import tempfile
 import threading
@@ -40,6 +45,12 @@ __all__ = ["ModelServer", "WhisperServer", "build_app", "is_whisper_folder"]
 # (out of memory, a failing kernel) reports itself unhealthy, and Serve replaces it.
 UNHEALTHY_AFTER_FAILURES = 5
 
+# The default bound of the requests each Serve proxy holds for a deployment while all its
+# replicas are busy; the proxy answers requests beyond it 503.
+DEFAULT_MAX_QUEUED_REQUESTS = 64
+
+_log = logging.getLogger("ray.serve")
+
 
 def is_whisper_folder(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a Whisper export folder (served for transcription)."""
@@ -54,6 +65,16 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+def _unexpected(e: Exception) -> JSONResponse:
+    """500 for a failure that is neither the request's nor kiln's (a bug): logged in full."""
+    _log.exception("kiln.serve: request failed")
+    return _error(500, f"internal error: {type(e).__name__}: {e}")
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    return await codec.read_body(request.stream(), request.headers.get("content-length"), limit)
+
+
 def _node_args(args: list) -> list[dict]:
     return [{"name": a.name, "shape": a.shape, "type": a.type} for a in args]
 
@@ -63,10 +84,11 @@ class ModelServer:
     """An ONNX model run by one kiln.InferenceSession per replica."""
 
     def __init__(self, model: str, max_batch_size: int = 8, batch_wait_ms: float = 5.0,
-                 threads: int = 1) -> None:
+                 threads: int = 1, max_body_bytes: int = codec.DEFAULT_MAX_BODY_BYTES) -> None:
         options = kiln.SessionOptions()
         options.intra_op_num_threads = threads
         self._model = model
+        self._max_body_bytes = max_body_bytes
         self._session = kiln.InferenceSession(model, options)
         self._inputs = self._session.get_inputs()
         self._outputs = self._session.get_outputs()
@@ -83,16 +105,21 @@ class ModelServer:
         if request.method != "POST":
             return _error(405, f"{request.method} is not served: GET the metadata, POST inputs")
         try:
-            feed = codec.decode_inputs(await request.body(), request.headers.get("content-type"),
-                                       self._inputs)
             names = codec.select_outputs(request.query_params.get("outputs"), self._outputs)
+            body = await _body(request, self._max_body_bytes)
+            feed = codec.decode_inputs(body, request.headers.get("content-type"), self._inputs,
+                                       self._max_body_bytes)
             outputs, batch_size = await self._infer(feed)
             body, media = codec.encode_outputs({n: outputs[n] for n in names},
                                                request.headers.get("accept"))
-        except ValueError as e:  # codec.RequestError, kiln.InvalidArgumentError: the request's
+        except codec.RequestError as e:
+            return _error(e.status, str(e))
+        except kiln.InvalidArgumentError as e:  # the request's inputs, named in the message
             return _error(400, str(e))
         except kiln.KilnError as e:
             return _error(500, str(e))
+        except Exception as e:  # noqa: BLE001 - answered, and logged
+            return _unexpected(e)
         return Response(body, media_type=media, headers={
             "X-Kiln-Batch-Size": str(batch_size), "X-Kiln-Replica": _replica_id()})
 
@@ -107,6 +134,7 @@ class ModelServer:
             "outputs": _node_args(self._outputs),
             "batching": self._batching,
             "max_batch_size": self._max_batch_size if self._batching else 1,
+            "max_body_bytes": self._max_body_bytes,
             "replica": _replica_id(),
             "stats": self.stats(),
         }
@@ -181,8 +209,10 @@ def whisper_options(query: dict[str, str]) -> dict[str, Any]:
 class WhisperServer:
     """A Whisper export folder transcribed by one kiln.WhisperTranscriber per replica."""
 
-    def __init__(self, model_dir: str, threads: int = 1) -> None:
+    def __init__(self, model_dir: str, threads: int = 1,
+                 max_body_bytes: int = codec.DEFAULT_MAX_BODY_BYTES) -> None:
         self._model_dir = model_dir
+        self._max_body_bytes = max_body_bytes
         self._whisper = kiln.WhisperTranscriber(model_dir, threads)
         # One transcription at a time per replica: its decoder state is not shared safely.
         self._lock = threading.Lock()
@@ -196,14 +226,18 @@ class WhisperServer:
             return _error(405, f"{request.method} is not served: GET the metadata, POST audio")
         try:
             options = whisper_options(dict(request.query_params))
-            body = await request.body()
+            body = await _body(request, self._max_body_bytes)
             if not body:
                 raise codec.RequestError("the body is empty: POST an audio file")
             result = await asyncio.to_thread(self._transcribe, body, options)
-        except (codec.RequestError, kiln.InvalidArgumentError, kiln.FileError) as e:
+        except codec.RequestError as e:
+            return _error(e.status, str(e))
+        except (kiln.InvalidArgumentError, kiln.FileError) as e:
             return _error(400, str(e))
         except kiln.KilnError as e:
             return _error(500, str(e))
+        except Exception as e:  # noqa: BLE001 - answered, and logged
+            return _unexpected(e)
         return JSONResponse({k: result[k] for k in ("text", "language", "tokens", "segments")},
                             headers={"X-Kiln-Replica": _replica_id()})
 
@@ -229,7 +263,8 @@ class WhisperServer:
 
     def metadata(self) -> dict[str, Any]:
         return {"model": Path(self._model_dir).name, "kind": "whisper",
-                "multilingual": self._whisper.multilingual, "replica": _replica_id(),
+                "multilingual": self._whisper.multilingual,
+                "max_body_bytes": self._max_body_bytes, "replica": _replica_id(),
                 "stats": {"requests": self._requests, "failures_in_a_row": self._failures}}
 
     def check_health(self) -> None:
@@ -239,17 +274,31 @@ class WhisperServer:
 
 def build_app(model: str | os.PathLike, *, replicas: int = 1,
               autoscale: tuple[int, int] | None = None, max_batch_size: int = 8,
-              batch_wait_ms: float = 5.0, threads: int = 1,
-              num_cpus: float = 1.0) -> serve.Application:
+              batch_wait_ms: float = 5.0, threads: int = 1, num_cpus: float = 1.0,
+              max_body_bytes: int = codec.DEFAULT_MAX_BODY_BYTES,
+              max_ongoing_requests: int | None = None,
+              max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS) -> serve.Application:
     """The Serve application of an ONNX model or a Whisper export folder.
 
     ``replicas`` fixed replicas, or ``autoscale=(min, max)``: Serve adds replicas while each
     has more than ``max_batch_size`` requests under way. ``threads``: kiln's threads per
     replica; ``num_cpus``: the CPUs Ray reserves for each (replicas x num_cpus must fit the
     cluster).
+
+    Bounds: ``max_body_bytes`` per request body (larger: 413); ``max_ongoing_requests`` per
+    replica (default: 2 x ``max_batch_size``, at least 4; Whisper: 4); beyond those, each
+    Serve proxy queues up to ``max_queued_requests`` requests (-1: no bound) and answers
+    further ones 503.
     """
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be positive, not {max_body_bytes}")
+    if max_ongoing_requests is not None and max_ongoing_requests < 1:
+        raise ValueError(f"max_ongoing_requests must be positive, not {max_ongoing_requests}")
+    if max_queued_requests == 0 or max_queued_requests < -1:
+        raise ValueError(f"max_queued_requests must be positive or -1, not {max_queued_requests}")
     path = str(Path(model).resolve())  # replicas may run in another directory
-    options: dict[str, Any] = {"ray_actor_options": {"num_cpus": num_cpus}}
+    options: dict[str, Any] = {"ray_actor_options": {"num_cpus": num_cpus},
+                               "max_queued_requests": max_queued_requests}
     if autoscale is not None:
         options["autoscaling_config"] = {"min_replicas": autoscale[0],
                                          "max_replicas": autoscale[1],
@@ -257,7 +306,9 @@ def build_app(model: str | os.PathLike, *, replicas: int = 1,
     else:
         options["num_replicas"] = replicas
     if is_whisper_folder(path):
-        return WhisperServer.options(max_ongoing_requests=4, **options).bind(path, threads)
+        options["max_ongoing_requests"] = max_ongoing_requests or 4
+        return WhisperServer.options(**options).bind(path, threads, max_body_bytes)
     # Room for one batch filling while another runs.
-    options["max_ongoing_requests"] = max(2 * max_batch_size, 4)
-    return ModelServer.options(**options).bind(path, max_batch_size, batch_wait_ms, threads)
+    options["max_ongoing_requests"] = max_ongoing_requests or max(2 * max_batch_size, 4)
+    return ModelServer.options(**options).bind(path, max_batch_size, batch_wait_ms, threads,
+                                               max_body_bytes)

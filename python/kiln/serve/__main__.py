@@ -38,6 +38,16 @@ def _positive(kind):
     return parse
 
 
+def _queue_bound(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1 and value != -1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive number or -1")
+    return value
+
+
 def _range(text: str) -> tuple[int, int]:
     low, sep, high = text.partition(":")
     try:
@@ -65,6 +75,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="kiln threads per replica (default 1)")
     p.add_argument("--num-cpus", type=_positive(float), default=None,
                    help="CPUs Ray reserves per replica (default: --threads)")
+    p.add_argument("--max-body-mb", type=_positive(float), default=32.0,
+                   help="largest request body in MiB; larger ones are answered 413 (default 32)")
+    p.add_argument("--max-ongoing-requests", type=_positive(int), default=None,
+                   help="requests a replica takes at once (default: 2 x --max-batch-size, at "
+                        "least 4; Whisper: 4)")
+    p.add_argument("--max-queued-requests", type=_queue_bound, default=64,
+                   help="requests each proxy queues while every replica is full; more are "
+                        "answered 503 (default 64; -1: no bound)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
     p.add_argument("--port", type=_positive(int), default=8000, help="HTTP port (default 8000)")
     p.add_argument("--route-prefix", default="/", help="URL prefix (default /)")
@@ -108,7 +126,10 @@ def main(argv: list[str] | None = None) -> None:
     serve.start(proxy_location="EveryNode", http_options={"host": args.host, "port": args.port})
     app = build_app(args.model, replicas=args.replicas, autoscale=args.autoscale,
                     max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms,
-                    threads=args.threads, num_cpus=args.num_cpus or args.threads)
+                    threads=args.threads, num_cpus=args.num_cpus or args.threads,
+                    max_body_bytes=max(1, int(args.max_body_mb * (1 << 20))),
+                    max_ongoing_requests=args.max_ongoing_requests,
+                    max_queued_requests=args.max_queued_requests)
     # Ctrl-C is remembered as well as raised: the proxy answers before serve.run returns, and
     # an interrupt that arrives inside serve.run may be caught there, which would otherwise
     # leave the server waiting for another.

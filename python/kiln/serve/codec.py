@@ -5,6 +5,10 @@ inputs), as one ``.npy`` array (``Content-Type: application/x-npy``, single-inpu
 or as an ``.npz``/zip of named arrays (``application/x-npz`` or ``application/zip``). The
 answer is JSON (``{"outputs": {name: nested lists}}``) unless ``Accept`` asks for ``.npy``
 (one output) or ``.npz``. Nothing here needs Ray, so it is tested on its own.
+
+Bodies are bounded: :func:`read_body` stops reading past the limit (413), an ``.npy`` must
+hold exactly the bytes its header declares, and an ``.npz`` may not unpack to more than the
+limit, so no request makes the server allocate much more than the limit.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from __future__ import annotations
 import collections
 import io
 import json
+import math
 import zipfile
-from typing import Any, Awaitable, Callable, Sequence
+import zlib
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -40,8 +46,50 @@ _NUMPY_TYPES = {
 }
 
 
+# The default limit on a request's body (and on what an .npz unpacks to): 32 MiB.
+DEFAULT_MAX_BODY_BYTES = 32 << 20
+
+
 class RequestError(ValueError):
-    """A request the server cannot take (answered with status 400 and this message)."""
+    """A request the server cannot take (answered with ``status`` and this message)."""
+
+    status = 400
+
+
+class BodyTooLarge(RequestError):
+    """A body (or the arrays an .npz holds) over the server's limit: status 413."""
+
+    status = 413
+
+
+def size_text(n: int) -> str:
+    """'32 MiB', '64 KiB', '100 bytes': a limit as the error messages state it."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << (shift - 4)) == 0:
+            return f"{n / (1 << shift):g} {unit}"
+    return f"{n} bytes"
+
+
+async def read_body(chunks: AsyncIterator[bytes], content_length: str | None,
+                    limit: int) -> bytes:
+    """A request's body from its ``chunks``, refused with :class:`BodyTooLarge` as soon as it
+    is known to be over ``limit`` bytes: before reading when ``Content-Length`` says so, else
+    when the chunks read pass it (a chunked body has no length)."""
+    if content_length is not None:
+        try:
+            declared = int(content_length)
+        except ValueError:
+            raise RequestError(f"Content-Length {content_length!r} is not a number") from None
+        if declared > limit:
+            raise BodyTooLarge(f"the body ({declared} bytes) is over the server's limit of "
+                               f"{size_text(limit)}")
+    parts, size = [], 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"the body is over the server's limit of {size_text(limit)}")
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def numpy_dtype(onnx_type: str) -> np.dtype:
@@ -57,17 +105,19 @@ def media_type(header: str | None) -> str:
     return (header or "").split(";")[0].strip().lower()
 
 
-def decode_inputs(body: bytes, content_type: str | None, inputs: Sequence) -> dict[str, Any]:
-    """The input feed of a request; ``inputs``: the model's inputs (NodeArg)."""
+def decode_inputs(body: bytes, content_type: str | None, inputs: Sequence,
+                  limit: int = DEFAULT_MAX_BODY_BYTES) -> dict[str, Any]:
+    """The input feed of a request; ``inputs``: the model's inputs (NodeArg); ``limit``: the
+    most bytes the arrays of an .npz may unpack to."""
     media = media_type(content_type)
     if media == NPY:
         if len(inputs) != 1:
             names = ", ".join(i.name for i in inputs)
             raise RequestError(f"an .npy body feeds single-input models; this one takes {names}: "
                                "send an .npz of named arrays or JSON")
-        feed = {inputs[0].name: _load_npy(body)}
+        feed = {inputs[0].name: _load_npy(body, f"the .npy body (input '{inputs[0].name}')")}
     elif media in (NPZ, ZIP):
-        feed = _load_npz(body)
+        feed = _load_npz(body, inputs, limit)
     elif media in (JSON, ""):
         feed = _json_feed(body, inputs)
     else:
@@ -76,18 +126,57 @@ def decode_inputs(body: bytes, content_type: str | None, inputs: Sequence) -> di
     return feed
 
 
-def _load_npy(body: bytes) -> np.ndarray:
+def _load_npy(data: bytes, what: str) -> np.ndarray:
+    """The array of an .npy file's bytes (a read-only view of them), after checking that its
+    data is exactly what the header declares: a header cannot make the server allocate more
+    than the body holds. No object arrays (they would be pickles)."""
+    stream = io.BytesIO(data)
     try:
-        return np.load(io.BytesIO(body), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise RequestError(f"the body is not an .npy array: {e}") from None
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
+        else:
+            raise ValueError(f".npy version {version[0]}.{version[1]} is not read here")
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as e:
+        raise RequestError(f"{what} is not an .npy array: {e}") from None
+    if dtype.hasobject:
+        raise RequestError(f"{what} holds Python objects ({dtype}), which are not accepted")
+    if any(d < 0 for d in shape):
+        raise RequestError(f"{what} declares the shape {shape}, of a negative dimension")
+    count = math.prod(shape)
+    declared = count * dtype.itemsize
+    held = len(data) - stream.tell()
+    if declared != held:
+        raise RequestError(f"{what} declares {shape} {dtype} ({declared} bytes of data) but "
+                           f"holds {held} bytes")
+    try:
+        flat = np.frombuffer(data, dtype, count, offset=stream.tell())
+        return flat.reshape(shape, order="F" if fortran_order else "C")
+    except ValueError as e:  # a type of no bytes, a sub-array type
+        raise RequestError(f"{what} of type {dtype} cannot be read: {e}") from None
 
 
-def _load_npz(body: bytes) -> dict[str, np.ndarray]:
+def _load_npz(body: bytes, inputs: Sequence, limit: int) -> dict[str, np.ndarray]:
+    """The arrays of an .npz (a zip of NAME.npy files), refused before anything is unpacked
+    when it names inputs the model lacks or its files would unpack to more than ``limit``."""
     try:
-        with np.load(io.BytesIO(body), allow_pickle=False) as npz:
-            return {name: npz[name] for name in npz.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        with zipfile.ZipFile(io.BytesIO(body)) as archive:
+            members = [m for m in archive.infolist() if not m.is_dir()]
+            names = [m.filename.removesuffix(".npy") for m in members]
+            _check_names(dict.fromkeys(names), inputs)
+            unpacked = sum(m.file_size for m in members)
+            if unpacked > limit:
+                raise BodyTooLarge(f"the .npz unpacks to {unpacked} bytes, over the server's "
+                                   f"limit of {size_text(limit)}")
+            # The zip module reads no more than each file's declared size.
+            return {name: _load_npy(archive.read(m), f"input '{name}' of the .npz")
+                    for name, m in zip(names, members)}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError,
+            zlib.error) as e:
+        if isinstance(e, RequestError):
+            raise
         raise RequestError(f"the body is not an .npz of arrays: {e}") from None
 
 
@@ -96,6 +185,8 @@ def _json_feed(body: bytes, inputs: Sequence) -> dict[str, np.ndarray]:
         request = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise RequestError(f"the body is not JSON: {e}") from None
+    except RecursionError:
+        raise RequestError("the body is not JSON kiln reads: lists nested too deeply") from None
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), dict):
         raise RequestError('a JSON request is {"inputs": {"NAME": nested lists, ...}}')
     types = {i.name: i.type for i in inputs}
@@ -105,7 +196,7 @@ def _json_feed(body: bytes, inputs: Sequence) -> dict[str, np.ndarray]:
             raise RequestError(f"unknown input '{name}'")
         try:
             feed[name] = np.asarray(value, dtype=numpy_dtype(types[name]))
-        except (ValueError, TypeError, OverflowError) as e:
+        except (ValueError, TypeError, OverflowError, RecursionError) as e:
             raise RequestError(f"input '{name}' is not a {types[name]} array: {e}") from None
     return feed
 
