@@ -18,7 +18,7 @@ FUZZ_SECONDS ?= 60
 CMAKE_GENERATOR ?= $(if $(shell command -v ninja 2>/dev/null),Ninja,Unix Makefiles)
 export CMAKE_GENERATOR
 
-.PHONY: all setup build demo test unit conformance python-test python-sdist sanitize fuzz check-v4 format format-check tsan conformance-report ops-doc whisper-real clean
+.PHONY: all setup build demo test unit conformance python-install python-test python-sdist sanitize fuzz check-v4 format format-check tsan conformance-report ops-doc whisper-real clean
 
 all: build
 
@@ -62,17 +62,21 @@ check-v4: setup
 unit: build
 	./$(BUILD)/test/kiln-unit-tests
 
+# The package built into the venv against this build's library, installed into
+# $(PY_BUILD)/kiln (only the extension module compiles here): python-test's and fuzz's.
+python-install: build
+	cmake --install $(BUILD) --prefix $(CURDIR)/$(PY_BUILD)/kiln >/dev/null
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps \
+	  --config-settings=build-dir=$(CURDIR)/$(PY_BUILD)/module \
+	  --config-settings=cmake.define.kiln_ROOT=$(CURDIR)/$(PY_BUILD)/kiln ./python
+
 # The Python package (python/) built into the venv against this build's library, installed
 # into $(PY_BUILD)/kiln (so only the extension module compiles here), then its pytest suite:
 # parity with onnxruntime, zero copy, threads, errors, decoding, ONNX's backend tests, and
 # kiln.serve on a local loopback Ray (marked `serve`: PYTEST_ARGS="-m 'not serve'" leaves it
 # out); then the sdist is built and its contents checked (python-sdist).
 PYTEST_ARGS ?=
-python-test: build
-	cmake --install $(BUILD) --prefix $(CURDIR)/$(PY_BUILD)/kiln >/dev/null
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps \
-	  --config-settings=build-dir=$(CURDIR)/$(PY_BUILD)/module \
-	  --config-settings=cmake.define.kiln_ROOT=$(CURDIR)/$(PY_BUILD)/kiln ./python
+python-test: python-install
 	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS) python/tests
 	$(MAKE) python-sdist
 
@@ -86,9 +90,11 @@ conformance: build
 	./$(BUILD)/test/kiln-conformance --check-allowlist test/conformance/allowlist.txt
 
 # The libFuzzer harnesses (test/fuzz: model loader, tensor readers, random small graphs),
-# built with clang, ASan and UBSan, each run for FUZZ_SECONDS after replaying the committed
-# regression inputs. A finding fails the target.
-fuzz: setup
+# built with clang, ASan and UBSan, and the Python API's atheris harness
+# (python/tests/fuzz: InferenceSession.run with hostile feeds, on the installed package),
+# each run for FUZZ_SECONDS after replaying the committed regression inputs. A finding
+# fails the target.
+fuzz: setup python-install
 	CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DKILN_FUZZ=ON -DKILN_BUILD_TESTS=OFF
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target kiln-fuzz_model kiln-fuzz_tensor kiln-fuzz_graph
 	./test/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)

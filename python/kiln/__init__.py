@@ -198,7 +198,14 @@ class InferenceSession:
 
         ``donate``: names of inputs the run may overwrite or extend in place (a KV cache made
         with :func:`with_capacity`, or a previous step's ``present.*`` output). Their arrays'
-        contents are unspecified afterwards; the memory stays valid.
+        contents are unspecified afterwards; the memory stays valid. Inputs not donated, and
+        read-only arrays, are never written.
+
+        Errors: :class:`InvalidArgumentError` (also a ``ValueError``) naming the input or
+        output for what the model cannot take: an unknown or missing name, a wrong element
+        type or shape, a value numpy cannot make an array of, a donated input sharing memory
+        with another; other :class:`KilnError` subclasses when the run fails; ``TypeError``
+        for arguments of the wrong Python type (``input_feed`` not a dict, names not str).
         """
         if not isinstance(input_feed, dict):
             raise TypeError(f"input_feed must be a dict of name -> value, not {type(input_feed)}")

@@ -118,7 +118,14 @@ Tensor strings_tensor(const py::array& array) {
     if (py::isinstance<py::bytes>(item)) {
       out[i++] = item.cast<std::string>();
     } else if (py::isinstance<py::str>(item)) {
-      out[i++] = item.cast<std::string>();
+      py::ssize_t size = 0;
+      const char* utf8 = PyUnicode_AsUTF8AndSize(item.ptr(), &size);
+      if (!utf8) {  // lone surrogates: no UTF-8 for them
+        PyErr_Clear();
+        invalid_argument("a string tensor holds " + py::repr(item).cast<std::string>() +
+                         ", which has no UTF-8 form");
+      }
+      out[i++] = std::string(utf8, static_cast<size_t>(size));
     } else {
       invalid_argument("a string tensor holds " + py::repr(item).cast<std::string>() +
                        ", which is neither str nor bytes");
@@ -224,7 +231,7 @@ Value Feed::convert(py::handle value, const IoInfo* declared, bool donate) {
   };
   const bool is_list = py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value);
   if (declared && declared->kind == Value::Kind::Sequence) {
-    if (!is_list) invalid_argument("input '" + declared->name + "' is a sequence: give a list");
+    if (!is_list) invalid_argument("a sequence input: give a list");
     return sequence(value);
   }
   if (declared && declared->kind == Value::Kind::Optional) {
@@ -356,6 +363,13 @@ py::array with_capacity(const std::vector<int64_t>& shape, const py::dtype& dtyp
   if (type == DataType::Undefined || type == DataType::String || bits_per_element(type) < 8) {
     invalid_argument("with_capacity: numpy type " + describe_dtype(dtype) +
                      " is not a fixed-size ONNX element type of whole bytes");
+  }
+  // Checked here: the engine checks the shape with `capacity` along `axis`, so a negative
+  // dimension there would only fail in numpy.
+  for (int64_t d : shape) {
+    if (d < 0) {
+      invalid_argument("with_capacity: negative dimension in shape " + shape_to_string(shape));
+    }
   }
   if (axis < 0) axis += static_cast<int64_t>(shape.size());
   if (axis < 0 || axis >= static_cast<int64_t>(shape.size())) {

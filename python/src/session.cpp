@@ -162,6 +162,45 @@ void check_donations(const std::vector<NamedValue>& inputs, const std::vector<bo
   }
 }
 
+// A name the caller gave (a feed's key, an output's name): TypeError when it is not a str,
+// InvalidArgumentError when it has no UTF-8 form (lone surrogates).
+std::string name_of(py::handle name, const std::string& what) {
+  if (!py::isinstance<py::str>(name)) {
+    throw py::type_error(what + " must be str, not " +
+                         py::str(py::type::of(name).attr("__name__")).cast<std::string>());
+  }
+  py::ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(name.ptr(), &size);
+  if (!utf8) {
+    PyErr_Clear();
+    throw Error(ErrorKind::InvalidArgument,
+                "the name " + py::repr(name).cast<std::string>() + " has no UTF-8 form");
+  }
+  return std::string(utf8, static_cast<size_t>(size));
+}
+
+// One input converted for the run; what is wrong with its value is an InvalidArgumentError
+// naming the input (numpy's own complaint, as for ragged lists, included).
+Value convert_input(Feed& converter, const py::object& value, const std::string& name, bool donate,
+                    const Session& session) {
+  const auto named = [&](ErrorKind kind, const std::string& message) {
+    return Error(kind, "input '" + name + "': " + message).with_file(session.path());
+  };
+  try {
+    return converter.convert(value, find_input(session, name), donate);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::InvalidArgument && e.kind() != ErrorKind::Unsupported) throw;
+    throw named(e.kind(), e.message());
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_ValueError) && !e.matches(PyExc_TypeError) &&
+        !e.matches(PyExc_OverflowError)) {
+      throw;
+    }
+    throw named(ErrorKind::InvalidArgument,
+                "not an array kiln can read: " + py::str(e.value()).cast<std::string>());
+  }
+}
+
 // Releases the Python references that storages freed without the GIL left behind.
 struct ReleasePending {
   ~ReleasePending() { release_pending_references(); }
@@ -198,7 +237,7 @@ std::vector<size_t> PySession::output_indices(const py::object& names) const {
     return indices;
   }
   for (py::handle n : names) {
-    const auto name = n.cast<std::string>();
+    const std::string name = name_of(n, "output names");
     auto it = std::find_if(outputs.begin(), outputs.end(),
                            [&](const IoInfo& io) { return io.name == name; });
     if (it == outputs.end()) {
@@ -221,13 +260,18 @@ py::list PySession::run(const py::object& output_names, const py::dict& feed,
     }
   }
   ReleasePending release_pending;
+  // The feed's items, held: converting a value may run Python code (an object's __array__)
+  // that changes the dict, which must not pull keys or values from under the loop.
+  std::vector<std::pair<std::string, py::object>> items;
+  for (auto [key, value] : feed) {
+    items.emplace_back(name_of(key, "input_feed keys"), py::reinterpret_borrow<py::object>(value));
+  }
   Feed converter;
   std::vector<NamedValue> inputs;
   std::vector<bool> donated;
-  for (auto [key, value] : feed) {
-    const auto name = key.cast<std::string>();
+  for (const auto& [name, value] : items) {
     donated.push_back(std::find(donate.begin(), donate.end(), name) != donate.end());
-    inputs.push_back({name, converter.convert(value, find_input(*session_, name), donated.back())});
+    inputs.push_back({name, convert_input(converter, value, name, donated.back(), *session_)});
   }
   if (!donate.empty()) check_donations(inputs, donated, session_->path());
   RunStats stats;

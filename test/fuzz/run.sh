@@ -63,4 +63,29 @@ for h in model tensor graph; do
     echo
   fi
 done
+
+# The Python API's harness (python/tests/fuzz/fuzz_session.py, atheris, in the venv with the
+# kiln package installed: make python-install): its regression inputs, then fuzzing from an
+# empty corpus (each input is one structured case) for the same time. Its findings go to
+# BUILD/fuzz-findings/python/, to be added to python/tests/fuzz/regressions/.
+python=${PYTHON:-$root/.venv/bin/python}
+harness="$root/python/tests/fuzz/fuzz_session.py"
+reg="$root/python/tests/fuzz/regressions"
+mkdir -p "$work/corpus_python" "$findings/python"
+if [ -d "$reg" ] && [ -n "$(ls -A "$reg" 2>/dev/null)" ]; then
+  echo "fuzz: python: $(ls "$reg" | wc -l) regression inputs"
+  "$python" "$harness" -rss_limit_mb=4096 -timeout=60 "$reg"/* > "$work/python-regressions.log" 2>&1 ||
+    { tail -40 "$work/python-regressions.log"; status=1; }
+fi
+echo "fuzz: python: ${seconds}s"
+if ! "$python" "$harness" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" -rss_limit_mb=4096 \
+    -timeout=60 -max_len=4096 -print_final_stats=1 -artifact_prefix="$findings/python/" \
+    "$work/corpus_python" > "$work/python.log" 2>&1; then
+  echo "fuzz: python: FINDING (log: $work/python.log, input in $findings/python/)"
+  tail -40 "$work/python.log"
+  status=1
+else
+  grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$work/python.log" | tr '\n' ' '
+  echo
+fi
 exit $status
