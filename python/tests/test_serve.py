@@ -490,17 +490,18 @@ def slow_model(path: Path, size: int = 192) -> None:
 
 def test_requests_over_the_queue_bound_are_503(server, tmp_path) -> None:
     """One replica taking one request at a time, a queue of one: of 8 clients sending 3 slow
-    requests each at once, those beyond the bound are answered 503 at once, the others
-    correctly, and the server answers again afterwards. Its bodies are limited to 64 KiB."""
+    requests (about half a second of running each) at once, those beyond the bound are
+    answered 503 at once, the others correctly, and the server answers again afterwards. Its
+    bodies are limited to 64 KiB."""
     slow_model(tmp_path / "slow.onnx")
     deploy(build_app(tmp_path / "slow.onnx", replicas=1, max_batch_size=1, num_cpus=0.1,
                      max_ongoing_requests=1, max_queued_requests=1, max_body_bytes=64 << 10),
            "bounded")
     try:
         url = f"{server}/bounded"
-        request = json.dumps({"inputs": {"n": 400}}).encode()
+        request = json.dumps({"inputs": {"n": 2000}}).encode()
         (expected,) = kiln.InferenceSession(str(tmp_path / "slow.onnx")).run(
-            None, {"n": np.array(400, np.int64)})
+            None, {"n": np.array(2000, np.int64)})
         start = threading.Barrier(CLIENTS)
 
         def send(_):
