@@ -3,7 +3,8 @@
 // strides, dilations and padding, 3/5/7-wide stride-2 rows through the deinterleaved input,
 // and long 1-D filters; the lowering into GEMM panels, pooling, the indirect product
 // that reads patch rows in place, the wide-form plane kernels (pad_rows, pad_rows_pair,
-// wide_plane) and rows-first pooling (pool_planes).
+// wide_plane), rows-first pooling (pool_planes) and a signal read as strided windows by
+// the product.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -459,6 +460,59 @@ KILN_ISA_TEST_CASE("the indirect product equals a naive product over its row tab
       }
     }
     INFO("m " << m << " k " << k << " n " << n << " accumulate " << accumulate);
+    CHECK(worst < 1e-5);
+  }
+}
+
+KILN_ISA_TEST_CASE("a signal read as strided windows is a product's A like a naive patch matrix",
+                   "[math][conv][gemm]") {
+  // A convolution's strided windows (ops/conv.cpp): row p of A is the window of the signal
+  // from p * stride, its columns dilation apart, so rows overlap (stride below the window) or
+  // skip samples (stride above it); times a packed filter transpose, with a column bias and
+  // Relu. Random sizes across row tiles, k blocks and column panels.
+  KILN_REQUIRE_ISA();
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int iter = 0; iter < 40; ++iter) {
+    const int64_t positions = pick(1, 100), taps = iter % 4 == 0 ? pick(257, 600) : pick(16, 120);
+    const int64_t filters = pick(8, 70), dil = pick(1, 3);
+    const int64_t stride = iter % 2 ? pick(1, 8) : pick(9, 200);
+    std::vector<float> signal(static_cast<size_t>((positions - 1) * stride + (taps - 1) * dil + 1));
+    std::vector<float> w(static_cast<size_t>(filters * taps)), bias(static_cast<size_t>(filters));
+    for (auto& v : signal) v = dist(rng);
+    for (auto& v : w) v = dist(rng);
+    for (auto& v : bias) v = dist(rng);
+    const bool relu = iter % 3 == 0;
+    std::vector<double> want(static_cast<size_t>(positions * filters));
+    for (int64_t p = 0; p < positions; ++p) {
+      for (int64_t m = 0; m < filters; ++m) {
+        double s = bias[static_cast<size_t>(m)];
+        for (int64_t q = 0; q < taps; ++q) {
+          s += static_cast<double>(signal[static_cast<size_t>(p * stride + q * dil)]) *
+               w[static_cast<size_t>(m * taps + q)];
+        }
+        want[static_cast<size_t>(p * filters + m)] = relu ? std::max(s, 0.0) : s;
+      }
+    }
+    // The filter [filters x taps] packed transposed, as the convolution packs it.
+    const math::PackedB wt(math::MatrixView::row_major(w.data(), filters, taps, taps).transposed(),
+                           &isa_kernels);
+    math::GemmOptions o;
+    o.kernels = &isa_kernels;
+    o.bias = bias.data();
+    if (relu) o.activation = math::Activation::Relu;
+    std::vector<float> c(static_cast<size_t>(positions * filters));
+    math::sgemm(math::MatrixView{signal.data(), positions, taps, stride, dil}, wt, c.data(),
+                filters, o);
+    double worst = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      worst = std::max(worst, std::abs(c[i] - want[i]) / (1 + std::abs(want[i])));
+    }
+    INFO("positions " << positions << " taps " << taps << " filters " << filters << " stride "
+                      << stride << " dilation " << dil);
     CHECK(worst < 1e-5);
   }
 }

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/conv.h"
 #include "ops/math/winograd.h"
 #include "test/unit/op_test.h"
 #include "test/unit/sweep.h"
@@ -531,6 +532,141 @@ TEST_CASE("Conv over small maps (positions as the product's rows) matches a naiv
     require_close(run_conv(x, w, bias, s, true), expected, 1e-4, 1e-4);
     if (iter % 4 != 0) continue;
     require_close(run_conv_session(x, w, bias, s, 2), expected, 1e-4, 1e-4);
+  }
+}
+
+namespace {
+
+// A random convolution of one-row windows over one input channel per group: `taps` taps at
+// stride `stride`, dilation 1 to 3, pads of up to a kernel on either side, `out` positions,
+// 1 or 2 images, `group` groups of `mg` filters; a 1-D map or (`two_d`) a 2-D map one row
+// high with a kernel one row high at a random row stride, with row pads it does not reach
+// past (one output row; a top pad makes it all padding).
+RandomConv one_row_conv(std::mt19937& rng, int64_t group, int64_t mg, int64_t taps, int64_t stride,
+                        int64_t out, bool two_d, bool padded) {
+  RandomConv c;
+  const int64_t dil = rand_int(rng, 1, 3), ek = (taps - 1) * dil + 1;
+  const int64_t pad0 = padded ? rand_int(rng, 0, taps) : 0;
+  const int64_t pad1 = padded ? rand_int(rng, 0, taps) : 0;
+  const int64_t len =
+      std::max<int64_t>((out - 1) * stride + ek - pad0 - pad1 + rand_int(rng, 0, stride - 1), 1);
+  c.s.group = group;
+  c.xs = {rand_int(rng, 1, 2), group};
+  c.ws = {mg * group, 1};
+  if (two_d) {
+    c.xs.insert(c.xs.end(), {1, len});
+    c.ws.insert(c.ws.end(), {1, taps});
+    const int64_t row_stride = rand_int(rng, 1, 3), top = rand_int(rng, 0, row_stride - 1);
+    c.s.strides = {row_stride, stride};
+    c.s.dilations = {rand_int(rng, 1, 2), dil};
+    c.s.pads = {top, pad0, rand_int(rng, 0, row_stride - 1 - top), pad1};
+  } else {
+    c.xs.push_back(len);
+    c.ws.push_back(taps);
+    c.s.strides = {stride};
+    c.s.dilations = {dil};
+    c.s.pads = {pad0, pad1};
+  }
+  c.x = random_tensor(DataType::Float, c.xs, rng);
+  c.w = random_tensor(DataType::Float, c.ws, rng);
+  c.b = random_tensor(DataType::Float, {c.ws[0]}, rng);
+  return c;
+}
+
+// Conv + Add(z) + Relu through a session on `threads` threads (the optimizer fuses them into
+// one kiln.FusedConv that accumulates onto z).
+Tensor run_conv_add_relu(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& z,
+                         const ConvSpec& s, int threads) {
+  GraphBuilder gb;
+  const Shape &xs = x.shape(), &zs = z.shape();
+  gb.input("x", DataType::Float, std::vector<int64_t>(xs.begin(), xs.end()))
+      .input("z", DataType::Float, std::vector<int64_t>(zs.begin(), zs.end()));
+  gb.initializer("w", w).initializer("b", b);
+  gb.node("Conv", {"x", "w", "b"}, {"c"},
+          {ints_attr("strides", s.strides), ints_attr("dilations", s.dilations),
+           ints_attr("pads", s.pads), int_attr("group", s.group)});
+  gb.node("Add", {"c", "z"}, {"s"});
+  gb.node("Relu", {"s"}, {"y"});
+  gb.output("y");
+  Session session = make_session(gb.build(), 13, threads);
+  return session.run({{"x", x}, {"z", z}}).at(0).value.tensor();
+}
+
+}  // namespace
+
+TEST_CASE("Conv over strided windows (long filters along one row) matches a naive loop", "[nn]") {
+  // One-row windows over one input channel per group with at least 16 taps and 8 filters per
+  // group (the STFT front ends of audio models) are GEMM products that read the signal as a
+  // strided matrix: random taps, strides below and far above the kernel's length,
+  // dilations, pads, groups, images, 1-D maps and 2-D ones one row high, up to 180 positions
+  // (the signal is the product's A) and more (the wide layout); the filter as a run-time
+  // input, as a constant, and through a graph whose declared input shape chose its form at
+  // load, on one and two threads; the optimizer's Conv + Add + Relu. Every run counts as
+  // strided windows.
+  std::mt19937 rng(38);
+  for (int iter = 0; iter < sweep_iterations(40); ++iter) {
+    const int64_t group = rand_int(rng, 1, 2), mg = rand_int(rng, 8, 20);
+    const bool many = iter % 5 == 0;  // past the transposed product's 180 positions
+    const int64_t taps = iter % 4 == 0 ? 16 : rand_int(rng, 16, many ? 48 : 300);
+    const int64_t stride = iter % 2 ? rand_int(rng, 1, 8) : rand_int(rng, 9, 200);
+    const int64_t out = many ? rand_int(rng, 181, 240) : rand_int(rng, 1, 60);
+    const RandomConv c = one_row_conv(rng, group, mg, taps, stride, out, iter % 3 == 1, iter % 3);
+    INFO("x " << shape_to_string(c.xs) << " w " << shape_to_string(c.ws) << " group " << group
+              << " strides " << shape_to_string(c.s.strides) << " pads "
+              << shape_to_string(c.s.pads));
+    const Tensor* bias = iter % 2 ? &c.b : nullptr;
+    const Tensor expected = naive_conv(c.x, c.w, bias, c.s);
+    const uint64_t before = ops::strided_window_convolutions();
+    require_close(run_conv(c.x, c.w, bias, c.s), expected, 1e-4, 1e-4);
+    require_close(run_conv(c.x, c.w, bias, c.s, true), expected, 1e-4, 1e-4);
+    require_close(run_conv_session(c.x, c.w, bias, c.s, 1 + iter % 2), expected, 1e-4, 1e-4);
+    CHECK(ops::strided_window_convolutions() == before + 3);
+    if (iter % 4 != 1) continue;
+    const Tensor z = random_tensor(DataType::Float, expected.shape(), rng);
+    const Tensor with_bias = naive_conv(c.x, c.w, &c.b, c.s);
+    std::vector<double> fused = values(with_bias);
+    const std::vector<double> vz = values(z);
+    for (size_t i = 0; i < fused.size(); ++i) fused[i] = std::max(0.0, fused[i] + vz[i]);
+    require_close(run_conv_add_relu(c.x, c.w, c.b, z, c.s, 2),
+                  float_tensor(expected.shape(), fused), 1e-4, 1e-4);
+  }
+}
+
+TEST_CASE("Convolutions next to the strided windows' class keep their paths", "[nn]") {
+  // 15 taps; 7 filters per group; one filter per group (depthwise); a map two rows high; two
+  // channels per group: each matches the naive loop, and none runs as strided windows.
+  std::mt19937 rng(39);
+  struct Case {
+    const char* what;
+    int64_t group, mg, taps, stride, out;
+    bool two_d;
+    int64_t rows, channels;  // the 2-D map's rows; input channels per group
+  };
+  const std::vector<Case> cases = {
+      {"15 taps", 1, 64, 15, 4, 90, false, 1, 1},
+      {"7 filters per group", 2, 7, 200, 50, 30, false, 1, 1},
+      {"depthwise", 6, 1, 300, 100, 20, false, 1, 1},
+      {"two rows", 1, 32, 64, 16, 40, true, 2, 1},
+      {"two channels per group", 1, 32, 64, 16, 40, false, 1, 2},
+  };
+  for (const Case& k : cases) {
+    RandomConv c = one_row_conv(rng, k.group, k.mg, k.taps, k.stride, k.out, k.two_d, true);
+    if (k.rows > 1) {
+      c.xs[2] = k.rows;
+      c.x = random_tensor(DataType::Float, c.xs, rng);
+    }
+    if (k.channels > 1) {
+      c.xs[1] = k.channels * k.group;
+      c.ws[1] = k.channels;
+      c.x = random_tensor(DataType::Float, c.xs, rng);
+      c.w = random_tensor(DataType::Float, c.ws, rng);
+    }
+    INFO(k.what << ": x " << shape_to_string(c.xs) << " w " << shape_to_string(c.ws));
+    const Tensor expected = naive_conv(c.x, c.w, &c.b, c.s);
+    const uint64_t before = ops::strided_window_convolutions();
+    require_close(run_conv(c.x, c.w, &c.b, c.s), expected, 1e-4, 1e-4);
+    require_close(run_conv_session(c.x, c.w, &c.b, c.s, 2), expected, 1e-4, 1e-4);
+    CHECK(ops::strided_window_convolutions() == before);
   }
 }
 
