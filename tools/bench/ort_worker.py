@@ -13,32 +13,13 @@ past_key_values.* (onnxruntime allocates new presents and copies the caches ever
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 
 import numpy as np
 import onnxruntime as ort
 
-MODEL_FILES = {"encoder": "encoder_model.onnx", "decoder-step": "decoder_model_merged.onnx",
-               "minilm": "model.onnx"}
-
-
-def current_rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGESIZE")
-
-
-def peak_rss_bytes() -> int:
-    """VmHWM: ru_maxrss would include the parent's size (Linux keeps it across exec)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from worker_common import MODEL_FILES, current_rss_bytes, peak_rss_bytes, percentile
 
 
 def session(path: str, threads: int) -> ort.InferenceSession:
@@ -56,10 +37,6 @@ def load_inputs(sess: ort.InferenceSession, input_dir: str) -> dict:
             raise SystemExit(f"ort_worker: {path}: missing (input '{i.name}')")
         feed[i.name] = np.load(path)
     return feed
-
-
-def percentile(values, p):
-    return float(np.percentile(np.array(values), p * 100)) if values else 0.0
 
 
 def run_session_case(args) -> dict:
