@@ -198,6 +198,45 @@ TEST_CASE("conditional activations give their scalar definition's bits at every 
   }
 }
 
+// Pow with a single exponent equal to 2 squares by a product (ops/binary.cpp); it must give
+// std::pow's bits whatever the exponent's type and shape.
+TEST_CASE("Pow by a single exponent of 2 gives std::pow's bits", "[ops][elementwise]") {
+  std::mt19937 rng(5);
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            1e20f,
+                            -3.5f};
+  Tensor x = random_tensor(DataType::Float, {4, 33}, rng, -3, 3);
+  for (int64_t i = 0; i < x.numel(); ++i)
+    if (rng() % 4 == 0) x.data<float>()[i] = specials[rng() % std::size(specials)];
+  const Tensor exponents[] = {
+      Tensor::from_vector<float>({}, {2.0f}), Tensor::from_vector<int64_t>({1, 1}, {2}),
+      Tensor::from_vector<double>({1}, {2.0}), Tensor::from_vector<int32_t>({}, {2})};
+  for (const Tensor& e : exponents) {
+    INFO("exponent " << e.describe());
+    const std::vector<float> got = OpTest("Pow", 15).input(x).input(e).run1().to_vector<float>();
+    REQUIRE(got.size() == static_cast<size_t>(x.numel()));
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const float want = std::pow(x.data<const float>()[i], 2.0f);
+      INFO("element " << i << " of " << x.data<const float>()[i]);
+      if (std::isnan(want)) {
+        CHECK(std::isnan(got[i]));
+      } else {
+        CHECK(std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(want));
+      }
+    }
+  }
+  // Any other exponent keeps the general path.
+  const Tensor three = Tensor::from_vector<float>({}, {3.0f});
+  const std::vector<float> cubed =
+      OpTest("Pow", 15).input(x).input(three).run1().to_vector<float>();
+  CHECK(std::bit_cast<uint32_t>(cubed[1]) ==
+        std::bit_cast<uint32_t>(std::pow(x.data<const float>()[1], 3.0f)));
+}
+
 TEST_CASE("float16 conversion rounds to nearest even and keeps specials", "[types]") {
   CHECK(float16::from_float(1.0f) == 0x3c00);
   CHECK(float16::from_float(65504.0f) == 0x7bff);
