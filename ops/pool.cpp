@@ -133,6 +133,52 @@ inline void fused_row(C* __restrict a, const T* __restrict src, const int64_t* o
   }
 }
 
+template <typename C>
+struct MaxOp {
+  C init() const {
+    if constexpr (std::is_floating_point_v<C>) return -std::numeric_limits<C>::infinity();
+    return std::numeric_limits<C>::lowest();
+  }
+  C add(C acc, C v) const { return v > acc ? v : acc; }
+  template <typename T>
+  void finish_row(const C* a, T* out, int64_t n, C, const C*, C, const C*) const {
+    for (int64_t j = 0; j < n; ++j) out[j] = from_compute<T>(a[j]);
+  }
+};
+
+template <typename C>
+struct AverageOp {
+  bool count_pad;
+  C init() const { return C(0); }
+  C add(C acc, C v) const { return acc + v; }
+  template <typename T>
+  void finish_row(const C* a, T* out, int64_t n, C outer_valid, const C* inv_valid, C outer_padded,
+                  const C* inv_padded) const {
+    const C outer = count_pad ? outer_padded : outer_valid;
+    const C* inv = count_pad ? inv_padded : inv_valid;
+    for (int64_t j = 0; j < n; ++j) out[j] = from_compute<T>(a[j] * outer * inv[j]);
+  }
+};
+
+template <typename C>
+struct LpOp {
+  C p;
+  C init() const { return C(0); }
+  C add(C acc, C v) const {
+    if (p == C(1)) return acc + std::abs(v);
+    if (p == C(2)) return acc + v * v;
+    return acc + std::pow(std::abs(v), p);
+  }
+  template <typename T>
+  void finish_row(const C* a, T* out, int64_t n, C, const C*, C, const C*) const {
+    for (int64_t j = 0; j < n; ++j) {
+      out[j] = from_compute<T>(p == C(1)   ? a[j]
+                               : p == C(2) ? std::sqrt(a[j])
+                                           : std::pow(a[j], C(1) / p));
+    }
+  }
+};
+
 // Pooling one output row at a time. Outputs whose whole window row lies inside the input
 // (the interior) take all taps of a kernel row in one vectorised pass (stride 2 reads a
 // deinterleaved copy of the plane); border outputs add their valid taps one by one. `Op`
@@ -278,6 +324,16 @@ void pool_planes_float(const float* x, float* y, int64_t planes, const Geometry&
   const math::ConvKernels& k = math::kernels().conv;
   const math::ConvGeometry cg = pool_conv_geometry(g);
   const int64_t ip = g.in_size(), op = g.out_size(), kp = g.k[0] * g.k[1] * g.k[2];
+  if (ip == 0) {
+    // An empty input under padding: every window lies in the padding, so no tap is read. The
+    // plane kernels size their loads by the input's rows and assume one.
+    if (max) {
+      pool_rows<float>(x, y, planes, g, MaxOp<float>{});
+    } else {
+      pool_rows<float>(x, y, planes, g, AverageOp<float>{count_pad});
+    }
+    return;
+  }
   std::array<std::vector<float>, 3> inv;
   for (size_t i = 0; i < 3 && !max; ++i) {
     const Taps& t = g.taps[i];
@@ -347,52 +403,6 @@ void pool_planes_float(const float* x, float* y, int64_t planes, const Geometry&
     }
   });
 }
-
-template <typename C>
-struct MaxOp {
-  C init() const {
-    if constexpr (std::is_floating_point_v<C>) return -std::numeric_limits<C>::infinity();
-    return std::numeric_limits<C>::lowest();
-  }
-  C add(C acc, C v) const { return v > acc ? v : acc; }
-  template <typename T>
-  void finish_row(const C* a, T* out, int64_t n, C, const C*, C, const C*) const {
-    for (int64_t j = 0; j < n; ++j) out[j] = from_compute<T>(a[j]);
-  }
-};
-
-template <typename C>
-struct AverageOp {
-  bool count_pad;
-  C init() const { return C(0); }
-  C add(C acc, C v) const { return acc + v; }
-  template <typename T>
-  void finish_row(const C* a, T* out, int64_t n, C outer_valid, const C* inv_valid, C outer_padded,
-                  const C* inv_padded) const {
-    const C outer = count_pad ? outer_padded : outer_valid;
-    const C* inv = count_pad ? inv_padded : inv_valid;
-    for (int64_t j = 0; j < n; ++j) out[j] = from_compute<T>(a[j] * outer * inv[j]);
-  }
-};
-
-template <typename C>
-struct LpOp {
-  C p;
-  C init() const { return C(0); }
-  C add(C acc, C v) const {
-    if (p == C(1)) return acc + std::abs(v);
-    if (p == C(2)) return acc + v * v;
-    return acc + std::pow(std::abs(v), p);
-  }
-  template <typename T>
-  void finish_row(const C* a, T* out, int64_t n, C, const C*, C, const C*) const {
-    for (int64_t j = 0; j < n; ++j) {
-      out[j] = from_compute<T>(p == C(1)   ? a[j]
-                               : p == C(2) ? std::sqrt(a[j])
-                                           : std::pow(a[j], C(1) / p));
-    }
-  }
-};
 
 // MaxPool with the Indices output: one output at a time, remembering where the maximum was.
 template <typename T>
