@@ -50,8 +50,8 @@ function(kiln_skip_precompile target source)
   endif()
   set_source_files_properties(${source} TARGET_DIRECTORY ${target} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
   if(KILN_PRELUDE_HEADER)
-    set_source_files_properties(${source} TARGET_DIRECTORY ${target} PROPERTIES COMPILE_OPTIONS
-                                "-include${KILN_PRELUDE_HEADER}")
+    set_property(SOURCE ${source} TARGET_DIRECTORY ${target} APPEND PROPERTY COMPILE_OPTIONS
+                 "-include${KILN_PRELUDE_HEADER}")
   endif()
 endfunction()
 
@@ -68,5 +68,6 @@ endforeach()
 if(TARGET kiln-unit-tests)
   kiln_precompile(kiln-unit-tests HEADERS ${KILN_PCH_COMMON} "<random>" "<filesystem>"
                   ${PROJECT_SOURCE_DIR}/test/unit/op_test.h)
-  kiln_skip_precompile(kiln-unit-tests ${PROJECT_SOURCE_DIR}/test/unit/main.cpp)
+  kiln_precompile(kiln_test_main REUSE_FROM kiln-unit-tests)
+  kiln_skip_precompile(kiln_test_main ${PROJECT_SOURCE_DIR}/test/unit/main.cpp)
 endif()

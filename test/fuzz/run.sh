@@ -4,7 +4,8 @@
 # test data (plus, when present, the ONNX backend node models). A finding fails the run; its
 # input is kept in BUILD/fuzz-findings/HARNESS/ to be added to test/fuzz/regressions/HARNESS/.
 #   test/fuzz/run.sh BUILD_DIR [SECONDS_PER_HARNESS]   (FUZZ_SEED: libFuzzer seed, default 1,
-#   so that CI repeats the same search; any other value searches elsewhere)
+#   so that CI repeats the same search; any other value searches elsewhere; FUZZ_JOBS:
+#   harnesses run at once, default one per core)
 set -eu
 build=$1
 seconds=${2:-60}
@@ -41,51 +42,80 @@ for f in "$root"/models/*/*.npy; do
   { printf '\001'; head -c 4096 "$f"; } > "$work/seed_tensor/npy$i"
 done
 
-status=0
-for h in model tensor graph; do
+# One harness: its regression inputs (every committed one must run clean), then fuzzing for
+# the time given. Its report goes to $work/$1.report, its status to $work/$1.status.
+run_libfuzzer() {
+  h=$1
   bin="$build/test/fuzz/kiln-fuzz_$h"
   reg="$root/test/fuzz/regressions/$h"
+  out="$work/$h.report"
+  st=0
   mkdir -p "$work/corpus_$h" "$findings/$h"
-  # Every committed regression input must run clean.
+  : > "$out"
   if [ -d "$reg" ] && [ -n "$(ls -A "$reg" 2>/dev/null)" ]; then
-    echo "fuzz: $h: $(ls "$reg" | wc -l) regression inputs"
-    "$bin" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=30 "$reg"/* || status=1
+    echo "fuzz: $h: $(ls "$reg" | wc -l) regression inputs" >> "$out"
+    "$bin" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=30 "$reg"/* > "$work/$h-regressions.log" 2>&1 ||
+      { tail -40 "$work/$h-regressions.log" >> "$out"; st=1; }
   fi
-  echo "fuzz: $h: ${seconds}s"
+  echo "fuzz: $h: ${seconds}s" >> "$out"
   if ! "$bin" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 \
       -max_len=65536 -print_final_stats=1 -artifact_prefix="$findings/$h/" \
       "$work/corpus_$h" "$work/seed_$h" > "$work/$h.log" 2>&1; then
-    echo "fuzz: $h: FINDING (log: $work/$h.log, input in $findings/$h/)"
-    tail -40 "$work/$h.log"
-    status=1
+    echo "fuzz: $h: FINDING (log: $work/$h.log, input in $findings/$h/)" >> "$out"
+    tail -40 "$work/$h.log" >> "$out"
+    st=1
   else
-    grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$work/$h.log" | tr '\n' ' '
-    echo
+    { grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$work/$h.log" | tr '\n' ' '; echo; } >> "$out"
   fi
-done
+  echo $st > "$work/$h.status"
+}
 
 # The Python API's harness (python/tests/fuzz/fuzz_session.py, atheris, in the venv with the
 # kiln package installed: make python-install): its regression inputs, then fuzzing from an
 # empty corpus (each input is one structured case) for the same time. Its findings go to
 # BUILD/fuzz-findings/python/, to be added to python/tests/fuzz/regressions/.
-python=${PYTHON:-$root/.venv/bin/python}
-harness="$root/python/tests/fuzz/fuzz_session.py"
-reg="$root/python/tests/fuzz/regressions"
-mkdir -p "$work/corpus_python" "$findings/python"
-if [ -d "$reg" ] && [ -n "$(ls -A "$reg" 2>/dev/null)" ]; then
-  echo "fuzz: python: $(ls "$reg" | wc -l) regression inputs"
-  "$python" "$harness" -rss_limit_mb=4096 -timeout=60 "$reg"/* > "$work/python-regressions.log" 2>&1 ||
-    { tail -40 "$work/python-regressions.log"; status=1; }
-fi
-echo "fuzz: python: ${seconds}s"
-if ! "$python" "$harness" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" -rss_limit_mb=4096 \
-    -timeout=60 -max_len=4096 -print_final_stats=1 -artifact_prefix="$findings/python/" \
-    "$work/corpus_python" > "$work/python.log" 2>&1; then
-  echo "fuzz: python: FINDING (log: $work/python.log, input in $findings/python/)"
-  tail -40 "$work/python.log"
-  status=1
-else
-  grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$work/python.log" | tr '\n' ' '
-  echo
-fi
+run_python() {
+  python=${PYTHON:-$root/.venv/bin/python}
+  harness="$root/python/tests/fuzz/fuzz_session.py"
+  reg="$root/python/tests/fuzz/regressions"
+  out="$work/python.report"
+  st=0
+  mkdir -p "$work/corpus_python" "$findings/python"
+  : > "$out"
+  if [ -d "$reg" ] && [ -n "$(ls -A "$reg" 2>/dev/null)" ]; then
+    echo "fuzz: python: $(ls "$reg" | wc -l) regression inputs" >> "$out"
+    "$python" "$harness" -rss_limit_mb=4096 -timeout=60 "$reg"/* > "$work/python-regressions.log" 2>&1 ||
+      { tail -40 "$work/python-regressions.log" >> "$out"; st=1; }
+  fi
+  echo "fuzz: python: ${seconds}s" >> "$out"
+  if ! "$python" "$harness" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" -rss_limit_mb=4096 \
+      -timeout=60 -max_len=4096 -print_final_stats=1 -artifact_prefix="$findings/python/" \
+      "$work/corpus_python" > "$work/python.log" 2>&1; then
+    echo "fuzz: python: FINDING (log: $work/python.log, input in $findings/python/)" >> "$out"
+    tail -40 "$work/python.log" >> "$out"
+    st=1
+  else
+    { grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$work/python.log" | tr '\n' ' '; echo; } >> "$out"
+  fi
+  echo $st > "$work/python.status"
+}
+
+# The four harnesses, FUZZ_JOBS at a time (default: one per core; each is one process).
+jobs=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}
+running=0
+for h in model tensor graph python; do
+  if [ "$h" = python ]; then run_python & else run_libfuzzer "$h" & fi
+  running=$((running + 1))
+  if [ "$running" -ge "$jobs" ]; then
+    wait
+    running=0
+  fi
+done
+wait
+
+status=0
+for h in model tensor graph python; do
+  cat "$work/$h.report"
+  [ "$(cat "$work/$h.status" 2>/dev/null)" = 0 ] || status=1
+done
 exit $status

@@ -40,8 +40,10 @@ inline bool isa_available(math::Isa isa) {
 
 }  // namespace kiln::testing
 
+// Tagged [isa] as well: the whole-suite runs at each lower level (test/CMakeLists.txt) leave
+// these cases out, as every run already takes them at every level.
 #define KILN_ISA_TEST_CASE(name, tags) \
-  TEMPLATE_TEST_CASE(name, tags, isa_generic, isa_avx2, isa_avx512)
+  TEMPLATE_TEST_CASE(name, tags "[isa]", isa_generic, isa_avx2, isa_avx512)
 
 // Inside a KILN_ISA_TEST_CASE: returns from the case when the level is not available.
 #define KILN_REQUIRE_ISA()                                    \

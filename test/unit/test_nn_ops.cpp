@@ -314,26 +314,27 @@ Tensor naive_conv(const Tensor& x, const Tensor& w, const Tensor* bias, const Co
   const auto vb = bias ? values(*bias) : std::vector<double>{};
   const int64_t cg = w.dim(1), mg = w.dim(0) / s.group;
   const Shape kshape(w.shape().begin() + 2, w.shape().end());
+  const int64_t taps = shape_numel(kshape);
+  // Each tap's coordinates, once (the sum below allocates nothing per product).
+  std::vector<std::vector<int64_t>> tap(static_cast<size_t>(taps));
+  for (int64_t kf = 0; kf < taps; ++kf) tap[static_cast<size_t>(kf)] = coords(kf, kshape);
   std::vector<double> y(static_cast<size_t>(shape_numel(out)));
   for (int64_t o = 0; o < shape_numel(out); ++o) {
     const auto oc = coords(o, out);
     const int64_t n = oc[0], m = oc[1], g = m / mg;
     double sum = bias ? vb[static_cast<size_t>(m)] : 0;
     for (int64_t c = 0; c < cg; ++c) {
-      for (int64_t kf = 0; kf < shape_numel(kshape); ++kf) {
-        const auto kc = coords(kf, kshape);
-        std::vector<int64_t> xc{n, g * cg + c};
+      for (int64_t kf = 0; kf < taps; ++kf) {
+        const std::vector<int64_t>& kc = tap[static_cast<size_t>(kf)];
+        int64_t xi = n * x.dim(1) + g * cg + c;  // x's flat index, one axis at a time
         bool inside = true;
-        for (size_t d = 0; d < r; ++d) {
+        for (size_t d = 0; d < r && inside; ++d) {
           const int64_t i = oc[d + 2] * s.strides[d] - s.pads[d] + kc[d] * s.dilations[d];
-          inside = inside && i >= 0 && i < x.dim(d + 2);
-          xc.push_back(i);
+          inside = i >= 0 && i < x.dim(d + 2);
+          xi = xi * x.dim(d + 2) + i;
         }
         if (!inside) continue;
-        std::vector<int64_t> wc{m, c};
-        wc.insert(wc.end(), kc.begin(), kc.end());
-        sum += vx[static_cast<size_t>(flat(xc, x.shape()))] *
-               vw[static_cast<size_t>(flat(wc, w.shape()))];
+        sum += vx[static_cast<size_t>(xi)] * vw[static_cast<size_t>((m * cg + c) * taps + kf)];
       }
     }
     y[static_cast<size_t>(o)] = sum;
@@ -1446,6 +1447,38 @@ TEST_CASE("MaxPool reports column-major indices with storage_order 1", "[nn]") {
   // Maxima 9 at (0,1) and 17 at (1,2): column-major offsets 0 + 1*2 = 2 and 1 + 2*2 = 5.
   CHECK(values(outs[0].tensor()) == std::vector<double>{9, 17});
   CHECK(values(outs[1].tensor()) == std::vector<double>{2, 5});
+}
+
+TEST_CASE("Pooling an empty input under padding gives empty windows' values", "[nn]") {
+  // Width 0 padded to windows that lie wholly in the padding (a graph the fuzzer made): the
+  // float plane kernels size their loads by the input's rows and must not be reached.
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const Shape& xs : {Shape{3, 3, 0}, Shape{1, 2, 1, 0}}) {
+    const size_t r = xs.size() - 2;
+    const Tensor x = Tensor::zeros(DataType::Float, xs);
+    Ints kernel(r, 1);
+    kernel.back() = 3;
+    Ints pads(2 * r, 0);
+    pads[r - 1] = 3;
+    Shape ys = xs;
+    ys.back() = 1;
+    OpTest mp("MaxPool", 12);
+    mp.input(x).attr("kernel_shape", kernel).attr("pads", pads);
+    const Tensor ymax = mp.run1();
+    REQUIRE(ymax.shape() == ys);
+    CHECK(values(ymax) == std::vector<double>(static_cast<size_t>(shape_numel(ys)), -inf));
+    OpTest mpi("MaxPool", 12);  // with Indices: the generic loop agrees
+    mpi.input(x).attr("kernel_shape", kernel).attr("pads", pads).outputs(2);
+    CHECK(values(mpi.run()[0].tensor()) == values(ymax));
+    for (const int64_t count_pad : {0, 1}) {
+      OpTest ap("AveragePool", 19);
+      ap.input(x).attr("kernel_shape", kernel).attr("pads", pads);
+      ap.attr("count_include_pad", count_pad);
+      const Tensor y = ap.run1();
+      REQUIRE(y.shape() == ys);
+      CHECK(values(y) == std::vector<double>(static_cast<size_t>(shape_numel(ys)), 0.0));
+    }
+  }
 }
 
 TEST_CASE("Pooling rejects bad attributes", "[nn]") {
