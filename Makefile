@@ -91,7 +91,8 @@ python-sdist: setup
 conformance: build
 	./$(BUILD)/test/kiln-conformance --check-allowlist test/conformance/allowlist.txt
 
-# The libFuzzer harnesses (test/fuzz: model loader, tensor readers, random small graphs),
+# The libFuzzer harnesses (test/fuzz: model loader, tensor readers, random small graphs, audio
+# files through read_audio),
 # built with clang, ASan and UBSan, and the Python API's atheris harness
 # (python/tests/fuzz: InferenceSession.run with hostile feeds, on the installed package),
 # each run for FUZZ_SECONDS after replaying the committed regression inputs, one harness per
@@ -100,7 +101,7 @@ conformance: build
 # outweighs the slower executions in a run of a minute.
 fuzz: setup python-install
 	CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O0 -g1" -DKILN_FUZZ=ON -DKILN_BUILD_TESTS=OFF
-	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target kiln-fuzz_model kiln-fuzz_tensor kiln-fuzz_graph
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target kiln-fuzz_model kiln-fuzz_tensor kiln-fuzz_graph kiln-fuzz_audio
 	./test/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 # The sanitizer builds' optimisation: -Og compiles in about two thirds of -O1's time (GCC 12,

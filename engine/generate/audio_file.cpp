@@ -33,7 +33,10 @@ std::string seconds_text(int64_t frames, int rate) {  // "12.34 s"
 // An open libsndfile handle whose stream info has been checked.
 class SoundFile {
  public:
-  explicit SoundFile(const std::string& path) : path_(path) {
+  // `lenient`: a stream cut short (read_audio's `report`) ends where the decodable audio
+  // ends, with a report, instead of failing.
+  explicit SoundFile(const std::string& path, bool lenient = false)
+      : path_(path), lenient_(lenient) {
     namespace fs = std::filesystem;
     std::error_code ec;
     const fs::file_status status = fs::status(path, ec);
@@ -46,6 +49,7 @@ class SoundFile {
     if (file_ == nullptr)
       throw audio_error(path, std::string("not a readable audio file: ") + sf_strerror(nullptr));
     check_info();
+    header_frames_ = wav_header_frames();
   }
 
   const SF_INFO& info() const { return info_; }
@@ -53,14 +57,19 @@ class SoundFile {
   // Decodes the next block and appends its frames to `mono` as the mean of the channels.
   // Returns false at the end of the stream; throws on a decoding error or a stream too long.
   bool read_mono_block(std::vector<float>& mono) {
+    if (ended_) return false;
     const int channels = info_.channels;
     interleaved_.resize(static_cast<size_t>(std::max<int64_t>(kBlockSamples, channels)));
     const sf_count_t frames = sf_readf_float(
         file_.get(), interleaved_.data(), static_cast<sf_count_t>(interleaved_.size()) / channels);
     if (sf_error(file_.get()) != SF_ERR_NO_ERROR) {
-      throw audio_error(path_, "decoding failed after " +
-                                   seconds_text(frames_read_, info_.samplerate) + ": " +
-                                   sf_strerror(file_.get()));
+      // The frames decoded before the error count (a lenient read keeps them).
+      const sf_count_t good = frames_read_ + std::max<sf_count_t>(frames, 0);
+      const std::string why = "decoding failed after " + seconds_text(good, info_.samplerate) +
+                              ": " + sf_strerror(file_.get());
+      if (!lenient_ || good == 0) throw audio_error(path_, why);
+      shortfall_ = why + " (the audio before it is read)";
+      ended_ = true;
     }
     if (frames <= 0) return false;
     frames_read_ += frames;
@@ -78,19 +87,24 @@ class SoundFile {
   }
 
   // After the last block: a stream that ended before the frame count its header gives was
-  // cut short (libsndfile stops a cut FLAC with an error, but a cut MP3 just ends early).
-  void check_complete() const {
+  // cut short (libsndfile stops a cut FLAC with an error, a cut MP3 just ends early, and a cut
+  // WAV's frame count is already the file's). Throws, or when lenient returns the report
+  // ("" for a complete stream).
+  std::string check_complete() {
     if (frames_read_ == 0) throw audio_error(path_, "no audio samples");
-    if (info_.frames == SF_COUNT_MAX) return;  // a stream of unknown length
-    // mpg123 estimates an MP3's length from the file size when it has no Xing/Info frame
-    // count, which tags can throw off a little: such a shortfall is not a cut file.
-    const bool estimate = (info_.format & SF_FORMAT_TYPEMASK) == SF_FORMAT_MPEG;
-    const sf_count_t slack = estimate ? info_.frames / 100 : 0;
-    if (frames_read_ + slack < info_.frames) {
-      throw audio_error(
-          path_, "truncated: the header gives " + seconds_text(info_.frames, info_.samplerate) +
-                     " of audio, the file holds " + seconds_text(frames_read_, info_.samplerate));
+    if (shortfall_.empty() && header_frames_ != SF_COUNT_MAX) {  // else of unknown length
+      // mpg123 estimates an MP3's length from the file size when it has no Xing/Info frame
+      // count, which tags can throw off a little: such a shortfall is not a cut file.
+      const bool estimate = (info_.format & SF_FORMAT_TYPEMASK) == SF_FORMAT_MPEG;
+      const sf_count_t slack = estimate ? header_frames_ / 100 : 0;
+      if (frames_read_ + slack < header_frames_) {
+        shortfall_ = "truncated: the header gives " +
+                     seconds_text(header_frames_, info_.samplerate) + " of audio, the file holds " +
+                     seconds_text(frames_read_, info_.samplerate);
+      }
     }
+    if (!shortfall_.empty() && !lenient_) throw audio_error(path_, shortfall_);
+    return shortfall_;
   }
 
  private:
@@ -109,7 +123,33 @@ class SoundFile {
                                    " hours");
   }
 
+  // The frames a WAV header's data chunk gives. libsndfile bounds the chunk by the file's
+  // size (and says so in its log: "data : 52920 (should be 26438)"), so info_.frames is what
+  // the file holds; a size a recorder leaves while streaming (0 or 0xFFFFFFFF) gives no
+  // length. Other formats: info_.frames.
+  sf_count_t wav_header_frames() const {
+    const int type = info_.format & SF_FORMAT_TYPEMASK;
+    if (type != SF_FORMAT_WAV && type != SF_FORMAT_WAVEX) return info_.frames;
+    std::string log(1 << 14, '\0');
+    sf_command(file_.get(), SFC_GET_LOG_INFO, log.data(), static_cast<int>(log.size()));
+    unsigned long long claimed = 0, holds = 0, align = 0;
+    const size_t data = log.find("\ndata : ");
+    const size_t block = log.find("Block Align");
+    if (data == std::string::npos || block == std::string::npos ||
+        std::sscanf(log.c_str() + data, "\ndata : %llu (should be %llu)", &claimed, &holds) != 2 ||
+        std::sscanf(log.c_str() + block, "Block Align : %llu", &align) != 1) {
+      return info_.frames;
+    }
+    if (claimed == 0 || claimed >= 0xffffffffULL || align == 0 || claimed <= holds)
+      return claimed == 0 || claimed >= 0xffffffffULL ? SF_COUNT_MAX : info_.frames;
+    return static_cast<sf_count_t>(claimed / align);
+  }
+
   std::string path_;
+  bool lenient_ = false;
+  sf_count_t header_frames_ = 0;
+  std::string shortfall_;  // why a lenient read ended early
+  bool ended_ = false;     // a lenient read met a decoding error: nothing more is read
   SF_INFO info_{};
   // Owned from sf_open on, so that a check failing in the constructor closes the file too.
   std::unique_ptr<SNDFILE, decltype(&sf_close)> file_{nullptr, &sf_close};
@@ -161,13 +201,14 @@ class Resampler {
 
 }  // namespace
 
-std::vector<float> read_audio(const std::string& path, int sample_rate) {
+std::vector<float> read_audio(const std::string& path, int sample_rate, std::string* report) {
+  if (report) report->clear();
   if (sample_rate < kMinRate || sample_rate > kMaxRate) {
     throw Error(ErrorKind::InvalidArgument, "output sample rate " + std::to_string(sample_rate) +
                                                 " Hz outside " + std::to_string(kMinRate) + " to " +
                                                 std::to_string(kMaxRate) + " Hz");
   }
-  SoundFile file(path);
+  SoundFile file(path, report != nullptr);
   std::vector<float> out, block;
   try {
     if (file.info().samplerate == sample_rate) {
@@ -188,7 +229,8 @@ std::vector<float> read_audio(const std::string& path, int sample_rate) {
   } catch (Error& e) {
     throw std::move(e.with_file(path));
   }
-  file.check_complete();
+  const std::string shortfall = file.check_complete();
+  if (report && !shortfall.empty()) *report = path + ": " + shortfall;
   return out;
 }
 

@@ -198,16 +198,22 @@ class PyCausalLm {
 void bind_generate(py::module_& m) {
   m.def(
       "read_audio",
-      [](const std::string& path, int sample_rate) {
+      [](const std::string& path, int sample_rate, bool strict) {
         std::vector<float> s;
+        std::string truncated;
         {
           py::gil_scoped_release release;
-          s = read_audio(path, sample_rate);
+          s = read_audio(path, sample_rate, strict ? nullptr : &truncated);
         }
+        // -1: the warnings filter made it an exception, which is then pending.
+        if (!truncated.empty() && PyErr_WarnEx(PyExc_UserWarning, truncated.c_str(), 1) != 0)
+          throw py::error_already_set();
         return py::array_t<float>(static_cast<py::ssize_t>(s.size()), s.data());
       },
-      py::arg("path"), py::arg("sample_rate") = 16000,
-      "Any audio file (WAV, FLAC, Ogg, MP3) as mono float32 samples at sample_rate.");
+      py::arg("path"), py::arg("sample_rate") = 16000, py::arg("strict") = false,
+      "Any audio file (WAV, FLAC, Ogg, MP3) as mono float32 samples at sample_rate. A file cut "
+      "short is read as far as it decodes with a UserWarning naming it (strict=True: an "
+      "InvalidArgumentError).");
 
   py::class_<Tokenizer>(m, "Tokenizer", "Byte-level BPE as Hugging Face tokenizers runs it.")
       .def(py::init([](const std::string& dir) { return Tokenizer::from_dir(dir); }),

@@ -4,12 +4,13 @@ committed references), the causal-LM loop, the tokenizer and audio reading."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
 
 import kiln
-from conftest import GPT2, WHISPER, gpt2_expected
+from conftest import GPT2, REPO, WHISPER, gpt2_expected
 
 REFS = json.loads((WHISPER / "expected_transcripts.json").read_text())
 
@@ -57,3 +58,22 @@ def test_causal_lm_and_tokenizer() -> None:
     ids = tok.encode(" some words")
     assert tok.decode(ids) == " some words"
     assert ids == case("greedy_prompt")["prompt_ids"][1:]
+
+
+def test_read_audio_reports_a_cut_file(tmp_path) -> None:
+    # A WAV cut at half: a UserWarning naming the file, and the samples that decode (the
+    # whole file's first ones); strict=True makes it an error naming the file.
+    source = REPO / "test" / "data" / "audio" / "pcm16_16k_mono.wav"
+    data = source.read_bytes()
+    cut = tmp_path / "cut.wav"
+    cut.write_bytes(data[: len(data) // 2])
+    whole = kiln.read_audio(str(source))
+    with pytest.warns(UserWarning, match=r"cut\.wav: truncated"):
+        part = kiln.read_audio(str(cut))
+    assert 0 < len(part) < len(whole)
+    np.testing.assert_array_equal(part, whole[: len(part)])
+    with pytest.raises(kiln.InvalidArgumentError, match=r"cut\.wav: truncated"):
+        kiln.read_audio(str(cut), strict=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a whole file warns nothing
+        kiln.read_audio(str(source))

@@ -1,8 +1,9 @@
 #!/bin/sh
 # kiln-transcribe end to end on the committed random Whisper: the tokens, prompts and segment
 # times of transformers' references (models/whisper-tiny-random/expected_transcripts.json),
-# the srt/vtt/txt formats, any audio file, and exit status 2 with one clear line for a missing
-# model file, an unreadable audio file or an unknown language.
+# the srt/vtt/txt formats, any audio file, a cut one (a warning; an error with --strict-audio),
+# and exit status 2 with one clear line for a missing model file, an unreadable audio file or
+# an unknown language.
 #   kiln_transcribe_test.sh KILN_TRANSCRIBE KILN_JSON_CHECK SOURCE_DIR
 set -u
 tr=$1
@@ -81,6 +82,12 @@ expect 0 '00:00:00,080 --> 00:00:10,260' -- "$whisper" "$whisper/sample.wav" --l
 expect 0 'WEBVTT' -- "$whisper" "$whisper/sample.wav" --language en --timestamps --beams 1 --max-new-tokens 40 --format vtt
 expect 0 '\[00:00:21.260 --> 00:00:23.580\]' -- "$whisper" "$whisper/sample.wav" --language en --timestamps --beams 1 --max-new-tokens 40
 expect 0 'de' -- "$whisper" "$whisper/sample.wav" --language en --beams 1 --max-new-tokens 10
+
+# A file cut short: transcribed as far as it goes with a warning naming it; an error under
+# --strict-audio.
+head -c 40000 "$whisper/sample.wav" >"$tmp/cut.wav"
+expect 0 'warning: .*cut.wav: truncated: the header gives 2.00 s of audio, the file holds 1.25 s' -- "$whisper" "$tmp/cut.wav" --language en --beams 1 --max-new-tokens 5
+expect 2 'cut.wav: truncated' -- "$whisper" "$tmp/cut.wav" --language en --beams 1 --max-new-tokens 5 --strict-audio
 
 # Errors: exit 2 and one line naming the problem.
 expect 2 'missing.*not a folder|not a folder.*missing' -- "$tmp/missing" "$whisper/sample.wav"

@@ -230,15 +230,57 @@ TEST_CASE("cut and corrupted audio files either read or give kiln::Error", "[aud
   CHECK(refused > 0);
 }
 
-TEST_CASE("a WAV header claiming 4 GB of data reads the bytes the file holds", "[audio]") {
-  // libsndfile bounds the data chunk by the file's size (recorders that stream leave such
-  // sizes in the header), and kiln allocates from what it decodes, never from the header.
+TEST_CASE("a WAV header claiming 4 GB of data is a truncated file; a streaming size is not",
+          "[audio]") {
+  // libsndfile bounds the data chunk by the file's size, and kiln allocates from what it
+  // decodes, never from the header. A size a recorder leaves while streaming (0xFFFFFFFF)
+  // gives no length; any other size beyond the file is a cut file.
   TempDir dir;
   std::string wav = pcm16_wav(16000, 1, {0.5f, -0.5f, 0.25f});
   for (int i = 0; i < 4; ++i) wav[40 + i] = '\xf0';  // the data chunk's size: 4 GB
-  const std::vector<float> x = read_audio(dir.file("huge.wav", wav));
+  const std::string huge = dir.file("huge.wav", wav);
+  CHECK_THAT(error_of(huge), Catch::Contains("huge.wav: truncated: the header gives") &&
+                                 Catch::Contains("the file holds 0.00 s"));
+  std::string report;
+  const std::vector<float> x = read_audio(huge, 16000, &report);
   REQUIRE(x.size() == 3);
   CHECK(x[0] == Approx(0.5).margin(1e-4));
+  CHECK_THAT(report, Catch::Contains("huge.wav: truncated"));
+  for (int i = 0; i < 4; ++i) wav[40 + i] = '\xff';
+  const std::string streamed = dir.file("streamed.wav", wav);
+  CHECK(read_audio(streamed).size() == 3);
+  CHECK(read_audio(streamed, 16000, &report).size() == 3);
+  CHECK(report.empty());
+}
+
+TEST_CASE("a cut file read with a report gives what decodes and says how much", "[audio]") {
+  // WAV, MP3 and FLAC cut at three quarters: without a report each is an error naming the
+  // file; with one the samples that decode come back (a WAV's are the whole file's first ones;
+  // the FLAC's first frame of two) and the report names the file and the seconds read. A
+  // whole file reads with an empty report.
+  TempDir dir;
+  for (const char* name : {"pcm16_44k_stereo.wav", "mp3_44k_stereo.mp3", "flac_22k_mono.flac"}) {
+    INFO(name);
+    const std::string bytes = file_bytes(kAudio + name);
+    const std::string cut =
+        dir.file(std::string("cut-") + name, bytes.substr(0, bytes.size() * 3 / 4));
+    CHECK_THAT(error_of(cut), Catch::Contains(std::string("cut-") + name));
+    std::string report = "stale";
+    const std::vector<float> whole = read_audio(kAudio + name, 16000, &report);
+    CHECK(report.empty());
+    const std::vector<float> part = read_audio(cut, 16000, &report);
+    CHECK_THAT(report, Catch::Contains(std::string("cut-") + name + ": "));
+    CHECK(!part.empty());
+    CHECK(part.size() < whole.size());
+    if (std::string(name).ends_with(".wav")) {
+      // Resampled from 44.1 kHz: the cut's samples equal the whole file's away from its end.
+      const size_t n = part.size() / 2;
+      CHECK(max_abs_diff(std::vector<float>(part.begin(), part.begin() + static_cast<long>(n)),
+                         std::vector<float>(whole.begin(), whole.begin() + static_cast<long>(n))) <
+            1e-6);
+      CHECK_THAT(report, Catch::Contains("truncated: the header gives"));
+    }
+  }
 }
 
 TEST_CASE("long-form log-mel features match transformers over a 70-s signal", "[audio]") {

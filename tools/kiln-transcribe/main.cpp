@@ -33,7 +33,7 @@ enum class Format { Txt, Srt, Vtt, Json };
 struct Options {
   std::string dir, audio;
   std::string language, task;
-  bool timestamps = false, features = false;
+  bool timestamps = false, features = false, strict_audio = false;
   int64_t beams = 5, best_of = 1, max_new = -1;
   std::vector<float> temperatures = {0.0f};  // the first; the rest come from the increment
   double temperature_increment = 0;
@@ -51,6 +51,8 @@ void define_options(CLI::App& app, Options& o) {
   app.add_option("MODEL_DIR", o.dir, "a Whisper export folder (Optimum's layout)")->type_name("");
   app.add_option("AUDIO", o.audio, "an audio file (WAV, FLAC, OGG, MP3; any rate and channels)")
       ->type_name("");
+  app.add_flag("--strict-audio", o.strict_audio,
+               "a truncated audio file is an error (by default a warning: what decodes is read)");
   app.add_flag("--features", o.features,
                "AUDIO is log-mel features in a .npy file [1, mels, frames] instead");
   app.add_option("--language", o.language,
@@ -237,7 +239,10 @@ int run(Options& o) {
     audio_seconds = f.rank() == 3 ? static_cast<double>(f.dim(2)) * 0.01 : 0;
     result = whisper.transcribe_features(f, t);
   } else {
-    const std::vector<float> samples = kiln::read_audio(o.audio);
+    std::string truncated;
+    const std::vector<float> samples =
+        kiln::read_audio(o.audio, 16000, o.strict_audio ? nullptr : &truncated);
+    if (!truncated.empty()) std::cerr << "kiln-transcribe: warning: " << truncated << "\n";
     audio_seconds = static_cast<double>(samples.size()) / 16000.0;
     if (progress) {
       t.on_segment = [&](const kiln::TranscriptSegment& s) {

@@ -27,7 +27,15 @@ namespace kiln {
 // the file's rate is already `sample_rate`. Throws kiln::Error naming the file for a missing
 // file, a folder, a file that is not audio or is truncated, and audio without samples or
 // longer than 24 hours.
-std::vector<float> read_audio(const std::string& path, int sample_rate = 16000);
+//
+// A truncated file is one whose stream ends before the length its header gives (a WAV data
+// chunk, an MP3's frame count) or stops decoding part way (a cut FLAC). With `report`, such a
+// file is read as far as it decodes and *report says so, naming the file and the seconds its
+// header gives and it holds (kiln-transcribe prints it as a warning; --strict-audio makes it
+// an error); *report is empty after a complete file. Without `report` it throws: a file is
+// never read short in silence.
+std::vector<float> read_audio(const std::string& path, int sample_rate = 16000,
+                              std::string* report = nullptr);
 
 // Reads a 16 kHz mono 16-bit PCM WAV file as samples in [-1, 1). Throws kiln::Error naming
 // the file for anything else (other rates, stereo, not a WAV); read_audio takes any file.
