@@ -2,10 +2,15 @@
 // zero-filled inputs for models whose inputs have small shapes.
 #pragma once
 
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <string>
 
 #include "kiln/kiln.h"
 
@@ -38,6 +43,16 @@ inline void run_with_zeros(Session& session) {
   }
   if (!session.missing_constants().empty()) return;
   session.run(std::move(inputs));
+}
+
+// Writes `size` bytes to this process's scratch file for `harness` (readers that take a path)
+// and returns its path.
+inline std::string scratch_file(const char* harness, const uint8_t* data, size_t size) {
+  const std::string path =
+      std::string("/tmp/kiln-fuzz-") + harness + "-" + std::to_string(static_cast<long>(getpid()));
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  return path;
 }
 
 // An exception other than kiln::Error escaped: library text would reach a user.

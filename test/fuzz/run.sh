@@ -50,24 +50,26 @@ for f in "$root"/models/*/*.npy; do
 done
 
 # One harness: its regression inputs (every committed one must run clean), then fuzzing for
-# the time given. Its report goes to $work/$1.report, its status to $work/$1.status.
-run_libfuzzer() {
-  h=$1
-  bin="$build/test/fuzz/kiln-fuzz_$h"
-  reg="$root/test/fuzz/regressions/$h"
+# the time given. Its report goes to $work/NAME.report, its status to $work/NAME.status.
+#   run_harness NAME REGRESSIONS_DIR "REPLAY_FLAGS" "FUZZ_FLAGS" "CORPORA" COMMAND...
+# (the quoted lists are split at spaces: build folders without spaces in their paths).
+run_harness() {
+  h=$1 reg=$2 replay=$3 flags=$4 corpora=$5
+  shift 5
   out="$work/$h.report"
   st=0
   mkdir -p "$work/corpus_$h" "$findings/$h"
   : > "$out"
   if [ -d "$reg" ] && [ -n "$(ls -A "$reg" 2>/dev/null)" ]; then
     echo "fuzz: $h: $(ls "$reg" | wc -l) regression inputs" >> "$out"
-    "$bin" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=30 "$reg"/* > "$work/$h-regressions.log" 2>&1 ||
+    # shellcheck disable=SC2086
+    "$@" $replay "$reg"/* > "$work/$h-regressions.log" 2>&1 ||
       { tail -40 "$work/$h-regressions.log" >> "$out"; st=1; }
   fi
   echo "fuzz: $h: ${seconds}s" >> "$out"
-  if ! "$bin" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 \
-      -max_len=65536 -print_final_stats=1 -artifact_prefix="$findings/$h/" \
-      "$work/corpus_$h" "$work/seed_$h" > "$work/$h.log" 2>&1; then
+  # shellcheck disable=SC2086
+  if ! "$@" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" $flags -print_final_stats=1 \
+      -artifact_prefix="$findings/$h/" $corpora > "$work/$h.log" 2>&1; then
     echo "fuzz: $h: FINDING (log: $work/$h.log, input in $findings/$h/)" >> "$out"
     tail -40 "$work/$h.log" >> "$out"
     st=1
@@ -77,34 +79,21 @@ run_libfuzzer() {
   echo $st > "$work/$h.status"
 }
 
+# A libFuzzer harness of test/fuzz, from its seeds; findings go to test/fuzz/regressions/NAME/.
+run_libfuzzer() {
+  run_harness "$1" "$root/test/fuzz/regressions/$1" "-rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=30" \
+    "-rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 -max_len=65536" \
+    "$work/corpus_$1 $work/seed_$1" "$build/test/fuzz/kiln-fuzz_$1"
+}
+
 # The Python API's harness (python/tests/fuzz/fuzz_session.py, atheris, in the venv with the
-# kiln package installed: make python-install): its regression inputs, then fuzzing from an
-# empty corpus (each input is one structured case) for the same time. Its findings go to
-# BUILD/fuzz-findings/python/, to be added to python/tests/fuzz/regressions/.
+# kiln package installed: make python-install), from an empty corpus (each input is one
+# structured case). Its findings go to BUILD/fuzz-findings/python/, to be added to
+# python/tests/fuzz/regressions/.
 run_python() {
-  python=${PYTHON:-$root/.venv/bin/python}
-  harness="$root/python/tests/fuzz/fuzz_session.py"
-  reg="$root/python/tests/fuzz/regressions"
-  out="$work/python.report"
-  st=0
-  mkdir -p "$work/corpus_python" "$findings/python"
-  : > "$out"
-  if [ -d "$reg" ] && [ -n "$(ls -A "$reg" 2>/dev/null)" ]; then
-    echo "fuzz: python: $(ls "$reg" | wc -l) regression inputs" >> "$out"
-    "$python" "$harness" -rss_limit_mb=4096 -timeout=60 "$reg"/* > "$work/python-regressions.log" 2>&1 ||
-      { tail -40 "$work/python-regressions.log" >> "$out"; st=1; }
-  fi
-  echo "fuzz: python: ${seconds}s" >> "$out"
-  if ! "$python" "$harness" -seed="${FUZZ_SEED:-1}" -max_total_time="$seconds" -rss_limit_mb=4096 \
-      -timeout=60 -max_len=4096 -print_final_stats=1 -artifact_prefix="$findings/python/" \
-      "$work/corpus_python" > "$work/python.log" 2>&1; then
-    echo "fuzz: python: FINDING (log: $work/python.log, input in $findings/python/)" >> "$out"
-    tail -40 "$work/python.log" >> "$out"
-    st=1
-  else
-    { grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$work/python.log" | tr '\n' ' '; echo; } >> "$out"
-  fi
-  echo $st > "$work/python.status"
+  run_harness python "$root/python/tests/fuzz/regressions" "-rss_limit_mb=4096 -timeout=60" \
+    "-rss_limit_mb=4096 -timeout=60 -max_len=4096" "$work/corpus_python" \
+    "${PYTHON:-$root/.venv/bin/python}" "$root/python/tests/fuzz/fuzz_session.py"
 }
 
 # The five harnesses, FUZZ_JOBS at a time (default: one per core; each is one process).
