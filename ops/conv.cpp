@@ -992,13 +992,6 @@ bool packable_filter(const Tensor& w, int64_t groups) {
           w.dtype() == DataType::BFloat16);
 }
 
-// Whether input i is an initializer of the node's graph (ShapeContext::constant's test).
-bool is_initializer(const NodeInfo& info, size_t i) {
-  if (!info.has_input(i)) return false;
-  const ir::ValueInfo& v = info.graph().value(info.node().inputs[i]);
-  return v.origin == ir::ValueOrigin::Initializer && v.constant.defined();
-}
-
 // The workspace of one convolution, as both the kernel and conv_workspace lay it out: for half
 // types X, the bias, the filter of the direct loops and Y in float; the packed filter when it
 // was not packed at load (`filter_at_load`); the convolution before a broadcasting Z is added
@@ -1070,7 +1063,7 @@ class Conv final : public Kernel {
     // A constant filter is packed for the GEMM once (not for the direct convolutions, which
     // read it as it is; see use_direct).
     const Tensor* w = info.constant_input(1);
-    filter_planned_ = is_initializer(info, 1) &&
+    filter_planned_ = info.is_initializer(1) &&
                       packable_filter(info.graph().value(info.node().inputs[1]).constant, group_);
     if (w && packable_filter(*w, group_)) {
       form_ = hinted_form(info, *w);

@@ -288,13 +288,6 @@ std::shared_ptr<const Tensor> prepare_filter(const NodeInfo& info, size_t input,
                              [groups](const Tensor& f) { return pack_filter(f, groups); });
 }
 
-// Whether input i is an initializer of the node's graph (ShapeContext::constant's test).
-bool is_initializer(const NodeInfo& info, size_t i) {
-  if (!info.has_input(i)) return false;
-  const ir::ValueInfo& v = info.graph().value(info.node().inputs[i]);
-  return v.origin == ir::ValueOrigin::Initializer && v.constant.defined();
-}
-
 // The workspace, as the kernels and filter_workspace lay it out: the filter packed at run
 // time unless it was packed at load (`at_load`).
 WorkspaceLayout filter_parts(const Shape& w, int64_t groups, bool at_load) {
@@ -317,7 +310,7 @@ class ConvInteger final : public Kernel {
   explicit ConvInteger(const NodeInfo& info)
       : attrs_(info),
         filters_(prepare_filter(info, 1, attrs_.group)),
-        at_load_(filters_ && is_initializer(info, 1)) {}
+        at_load_(filters_ && info.is_initializer(1)) {}
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Tensor& w = ctx.input(1);
@@ -348,7 +341,7 @@ class QLinearConv final : public Kernel {
   explicit QLinearConv(const NodeInfo& info)
       : attrs_(info),
         filters_(prepare_filter(info, 3, attrs_.group)),
-        at_load_(filters_ && is_initializer(info, 3)) {}
+        at_load_(filters_ && info.is_initializer(3)) {}
   void run(OpContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Tensor& w = ctx.input(3);

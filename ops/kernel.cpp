@@ -34,6 +34,12 @@ const Tensor* NodeInfo::constant_input(size_t i) const {
   return nullptr;
 }
 
+bool NodeInfo::is_initializer(size_t i) const {
+  if (!has_input(i)) return false;
+  const ir::ValueInfo& v = graph_.value(node_.inputs[i]);
+  return v.origin == ir::ValueOrigin::Initializer && v.constant.defined();
+}
+
 std::shared_ptr<const Tensor> NodeInfo::prepared_input(
     size_t i, const std::string& packing, const std::function<Tensor(const Tensor&)>& make) const {
   const Tensor* w = constant_input(i);

@@ -116,6 +116,10 @@ class NodeInfo {
   // one of an enclosing graph that a nested graph captures (Optimum's merged decoders keep
   // every weight in the outer graph).
   const Tensor* constant_input(size_t i) const;
+  // Whether input i is an initializer of this node's own graph (not a capture): a weight the
+  // shape rules see as constant (ShapeContext::constant), so workspace and buffer plans made
+  // at load may rely on it.
+  bool is_initializer(size_t i) const;
   // A prepared form of constant input i (see constant_input): `make` turns the weight into
   // the form the kernel runs on (packed, widened, reordered), and `packing` names that form
   // (the same name must always mean the same `make`). Sessions of one Environment share one

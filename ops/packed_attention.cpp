@@ -100,13 +100,6 @@ Parts workspace_parts(const Sizes& z, int64_t cols, const Request& r) {
   return p;
 }
 
-// Whether input i is an initializer of the node's graph (ShapeContext::constant's test).
-bool is_initializer(const NodeInfo& info, size_t i) {
-  if (!info.has_input(i)) return false;
-  const ir::ValueInfo& v = info.graph().value(info.node().inputs[i]);
-  return v.origin == ir::ValueOrigin::Initializer && v.constant.defined();
-}
-
 class PackedAttention final : public Kernel {
  public:
   explicit PackedAttention(const NodeInfo& info, bool quantized = false)
@@ -119,7 +112,7 @@ class PackedAttention final : public Kernel {
         qkv_sizes_(info.attr_ints("qkv_hidden_sizes")),
         packed_(quantized ? PackedWeight{} : pack_constant_b(info, 1, false)),
         qpacked_(quantized ? pack_constant_qb(info, 1, false) : QPackedWeight{}),
-        w_initializer_(is_initializer(info, 1)) {
+        w_initializer_(info.is_initializer(1)) {
     if (heads_ <= 0) info.fail("num_heads must be positive");
     if (info.attr_int("do_rotary", 0) != 0)
       info.fail("do_rotary is not supported", ErrorKind::Unsupported);
