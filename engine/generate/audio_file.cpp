@@ -140,8 +140,8 @@ class SoundFile {
         std::sscanf(log.c_str() + block, "Block Align : %llu", &align) != 1) {
       return info_.frames;
     }
-    if (claimed == 0 || claimed >= 0xffffffffULL || align == 0 || claimed <= holds)
-      return claimed == 0 || claimed >= 0xffffffffULL ? SF_COUNT_MAX : info_.frames;
+    if (claimed == 0 || claimed >= 0xffffffffULL) return SF_COUNT_MAX;  // a streaming size
+    if (align == 0 || claimed <= holds) return info_.frames;
     return static_cast<sf_count_t>(claimed / align);
   }
 
@@ -224,11 +224,11 @@ std::vector<float> read_audio(const std::string& path, int sample_rate, std::str
       const double ratio = static_cast<double>(sample_rate) / info.samplerate;
       out.reserve(static_cast<size_t>(static_cast<double>(info.frames) * ratio) + 1024);
     }
-    if (file.info().samplerate == sample_rate) {
+    if (info.samplerate == sample_rate) {
       while (file.read_mono_block(out)) {
       }
     } else {
-      Resampler resampler(file.info().samplerate, sample_rate);
+      Resampler resampler(info.samplerate, sample_rate);
       while (file.read_mono_block(block)) {
         resampler.process(block, out);
         block.clear();

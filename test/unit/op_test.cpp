@@ -390,34 +390,33 @@ double element(const Tensor& t, int64_t i) {
     }
     i = at;
   }
-  const Tensor& c = t;
-  switch (c.dtype()) {
+  switch (t.dtype()) {
     case DataType::Float:
-      return c.data<const float>()[i];
+      return t.data<const float>()[i];
     case DataType::Double:
-      return c.data<const double>()[i];
+      return t.data<const double>()[i];
     case DataType::Float16:
-      return static_cast<float>(c.data<const float16>()[i]);
+      return static_cast<float>(t.data<const float16>()[i]);
     case DataType::BFloat16:
-      return static_cast<float>(c.data<const bfloat16>()[i]);
+      return static_cast<float>(t.data<const bfloat16>()[i]);
     case DataType::Int8:
-      return c.data<const int8_t>()[i];
+      return t.data<const int8_t>()[i];
     case DataType::Int16:
-      return c.data<const int16_t>()[i];
+      return t.data<const int16_t>()[i];
     case DataType::Int32:
-      return c.data<const int32_t>()[i];
+      return t.data<const int32_t>()[i];
     case DataType::Int64:
-      return static_cast<double>(c.data<const int64_t>()[i]);
+      return static_cast<double>(t.data<const int64_t>()[i]);
     case DataType::UInt8:
-      return c.data<const uint8_t>()[i];
+      return t.data<const uint8_t>()[i];
     case DataType::UInt16:
-      return c.data<const uint16_t>()[i];
+      return t.data<const uint16_t>()[i];
     case DataType::UInt32:
-      return c.data<const uint32_t>()[i];
+      return t.data<const uint32_t>()[i];
     case DataType::UInt64:
-      return static_cast<double>(c.data<const uint64_t>()[i]);
+      return static_cast<double>(t.data<const uint64_t>()[i]);
     case DataType::Bool:
-      return c.data<const bool>()[i] ? 1 : 0;
+      return t.data<const bool>()[i] ? 1 : 0;
     default:
       FAIL("element: unsupported type");
       return 0;
