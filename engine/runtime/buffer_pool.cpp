@@ -5,9 +5,15 @@
 #include <cstdlib>
 #include <new>
 
+#include <sys/mman.h>
+
 namespace kiln {
 
 constexpr size_t kAlignment = 64;
+// Buffers from this size on are mappings of their own (page-aligned), so that freeing one gives
+// its pages back to the system at once, whatever else lives in the heap around it.
+constexpr size_t kMapBytes = size_t{256} << 10;
+constexpr size_t kPageBytes = 4096;
 
 size_t pool_size_class(size_t bytes) {
   if (bytes <= 1024)
@@ -20,8 +26,8 @@ size_t pool_size_class(size_t bytes) {
 namespace detail {
 
 PoolCore::~PoolCore() {
-  for (auto& [cap, p] : free_) std::free(p);
-  std::free(arena_);
+  for (const Cached& c : free_) free_block(c.data);
+  free_block(arena_);
   free_storage_blocks();
 }
 
@@ -148,9 +154,9 @@ bool PoolCore::reserve_arena(uint64_t bytes, PoolRun* run) {
   // where the first output that goes over the limit fails with its node and size.
   if (memory_limit > 0 && bytes > memory_limit) return false;
   const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  auto* fresh = static_cast<std::byte*>(std::aligned_alloc(kAlignment, rounded));
+  std::byte* fresh = allocate_block(rounded);
   if (!fresh) return false;
-  std::free(arena_);
+  free_block(arena_);
   arena_ = fresh;
   arena_capacity_ = rounded;
   ++allocations;
@@ -166,6 +172,7 @@ std::shared_ptr<Storage> PoolCore::acquire_arena_input(
     const std::shared_ptr<const ArenaLayout>& layout, size_t index, size_t bytes, PoolRun* counts) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (arena_run_ || !reserve_arena(layout->arena_bytes, counts)) return nullptr;
+  note_arena_use(layout->arena_bytes);
   size_t capacity = 0;
   std::byte* data = place_in_arena(*layout, index, bytes, capacity);
   if (!data) return nullptr;
@@ -196,12 +203,10 @@ std::shared_ptr<Storage> PoolCore::acquire(size_t bytes, PoolRun* run, bool plan
     // Best fit among cached buffers no more than twice the size class.
     auto it = data ? free_.end()
                    : std::lower_bound(free_.begin(), free_.end(), cls,
-                                      [](const std::pair<size_t, std::byte*>& e, size_t v) {
-                                        return e.first < v;
-                                      });
-    if (it != free_.end() && it->first <= 2 * cls) {
-      capacity = it->first;
-      data = it->second;
+                                      [](const Cached& e, size_t v) { return e.capacity < v; });
+    if (it != free_.end() && it->capacity <= 2 * cls) {
+      capacity = it->capacity;
+      data = it->data;
       free_.erase(it);
       bytes_cached -= capacity;
       ++reuses;
@@ -209,7 +214,12 @@ std::shared_ptr<Storage> PoolCore::acquire(size_t bytes, PoolRun* run, bool plan
     }
   }
   if (!data) {
-    data = static_cast<std::byte*>(std::aligned_alloc(kAlignment, capacity));
+    if (capacity < kMapBytes) {
+      data = allocate_block(capacity);
+    } else {
+      std::lock_guard<std::mutex> lock(mutex_);
+      data = allocate_block(capacity);
+    }
     if (!data) throw std::bad_alloc();
     ++allocations;
     bytes_allocated += capacity;
@@ -246,10 +256,9 @@ void PoolCore::release(std::byte* data, size_t capacity) {
     if (it != arena_live_.end() && it->first == offset) arena_live_.erase(it);
     return;
   }
-  auto at = std::upper_bound(
-      free_.begin(), free_.end(), capacity,
-      [](size_t v, const std::pair<size_t, std::byte*>& e) { return v < e.first; });
-  free_.insert(at, {capacity, data});
+  auto at = std::upper_bound(free_.begin(), free_.end(), capacity,
+                             [](size_t v, const Cached& e) { return v < e.capacity; });
+  free_.insert(at, {capacity, data, runs_ended_});
   bytes_cached += capacity;
 }
 
@@ -291,6 +300,7 @@ bool PoolCore::begin_arena(PoolRun& run, std::shared_ptr<const ArenaLayout> layo
   // Buffers still live in the arena (the run's inputs, another run's buffers, or an earlier
   // run's buffer the caller kept) are safe: every request is checked against them.
   if (arena_run_ || !reserve_arena(layout->arena_bytes, &run)) return false;
+  note_arena_use(layout->arena_bytes);
   layout_ = std::move(layout);
   arena_next_ = first;
   arena_run_ = &run;
@@ -305,10 +315,92 @@ void PoolCore::end_arena(PoolRun& run) {
   run.in_arena = false;
 }
 
+// Called with mutex_ held for blocks of kMapBytes or more. Null when the system has no
+// memory for it.
+std::byte* PoolCore::allocate_block(size_t bytes) {
+  if (bytes < kMapBytes) return static_cast<std::byte*>(std::aligned_alloc(kAlignment, bytes));
+  const size_t length = (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  auto* data = static_cast<std::byte*>(p);
+  auto at = std::lower_bound(
+      mapped_.begin(), mapped_.end(), data,
+      [](const std::pair<std::byte*, size_t>& e, std::byte* v) { return e.first < v; });
+  mapped_.insert(at, {data, length});
+  return data;
+}
+
+// Called with mutex_ held (or from the destructor): a block of allocate_block's, or a heap
+// buffer the pool adopted.
+void PoolCore::free_block(std::byte* data) {
+  if (!data) return;
+  auto it = std::lower_bound(
+      mapped_.begin(), mapped_.end(), data,
+      [](const std::pair<std::byte*, size_t>& e, std::byte* v) { return e.first < v; });
+  if (it != mapped_.end() && it->first == data) {
+    munmap(data, it->second);
+    mapped_.erase(it);
+    return;
+  }
+  std::free(data);
+}
+
+void PoolCore::set_keep_runs(uint32_t runs) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  keep_runs_ = runs;
+  arena_used_.assign(runs, 0);
+}
+
+// Called with mutex_ held.
+void PoolCore::note_arena_use(uint64_t bytes) {
+  if (keep_runs_ == 0) return;
+  uint64_t& used = arena_used_[runs_ended_ % keep_runs_];
+  used = std::max(used, bytes);
+}
+
+PoolCore::Sweep PoolCore::end_run() {
+  Sweep sweep;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    sweep_locked(sweep);
+  }
+  return sweep;
+}
+
+// Called with mutex_ held.
+void PoolCore::sweep_locked(Sweep& sweep) {
+  ++runs_ended_;
+  if (keep_runs_ > 0) {
+    // Kept: buffers returned during the last keep_runs_ runs (or since the last one ended).
+    const uint64_t oldest_kept = runs_ended_ > keep_runs_ ? runs_ended_ - keep_runs_ : 0;
+    auto kept = std::remove_if(free_.begin(), free_.end(), [&](const Cached& c) {
+      if (c.returned_at >= oldest_kept) return false;
+      ++sweep.buffers_freed;
+      sweep.bytes_freed += c.capacity;
+      free_block(c.data);
+      return true;
+    });
+    free_.erase(kept, free_.end());
+    bytes_cached -= sweep.bytes_freed;
+    // The ring entry of the run that ended keep_runs_ runs ago makes room for the next one.
+    const uint64_t recent = *std::max_element(arena_used_.begin(), arena_used_.end());
+    arena_used_[runs_ended_ % keep_runs_] = 0;
+    if (arena_ && arena_capacity_ > recent && !arena_run_ && arena_live_.empty()) {
+      free_block(arena_);
+      arena_ = nullptr;
+      ++sweep.buffers_freed;
+      sweep.bytes_freed += arena_capacity_;
+      arena_capacity_ = 0;
+    }
+  }
+  sweep.bytes_cached = bytes_cached;
+  sweep.arena_capacity = arena_capacity_;
+}
+
 void PoolCore::trim() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [cap, p] : free_) std::free(p);
+    for (const Cached& c : free_) free_block(c.data);
     free_.clear();
     bytes_cached = 0;
   }

@@ -64,6 +64,20 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   void release(std::byte* data, size_t capacity);
   // Frees every cached buffer not in use (and the storage blocks not in use).
   void trim();
+
+  // The end of a run of the session (whether it succeeded or not): counts it, frees the
+  // cached buffers that no run took or returned during the last `keep_runs` runs, and frees
+  // the arena when no run of the last `keep_runs` used a layout as large as it (and nothing
+  // lives in it; the next run that needs it allocates it at its layout's size). So under
+  // changing shapes the pool holds only what recent runs used, and an arena made for one
+  // large input does not stay. keep_runs 0: nothing is freed here.
+  struct Sweep {
+    uint64_t buffers_freed = 0, bytes_freed = 0;
+    uint64_t bytes_cached = 0;    // cached buffers kept for later runs, after the sweep
+    uint64_t arena_capacity = 0;  // the arena's bytes after the sweep
+  };
+  Sweep end_run();
+  void set_keep_runs(uint32_t runs);
   // Makes a uniquely owned heap storage a pool buffer: when it is released it serves later
   // requests instead of being freed. False (and nothing changes) for other kinds.
   bool adopt(Storage& s);
@@ -119,10 +133,27 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   bool reserve_arena(uint64_t bytes, PoolRun* run);
 
   std::mutex mutex_;
+  // A cached buffer, stamped with the number of runs ended when it was returned.
+  struct Cached {
+    size_t capacity;
+    std::byte* data;
+    uint64_t returned_at;
+  };
   // Sorted vectors rather than node-based maps: after warm-up, taking and returning a buffer
   // allocates nothing. Cached buffers of one capacity keep the order they were returned in.
-  std::vector<std::pair<size_t, std::byte*>> free_;  // (capacity, buffer), by capacity
-  PoolRun* recorder_ = nullptr;                      // the run recording, if any
+  std::vector<Cached> free_;  // by capacity
+  uint64_t runs_ended_ = 0;
+  uint32_t keep_runs_ = 0;
+  // The largest layout each of the last keep_runs_ runs placed in the arena (a ring indexed
+  // by runs_ended_ at the time).
+  std::vector<uint64_t> arena_used_;
+  void note_arena_use(uint64_t bytes);
+  std::byte* allocate_block(size_t bytes);
+  void free_block(std::byte* data);
+  // The blocks that are mappings of their own, with their lengths, by address.
+  std::vector<std::pair<std::byte*, size_t>> mapped_;
+  void sweep_locked(Sweep& sweep);
+  PoolRun* recorder_ = nullptr;  // the run recording, if any
   std::vector<RecordedBuffer> recorded_;
   std::map<const std::byte*, size_t> recorded_live_;  // buffer -> index in recorded_
   std::shared_ptr<const ArenaLayout> layout_;

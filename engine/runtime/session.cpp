@@ -308,6 +308,7 @@ struct Session::Impl {
     preparer->release_unread_originals(*plan);
     profile = options.profile;
     pool.core().memory_limit = options.memory_limit;
+    pool.core().set_keep_runs(options.pool_keep_runs);
     // Plan the arena from inferred shapes (SessionOptions::arena_from_shapes) when shape
     // inference covers every node, nested graphs' included, and every node running nested
     // graphs states its runs (a placement rule).
@@ -384,6 +385,13 @@ struct Session::Impl {
   void execute(ExecutorScratch& scratch, const RunOptions& options, detail::ArenaRun& arena_run,
                RunStats& run_stats, std::vector<NodeEvent>& events);
   void hand_outputs(std::vector<Value>& results, std::vector<NamedValue>& out) const;
+  // After a run's buffers went back to the pool: the pool's end-of-run sweep, into its stats.
+  void end_run(RunStats& run_stats) {
+    const detail::PoolCore::Sweep sweep = pool.core().end_run();
+    run_stats.pool_bytes_cached = sweep.bytes_cached;
+    run_stats.arena_capacity = sweep.arena_capacity;
+    run_stats.pool_bytes_freed = sweep.bytes_freed;
+  }
 
   void check_input(const IoInfo& io, const Value& v) const {
     auto fail = [&](const std::string& why) {
@@ -663,7 +671,11 @@ struct ScratchHold {
   }
   ScratchHold(const ScratchHold&) = delete;
   ScratchHold& operator=(const ScratchHold&) = delete;
-  ~ScratchHold() {
+  ~ScratchHold() { release(); }
+  // Drops the run's inputs and results (their buffers go back to the pool) and gives the
+  // scratch back.
+  void release() {
+    if (!scratch) return;
     scratch->inputs.clear();
     scratch->results.clear();
     std::lock_guard<std::mutex> lock(mutex);
@@ -771,11 +783,15 @@ void Session::Impl::run(std::span<NamedValue> named, std::vector<NamedValue>& ou
     arena->begin(arena_run, scratch.inputs, input_names, run_stats);
     execute(scratch, options, arena_run, run_stats, events);
   } catch (...) {
+    hold.release();
+    end_run(run_stats);
     if (stats_out) *stats_out = run_stats;  // the counters up to the failure
     throw;
   }
   hand_outputs(scratch.results, out);
   arena->finish(arena_run, run_stats);
+  hold.release();
+  end_run(run_stats);
 
   if (stats_out) *stats_out = run_stats;
   if (profile_out) *profile_out = events;

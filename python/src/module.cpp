@@ -97,6 +97,11 @@ void bind_options(py::module_& m) {
           "memory_limit", [](const O& o) { return o.kiln.memory_limit; },
           [](O& o, uint64_t v) { o.kiln.memory_limit = v; },
           "Most bytes a run's tensors may hold at once (0: no limit).")
+      .def_property(
+          "pool_keep_runs", [](const O& o) { return o.kiln.pool_keep_runs; },
+          [](O& o, uint32_t v) { o.kiln.pool_keep_runs = v; },
+          "Cached buffers no run took or returned during the last this many runs are freed "
+          "at the end of each run (0: kept until the session ends).")
       .def_readwrite("log_severity_level", &O::log_severity_level, "Accepted; kiln writes no log.")
       .def_readwrite("log_verbosity_level", &O::log_verbosity_level,
                      "Accepted; kiln writes no log.")

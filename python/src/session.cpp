@@ -354,6 +354,9 @@ py::dict PySession::last_run_stats() const {
   d["in_place_ops"] = s.in_place_ops;
   d["arena_bytes"] = s.arena_bytes;
   d["arena_lower_bound"] = s.arena_lower_bound;
+  d["arena_capacity"] = s.arena_capacity;
+  d["pool_bytes_cached"] = s.pool_bytes_cached;
+  d["pool_bytes_freed"] = s.pool_bytes_freed;
   d["arena_served"] = s.arena_served;
   d["arena_missed"] = s.arena_missed;
   d["arena_from_shapes"] = s.arena_from_shapes;

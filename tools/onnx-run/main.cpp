@@ -380,7 +380,10 @@ int run(const Options& o) {
                       {"arena_served", stats.arena_served},
                       {"arena_missed", stats.arena_missed},
                       {"arena_input_bytes", stats.arena_input_bytes},
-                      {"arena_from_shapes", stats.arena_from_shapes}};
+                      {"arena_from_shapes", stats.arena_from_shapes},
+                      {"arena_capacity", stats.arena_capacity},
+                      {"pool_bytes_cached", stats.pool_bytes_cached},
+                      {"pool_bytes_freed", stats.pool_bytes_freed}};
     const kiln::LoadStats& ls = session.load_stats();
     j["load_stats"] = {{"weights_bytes", ls.weights_bytes},
                        {"weights_mapped_bytes", ls.weights_mapped_bytes},

@@ -57,6 +57,13 @@ struct RunStats {
   // run that Session::allocate_input placed in it (each rounded up to 64, as in
   // arena_bytes; they are counted in arena_served too).
   uint64_t arena_input_bytes = 0;
+  // The pool after the run (SessionOptions::pool_keep_runs): the bytes of the buffers it
+  // keeps cached for later runs, the arena's bytes, and what the end of this run gave back
+  // (buffers no run of the last pool_keep_runs took or returned; the arena when no recent
+  // run used a layout as large).
+  uint64_t pool_bytes_cached = 0;
+  uint64_t arena_capacity = 0;
+  uint64_t pool_bytes_freed = 0;
   uint64_t nodes_run = 0;  // nodes executed, subgraph nodes included
   // With SessionOptions::count_denormals: float32 elements of the nodes' outputs that are
   // denormal (nonzero, below 2^-126), subnormal results the kernels produced (a view of an
@@ -270,6 +277,12 @@ struct SessionOptions {
   // creation, as onnxruntime's optimized_model_filepath does. Weights are embedded unless
   // they exceed 1 GiB (then large ones go to PATH.data beside it).
   std::string optimized_model_path;
+  // Memory that stays flat under changing shapes: at the end of each run, the session's pool
+  // frees the cached buffers that no run took or returned during the last pool_keep_runs
+  // runs, and the arena when none of those runs used a layout as large as it. Between runs a
+  // session holds what its recent runs used, not every shape it has seen (RunStats::
+  // pool_bytes_cached, arena_capacity). 0: buffers stay cached until the session ends.
+  uint32_t pool_keep_runs = 64;
   // The most bytes a run's tensors may hold at once (0: no limit). An output that would go
   // over it fails the run with a kiln::Error (Memory) naming the node, the output's shape and
   // the bytes, before anything is allocated.
