@@ -15,6 +15,7 @@
 #include "engine/runtime/arena_state.h"
 #include "engine/runtime/buffer_pool.h"
 #include "engine/runtime/executor.h"
+#include "engine/runtime/scratch_hold.h"
 #include "engine/runtime/session_internal.h"
 #include "engine/runtime/weight_release.h"
 #include "engine/util/float_mode.h"
@@ -648,42 +649,6 @@ void Session::run(std::vector<NamedValue>& inputs, std::vector<NamedValue>& outp
                   const RunOptions& options, RunStats* stats, std::vector<NodeEvent>* profile) {
   impl_->run(inputs, outputs, options, stats, profile);
 }
-
-namespace {
-
-// Lends a run an executor scratch of the session (a new one when all are in use) and gives
-// it back when the run ends, normally or by an exception, emptied of the run's values.
-struct ScratchHold {
-  std::mutex& mutex;
-  std::vector<std::unique_ptr<ExecutorScratch>>& free_scratch;
-  std::unique_ptr<ExecutorScratch> scratch;
-
-  ScratchHold(std::mutex& m, std::vector<std::unique_ptr<ExecutorScratch>>& free)
-      : mutex(m), free_scratch(free) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (!free_scratch.empty()) {
-        scratch = std::move(free_scratch.back());
-        free_scratch.pop_back();
-      }
-    }
-    if (!scratch) scratch = std::make_unique<ExecutorScratch>();
-  }
-  ScratchHold(const ScratchHold&) = delete;
-  ScratchHold& operator=(const ScratchHold&) = delete;
-  ~ScratchHold() { release(); }
-  // Drops the run's inputs and results (their buffers go back to the pool) and gives the
-  // scratch back.
-  void release() {
-    if (!scratch) return;
-    scratch->inputs.clear();
-    scratch->results.clear();
-    std::lock_guard<std::mutex> lock(mutex);
-    free_scratch.push_back(std::move(scratch));
-  }
-};
-
-}  // namespace
 
 void Session::Impl::bind_inputs(std::span<NamedValue> named, ExecutorScratch& scratch) const {
   const ir::Graph& g = *model.graph;
