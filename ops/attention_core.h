@@ -3,16 +3,34 @@
 // [batch, heads, rows, head size] views, grouped KV heads, causal and window limits per
 // batch, boolean or additive masks and softcap. solve() splits the work over (batch, head,
 // block of query rows); each task multiplies in the GEMM layer straight from the views
-// (ops/attention.cpp).
+// (ops/attention_core.cpp).
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kiln/tensor.h"
 #include "ops/kernel.h"
 #include "ops/workspace.h"
 
 namespace kiln::ops::sdpa {
+
+// One value converted between the element types the attention ops read (half types through
+// float).
+template <typename D, typename S>
+D convert_value(S v) {
+  if constexpr (std::is_same_v<D, float16> || std::is_same_v<D, bfloat16>) {
+    return D(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<S, float16> || std::is_same_v<S, bfloat16>) {
+    return static_cast<D>(static_cast<float>(v));
+  } else {
+    return static_cast<D>(v);
+  }
+}
+
+// Bounds for user-controlled positions (nonpad_kv_seqlen, window sizes) so that sums of a
+// few of them with real sizes cannot overflow; anything beyond acts the same.
+constexpr int64_t kPosLimit = int64_t{1} << 52;
 
 // Element strides of a [batch, heads, rows, cols] tensor whose cols have unit stride.
 struct Layout {
