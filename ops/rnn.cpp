@@ -19,10 +19,7 @@
 // once per direction at session creation; the cell arithmetic is the float LSTM's.
 #include <tbb/task_arena.h>
 
-#include <Eigen/Core>
 #include <algorithm>
-#include <cctype>
-#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -32,234 +29,26 @@
 #include "ops/math/gemm.h"
 #include "ops/math/qgemm.h"
 #include "ops/math/threading.h"
-#include "ops/quantize.h"
+#include "ops/rnn_activation.h"
+#include "ops/rnn_weights.h"
 
 namespace kiln::ops {
 namespace {
 
 enum class Cell { Rnn, Gru, Lstm };
 
-// n values at p as an Eigen array (the vectorised tanh and logistic of the cell arithmetic).
-template <typename C>
-using ArrayMap = Eigen::Map<Eigen::Array<C, Eigen::Dynamic, 1>>;
-template <typename C>
-ArrayMap<C> array(C* p, int64_t n) {
-  return ArrayMap<C>(p, n);
-}
-
-// A [dirs, rows, k] weight (W or R) packed for the GEMM as the right operand: per direction
-// its transpose [k x rows] in column segments, one after another. GRU's R has two segments,
-// the z and r gates [0, 2h) and the candidate [2h, 3h) (whose product is taken apart, after
-// the reset gate); every other weight one.
-struct WeightLayout {
-  int64_t dirs = 0, rows = 0, k = 0;
-  bool split = false;
-  int nr = 0;
-
-  // Columns of segment `i` of a direction.
-  int64_t begin(int i) const { return i == 0 ? 0 : rows - k; }
-  int64_t end(int i) const { return split && i == 0 ? rows - k : rows; }
-  int segments() const { return split ? 2 : 1; }
-  int64_t segment_floats(int i) const {
-    return math::PackedB::packed_floats(k, end(i) - begin(i), nr);
-  }
-  int64_t direction_floats() const {
-    int64_t f = 0;
-    for (int i = 0; i < segments(); ++i) f += segment_floats(i);
-    return f;
-  }
-  // Segment `i` of direction `d` in the packed form at `data`.
-  math::PackedB segment(const float* data, int64_t d, int i) const {
-    const float* p = data + d * direction_floats() + (i == 1 ? segment_floats(0) : 0);
-    return math::PackedB(p, k, end(i) - begin(i), nr);
-  }
-};
-
-WeightLayout layout_of(const Tensor& w, bool split) {
-  return {w.dim(0), w.dim(1), w.dim(2), split, math::kernels().gemm.nr};
-}
-
-// The packed form of a float, float16 or bfloat16 weight (half ones widened as they are
-// packed).
-Tensor pack_weight(const Tensor& w, bool split) {
-  Tensor f = w.contiguous();
-  if (f.dtype() != DataType::Float) {
-    Tensor wide(DataType::Float, f.shape(),
-                Storage::heap_uninitialized(storage_bytes(DataType::Float, f.numel())));
-    const math::ConvertKernels& cv = math::kernels().convert;
-    (f.dtype() == DataType::Float16 ? cv.f16_to_f32 : cv.bf16_to_f32)(
-        reinterpret_cast<const uint16_t*>(f.raw_data()), wide.data<float>(), f.numel());
-    f = wide;
-  }
-  const WeightLayout l = layout_of(f, split);
-  const int64_t floats = l.dirs * l.direction_floats();
-  Tensor packed(DataType::Float, Shape{floats},
-                Storage::heap_uninitialized(storage_bytes(DataType::Float, floats)));
-  const math::MathKernels& t = math::kernels();
-  for (int64_t d = 0; d < l.dirs; ++d) {
-    for (int i = 0; i < l.segments(); ++i) {
-      // Rows [begin, end) of the direction's [rows x k] weight, transposed: column-major.
-      const float* src = f.data<const float>() + (d * l.rows + l.begin(i)) * l.k;
-      math::PackedB::pack_into(
-          math::MatrixView::col_major(src, l.k, l.end(i) - l.begin(i), l.k),
-          packed.data<float>() + d * l.direction_floats() + (i == 1 ? l.segment_floats(0) : 0), t);
-    }
-  }
-  packed.storage()->set_read_only();
-  return packed;
-}
-
-// The weights cache's name for pack_weight's layout (the level decides the tile width).
-std::string packing_name(bool split) {
-  const math::MathKernels& t = math::kernels();
-  return std::string(split ? "recurrent-wt-split-" : "recurrent-wt-") + math::isa_name(t.isa) +
-         "-nr" + std::to_string(t.gemm.nr);
-}
-
-struct Activation {
-  enum Kind {
-    Relu,
-    Tanh,
-    Sigmoid,
-    Affine,
-    LeakyRelu,
-    ThresholdedRelu,
-    ScaledTanh,
-    HardSigmoid,
-    Elu,
-    Softsign,
-    Softplus
-  };
-  Kind kind = Tanh;
-  float alpha = 0, beta = 0;
-
-  template <typename C>
-  void apply(C* p, int64_t n) const {
-    const C a = static_cast<C>(alpha), b = static_cast<C>(beta);
-    auto each = [&](auto f) {
-      for (int64_t i = 0; i < n; ++i) p[i] = f(p[i]);
-    };
-    switch (kind) {
-      case Relu:
-        return each([](C x) { return x > C(0) ? x : C(0); });
-      case Tanh:  // Eigen's vectorised forms: these two dominate the cell arithmetic
-        array(p, n) = array(p, n).tanh();
-        return;
-      case Sigmoid:
-        array(p, n) = array(p, n).logistic();
-        return;
-      case Affine:
-        return each([&](C x) { return a * x + b; });
-      case LeakyRelu:
-        return each([&](C x) { return x >= C(0) ? x : a * x; });
-      case ThresholdedRelu:
-        return each([&](C x) { return x >= a ? x : C(0); });
-      case ScaledTanh:
-        return each([&](C x) { return a * std::tanh(b * x); });
-      case HardSigmoid:
-        return each([&](C x) { return std::min(C(1), std::max(C(0), a * x + b)); });
-      case Elu:
-        return each([&](C x) { return x >= C(0) ? x : a * std::expm1(x); });
-      case Softsign:
-        return each([](C x) { return x / (C(1) + std::abs(x)); });
-      case Softplus:
-        return each([](C x) { return x > C(20) ? x : std::log1p(std::exp(x)); });
-    }
-  }
-};
-
-// Parses one activation name, taking its alpha/beta from the lists in order (ORT's rule:
-// values are consumed only by functions that use them; missing ones take defaults).
-Activation parse_activation(const NodeInfo& info, const std::string& name,
-                            const std::vector<float>& alphas, size_t& ai,
-                            const std::vector<float>& betas, size_t& bi) {
-  struct Entry {
-    const char* name;
-    Activation::Kind kind;
-    bool uses_alpha, uses_beta;
-    float alpha, beta;
-  };
-  static const Entry table[] = {
-      {"relu", Activation::Relu, false, false, 0, 0},
-      {"tanh", Activation::Tanh, false, false, 0, 0},
-      {"sigmoid", Activation::Sigmoid, false, false, 0, 0},
-      {"affine", Activation::Affine, true, true, 0, 0},
-      {"leakyrelu", Activation::LeakyRelu, true, false, 0.01f, 0},
-      {"thresholdedrelu", Activation::ThresholdedRelu, true, false, 0, 0},
-      {"scaledtanh", Activation::ScaledTanh, true, true, 0, 0},
-      {"hardsigmoid", Activation::HardSigmoid, true, true, 0.2f, 0.5f},
-      {"elu", Activation::Elu, true, false, 1.0f, 0},
-      {"softsign", Activation::Softsign, false, false, 0, 0},
-      {"softplus", Activation::Softplus, false, false, 0, 0},
-  };
-  std::string lower = name;
-  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  for (const Entry& e : table) {
-    if (lower != e.name) continue;
-    Activation act{e.kind, e.alpha, e.beta};
-    if (e.uses_alpha && ai < alphas.size()) act.alpha = alphas[ai++];
-    if (e.uses_beta && bi < betas.size()) act.beta = betas[bi++];
-    return act;
-  }
-  info.fail("unknown activation '" + name + "'", ErrorKind::Unsupported);
-}
-
-// DynamicQuantizeLSTM's packed 8-bit weight of one direction (W or R, k x 4H) with its scales
-// (one or 4H) and zero points (one or 4H).
-struct QuantWeight {
-  math::QPackedB packed;
-  const float* scales = nullptr;
-  bool per_column = false;
-  std::vector<int32_t> zeros;  // one, or one per column
-};
-
-// The bytes of one direction of a [dirs, k, n] 8-bit weight packed for the active level.
-int64_t qweight_bytes(const Tensor& w) {
-  return math::QPackedB::packed_bytes(w.dim(1), w.dim(2), math::kernels().int8_gemm);
-}
-
-// A [dirs, k, n] 8-bit weight packed per direction, one after another.
-Tensor pack_qweight(const Tensor& w) {
-  const Tensor c = w.contiguous();
-  const int64_t k = c.dim(1), n = c.dim(2), bytes = qweight_bytes(c);
-  Tensor packed(DataType::UInt8, Shape{c.dim(0) * bytes},
-                Storage::heap_uninitialized(static_cast<size_t>(c.dim(0) * bytes)));
-  for (int64_t d = 0; d < c.dim(0); ++d) {
-    math::QPackedB::pack_into(
-        math::QMatrixView::row_major(reinterpret_cast<const uint8_t*>(c.raw_data()) + d * k * n, k,
-                                     n, n, c.dtype() == DataType::Int8),
-        packed.data<uint8_t>() + d * bytes, math::kernels());
-  }
-  packed.storage()->set_read_only();
-  return packed;
-}
-
-std::string qpacking_name() {
-  const math::MathKernels& t = math::kernels();
-  return std::string("recurrent-q-") + math::isa_name(t.isa) + "-" + t.int8_gemm.layout + "-nr" +
-         std::to_string(t.int8_gemm.nr);
-}
-
-// dst [rows x n] (row stride ld) (+)= quantize(src [rows x k]) * w, scaled back to float (plus
-// `bias` per column when given): one product of DynamicQuantizeLSTM.
-void quantized_product(const float* src, int64_t rows, int64_t k, const QuantWeight& w, float* dst,
-                       int64_t ld, const float* bias, bool accumulate, int max_threads) {
-  std::vector<uint8_t> q(static_cast<size_t>(rows * k));
-  const DynamicQuant dq = dynamic_quantize_u8(src, rows * k, q.data());
-  const int64_t n = w.packed.n();
-  std::vector<float> mult(w.per_column ? static_cast<size_t>(n) : 1);
-  for (size_t j = 0; j < mult.size(); ++j) mult[j] = dq.scale * w.scales[j];
-  math::QGemmOptions o;
-  o.a_zero = dq.zero_point;
-  o.max_threads = max_threads;
-  if (w.zeros.size() > 1) {
-    o.b_zeros = w.zeros.data();
-  } else {
-    o.b_zero = w.zeros[0];
-  }
-  math::qgemm(math::QMatrixView::row_major(q.data(), rows, k, k, false), w.packed,
-              math::QGemmOutput::to_float(dst, ld, mult.data(), w.per_column, bias, accumulate), o);
-}
+// The weights (ops/rnn_weights.h) and activations (ops/rnn_activation.h).
+using rnn::Activation;
+using rnn::layout_of;
+using rnn::pack_qweight;
+using rnn::pack_weight;
+using rnn::packing_name;
+using rnn::parse_activation;
+using rnn::qpacking_name;
+using rnn::quantized_product;
+using rnn::QuantWeight;
+using rnn::qweight_bytes;
+using rnn::WeightLayout;
 
 // Pointers to the (compute-type) inputs and outputs of one run. Optional ones are null.
 template <typename C>
