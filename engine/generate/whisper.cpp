@@ -3,8 +3,6 @@
 // decoder prompt, the logits processors (begin-suppress, suppress, timestamps, no-speech),
 // greedy / sampling / beam search per 30-s window, temperature fallback, and segments cut at
 // timestamp pairs with seeking to the last complete one.
-#include <zlib.h>
-
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -16,6 +14,8 @@
 #include <span>
 
 #include "engine/generate/decoding.h"
+#include "engine/generate/whisper_config.h"
+#include "engine/generate/whisper_logits.h"
 #include "kiln/audio.h"
 #include "kiln/error.h"
 #include "kiln/tokenizer.h"
@@ -25,312 +25,18 @@ namespace kiln {
 
 namespace fs = std::filesystem;
 using namespace detail;
+using namespace detail::whisper;
 
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr double kTimePrecision = 0.02;         // seconds per timestamp token
 constexpr double kFeatureTimePrecision = 0.01;  // seconds per log-mel frame
-constexpr int64_t kInputStride = 2;             // log-mel frames per encoder position
 constexpr int64_t kTopK = 50;                   // transformers' sampling default
-
-// Whisper's languages (openai-whisper's tokenizer), code and name.
-constexpr std::pair<const char*, const char*> kLanguages[] = {
-    {"en", "english"},
-    {"zh", "chinese"},
-    {"de", "german"},
-    {"es", "spanish"},
-    {"ru", "russian"},
-    {"ko", "korean"},
-    {"fr", "french"},
-    {"ja", "japanese"},
-    {"pt", "portuguese"},
-    {"tr", "turkish"},
-    {"pl", "polish"},
-    {"ca", "catalan"},
-    {"nl", "dutch"},
-    {"ar", "arabic"},
-    {"sv", "swedish"},
-    {"it", "italian"},
-    {"id", "indonesian"},
-    {"hi", "hindi"},
-    {"fi", "finnish"},
-    {"vi", "vietnamese"},
-    {"he", "hebrew"},
-    {"uk", "ukrainian"},
-    {"el", "greek"},
-    {"ms", "malay"},
-    {"cs", "czech"},
-    {"ro", "romanian"},
-    {"da", "danish"},
-    {"hu", "hungarian"},
-    {"ta", "tamil"},
-    {"no", "norwegian"},
-    {"th", "thai"},
-    {"ur", "urdu"},
-    {"hr", "croatian"},
-    {"bg", "bulgarian"},
-    {"lt", "lithuanian"},
-    {"la", "latin"},
-    {"mi", "maori"},
-    {"ml", "malayalam"},
-    {"cy", "welsh"},
-    {"sk", "slovak"},
-    {"te", "telugu"},
-    {"fa", "persian"},
-    {"lv", "latvian"},
-    {"bn", "bengali"},
-    {"sr", "serbian"},
-    {"az", "azerbaijani"},
-    {"sl", "slovenian"},
-    {"kn", "kannada"},
-    {"et", "estonian"},
-    {"mk", "macedonian"},
-    {"br", "breton"},
-    {"eu", "basque"},
-    {"is", "icelandic"},
-    {"hy", "armenian"},
-    {"ne", "nepali"},
-    {"mn", "mongolian"},
-    {"bs", "bosnian"},
-    {"kk", "kazakh"},
-    {"sq", "albanian"},
-    {"sw", "swahili"},
-    {"gl", "galician"},
-    {"mr", "marathi"},
-    {"pa", "punjabi"},
-    {"si", "sinhala"},
-    {"km", "khmer"},
-    {"sn", "shona"},
-    {"yo", "yoruba"},
-    {"so", "somali"},
-    {"af", "afrikaans"},
-    {"oc", "occitan"},
-    {"ka", "georgian"},
-    {"be", "belarusian"},
-    {"tg", "tajik"},
-    {"sd", "sindhi"},
-    {"gu", "gujarati"},
-    {"am", "amharic"},
-    {"yi", "yiddish"},
-    {"lo", "lao"},
-    {"uz", "uzbek"},
-    {"fo", "faroese"},
-    {"ht", "haitian creole"},
-    {"ps", "pashto"},
-    {"tk", "turkmen"},
-    {"nn", "nynorsk"},
-    {"mt", "maltese"},
-    {"sa", "sanskrit"},
-    {"lb", "luxembourgish"},
-    {"my", "myanmar"},
-    {"bo", "tibetan"},
-    {"tl", "tagalog"},
-    {"mg", "malagasy"},
-    {"as", "assamese"},
-    {"tt", "tatar"},
-    {"haw", "hawaiian"},
-    {"ln", "lingala"},
-    {"ha", "hausa"},
-    {"ba", "bashkir"},
-    {"jw", "javanese"},
-    {"su", "sundanese"},
-    {"yue", "cantonese"},
-    // Other names transformers accepts.
-    {"my", "burmese"},
-    {"ca", "valencian"},
-    {"nl", "flemish"},
-    {"ht", "haitian"},
-    {"lb", "letzeburgesch"},
-    {"ps", "pushto"},
-    {"pa", "panjabi"},
-    {"ro", "moldavian"},
-    {"ro", "moldovan"},
-    {"si", "sinhalese"},
-    {"es", "castilian"},
-    {"zh", "mandarin"},
-};
 
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
-
-std::map<std::string, int64_t> token_map(const JsonFile& f, const char* key) {
-  std::map<std::string, int64_t> out;
-  const json::Json* v = f.find(key);
-  if (!v || !v->is_object()) return out;
-  for (auto it = v->begin(); it != v->end(); ++it)
-    out[it.key()] = json::to_int(it.value(), f.path, key);
-  return out;
-}
-
-// What config.json and generation_config.json say about Whisper decoding.
-struct WhisperConfig {
-  int64_t start = -1, eos = -1;
-  int64_t vocab = 0, max_target_positions = 448, num_segment_frames = 3000;
-  int64_t max_length = 448;
-  int64_t no_timestamps = -1, timestamp_begin = 0;
-  int64_t prev_sot = -1;
-  std::optional<int64_t> max_initial_timestamp_index;
-  std::map<std::string, int64_t> lang_to_id, task_to_id;
-  std::optional<bool> is_multilingual;
-  std::vector<std::optional<int64_t>> forced;  // forced_decoder_ids from position 1
-  std::vector<int64_t> suppress, begin_suppress;
-  bool return_timestamps = false;
-  std::string gen_path;
-
-  bool multilingual() const { return is_multilingual.value_or(!lang_to_id.empty()); }
-};
-
-WhisperConfig read_whisper_config(const fs::path& dir) {
-  const JsonFile config = read_json(dir / "config.json", true);
-  const JsonFile gen = read_json(dir / "generation_config.json", false);
-  WhisperConfig c;
-  c.gen_path = gen.path;
-  c.start = int_or(gen, "decoder_start_token_id", int_or(config, "decoder_start_token_id", -1));
-  if (c.start < 0) bad_model(config.path, "no decoder_start_token_id");
-  std::vector<int64_t> eos = ints_of(gen, "eos_token_id");
-  if (eos.empty()) eos = ints_of(config, "eos_token_id");
-  if (eos.empty()) bad_model(config.path, "no eos_token_id");
-  c.eos = eos[0];
-  c.vocab = int_or(config, "vocab_size", 0);
-  if (c.vocab <= 0) bad_model(config.path, "no vocab_size");
-  c.max_target_positions = int_or(config, "max_target_positions", 448);
-  c.num_segment_frames = kInputStride * int_or(config, "max_source_positions", 1500);
-  c.max_length =
-      std::min(int_or(gen, "max_length", int_or(config, "max_length", 20)), c.max_target_positions);
-  c.no_timestamps = int_or(gen, "no_timestamps_token_id", -1);
-  c.timestamp_begin = c.no_timestamps >= 0 ? c.no_timestamps + 1 : c.vocab + 1;
-  c.suppress = ints_of(gen, "suppress_tokens");
-  c.begin_suppress = ints_of(gen, "begin_suppress_tokens");
-  c.prev_sot = int_or(gen, "prev_sot_token_id", -1);
-  if (c.prev_sot < 0 && c.suppress.size() >= 2) c.prev_sot = c.suppress[c.suppress.size() - 2];
-  if (const json::Json* v = gen.find("max_initial_timestamp_index"); v && v->is_number())
-    c.max_initial_timestamp_index = json::to_int(*v, gen.path, "max_initial_timestamp_index");
-  c.lang_to_id = token_map(gen, "lang_to_id");
-  c.task_to_id = token_map(gen, "task_to_id");
-  if (const json::Json* v = gen.find("is_multilingual"); v && v->is_boolean())
-    c.is_multilingual = v->get<bool>();
-  if (const json::Json* v = gen.find("return_timestamps"); v && v->is_boolean())
-    c.return_timestamps = v->get<bool>();
-  const json::Json* forced = gen.find("forced_decoder_ids");
-  if (!forced || forced->is_null()) forced = config.find("forced_decoder_ids");
-  if (forced && forced->is_array()) {
-    int64_t pos = 1;
-    for (const auto& p : *forced) {
-      if (!p.is_array() || p.size() != 2 ||
-          json::to_int(p[0], gen.path, "forced_decoder_ids") != pos)
-        throw Error(ErrorKind::Unsupported,
-                    "forced_decoder_ids must force consecutive positions from 1")
-            .with_file(gen.path);
-      c.forced.push_back(p[1].is_null() ? std::nullopt
-                                        : std::optional(json::to_int(p[1], gen.path, "forced")));
-      ++pos;
-    }
-  }
-  return c;
-}
-
-double log_sum_exp(const float* x, size_t n) {
-  float m = kNegInf;
-  for (size_t i = 0; i < n; ++i) m = std::max(m, x[i]);
-  if (std::isinf(m)) return m;
-  double s = 0;
-  for (size_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(x[i]) - m);
-  return m + std::log(s);
-}
-
-void log_softmax(std::vector<float>& x) {
-  const double lse = log_sum_exp(x.data(), x.size());
-  for (float& v : x) v = static_cast<float>(v - lse);
-}
-
-// openai-whisper's measure of repetition: raw token bytes over their zlib-compressed size.
-double compression_ratio(const std::vector<int64_t>& tokens, int64_t vocab) {
-  const int width = static_cast<int>(std::log2(static_cast<double>(vocab)) / 8) + 1;
-  std::vector<unsigned char> bytes;
-  for (int64_t t : tokens) {
-    for (int i = 0; i < width; ++i)
-      bytes.push_back(static_cast<unsigned char>((t >> (8 * i)) & 0xff));
-  }
-  uLongf size = compressBound(static_cast<uLong>(bytes.size()));
-  std::vector<unsigned char> out(size);
-  if (compress(out.data(), &size, bytes.data(), static_cast<uLong>(bytes.size())) != Z_OK)
-    throw Error(ErrorKind::Runtime, "zlib compress failed");
-  return static_cast<double>(bytes.size()) / static_cast<double>(size);
-}
-
-// The logits processors of one window, in transformers' order: begin-suppress, suppress,
-// timestamps (the no-speech probability is read from the first step's logits directly).
-class Processors {
- public:
-  Processors(const WhisperConfig& c, bool timestamps, size_t begin_index)
-      : c_(c), timestamps_(timestamps), begin_(begin_index) {}
-
-  void apply(const std::vector<int64_t>& seq, std::vector<float>& scores) const {
-    const auto vocab = static_cast<int64_t>(scores.size());
-    auto kill = [&](int64_t t) {
-      if (t >= 0 && t < vocab) scores[static_cast<size_t>(t)] = kNegInf;
-    };
-    if (seq.size() == begin_) {
-      for (int64_t t : c_.begin_suppress) kill(t);
-    }
-    for (int64_t t : c_.suppress) kill(t);
-    if (timestamps_) apply_timestamps(seq, scores);
-  }
-
- private:
-  void kill_range(std::vector<float>& s, int64_t from, int64_t to) const {
-    from = std::clamp<int64_t>(from, 0, static_cast<int64_t>(s.size()));
-    to = std::clamp<int64_t>(to, from, static_cast<int64_t>(s.size()));
-    std::fill(s.begin() + from, s.begin() + to, kNegInf);
-  }
-
-  // Timestamps come in pairs and never decrease; the first is within the initial limit; a
-  // timestamp is forced when their total probability beats every text token's.
-  void apply_timestamps(const std::vector<int64_t>& seq, std::vector<float>& s) const {
-    const auto vocab = static_cast<int64_t>(s.size());
-    const int64_t tb = c_.timestamp_begin;
-    kill_range(s, c_.no_timestamps, c_.no_timestamps + 1);
-    const std::span<const int64_t> sampled(seq.begin() + static_cast<std::ptrdiff_t>(begin_),
-                                           seq.end());
-    const size_t n = sampled.size();
-    const bool last_ts = n >= 1 && sampled[n - 1] >= tb;
-    const bool penultimate_ts = n < 2 || sampled[n - 2] >= tb;
-    if (last_ts) {
-      if (penultimate_ts) {
-        kill_range(s, tb, vocab);  // has to be text
-      } else {
-        kill_range(s, 0, c_.eos);  // cannot be text
-      }
-    }
-    int64_t last_timestamp = -1;
-    for (int64_t t : sampled) {
-      if (t >= tb) last_timestamp = t;
-    }
-    if (last_timestamp >= 0) {
-      const int64_t upto = last_ts && !penultimate_ts ? last_timestamp : last_timestamp + 1;
-      kill_range(s, tb, upto);
-    }
-    if (n == 0) {
-      kill_range(s, 0, tb);
-      if (c_.max_initial_timestamp_index)
-        kill_range(s, tb + *c_.max_initial_timestamp_index + 1, vocab);
-    }
-    std::vector<float> logprobs = s;
-    log_softmax(logprobs);
-    if (tb < vocab) {
-      const double ts_logprob = log_sum_exp(logprobs.data() + tb, static_cast<size_t>(vocab - tb));
-      const float max_text = *std::max_element(logprobs.begin(), logprobs.begin() + tb);
-      if (ts_logprob > max_text) kill_range(s, 0, tb);
-    }
-  }
-
-  const WhisperConfig& c_;
-  bool timestamps_;
-  size_t begin_;
-};
 
 // One decode of one window: generated tokens (end-of-text included when produced) and what
 // the fallback rules look at.
