@@ -169,8 +169,9 @@ struct WideEpilogue {
   const float* col_scale = nullptr;
 };
 
-// Convolution kernels (impl/conv.h): direct convolution of one plane, for the convolutions
-// where a GEMM is the wrong shape, and the lowering of patches into GEMM panels.
+// Convolution kernels (impl/conv.h, with impl/conv_direct.h, impl/conv_pool.h and
+// impl/conv_wide.h): direct convolution of one plane, for the convolutions where a GEMM is the
+// wrong shape, pooling, the wide layout, and the lowering of patches into GEMM panels.
 struct ConvKernels {
   // The input plane `x` padded with `fill` (zeros for convolutions, -inf for max pooling)
   // and split into stride phases (conv_padded_floats floats at `out`).

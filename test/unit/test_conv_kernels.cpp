@@ -1,4 +1,4 @@
-// The dispatched direct convolution plane kernel (ops/math/impl/conv.h) against a
+// The dispatched direct convolution plane kernel (ops/math/impl/conv_direct.h) against a
 // naive loop at every instruction-set level: random 1-D, 2-D and 3-D geometries with
 // strides, dilations and padding, 3/5/7-wide stride-2 rows through the deinterleaved input,
 // and long 1-D filters; the lowering into GEMM panels, pooling, the indirect product
