@@ -1,7 +1,8 @@
 // The "wide" layout of a convolution's or pooling's input channel, shared by Conv's GEMM
-// path (ops/conv.cpp) and the small-plane depthwise and pooling paths (ops/conv.cpp,
-// ops/pool.cpp): the channel padded and split into stride phases, so that every tap reads
-// the inputs of consecutive output positions as one contiguous run (see WideExtent).
+// path (ops/conv_wide.cpp) and the small-plane depthwise and pooling paths
+// (ops/conv_direct.cpp, ops/pool.cpp): the channel padded and split into stride phases, so that
+// every tap reads the inputs of consecutive output positions as one contiguous run (see
+// WideExtent).
 #pragma once
 
 #include <algorithm>

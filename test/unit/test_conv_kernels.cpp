@@ -469,9 +469,9 @@ KILN_ISA_TEST_CASE("the indirect product equals a naive product over its row tab
 
 KILN_ISA_TEST_CASE("a signal read as strided windows is a product's A like a naive patch matrix",
                    "[math][conv][gemm]") {
-  // A convolution's strided windows (ops/conv.cpp): row p of A is the window of the signal
-  // from p * stride, its columns dilation apart, so rows overlap (stride below the window) or
-  // skip samples (stride above it); times a packed filter transpose, with a column bias and
+  // A convolution's strided windows (ops/conv_small_maps.cpp): row p of A is the window of the
+  // signal from p * stride, its columns dilation apart, so rows overlap (stride below the window)
+  // or skip samples (stride above it); times a packed filter transpose, with a column bias and
   // Relu. Random sizes across row tiles, k blocks and column panels.
   KILN_REQUIRE_ISA();
   std::mt19937 rng(13);
