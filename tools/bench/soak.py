@@ -12,9 +12,10 @@ Workloads (each engine runs the same inputs, drawn from one seed):
            per utterance); each session.run counts as one run;
   cnn      a CNN (tiny-cnn, or --cnn) at a batch drawn at random in 1..--max-batch.
 
-For each (workload, engine): RSS after warm-up (the first 10% of the runs, at least 50),
-growth (the highest RSS in the second half of the runs after warm-up minus the highest in
-the first half: a trend, not a fluctuation), and for kiln the pool's held bytes after each run
+For each (workload, engine): RSS after warm-up (the first 10% of the runs, at least 50), at the
+end and at its highest, and growth: the median RSS over the last quarter of the runs after
+warm-up minus the median over the first quarter (a trend; a run at the largest shapes raises
+RSS for as long as its buffers are kept, which the highest RSS shows), and for kiln the pool's held bytes after each run
 (RunStats pool_bytes_cached + arena_capacity: the buffers it keeps for later runs, which
 SessionOptions.pool_keep_runs bounds by what the last 64 runs used). --check fails (exit 1)
 when kiln's growth exceeds --max-growth-mib (2).
@@ -30,6 +31,7 @@ Needs numpy, and onnxruntime for --engines ort.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -79,7 +81,7 @@ class Sampler:
             self.held_max = max(self.held_max, held)
             self.held_last = held
         if self.done % self.every == 0 or self.done == self.runs:
-            self.samples.append((self.done, rss_bytes()))
+            self.samples.append((self.done, rss_bytes(), self.held_last))
         return self.done < self.runs
 
 
@@ -176,17 +178,17 @@ def child(args):
 def summarize(result, runs):
     samples = result["samples"]
     warm = max(50, runs // 10)
-    after = [rss for run, rss in samples if run > warm] or [samples[-1][1]]
-    at_warm = [rss for run, rss in samples if run <= warm]
-    half = len(after) // 2
-    first, second = after[:max(1, half)], after[half:] or after
+    after = [rss for run, rss, _ in samples if run > warm] or [samples[-1][1]]
+    at_warm = [rss for run, rss, _ in samples if run <= warm]
+    quarter = max(1, len(after) // 4)
     out = {
         "runs": runs,
         "seconds": round(result["seconds"], 1),
         "rss_after_warmup_mib": round((at_warm[-1] if at_warm else after[0]) / MiB, 1),
         "rss_end_mib": round(samples[-1][1] / MiB, 1),
-        "rss_max_mib": round(max(rss for _, rss in samples) / MiB, 1),
-        "growth_mib": round((max(second) - max(first)) / MiB, 2),
+        "rss_max_mib": round(max(rss for _, rss, _ in samples) / MiB, 1),
+        "growth_mib": round((statistics.median(after[-quarter:]) - statistics.median(after[:quarter])) / MiB, 2),
+        "samples": [[run, rss, held] for run, rss, held in samples],
     }
     if "held_max" in result:
         out["pool_held_max_mib"] = round(result["held_max"] / MiB, 2)
