@@ -87,8 +87,8 @@ class ArgExtreme final : public Kernel {
 void arg_reduce_shape(ShapeContext& c) {
   Shape out = c.shape(0);
   const auto axis =
-      static_cast<size_t>(normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(out.size())));
-  if (c.attr_i("keepdims", 1) != 0)
+      static_cast<size_t>(normalize_axis(c.attr_int("axis", 0), static_cast<int64_t>(out.size())));
+  if (c.attr_int("keepdims", 1) != 0)
     out[axis] = 1;
   else
     out.erase(out.begin() + static_cast<std::ptrdiff_t>(axis));

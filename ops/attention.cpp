@@ -330,7 +330,7 @@ AttentionSizes attention_sizes(const ShapeContext& c) {
     for (int64_t d : *s)
       if (d < 0) unknown("sizes");
   if (z.rank == 3) {
-    const int64_t qh = c.attr_i("q_num_heads", 0), kvh = c.attr_i("kv_num_heads", 0);
+    const int64_t qh = c.attr_int("q_num_heads", 0), kvh = c.attr_int("kv_num_heads", 0);
     if (qh <= 0 || kvh <= 0 || q[2] % qh || k[2] % kvh || v[2] % kvh) unknown("head counts");
     z = {q[0], qh, kvh, q[1], k[1], q[2] / qh, v[2] / kvh, 0, 3};
   } else {
@@ -341,8 +341,8 @@ AttentionSizes attention_sizes(const ShapeContext& c) {
       (z.rank == 3 && k[2] / z.Hkv != z.D) || z.Hkv <= 0 || z.Hq % z.Hkv) {
     unknown("Q, K and V disagree");
   }
-  if (c.has(4) != c.has(5)) unknown("past_key without past_value");
-  if (c.has(4)) {
+  if (c.has_input(4) != c.has_input(5)) unknown("past_key without past_value");
+  if (c.has_input(4)) {
     const Shape& pk = c.shape(4);
     if (pk.size() != 4 || pk[2] < 0) unknown("past of another rank");
     z.past = pk[2];
@@ -392,11 +392,11 @@ uint64_t attention_workspace(const ShapeContext& c) {
   Request r;
   r.d = {z.B, z.Hq, z.Hkv, z.Sq, z.past + z.S, z.D, z.Dv};
   r.q = c.dtype(0), r.k = c.dtype(1), r.v = c.dtype(2);
-  r.present_k = c.has(4) && !c.has_out(1);
-  r.present_v = c.has(4) && !c.has_out(2);
-  r.qk = c.has_out(3);
-  if (c.has(3)) r.mask = c.dtype(3), r.mask_elements = numel_or_unknown(c.shape(3));
-  r.nonpad = c.has(6);
+  r.present_k = c.has_input(4) && !c.has_output(1);
+  r.present_v = c.has_input(4) && !c.has_output(2);
+  r.qk = c.has_output(3);
+  if (c.has_input(3)) r.mask = c.dtype(3), r.mask_elements = numel_or_unknown(c.shape(3));
+  r.nonpad = c.has_input(6);
   r.threads = c.threads();
   return attention_parts(r).layout.bytes();
 }

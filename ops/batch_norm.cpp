@@ -143,7 +143,7 @@ class BatchNormalization final : public Kernel {
 // Inference mode only: the training-mode statistics are not inferred.
 void batch_norm_shape(ShapeContext& c) {
   for (size_t i = 1; i < c.num_outputs(); ++i)
-    if (c.has_out(i)) unknown("training-mode outputs");
+    if (c.has_output(i)) unknown("training-mode outputs");
   same_shape(c);
 }
 

@@ -49,7 +49,7 @@ class BitCast final : public Kernel {
 };
 
 void bitcast_shape(ShapeContext& c) {
-  const int64_t to = c.attr_i("to", 0);
+  const int64_t to = c.attr_int("to", 0);
   if (to < INT32_MIN || to > INT32_MAX || !is_known_data_type(static_cast<int32_t>(to)) ||
       !bitcastable(static_cast<DataType>(to)) || !bitcastable(c.dtype(0)) ||
       bits_per_element(c.dtype(0)) != bits_per_element(static_cast<DataType>(to))) {

@@ -444,7 +444,7 @@ class CastLike final : public CastBase {
 
 void cast_shape(ShapeContext& c) {
   const ValueFacts& x = c.in(0);
-  const auto to = static_cast<DataType>(c.attr_i("to", 0));
+  const auto to = static_cast<DataType>(c.attr_int("to", 0));
   if (!is_known_data_type(static_cast<int32_t>(to))) unknown("bad 'to'");
   std::vector<int64_t> data = x.data;
   if (to == DataType::Bool)

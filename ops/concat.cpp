@@ -183,7 +183,7 @@ void concat_shape(ShapeContext& c) {
   const ValueFacts& first = c.in(0);
   size_t axis = 0;
   const Shape out = concat_output_shape(
-      c.num_inputs(), [&](size_t i) -> const Shape& { return c.shape(i); }, c.attr_i("axis", 0),
+      c.num_inputs(), [&](size_t i) -> const Shape& { return c.shape(i); }, c.attr_int("axis", 0),
       &axis);
   bool all_data = true;
   std::vector<int64_t> data;

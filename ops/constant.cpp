@@ -253,7 +253,7 @@ void range_shape(ShapeContext& c) {
 }
 
 void eye_like_shape(ShapeContext& c) {
-  const int64_t dtype = c.attr_i("dtype", -1);
+  const int64_t dtype = c.attr_int("dtype", -1);
   if (dtype > INT32_MAX || (dtype >= 0 && !is_known_data_type(static_cast<int32_t>(dtype))))
     unknown("bad dtype");
   c.set(0, dtype < 0 ? c.dtype(0) : static_cast<DataType>(dtype), c.shape(0));

@@ -77,7 +77,7 @@ int64_t broadcast_index(const Shape& in, const Shape& out, int64_t flat) {
 }
 
 const ValueFacts& ShapeContext::in(size_t i) const {
-  if (!has(i)) unknown("input " + std::to_string(i) + " is missing");
+  if (!has_input(i)) unknown("input " + std::to_string(i) + " is missing");
   const ValueFacts& v = values_[static_cast<size_t>(node_.inputs[i])];
   if (!v.known) unknown("input '" + graph_.value(node_.inputs[i]).name + "' is unknown");
   return v;
@@ -92,14 +92,14 @@ const std::vector<int64_t>& ShapeContext::data(size_t i) const {
   return v.data;
 }
 
-const Tensor* ShapeContext::constant(size_t i) const {
-  if (!has(i)) return nullptr;
+const Tensor* ShapeContext::constant_input(size_t i) const {
+  if (!has_input(i)) return nullptr;
   const ir::ValueInfo& v = graph_.value(node_.inputs[i]);
   return v.origin == ir::ValueOrigin::Initializer && v.constant.defined() ? &v.constant : nullptr;
 }
 
 void ShapeContext::set(size_t i, DataType dtype, Shape shape, const std::vector<int64_t>* data) {
-  if (!has_out(i)) return;
+  if (!has_output(i)) return;
   if (!out_) throw std::logic_error("a read-only shape context cannot set outputs");
   ValueFacts v;
   const int64_t n = numel_or_unknown(shape);
@@ -118,17 +118,17 @@ void ShapeContext::same(size_t out, size_t in_index) {
   set(out, v.dtype, v.shape, v.has_data ? &v.data : nullptr);
 }
 
-int64_t ShapeContext::attr_i(const char* name, int64_t fallback) const {
+int64_t ShapeContext::attr_int(const char* name, int64_t fallback) const {
   const ir::Attribute* a = node_.attr(name);
   return a ? a->i : fallback;
 }
 
-float ShapeContext::attr_f(const char* name, float fallback) const {
+float ShapeContext::attr_float(const char* name, float fallback) const {
   const ir::Attribute* a = node_.attr(name);
   return a ? a->f : fallback;
 }
 
-std::string ShapeContext::attr_s(const char* name, const char* fallback) const {
+std::string ShapeContext::attr_string(const char* name, const char* fallback) const {
   const ir::Attribute* a = node_.attr(name);
   return a ? a->s : fallback;
 }
@@ -141,7 +141,7 @@ std::vector<int64_t> ShapeContext::attr_ints(const char* name) const {
 std::vector<int64_t> ShapeContext::ints_from(const char* name, int64_t input_since,
                                              size_t input) const {
   if (node_.opset < input_since) return attr_ints(name);
-  return has(input) ? data(input) : std::vector<int64_t>{};
+  return has_input(input) ? data(input) : std::vector<int64_t>{};
 }
 
 std::vector<ValueFacts> ShapeContext::subgraph_outputs(
@@ -181,7 +181,7 @@ void broadcast_shape(ShapeContext& c, DataType out_type, size_t type_from,
   Shape shape;
   bool first = true;
   for (size_t i = 0; i < c.num_inputs(); ++i) {
-    if (!c.has(i)) continue;
+    if (!c.has_input(i)) continue;
     shape = first ? c.shape(i) : broadcast_shapes(shape, c.shape(i));
     first = false;
   }
@@ -189,7 +189,8 @@ void broadcast_shape(ShapeContext& c, DataType out_type, size_t type_from,
   const DataType dtype = out_type == DataType::Undefined ? c.dtype(type_from) : out_type;
   const int64_t n = numel_or_unknown(shape);
   bool all_data = f != nullptr && small_int(dtype, n);
-  for (size_t i = 0; all_data && i < c.num_inputs(); ++i) all_data = c.has(i) && c.in(i).has_data;
+  for (size_t i = 0; all_data && i < c.num_inputs(); ++i)
+    all_data = c.has_input(i) && c.in(i).has_data;
   if (!all_data) {
     c.set(0, dtype, shape);
     return;

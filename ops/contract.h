@@ -79,8 +79,10 @@ class ShapeContext {
   int64_t opset() const { return node_.opset; }
   size_t num_inputs() const { return node_.inputs.size(); }
   size_t num_outputs() const { return node_.outputs.size(); }
-  bool has(size_t i) const { return i < node_.inputs.size() && node_.inputs[i] != ir::kNoValue; }
-  bool has_out(size_t i) const {
+  bool has_input(size_t i) const {
+    return i < node_.inputs.size() && node_.inputs[i] != ir::kNoValue;
+  }
+  bool has_output(size_t i) const {
     return i < node_.outputs.size() && node_.outputs[i] != ir::kNoValue;
   }
   // Input i's facts; unknown() when it is missing or unknown.
@@ -91,7 +93,7 @@ class ShapeContext {
   const std::vector<int64_t>& data(size_t i) const;
   // Input i's tensor when it is an initializer of the graph, else null: the values of float
   // inputs such as Resize's scales, which the facts do not keep.
-  const Tensor* constant(size_t i) const;
+  const Tensor* constant_input(size_t i) const;
 
   // Sets output i (ignored when the node does not produce it); `data` is kept when it is a
   // small integer tensor's full contents.
@@ -100,9 +102,9 @@ class ShapeContext {
   void same(size_t out, size_t in);
 
   bool has_attr(const char* name) const { return node_.attr(name) != nullptr; }
-  int64_t attr_i(const char* name, int64_t fallback) const;
-  float attr_f(const char* name, float fallback) const;
-  std::string attr_s(const char* name, const char* fallback) const;
+  int64_t attr_int(const char* name, int64_t fallback) const;
+  float attr_float(const char* name, float fallback) const;
+  std::string attr_string(const char* name, const char* fallback) const;
   std::vector<int64_t> attr_ints(const char* name) const;
   // Integers from attribute `name` below opset `input_since`, else from input `input`
   // (empty when the input is omitted).

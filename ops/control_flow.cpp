@@ -524,10 +524,10 @@ void loop_unrolled(ShapeContext& c, size_t carried, int64_t max_trips) {
 void loop_shape(ShapeContext& c) {
   if (c.num_inputs() < 2) unknown("Loop takes at least the inputs M and cond");
   const size_t carried = c.num_inputs() - 2;
-  const bool limited = c.has(0);  // else the loop ends on its condition alone
+  const bool limited = c.has_input(0);  // else the loop ends on its condition alone
   int64_t m = 0, cond = 1;
   const bool m_known = limited && known_scalar(c, 0, m);
-  const bool cond_known = !c.has(1) || known_scalar(c, 1, cond);
+  const bool cond_known = !c.has_input(1) || known_scalar(c, 1, cond);
   if ((m_known && m <= 0) || (cond_known && cond == 0)) return loop_without_trips(c, carried);
   if (m_known && cond_known && m <= kMaxUnrolledTrips) return loop_unrolled(c, carried, m);
   std::vector<ValueFacts> state;
@@ -557,7 +557,7 @@ void loop_shape(ShapeContext& c) {
 // body keeps each state's type and shape; scan outputs stack the items along their axis.
 void scan_shape(ShapeContext& c) {
   if (c.opset() < 9) unknown("opset 8 Scan's batch form");
-  const int64_t m = c.attr_i("num_scan_inputs", 0);
+  const int64_t m = c.attr_int("num_scan_inputs", 0);
   if (m < 1 || static_cast<size_t>(m) > c.num_inputs()) unknown("bad num_scan_inputs");
   const size_t scans = static_cast<size_t>(m), states = c.num_inputs() - scans;
   std::vector<int64_t> in_axes = c.attr_ints("scan_input_axes");

@@ -507,15 +507,15 @@ uint64_t conv_workspace(const ShapeContext& c) {
   const Shape& x = c.shape(0);
   const Shape& w = c.shape(1);
   const Shape out = conv_output_shape(c);
-  const int64_t groups = c.attr_i("group", 1);
+  const int64_t groups = c.attr_int("group", 1);
   if (groups <= 0 || w[0] % groups != 0) unknown("bad group");
   const Sizes s{x[0], x[1], w[0], groups, w[1], w[0] / groups};
   const WindowAttrs a = window_attrs(c.node());
   const Geometry g =
       right_aligned(forward_windows(spatial_dims(x), conv_kernel(a, spatial_dims(w)), a));
-  const Tensor* filter = c.constant(1);
-  const bool z_broadcasts = c.has(3) && c.shape(3) != out;
-  return conv_parts(c.dtype(0), s, g, c.has(2), filter && packable_filter(*filter, groups),
+  const Tensor* filter = c.constant_input(1);
+  const bool z_broadcasts = c.has_input(3) && c.shape(3) != out;
+  return conv_parts(c.dtype(0), s, g, c.has_input(2), filter && packable_filter(*filter, groups),
                     z_broadcasts, c.threads())
       .layout.bytes();
 }
@@ -523,7 +523,7 @@ uint64_t conv_workspace(const ShapeContext& c) {
 // kiln.FusedConv: the convolution plus Z, which may broadcast.
 void fused_conv_shape(ShapeContext& c) {
   const Shape out = conv_output_shape(c);
-  c.set(0, c.dtype(0), c.has(3) ? broadcast_shapes(out, c.shape(3)) : out);
+  c.set(0, c.dtype(0), c.has_input(3) ? broadcast_shapes(out, c.shape(3)) : out);
 }
 
 }  // namespace

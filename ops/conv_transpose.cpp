@@ -330,7 +330,7 @@ void conv_transpose_shape(ShapeContext& c) {
   const WindowAttrs a = window_attrs(c.node());
   check_window_ranks(a, x.size() - 2);
   const std::vector<int64_t> kernel = conv_kernel(a, spatial_dims(w));
-  const int64_t channels = checked_mul(w[1], c.attr_i("group", 1));
+  const int64_t channels = checked_mul(w[1], c.attr_int("group", 1));
   c.set(0, c.dtype(0),
         windowed_shape(x[0], channels, transposed_windows(spatial_dims(x), kernel, a)));
 }
@@ -340,14 +340,14 @@ uint64_t conv_transpose_workspace(const ShapeContext& c) {
   const Shape& x = c.shape(0);
   const Shape& w = c.shape(1);
   if (x.size() < 3 || x.size() > 5 || w.size() != x.size()) unknown("ranks of X and W");
-  const int64_t groups = c.attr_i("group", 1);
+  const int64_t groups = c.attr_int("group", 1);
   if (groups < 1 || x[1] % groups != 0) unknown("bad group");
   Sizes s{x[0], x[1], 0, groups, x[1] / groups, w[1]};
   s.m = checked_mul(s.mg, groups);
   const WindowAttrs a = window_attrs(c.node());
   const Geometry g =
       right_aligned(transposed_windows(spatial_dims(x), conv_kernel(a, spatial_dims(w)), a));
-  return workspace_parts(c.dtype(0), s, g, c.has(2), c.threads()).layout.bytes();
+  return workspace_parts(c.dtype(0), s, g, c.has_input(2), c.threads()).layout.bytes();
 }
 
 }  // namespace

@@ -282,12 +282,12 @@ void deform_conv_shape(ShapeContext& c) {
 uint64_t deform_conv_workspace(const ShapeContext& c) {
   std::array<Shape, 5> shapes;
   for (size_t i = 0; i < 5; ++i)
-    if (c.has(i)) shapes[i] = c.shape(i);
+    if (c.has_input(i)) shapes[i] = c.shape(i);
   if (shapes[0].size() != 4 || shapes[1].size() != 4) unknown("X or W not 4-D");
-  const int64_t groups = c.attr_i("group", 1);
+  const int64_t groups = c.attr_int("group", 1);
   if (groups < 1 || shapes[1][0] % groups != 0) unknown("bad group");
-  const Problem p =
-      problem_of(shapes[0], shapes[1], groups, c.attr_i("offset_group", 1), window_attrs(c.node()));
+  const Problem p = problem_of(shapes[0], shapes[1], groups, c.attr_int("offset_group", 1),
+                               window_attrs(c.node()));
   return workspace_parts(c.dtype(0), p, shapes, c.threads()).layout.bytes();
 }
 

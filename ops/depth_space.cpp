@@ -95,7 +95,7 @@ class SpaceToDepth final : public Kernel {
 
 // The kernels' output shapes, or unknown where they would fail.
 int64_t block_of(const ShapeContext& c) {
-  const int64_t b = c.attr_i("blocksize", 0);
+  const int64_t b = c.attr_int("blocksize", 0);
   if (b <= 0) unknown("blocksize must be positive");
   return b;
 }

@@ -214,14 +214,14 @@ void dft_shape(ShapeContext& c) {
   Shape out = c.shape(0);
   const auto r = static_cast<int64_t>(out.size());
   if (r < 2 || (out.back() != 1 && out.back() != 2)) unknown("input must be [..., 1 or 2]");
-  int64_t axis = c.attr_i("axis", 1);
-  if (c.opset() >= 20) axis = c.has(2) ? scalar_of(c, 2) : -2;
+  int64_t axis = c.attr_int("axis", 1);
+  if (c.opset() >= 20) axis = c.has_input(2) ? scalar_of(c, 2) : -2;
   if (axis < 0) axis += r;
   if (axis < 0 || axis > r - 2) unknown("axis is not a signal axis");
-  const bool inverse = c.attr_i("inverse", 0) != 0, onesided = c.attr_i("onesided", 0) != 0;
+  const bool inverse = c.attr_int("inverse", 0) != 0, onesided = c.attr_int("onesided", 0) != 0;
   const int64_t n_in = out[static_cast<size_t>(axis)];
   int64_t len = inverse && onesided ? 2 * (n_in - 1) : n_in;
-  if (c.has(1)) len = scalar_of(c, 1);
+  if (c.has_input(1)) len = scalar_of(c, 1);
   if (len < 1 || len > kMaxFftLength) unknown("dft_length out of range");
   out[static_cast<size_t>(axis)] = onesided && !inverse ? len / 2 + 1 : len;
   out.back() = inverse && onesided ? 1 : 2;
@@ -235,17 +235,17 @@ void stft_shape(ShapeContext& c) {
   const int64_t step = scalar_of(c, 1), n = x[1];
   if (step < 1) unknown("frame_step must be positive");
   int64_t frame = n;
-  if (c.has(2)) {
+  if (c.has_input(2)) {
     if (c.shape(2).size() != 1 || c.dtype(2) != c.dtype(0)) unknown("window does not fit");
     frame = c.shape(2)[0];
   }
-  if (c.has(3)) {
+  if (c.has_input(3)) {
     const int64_t length = scalar_of(c, 3);
-    if (c.has(2) && length != frame) unknown("window length differs from frame_length");
+    if (c.has_input(2) && length != frame) unknown("window length differs from frame_length");
     frame = length;
   }
   if (frame < 1 || frame > n || frame > kMaxFftLength) unknown("frame_length out of range");
-  const int64_t bins = c.attr_i("onesided", 1) != 0 ? frame / 2 + 1 : frame;
+  const int64_t bins = c.attr_int("onesided", 1) != 0 ? frame / 2 + 1 : frame;
   c.set(0, c.dtype(0), {x[0], (n - frame) / step + 1, bins, 2});
 }
 

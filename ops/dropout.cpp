@@ -87,7 +87,7 @@ class Dropout final : public Kernel {
 
 // Inference mode: Y is X (a view) and the mask all kept (bool from opset 10, X's type before).
 void dropout_shape(ShapeContext& c) {
-  if (c.has(2)) {
+  if (c.has_input(2)) {
     const std::vector<int64_t>& training = c.data(2);
     if (!training.empty() && training[0] != 0) unknown("training mode");
   }

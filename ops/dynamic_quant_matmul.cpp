@@ -444,16 +444,17 @@ uint64_t qgemm_workspace(const ShapeContext& c) {
   const Shape& a = c.shape(0);
   const Shape& b = c.shape(3);
   if (a.size() != 2 || b.size() != 2) unknown("A or B not 2-D");
-  return qgemm_parts(a[c.attr_i("transA", 0) ? 1 : 0], b[c.attr_i("transB", 0) ? 0 : 1]).bytes();
+  return qgemm_parts(a[c.attr_int("transA", 0) ? 1 : 0], b[c.attr_int("transB", 0) ? 0 : 1])
+      .bytes();
 }
 
 void qgemm_shape(ShapeContext& c) {
   const Shape& a = c.shape(0);
   const Shape& b = c.shape(3);
   if (a.size() != 2 || b.size() != 2) unknown("A or B not 2-D");
-  const int64_t m = a[c.attr_i("transA", 0) ? 1 : 0];
-  const int64_t n = b[c.attr_i("transB", 0) ? 0 : 1];
-  c.set(0, c.has(8) ? c.dtype(8) : DataType::Float, {m, n});
+  const int64_t m = a[c.attr_int("transA", 0) ? 1 : 0];
+  const int64_t n = b[c.attr_int("transB", 0) ? 0 : 1];
+  c.set(0, c.has_input(8) ? c.dtype(8) : DataType::Float, {m, n});
 }
 
 }  // namespace

@@ -677,7 +677,7 @@ void einsum_shape(ShapeContext& c) {
     shapes.push_back(c.shape(i));
   }
   try {
-    const Equation eq = parse_equation(c.attr_s("equation", ""), c.num_inputs());
+    const Equation eq = parse_equation(c.attr_string("equation", ""), c.num_inputs());
     c.set(0, c.dtype(0), label_sizes(eq, shapes).out_shape);
   } catch (const EquationError& e) {
     unknown(e.message);
@@ -693,7 +693,7 @@ uint64_t einsum_workspace(const ShapeContext& c) {
   }
   if (!type_in(EinsumTypes{}, c.dtype(0))) unknown("unsupported element type");
   try {
-    const Equation eq = parse_equation(c.attr_s("equation", ""), c.num_inputs());
+    const Equation eq = parse_equation(c.attr_string("equation", ""), c.num_inputs());
     return workspace_bytes(c.dtype(0), label_sizes(eq, shapes), shapes);
   } catch (const EquationError& e) {
     unknown(e.message);

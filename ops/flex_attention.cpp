@@ -304,7 +304,7 @@ uint64_t flex_attention_workspace(const ShapeContext& c) {
   r.type = c.dtype(0);
   r.prec = r.type == DataType::Double ? DataType::Double : DataType::Float;
   if (c.has_attr("softmax_precision")) {
-    r.prec = precision_type(c.attr_i("softmax_precision", 1));
+    r.prec = precision_type(c.attr_int("softmax_precision", 1));
     if (r.prec == DataType::Undefined) unknown("softmax_precision");
   }
   r.modifiers = c.has_attr("score_mod") || c.has_attr("prob_mod");

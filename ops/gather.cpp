@@ -258,7 +258,7 @@ void gather_shape(ShapeContext& c) {
   const ValueFacts& x = c.in(0);
   const ValueFacts& idx = c.in(1);
   int64_t axis = 0;
-  const Shape out = gather_output_shape(x.shape, idx.shape, c.attr_i("axis", 0), &axis);
+  const Shape out = gather_output_shape(x.shape, idx.shape, c.attr_int("axis", 0), &axis);
   if (x.has_data && idx.has_data && x.shape.size() == 1) {
     std::vector<int64_t> data;
     for (int64_t i : idx.data) {
@@ -280,7 +280,7 @@ void gather_elements_shape(ShapeContext& c) {
 // indices[:-1] + data[batch_dims + k:], k the last dimension of the indices.
 void gather_nd_shape(ShapeContext& c) {
   if (c.dtype(1) != DataType::Int64) unknown("GatherND takes int64 indices");
-  c.set(0, c.dtype(0), gather_nd_output_shape(c.shape(0), c.shape(1), c.attr_i("batch_dims", 0)));
+  c.set(0, c.dtype(0), gather_nd_output_shape(c.shape(0), c.shape(1), c.attr_int("batch_dims", 0)));
 }
 
 }  // namespace

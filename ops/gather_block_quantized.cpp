@@ -202,9 +202,9 @@ class GatherBlockQuantized final : public Kernel {
 void gather_block_shape(ShapeContext& c) {
   Shape s = c.shape(0);
   if (s.empty()) unknown("a scalar data input");
-  if (c.dtype(0) == DataType::UInt8 && c.attr_i("bits", 4) == 4 && s.back() >= 0) s.back() *= 2;
+  if (c.dtype(0) == DataType::UInt8 && c.attr_int("bits", 4) == 4 && s.back() >= 0) s.back() *= 2;
   const auto rank = static_cast<int64_t>(s.size());
-  int64_t g = c.attr_i("gather_axis", 0);
+  int64_t g = c.attr_int("gather_axis", 0);
   if (g < -rank || g >= rank) unknown("gather_axis out of range");
   if (g < 0) g += rank;
   const Shape& idx = c.shape(1);

@@ -318,8 +318,8 @@ void gemm_shape(ShapeContext& c) {
   const Shape& a = c.shape(0);
   const Shape& b = c.shape(1);
   if (a.size() != 2 || b.size() != 2) unknown("Gemm takes matrices");
-  const int64_t m = c.attr_i("transA", 0) ? a[1] : a[0];
-  const int64_t n = c.attr_i("transB", 0) ? b[0] : b[1];
+  const int64_t m = c.attr_int("transA", 0) ? a[1] : a[0];
+  const int64_t n = c.attr_int("transB", 0) ? b[0] : b[1];
   c.set(0, c.dtype(0), {m, n});
 }
 
@@ -328,10 +328,11 @@ uint64_t gemm_workspace(const ShapeContext& c) {
   const Shape& a = c.shape(0);
   const Shape& b = c.shape(1);
   if (a.size() != 2 || b.size() != 2) unknown("Gemm takes matrices");
-  const int64_t m = c.attr_i("transA", 0) ? a[1] : a[0];
-  const int64_t n = c.attr_i("transB", 0) ? b[0] : b[1];
-  const Shape* cs = c.has(2) ? &c.shape(2) : nullptr;
-  return gemm_parts(c.dtype(0), a, b, cs, m, n, packs_constant_b(c.constant(1))).layout.bytes();
+  const int64_t m = c.attr_int("transA", 0) ? a[1] : a[0];
+  const int64_t n = c.attr_int("transB", 0) ? b[0] : b[1];
+  const Shape* cs = c.has_input(2) ? &c.shape(2) : nullptr;
+  return gemm_parts(c.dtype(0), a, b, cs, m, n, packs_constant_b(c.constant_input(1)))
+      .layout.bytes();
 }
 
 }  // namespace

@@ -397,7 +397,7 @@ int64_t present_length(const ShapeContext& c) {
   const std::vector<int64_t>& total = c.data(kTotalSeqLen);
   if (total.size() != 1) unknown("total_sequence_length");
   int64_t present = total[0];
-  if (c.has(kPastKey)) {
+  if (c.has_input(kPastKey)) {
     const Shape& pk = c.shape(kPastKey);
     if (pk.size() != 4 || pk[2] < 0) unknown("past of another rank");
     present = std::max(present, pk[2]);
@@ -409,11 +409,11 @@ int64_t present_length(const ShapeContext& c) {
 // is known before the run.
 void group_query_attention_shape(ShapeContext& c) {
   const Shape& q = c.shape(kQuery);
-  const int64_t n = c.attr_i("num_heads", 0), nk = c.attr_i("kv_num_heads", 0);
+  const int64_t n = c.attr_int("num_heads", 0), nk = c.attr_int("kv_num_heads", 0);
   if (q.size() != 3 || q[2] < 0 || n <= 0 || nk <= 0) unknown("query or head counts");
-  const int64_t h = q[2] / (c.has(kKey) ? n : n + 2 * nk);
+  const int64_t h = q[2] / (c.has_input(kKey) ? n : n + 2 * nk);
   c.set(0, c.dtype(kQuery), {q[0], q[1], n * h});
-  if (!c.has_out(1) && !c.has_out(2)) return;
+  if (!c.has_output(1) && !c.has_output(2)) return;
   const int64_t present = present_length(c);
   for (size_t o : {size_t{1}, size_t{2}}) c.set(o, c.dtype(kQuery), {q[0], nk, present, h});
 }
@@ -440,18 +440,18 @@ void place_group_query_attention(Placement& p) {
 // length is total_sequence_length's value (or the past's when longer).
 uint64_t group_query_attention_workspace(const ShapeContext& c) {
   const Shape& q = c.shape(kQuery);
-  const int64_t n = c.attr_i("num_heads", 0), nk = c.attr_i("kv_num_heads", 0);
+  const int64_t n = c.attr_int("num_heads", 0), nk = c.attr_int("kv_num_heads", 0);
   if (q.size() != 3 || q[0] < 0 || q[1] < 0 || q[2] <= 0 || n <= 0 || nk <= 0 || n % nk) {
     unknown("query or head counts");
   }
-  const int64_t h = q[2] / (c.has(kKey) ? n : n + 2 * nk);
+  const int64_t h = q[2] / (c.has_input(kKey) ? n : n + 2 * nk);
   const int64_t present = present_length(c);
   if (present < 0) unknown("total_sequence_length");
   Request r;
   r.d = {q[0], n, nk, q[1], present, h, h};
-  r.rotary = c.attr_i("do_rotary", 0) != 0;
-  r.present_k = !c.has_out(1);
-  r.present_v = !c.has_out(2);
+  r.rotary = c.attr_int("do_rotary", 0) != 0;
+  r.present_k = !c.has_output(1);
+  r.present_v = !c.has_output(2);
   r.threads = c.threads();
   return gqa_parts(r).layout.bytes();
 }

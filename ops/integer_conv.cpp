@@ -408,7 +408,7 @@ void conv_integer_shape(ShapeContext& c) {
 
 // QLinearConv: X is input 0 and W input 3; the output has y_zero_point's type.
 void qlinear_conv_shape(ShapeContext& c) {
-  c.set(0, c.has(7) ? c.dtype(7) : c.dtype(0),
+  c.set(0, c.has_input(7) ? c.dtype(7) : c.dtype(0),
         conv_output_shape(c.shape(0), c.shape(3), window_attrs(c.node())));
 }
 
@@ -416,9 +416,9 @@ void qlinear_conv_shape(ShapeContext& c) {
 template <size_t kInput>
 uint64_t filter_workspace(const ShapeContext& c) {
   const Shape& w = c.shape(kInput);
-  const int64_t groups = c.attr_i("group", 1);
+  const int64_t groups = c.attr_int("group", 1);
   if (w.size() < 3 || groups < 1 || w[0] % groups != 0) unknown("bad filter or group");
-  return filter_parts(w, groups, packable_filter(c.constant(kInput), groups)).bytes();
+  return filter_parts(w, groups, packable_filter(c.constant_input(kInput), groups)).bytes();
 }
 
 }  // namespace

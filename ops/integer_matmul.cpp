@@ -443,7 +443,7 @@ void matmul_integer_shape(ShapeContext& c) {
 
 // The output's type is y_zero_point's, else A's.
 void qlinear_matmul_shape(ShapeContext& c) {
-  const DataType out = c.has(7) ? c.dtype(7) : c.dtype(0);
+  const DataType out = c.has_input(7) ? c.dtype(7) : c.dtype(0);
   if (!is_quant_input(c.dtype(0)) || !is_quant_input(c.dtype(3)) || !is_quant_input(out)) {
     unknown("types QLinearMatMul does not take");
   }
@@ -452,7 +452,7 @@ void qlinear_matmul_shape(ShapeContext& c) {
 
 // The kernel's workspace (qlinear_matmul_parts) for these shapes.
 uint64_t qlinear_matmul_workspace(const ShapeContext& c) {
-  const DataType out = c.has(7) ? c.dtype(7) : c.dtype(0);
+  const DataType out = c.has_input(7) ? c.dtype(7) : c.dtype(0);
   return qlinear_matmul_parts(c.dtype(0), c.dtype(3), out, c.shape(0), c.shape(3),
                               matmul_shape_of(c.shape(0), c.shape(3)))
       .bytes();

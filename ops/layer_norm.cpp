@@ -270,10 +270,10 @@ class Norm final : public Kernel {
 void layer_norm_shape(ShapeContext& c) {
   const ValueFacts& x = c.in(0);
   c.set(0, x.dtype, x.shape);
-  const int64_t stash = c.attr_i("stash_type", 1);
+  const int64_t stash = c.attr_int("stash_type", 1);
   if (stash != 1 && stash != 10 && stash != 11 && stash != 16) unknown("bad stash_type");
   const auto axis = static_cast<size_t>(
-      normalize_axis(c.attr_i("axis", -1), static_cast<int64_t>(x.shape.size())));
+      normalize_axis(c.attr_int("axis", -1), static_cast<int64_t>(x.shape.size())));
   Shape stat = x.shape;
   std::fill(stat.begin() + static_cast<std::ptrdiff_t>(axis), stat.end(), 1);
   c.set(1, static_cast<DataType>(stash), stat);
@@ -284,12 +284,12 @@ void layer_norm_shape(ShapeContext& c) {
 uint64_t norm_workspace(const ShapeContext& c) {
   const Shape& x = c.shape(0);
   const auto axis =
-      static_cast<size_t>(normalize_axis(c.attr_i("axis", -1), static_cast<int64_t>(x.size())));
+      static_cast<size_t>(normalize_axis(c.attr_int("axis", -1), static_cast<int64_t>(x.size())));
   int64_t rows = 1, n = 1;
   for (size_t d = 0; d < x.size(); ++d) (d < axis ? rows : n) *= x[d];
   const DataType dt = c.dtype(0);
   const bool half = dt != DataType::Float && dt != DataType::Double;
-  const bool has_bias = c.node().op_type == "LayerNormalization" && c.has(2);
+  const bool has_bias = c.node().op_type == "LayerNormalization" && c.has_input(2);
   const int64_t scale = param_copy(c.shape(1), !half, x, axis, n, "scale");
   const int64_t bias = has_bias ? param_copy(c.shape(2), !half, x, axis, n, "bias") : 0;
   return norm_parts(dt, rows, n, scale, bias, c.threads()).layout.bytes();

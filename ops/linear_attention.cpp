@@ -283,7 +283,7 @@ void linear_attention_shape(ShapeContext& c) {
   const Shape& q = c.shape(0);
   const Shape& k = c.shape(1);
   const Shape& v = c.shape(2);
-  const int64_t hq = c.attr_i("q_num_heads", 0), hk = c.attr_i("kv_num_heads", 0);
+  const int64_t hq = c.attr_int("q_num_heads", 0), hk = c.attr_int("kv_num_heads", 0);
   if (hq <= 0 || hk <= 0 || hq % hk || q.size() != 3 || v.size() != 3 || c.dtype(1) != c.dtype(0) ||
       c.dtype(2) != c.dtype(0) || q[2] % hq || v[2] % hk) {
     unknown("query, key and value do not fit the head counts");
@@ -292,34 +292,34 @@ void linear_attention_shape(ShapeContext& c) {
   if (k != Shape{q[0], q[1], hk * dk} || v[0] != q[0] || v[1] != q[1]) {
     unknown("key or value does not match query");
   }
-  const std::string rule = c.attr_s("update_rule", "gated_delta");
-  if (c.has(4) != (rule == "gated" || rule == "gated_delta") ||
-      c.has(5) != (rule == "delta" || rule == "gated_delta")) {
+  const std::string rule = c.attr_string("update_rule", "gated_delta");
+  if (c.has_input(4) != (rule == "gated" || rule == "gated_delta") ||
+      c.has_input(5) != (rule == "delta" || rule == "gated_delta")) {
     unknown("decay or beta does not fit update_rule");
   }
   const Shape state{q[0], hk, dk, dv};
-  if (c.has(3) && c.shape(3) != state) unknown("past_state does not fit");
+  if (c.has_input(3) && c.shape(3) != state) unknown("past_state does not fit");
   c.set(0, c.dtype(0), {q[0], q[1], hq * dv});
-  c.set(1, c.has(3) ? c.dtype(3) : c.dtype(0), state);
+  c.set(1, c.has_input(3) ? c.dtype(3) : c.dtype(0), state);
 }
 
 // The kernel's workspace (linear_parts) for these shapes on c.threads() threads.
 uint64_t linear_attention_workspace(const ShapeContext& c) {
   const Shape& q = c.shape(0);
   const Shape& v = c.shape(2);
-  const int64_t hq = c.attr_i("q_num_heads", 0), hk = c.attr_i("kv_num_heads", 0);
+  const int64_t hq = c.attr_int("q_num_heads", 0), hk = c.attr_int("kv_num_heads", 0);
   if (hq <= 0 || hk <= 0 || hq % hk || q.size() != 3 || v.size() != 3 || q[2] < 0 || v[2] < 0)
     unknown("query, key and value do not fit the head counts");
   Request r;
   r.B = q[0], r.T = q[1], r.Hq = hq, r.Hk = hk, r.dk = q[2] / hq, r.dv = v[2] / hk;
   if (r.B < 0 || r.T < 0) unknown("sizes");
   r.type = c.dtype(0);
-  r.decay = c.has(4) ? numel_or_unknown(c.shape(4)) : 0;
-  r.beta = c.has(5) ? numel_or_unknown(c.shape(5)) : 0;
-  const std::string rule = c.attr_s("update_rule", "gated_delta");
+  r.decay = c.has_input(4) ? numel_or_unknown(c.shape(4)) : 0;
+  r.beta = c.has_input(5) ? numel_or_unknown(c.shape(5)) : 0;
+  const std::string rule = c.attr_string("update_rule", "gated_delta");
   r.delta = rule == "delta" || rule == "gated_delta";
-  const DataType state = c.has(3) ? c.dtype(3) : r.type;
-  r.state_in_float = c.has_out(1) && state == DataType::Float;
+  const DataType state = c.has_input(3) ? c.dtype(3) : r.type;
+  r.state_in_float = c.has_output(1) && state == DataType::Float;
   r.threads = c.threads();
   return linear_parts(r).layout.bytes();
 }

@@ -210,7 +210,7 @@ void loss_shape(ShapeContext& c) {
   Shape expected{x[0]};
   expected.insert(expected.end(), x.begin() + 2, x.end());
   if (c.shape(1) != expected) unknown("target does not fit the input");
-  const std::string r = c.attr_s("reduction", "mean");
+  const std::string r = c.attr_string("reduction", "mean");
   if (r != "none" && r != "sum" && r != "mean") unknown("unknown reduction");
   c.set(0, c.dtype(0), r == "none" ? expected : Shape{});
   c.set(1, c.dtype(0), x);
@@ -218,7 +218,7 @@ void loss_shape(ShapeContext& c) {
 
 // The kernel's workspace (log_prob_parts).
 uint64_t log_prob_workspace(const ShapeContext& c) {
-  return log_prob_parts(c.dtype(0), c.shape(0), c.has_out(1)).bytes();
+  return log_prob_parts(c.dtype(0), c.shape(0), c.has_output(1)).bytes();
 }
 
 // SoftmaxCrossEntropy requests the log-probabilities (output 1) first when they are computed

@@ -408,8 +408,8 @@ class FusedMatMul final : public Kernel {
 // MatMul, and the fused products whose transA / transB swap an operand's last two axes.
 void matmul_shape(ShapeContext& c) {
   Shape a = c.shape(0), b = c.shape(1);
-  if (a.size() >= 2 && c.attr_i("transA", 0) != 0) std::swap(a[a.size() - 1], a[a.size() - 2]);
-  if (b.size() >= 2 && c.attr_i("transB", 0) != 0) std::swap(b[b.size() - 1], b[b.size() - 2]);
+  if (a.size() >= 2 && c.attr_int("transA", 0) != 0) std::swap(a[a.size() - 1], a[a.size() - 2]);
+  if (b.size() >= 2 && c.attr_int("transB", 0) != 0) std::swap(b[b.size() - 1], b[b.size() - 2]);
   c.set(0, c.dtype(0), matmul_shape_of(std::move(a), std::move(b)));
 }
 
@@ -417,7 +417,7 @@ void matmul_shape(ShapeContext& c) {
 uint64_t matmul_workspace(const ShapeContext& c) {
   const Shape& a = c.shape(0);
   const Shape& b = c.shape(1);
-  return half_parts(c.dtype(0), a, b, matmul_shape_of(a, b), packs_constant_b(c.constant(1)))
+  return half_parts(c.dtype(0), a, b, matmul_shape_of(a, b), packs_constant_b(c.constant_input(1)))
       .layout.bytes();
 }
 

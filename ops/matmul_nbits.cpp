@@ -261,17 +261,17 @@ class MatMulNBits final : public Kernel {
 void nbits_shape(ShapeContext& c) {
   Shape s = c.shape(0);
   if (s.empty()) unknown("a scalar A");
-  s.back() = c.attr_i("N", -1);
+  s.back() = c.attr_int("N", -1);
   c.set(0, c.dtype(0), s);
 }
 
 // The kernel's workspace (nbits_parts) for these shapes on c.threads() threads.
 uint64_t nbits_workspace(const ShapeContext& c) {
-  const int64_t k = c.attr_i("K", 0), block = c.attr_i("block_size", 0);
+  const int64_t k = c.attr_int("K", 0), block = c.attr_int("block_size", 0);
   if (k <= 0 || block < 16) unknown("bad K or block_size");
   const int64_t m = shape_numel(c.shape(0)) / k;
-  return nbits_parts(m, k, c.attr_i("N", 0), block, c.attr_i("bits", 4),
-                     c.attr_i("accuracy_level", 0), c.threads())
+  return nbits_parts(m, k, c.attr_int("N", 0), block, c.attr_int("bits", 4),
+                     c.attr_int("accuracy_level", 0), c.threads())
       .layout.bytes();
 }
 

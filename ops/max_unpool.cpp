@@ -54,7 +54,7 @@ Shape unpool_shape(const Shape& x, const WindowAttrs& window, const std::vector<
 void unpool_shape_rule(ShapeContext& c) {
   Shape inferred;
   c.set(0, c.dtype(0),
-        unpool_shape(c.shape(0), unpool_window(c.node()), c.has(2) ? &c.data(2) : nullptr,
+        unpool_shape(c.shape(0), unpool_window(c.node()), c.has_input(2) ? &c.data(2) : nullptr,
                      &inferred));
 }
 

@@ -518,7 +518,7 @@ void label_encoder_shape(ShapeContext& c) {
 // [N, n_targets].
 void tree_ensemble_shape(ShapeContext& c) {
   const Shape& x = c.shape(0);
-  const int64_t targets = c.attr_i("n_targets", 0);
+  const int64_t targets = c.attr_int("n_targets", 0);
   int64_t max_feature = -1;
   for (int64_t f : c.attr_ints("nodes_featureids")) max_feature = std::max(max_feature, f);
   if (x.size() != 2 || max_feature >= x[1] || targets < 1) unknown("X does not fit the trees");

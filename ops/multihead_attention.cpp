@@ -291,8 +291,9 @@ class MultiHeadAttention final : public Kernel {
 // output [B, S, Dv]; present_key/present_value [B, N, P + L, H].
 void multihead_attention_shape(ShapeContext& c) {
   const Shape& q = c.shape(0);
-  const int64_t heads = c.attr_i("num_heads", 0);
-  if (q.size() != 3 || heads <= 0 || !c.has(1) || !c.has(2)) unknown("query of another rank");
+  const int64_t heads = c.attr_int("num_heads", 0);
+  if (q.size() != 3 || heads <= 0 || !c.has_input(1) || !c.has_input(2))
+    unknown("query of another rank");
   const Shape& k = c.shape(1);
   const Shape& v = c.shape(2);
   if (k.size() != v.size() || (k.size() != 3 && k.size() != 4)) unknown("packed key and value");
@@ -301,20 +302,21 @@ void multihead_attention_shape(ShapeContext& c) {
   const int64_t h = q[2] < 0 ? -1 : q[2] / heads;
   c.set(0, c.dtype(0), {q[0], q[1], hv < 0 ? -1 : hv * heads});
   int64_t total = per_head ? k[2] : k[1];
-  if (c.has(6)) {
+  if (c.has_input(6)) {
     const Shape& pk = c.shape(6);
     if (pk.size() != 4) unknown("past of another rank");
     total = total < 0 || pk[2] < 0 ? -1 : total + pk[2];
   }
-  if (c.has_out(1)) c.set(1, c.dtype(0), {q[0], heads, total, h});
-  if (c.has_out(2)) c.set(2, c.dtype(0), {q[0], heads, total, hv});
+  if (c.has_output(1)) c.set(1, c.dtype(0), {q[0], heads, total, h});
+  if (c.has_output(2)) c.set(2, c.dtype(0), {q[0], heads, total, hv});
 }
 
 // The kernel's workspace (mha_parts) for these shapes on c.threads() threads.
 uint64_t multihead_attention_workspace(const ShapeContext& c) {
   const Shape& q = c.shape(0);
-  const int64_t heads = c.attr_i("num_heads", 0);
-  if (q.size() != 3 || heads <= 0 || q[2] < 0 || !c.has(1) || !c.has(2)) unknown("query");
+  const int64_t heads = c.attr_int("num_heads", 0);
+  if (q.size() != 3 || heads <= 0 || q[2] < 0 || !c.has_input(1) || !c.has_input(2))
+    unknown("query");
   const Shape& k = c.shape(1);
   const Shape& v = c.shape(2);
   if (k.size() != v.size() || (k.size() != 3 && k.size() != 4)) unknown("packed key and value");
@@ -323,18 +325,18 @@ uint64_t multihead_attention_workspace(const ShapeContext& c) {
   r.L = per_head ? k[2] : k[1];
   const int64_t hv = per_head ? v[3] : v[2] / heads;
   int64_t past = 0;
-  if (c.has(6)) {
+  if (c.has_input(6)) {
     if (c.shape(6).size() != 4) unknown("past of another rank");
     past = c.shape(6)[2];
   }
   r.d = {q[0], heads, heads, q[1], past + r.L, q[2] / heads, hv};
   for (int64_t n : {q[0], q[1], r.L, hv, past})
     if (n < 0) unknown("sizes");
-  r.bias = c.has(3);
-  r.present_k = c.has(6) && !c.has_out(1);
-  r.present_v = c.has(6) && !c.has_out(2);
-  r.mask = c.has(4) || c.attr_i("unidirectional", 0) != 0;
-  if (c.has(5)) {
+  r.bias = c.has_input(3);
+  r.present_k = c.has_input(6) && !c.has_output(1);
+  r.present_v = c.has_input(6) && !c.has_output(2);
+  r.mask = c.has_input(4) || c.attr_int("unidirectional", 0) != 0;
+  if (c.has_input(5)) {
     if (c.shape(5).size() != 4) unknown("attention_bias of another rank");
     r.mask_heads = c.shape(5)[1] != 1 ? heads : 1;
   }

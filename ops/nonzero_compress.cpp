@@ -173,7 +173,8 @@ void compress_shape(ShapeContext& c) {
   size_t axis = 0;
   int64_t n = numel_or_unknown(x);
   if (c.has_attr("axis")) {
-    axis = static_cast<size_t>(normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(x.size())));
+    axis =
+        static_cast<size_t>(normalize_axis(c.attr_int("axis", 0), static_cast<int64_t>(x.size())));
     out = x;
     n = x[axis];
   }

@@ -115,7 +115,7 @@ void onehot_shape(ShapeContext& c) {
   }
   if (c.shape(2).size() != 1 || c.shape(2)[0] != 2) unknown("values must hold [off, on]");
   Shape out = c.shape(0);
-  const int64_t axis = normalize_axis(c.attr_i("axis", -1), static_cast<int64_t>(out.size()) + 1);
+  const int64_t axis = normalize_axis(c.attr_int("axis", -1), static_cast<int64_t>(out.size()) + 1);
   out.insert(out.begin() + axis, depth[0]);
   c.set(0, c.dtype(2), out);
 }

@@ -499,7 +499,7 @@ void packed_attention_shape(ShapeContext& c) {
   const Shape& x = c.shape(0);
   const Shape& w = c.shape(1);
   if (x.size() != 3 || w.size() != 2 || w[1] < 0) unknown("input or weights of another rank");
-  const int64_t heads = c.attr_i("num_heads", 0);
+  const int64_t heads = c.attr_int("num_heads", 0);
   if (heads <= 0) unknown("num_heads");
   const std::vector<int64_t> sizes = c.attr_ints("qkv_hidden_sizes");
   const int64_t dv = sizes.size() == 3 ? sizes[2] : w[1] / 3;
@@ -509,9 +509,9 @@ void packed_attention_shape(ShapeContext& c) {
   const DataType out = quantized ? DataType::Float : c.dtype(0);
   const size_t past_input = quantized ? 8 : 4;
   c.set(0, out, {x[0], x[1], dv});
-  if (c.has_out(1)) {
+  if (c.has_output(1)) {
     int64_t past = 0;
-    if (c.has(past_input)) {
+    if (c.has_input(past_input)) {
       const Shape& p = c.shape(past_input);
       if (p.size() != 5) unknown("past of another rank");
       past = p[3];
@@ -528,24 +528,24 @@ uint64_t attention_workspace(const ShapeContext& c, bool quantized) {
   if (x.size() != 3 || w.size() != 2) unknown("input or weights of another rank");
   const InputSlots slots = quantized ? kQAttentionSlots : kAttentionSlots;
   Sizes z;
-  z.batch = x[0], z.seq = x[1], z.in = x[2], z.heads = c.attr_i("num_heads", 0);
+  z.batch = x[0], z.seq = x[1], z.in = x[2], z.heads = c.attr_int("num_heads", 0);
   const std::vector<int64_t> sizes = c.attr_ints("qkv_hidden_sizes");
   z.dq = sizes.size() == 3 ? sizes[0] : w[1] / 3;
   z.dk = sizes.size() == 3 ? sizes[1] : w[1] / 3;
   z.dv = sizes.size() == 3 ? sizes[2] : w[1] / 3;
   if (z.heads <= 0 || z.dq <= 0 || z.dq % z.heads != 0) unknown("heads");
-  if (c.has(slots.past)) {
+  if (c.has_input(slots.past)) {
     if (c.shape(slots.past).size() != 5) unknown("past of another rank");
     z.past = c.shape(slots.past)[3];
   }
   z.total = z.past + z.seq;
-  auto elements = [&](size_t i) { return c.has(i) ? numel_or_unknown(c.shape(i)) : 0; };
+  auto elements = [&](size_t i) { return c.has_input(i) ? numel_or_unknown(c.shape(i)) : 0; };
   Request r;
   r.half = !quantized && c.dtype(0) == DataType::Float16;
   r.quantized = quantized;
-  r.present_out = c.has_out(1);
-  r.has_past = c.has(slots.past);
-  r.widen_w = c.constant(1) == nullptr;
+  r.present_out = c.has_output(1);
+  r.has_past = c.has_input(slots.past);
+  r.widen_w = c.constant_input(1) == nullptr;
   r.x = elements(0);
   r.bias = elements(2);
   r.past = elements(slots.past);

@@ -236,9 +236,9 @@ class Pad final : public Kernel {
 void pad_shape(ShapeContext& c) {
   const ValueFacts& x = c.in(0);
   std::vector<int64_t> axes;
-  const bool has_axes = c.opset() >= 18 && c.has(3);
+  const bool has_axes = c.opset() >= 18 && c.has_input(3);
   if (has_axes) axes = c.data(3);
-  const bool constant = c.attr_s("mode", "constant") == "constant";
+  const bool constant = c.attr_string("mode", "constant") == "constant";
   c.set(0, x.dtype,
         pad_geometry(x.shape, c.ints_from("pads", 11, 1), has_axes ? &axes : nullptr, constant)
             .out_shape);

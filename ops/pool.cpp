@@ -542,7 +542,7 @@ void pool_shape(ShapeContext& c) {
 uint64_t pool_workspace(const ShapeContext& c) {
   const Shape& x = c.shape(0);
   // MaxPool with indices takes its own path (max_pool_with_indices), without scratch.
-  if (c.dtype(0) != DataType::Float || x.size() < 3 || x.size() > 5 || c.has_out(1)) return 0;
+  if (c.dtype(0) != DataType::Float || x.size() < 3 || x.size() > 5 || c.has_output(1)) return 0;
   const WindowAttrs a = window_attrs(c.node());
   if (a.kernel_shape.size() != x.size() - 2) return 0;
   const std::vector<WindowAxis> axes = forward_windows(spatial_dims(x), a.kernel_shape, a);

@@ -341,7 +341,7 @@ void qlinear_global_pool_shape(ShapeContext& c) {
   const Shape& s = c.shape(0);
   if (s.size() < 3 || !is_8bit(c.dtype(0))) unknown("an input the op does not take");
   c.set(0, c.dtype(0),
-        QLinearGlobalAveragePool::pooled_shape(s, c.attr_i("channels_last", 0) != 0));
+        QLinearGlobalAveragePool::pooled_shape(s, c.attr_int("channels_last", 0) != 0));
 }
 
 // ---- QLinearAveragePool ----------------------------------------------------------------
@@ -479,7 +479,7 @@ void qlinear_average_pool_shape(ShapeContext& c) {
   if (x.size() < 3 || !is_8bit(c.dtype(0))) unknown("an input the op does not take");
   const WindowAttrs a = qlinear_pool_window(c.node());
   check_window_ranks(a, x.size() - 2);
-  const bool last = c.attr_i("channels_last", 0) != 0;
+  const bool last = c.attr_int("channels_last", 0) != 0;
   const Shape nchw = last ? to_nchw(x) : x;
   const Shape out =
       windowed_shape(nchw[0], nchw[1], forward_windows(spatial_dims(nchw), a.kernel_shape, a));
@@ -649,8 +649,8 @@ void qlinear_concat_shape(ShapeContext& c) {
   if (!is_8bit(t)) unknown("a type the op does not take");
   const Shape& first = c.shape(2);
   if (first.empty()) unknown("a scalar input");
-  const auto axis =
-      static_cast<size_t>(normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(first.size())));
+  const auto axis = static_cast<size_t>(
+      normalize_axis(c.attr_int("axis", 0), static_cast<int64_t>(first.size())));
   Shape out = first;
   out[axis] = 0;
   for (size_t i = 2; i < n_in; i += 3) {

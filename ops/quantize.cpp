@@ -377,9 +377,9 @@ class DynamicQuantizeLinear final : public Kernel {
 
 // y has x's shape; its type is the zero point's, else output_dtype, else uint8.
 void quantize_shape(ShapeContext& c) {
-  const auto od = static_cast<DataType>(c.attr_i("output_dtype", 0));
+  const auto od = static_cast<DataType>(c.attr_int("output_dtype", 0));
   DataType out = od == DataType::Undefined ? DataType::UInt8 : od;
-  if (c.has(2)) {
+  if (c.has_input(2)) {
     if (od != DataType::Undefined && c.dtype(2) != od) unknown("output_dtype differs from zp's");
     out = c.dtype(2);
   }
@@ -390,7 +390,7 @@ void quantize_shape(ShapeContext& c) {
 
 // y has x's shape; its type is output_dtype, else the scale's.
 void dequantize_shape(ShapeContext& c) {
-  const auto od = static_cast<DataType>(c.attr_i("output_dtype", 0));
+  const auto od = static_cast<DataType>(c.attr_int("output_dtype", 0));
   const DataType out = od != DataType::Undefined ? od : c.dtype(1);
   if ((!is_quant_type(c.dtype(0)) && c.dtype(0) != DataType::Int32) || !is_scale_type(c.dtype(1)) ||
       out == DataType::Float8E8M0) {

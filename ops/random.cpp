@@ -210,7 +210,7 @@ class Multinomial final : public Kernel {
 template <typename... Ts>
 DataType dtype_attr(const ShapeContext& c, DataType fallback, TypeList<Ts...> allowed) {
   if (!c.has_attr("dtype")) return fallback;
-  const int64_t code = c.attr_i("dtype", 0);
+  const int64_t code = c.attr_int("dtype", 0);
   if (code < 0 || code > INT32_MAX || !is_known_data_type(static_cast<int32_t>(code)) ||
       !type_in(allowed, static_cast<DataType>(code))) {
     unknown("dtype is not supported");
@@ -242,7 +242,7 @@ void bernoulli_shape(ShapeContext& c) {
 // sample_size draws per batch row.
 void multinomial_shape(ShapeContext& c) {
   const Shape& x = c.shape(0);
-  const int64_t samples = c.attr_i("sample_size", 1);
+  const int64_t samples = c.attr_int("sample_size", 1);
   if (x.size() != 2 || !type_in(FloatTypes{}, c.dtype(0)) || samples < 0) {
     unknown("input must be float [batch, classes]");
   }

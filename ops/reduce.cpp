@@ -586,8 +586,8 @@ void reduce_shape(ShapeContext& c) {
   // ReduceSum takes axes as an input from opset 13, the others from 18.
   const int64_t since = c.node().op_type == "ReduceSum" ? 13 : 18;
   const std::vector<int64_t> axes = c.ints_from("axes", since, 1);
-  const bool keepdims = c.attr_i("keepdims", 1) != 0;
-  if (axes.empty() && c.attr_i("noop_with_empty_axes", 0) != 0) {
+  const bool keepdims = c.attr_int("keepdims", 1) != 0;
+  if (axes.empty() && c.attr_int("noop_with_empty_axes", 0) != 0) {
     c.set(0, x.dtype, x.shape);
     return;
   }

@@ -249,11 +249,11 @@ void reshaped_facts(ShapeContext& c, Shape out) {
 }
 
 void reshape_shape(ShapeContext& c) {
-  reshaped_facts(c, reshape_target(c.shape(0), c.data(1), c.attr_i("allowzero", 0) != 0));
+  reshaped_facts(c, reshape_target(c.shape(0), c.data(1), c.attr_int("allowzero", 0) != 0));
 }
 
 void flatten_shape(ShapeContext& c) {
-  reshaped_facts(c, flatten_target(c.shape(0), c.attr_i("axis", 1)));
+  reshaped_facts(c, flatten_target(c.shape(0), c.attr_int("axis", 1)));
 }
 
 void unsqueeze_shape(ShapeContext& c) {
@@ -293,7 +293,7 @@ void shape_of_shape(ShapeContext& c) {
   const Shape& in = c.shape(0);
   const auto rank = static_cast<int64_t>(in.size());
   auto clamp = [&](int64_t v) { return std::clamp(v < 0 ? v + rank : v, int64_t{0}, rank); };
-  const int64_t start = clamp(c.attr_i("start", 0)), end = clamp(c.attr_i("end", rank));
+  const int64_t start = clamp(c.attr_int("start", 0)), end = clamp(c.attr_int("end", rank));
   std::vector<int64_t> data;
   for (int64_t d = start; d < end; ++d) data.push_back(in[static_cast<size_t>(d)]);
   c.set(0, DataType::Int64, {static_cast<int64_t>(data.size())}, &data);

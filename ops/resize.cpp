@@ -666,7 +666,7 @@ bool resize_input_empty(const ir::Node& node, size_t i, const ValueFacts* facts)
 }
 
 std::vector<double> constant_doubles(const ShapeContext& c, size_t i) {
-  const Tensor* t = c.constant(i);
+  const Tensor* t = c.constant_input(i);
   if (!t) unknown("float scales are only known when run unless they are an initializer");
   return read_doubles(*t, "scales");
 }
@@ -685,9 +685,9 @@ ResizeArgs resize_args(const ShapeContext& c) {
     a.scales = constant_doubles(c, 1);
     return a;
   }
-  if (!resize_input_empty(node, 2, c.has(2) ? &c.in(2) : nullptr))
+  if (!resize_input_empty(node, 2, c.has_input(2) ? &c.in(2) : nullptr))
     a.scales = constant_doubles(c, 2);
-  if (!resize_input_empty(node, 3, c.has(3) ? &c.in(3) : nullptr)) a.sizes = c.data(3);
+  if (!resize_input_empty(node, 3, c.has_input(3) ? &c.in(3) : nullptr)) a.sizes = c.data(3);
   if (a.scales.empty() == a.sizes.empty()) unknown("exactly one of scales and sizes is needed");
   return a;
 }

@@ -601,17 +601,17 @@ void recurrent_shape(ShapeContext& c) {
   const Shape& w = c.shape(1);
   const Shape& r = c.shape(2);
   if (x.size() != 3) unknown("X must be 3-D");
-  const std::string dir = c.attr_s("direction", "forward");
+  const std::string dir = c.attr_string("direction", "forward");
   if (dir != "forward" && dir != "reverse" && dir != "bidirectional") unknown("bad direction");
   const int64_t dirs = dir == "bidirectional" ? 2 : 1;
   const std::string& op = c.node().op_type;
   const bool quantized = op == "DynamicQuantizeLSTM";
   const int64_t gates = op == "LSTM" || quantized ? 4 : op == "GRU" ? 3 : 1;
-  const bool bm = c.opset() >= 14 && c.attr_i("layout", 0) == 1;
+  const bool bm = c.opset() >= 14 && c.attr_int("layout", 0) == 1;
   const int64_t seq = x[bm ? 1 : 0], batch = x[bm ? 0 : 1];
-  const int64_t hidden = c.attr_i("hidden_size", 0) > 0 ? c.attr_i("hidden_size", 0)
-                         : r.size() == 3                ? r[quantized ? 1 : 2]
-                                                        : 0;
+  const int64_t hidden = c.attr_int("hidden_size", 0) > 0 ? c.attr_int("hidden_size", 0)
+                         : r.size() == 3                  ? r[quantized ? 1 : 2]
+                                                          : 0;
   if (hidden <= 0 || hidden > kMaxHidden) unknown("hidden size out of range");
   const int64_t gh = checked_mul(gates, hidden);
   if (quantized) {

@@ -197,7 +197,7 @@ class RoiAlign final : public Kernel {
 void roi_align_shape(ShapeContext& c) {
   const Shape& x = c.shape(0);
   const Shape& rois = c.shape(1);
-  const int64_t h = c.attr_i("output_height", 1), w = c.attr_i("output_width", 1);
+  const int64_t h = c.attr_int("output_height", 1), w = c.attr_int("output_width", 1);
   if (x.size() != 4 || rois.size() != 2 || rois[1] != 4 || c.dtype(1) != c.dtype(0) ||
       c.shape(2) != Shape{rois[0]} || h < 1 || w < 1) {
     unknown("X, rois and batch_indices do not fit");

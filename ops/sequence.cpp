@@ -340,8 +340,8 @@ void optional_shape(ShapeContext&) {
 
 // An omitted input has no element; a tensor whose facts are known is one.
 void optional_has_element_shape(ShapeContext& c) {
-  if (c.has(0) && !c.in(0).known) unknown("an optional's element is only known when run");
-  const std::vector<int64_t> has{c.has(0) ? 1 : 0};
+  if (c.has_input(0) && !c.in(0).known) unknown("an optional's element is only known when run");
+  const std::vector<int64_t> has{c.has_input(0) ? 1 : 0};
   c.set(0, DataType::Bool, {}, &has);
 }
 

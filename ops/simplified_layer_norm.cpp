@@ -143,7 +143,7 @@ void simplified_layer_norm_shape(ShapeContext& c) {
   const Shape& x = c.shape(0);
   if (x.empty()) unknown("a scalar input");
   const int64_t rank = static_cast<int64_t>(x.size());
-  int64_t axis = c.attr_i("axis", -1);
+  int64_t axis = c.attr_int("axis", -1);
   if (axis < 0) axis += rank;
   if (axis < 0 || axis >= rank) unknown("axis out of range");
   Shape stat = x;

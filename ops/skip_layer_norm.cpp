@@ -201,8 +201,8 @@ uint64_t skip_layer_norm_workspace(const ShapeContext& c) {
   const Shape& a = c.shape(0);
   const Shape& b = c.shape(1);
   if (a.empty() && b.empty()) unknown("a scalar input");
-  const bool has_param[3] = {c.has(2), c.has(3), c.has(4)};
-  return skip_parts(c.dtype(0), a, b, has_param, c.has_out(3)).layout.bytes();
+  const bool has_param[3] = {c.has_input(2), c.has_input(3), c.has_input(4)};
+  return skip_parts(c.dtype(0), a, b, has_param, c.has_output(3)).layout.bytes();
 }
 
 void place_skip_layer_norm(Placement& p) {

@@ -140,9 +140,9 @@ void slice_shape(ShapeContext& c) {
   } else {
     starts = c.data(1);
     ends = c.data(2);
-    has_axes = c.has(3);
+    has_axes = c.has_input(3);
     if (has_axes) axes = c.data(3);
-    has_steps = c.has(4);
+    has_steps = c.has_input(4);
     if (has_steps) steps = c.data(4);
   }
   const SliceWindow w =

@@ -108,9 +108,9 @@ class Split final : public Kernel {
 void split_shape(ShapeContext& c) {
   const ValueFacts& x = c.in(0);
   const auto axis = static_cast<size_t>(
-      normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(x.shape.size())));
+      normalize_axis(c.attr_int("axis", 0), static_cast<int64_t>(x.shape.size())));
   const size_t outputs = c.num_outputs();
-  const bool given = c.opset() < 13 ? c.has_attr("split") : c.has(1);
+  const bool given = c.opset() < 13 ? c.has_attr("split") : c.has_input(1);
   const std::vector<int64_t> listed = c.ints_from("split", 13, 1);
   const std::vector<int64_t> sizes =
       split_sizes(x.shape.at(axis), given ? &listed : nullptr, static_cast<int64_t>(outputs));

@@ -138,14 +138,14 @@ class TopK final : public Kernel {
 
 // The input's shape with k along the axis: the values and their int64 indices.
 void topk_shape(ShapeContext& c) {
-  int64_t k = c.attr_i("k", -1);
+  int64_t k = c.attr_int("k", -1);
   if (c.opset() >= 10) {
     const std::vector<int64_t>& kt = c.data(1);
     if (kt.size() != 1) unknown("K must hold one value");
     k = kt[0];
   }
   size_t axis = 0;
-  const Shape shape = topk_output_shape(c.shape(0), c.attr_i("axis", -1), k, &axis);
+  const Shape shape = topk_output_shape(c.shape(0), c.attr_int("axis", -1), k, &axis);
   c.set(0, c.dtype(0), shape);
   c.set(1, DataType::Int64, shape);
 }

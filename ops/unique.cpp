@@ -159,7 +159,7 @@ void unique_shape(ShapeContext& c) {
   size_t axis = 0;
   if (c.has_attr("axis")) {
     axis = static_cast<size_t>(
-        normalize_axis(c.attr_i("axis", 0), static_cast<int64_t>(x.shape.size())));
+        normalize_axis(c.attr_int("axis", 0), static_cast<int64_t>(x.shape.size())));
     outer = numel_or_unknown(Shape(x.shape.begin(), x.shape.begin() + axis));
     n = x.shape[axis];
     inner = numel_or_unknown(Shape(x.shape.begin() + axis + 1, x.shape.end()));

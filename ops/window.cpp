@@ -160,7 +160,7 @@ class MelWeightMatrix final : public Kernel {
 
 // output_type as a shape rule reads it.
 DataType output_type(const ShapeContext& c) {
-  const int64_t code = c.attr_i("output_datatype", 1);
+  const int64_t code = c.attr_int("output_datatype", 1);
   if (code > INT32_MAX || code < 0 || !is_known_data_type(static_cast<int32_t>(code)) ||
       !type_in(NumericTypes{}, static_cast<DataType>(code))) {
     unknown("output_datatype is not a numeric type");

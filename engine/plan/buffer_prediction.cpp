@@ -45,7 +45,7 @@ struct Store {
 // One reference to a value, as a Value in a frame slot, a step's output or a kernel's local.
 struct Ref {
   int32_t store = 0;
-  InferredValue facts;
+  ops::ValueFacts facts;
   Shape strides;  // empty: contiguous
   bool at_start = true;
   bool live = false;
@@ -54,11 +54,11 @@ struct Ref {
 // One graph run in progress: the executor's frame.
 struct Frame {
   const GraphPlan& plan;
-  std::vector<InferredValue> values;  // this run's inferred values, per ir::ValueId
-  std::vector<Handle> slots;          // per value
-  std::vector<int32_t> uses;          // reads left, per value
-  std::vector<Handle> unread;         // the previous step's outputs that nothing reads
-  std::vector<Handle> groups;         // the Concat groups' buffers while held (root graph)
+  std::vector<ops::ValueFacts> values;  // this run's inferred values, per ir::ValueId
+  std::vector<Handle> slots;            // per value
+  std::vector<int32_t> uses;            // reads left, per value
+  std::vector<Handle> unread;           // the previous step's outputs that nothing reads
+  std::vector<Handle> groups;           // the Concat groups' buffers while held (root graph)
   bool groups_apply = false;
 };
 
@@ -92,7 +92,7 @@ class Simulation {
   // A workspace: requested after the step's outputs, released when the kernel returns.
   void workspace(uint64_t bytes) { r_.buffers.push_back({bytes, now_, now_}); }
 
-  Handle hold(int32_t store, InferredValue facts, Shape strides, bool at_start) {
+  Handle hold(int32_t store, ops::ValueFacts facts, Shape strides, bool at_start) {
     if (!strides.empty() && is_contiguous(facts.shape, strides)) strides.clear();
     refs_.push_back({store, std::move(facts), std::move(strides), at_start, true});
     ++stores_[static_cast<size_t>(store)].holders;
@@ -116,7 +116,7 @@ class Simulation {
   }
 
   // Runs `plan` on `inputs` and `captures` (moved in); returns its outputs' handles.
-  std::vector<Handle> run(const GraphPlan& plan, std::vector<InferredValue> values,
+  std::vector<Handle> run(const GraphPlan& plan, std::vector<ops::ValueFacts> values,
                           const std::vector<Handle>& inputs, const std::vector<Handle>& captures);
 
  private:
@@ -181,7 +181,7 @@ class StepPlacement final : public ops::Placement {
 
   void allocate(size_t o) override {
     if (!produced(o)) return;
-    const InferredValue& v = output(o);
+    const ops::ValueFacts& v = output(o);
     // The window of a Concat group kept for it (the executor's allocate_output).
     if (const OutputSlot* slot = output_slot(step_, o, v.dtype, v.shape)) {
       const Handle group = f_.groups[static_cast<size_t>(slot->group)];
@@ -198,10 +198,10 @@ class StepPlacement final : public ops::Placement {
 
   void reuse_or_allocate(size_t o, uint32_t candidates) override {
     if (!produced(o)) return;
-    const InferredValue& out = output(o);
+    const ops::ValueFacts& out = output(o);
     for (size_t i = 0; i < node_.inputs.size() && i < 32; ++i) {
       if (!(candidates & (1u << i)) || node_.inputs[i] == ir::kNoValue) continue;
-      const InferredValue& x = input(i);
+      const ops::ValueFacts& x = input(i);
       if (x.dtype != out.dtype || x.shape != out.shape || !writable(i)) continue;
       if (!contiguous(i)) break;  // the kernel allocates then
       view(o, i, {}, true);
@@ -300,10 +300,10 @@ std::vector<Handle> StepPlacement::run_subgraph(const char* name, std::vector<Ha
   if (index >= graphs.size() || index >= step_.subgraphs.size())
     ops::unknown(std::string("no graph '") + name + "'");
   const GraphPlan& plan = *step_.subgraphs[index];
-  std::vector<InferredValue> in_facts, captured_facts;
+  std::vector<ops::ValueFacts> in_facts, captured_facts;
   for (Handle h : inputs) {
     release(h);
-    in_facts.push_back(h == kNone ? InferredValue{} : sim_.ref(h).facts);
+    in_facts.push_back(h == kNone ? ops::ValueFacts{} : sim_.ref(h).facts);
   }
   // Captures enter as the executor passes them: moved when this node is an owned value's
   // last reader and the mode allows, else shared.
@@ -330,7 +330,7 @@ std::vector<Handle> StepPlacement::run_subgraph(const char* name, std::vector<Ha
   return outs;
 }
 
-std::vector<Handle> Simulation::run(const GraphPlan& plan, std::vector<InferredValue> values,
+std::vector<Handle> Simulation::run(const GraphPlan& plan, std::vector<ops::ValueFacts> values,
                                     const std::vector<Handle>& inputs,
                                     const std::vector<Handle>& captures) {
   const ir::Graph& g = *plan.graph;
@@ -393,7 +393,7 @@ void Simulation::run_step(Frame& f, const Step& step) {
   for (int32_t k : step.groups_begin) {
     if (!f.groups_apply) break;
     const ConcatGroup& group = f.plan.concat_groups[static_cast<size_t>(k)];
-    InferredValue facts;
+    ops::ValueFacts facts;
     facts.known = true;
     facts.dtype = group.dtype;
     facts.shape = Shape{group.elements};
@@ -434,7 +434,7 @@ void Simulation::run_step(Frame& f, const Step& step) {
     // that fails (as shape rules may, on attributes the kernel rejects) leaves the run to be
     // recorded, as an unknown shape does.
     if (step.op->workspace) {
-      ops::ShapeContext c(g, node, static_cast<const std::vector<InferredValue>&>(f.values));
+      ops::ShapeContext c(g, node, static_cast<const std::vector<ops::ValueFacts>&>(f.values));
       c.set_threads(threads_);
       const uint64_t bytes = step.op->workspace(c);
       if (bytes > 0) workspace(bytes);
@@ -469,7 +469,7 @@ void Simulation::run_step(Frame& f, const Step& step) {
 
 }  // namespace
 
-BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<InferredValue>& values,
+BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<ops::ValueFacts>& values,
                                  const std::vector<bool>& owned_inputs, int threads) {
   const ir::Graph& g = *plan.graph;
   BufferPrediction r;

@@ -37,7 +37,7 @@ struct BufferPrediction {
 // shorter) marks the graph inputs the run owns alone (given by move): kernels may write over them
 // at their last use, as over the run's own buffers. `threads`: the threads kernels run on (the
 // session's environment's), which per-thread workspaces are sized for.
-BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<InferredValue>& values,
+BufferPrediction predict_buffers(const GraphPlan& plan, const std::vector<ops::ValueFacts>& values,
                                  const std::vector<bool>& owned_inputs = {}, int threads = 1);
 
 }  // namespace kiln::plan

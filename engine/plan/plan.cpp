@@ -139,7 +139,7 @@ namespace {
 // symbolic dimension is the leading one (a batch) taken with 1 there: what kernels choose
 // their prepared forms by (NodeInfo::input_shape_hint).
 std::vector<ops::ValueFacts> load_shape_hints(const ir::Graph& g) {
-  std::vector<InferredValue> given(g.inputs.size());
+  std::vector<ops::ValueFacts> given(g.inputs.size());
   for (size_t i = 0; i < g.inputs.size(); ++i) {
     const ir::TypeInfo& t = g.value(g.inputs[i]).type;
     if (t.kind != Value::Kind::Tensor || !t.shape || t.elem == DataType::Undefined) continue;

@@ -8,8 +8,8 @@ namespace kiln::plan {
 
 namespace {
 
-InferredValue declared(const ir::ValueInfo& info) {
-  InferredValue v;
+ops::ValueFacts declared(const ir::ValueInfo& info) {
+  ops::ValueFacts v;
   const ir::TypeInfo& type = info.type;
   if (type.kind != Value::Kind::Tensor || !type.shape || type.elem == DataType::Undefined) return v;
   for (const ir::Dim& d : *type.shape) {
@@ -24,25 +24,24 @@ InferredValue declared(const ir::ValueInfo& info) {
 using ShapeRule = void (*)(ops::ShapeContext&);
 
 ShapeInference infer(const ir::Graph& graph, const std::vector<int32_t>& order,
-                     const std::vector<InferredValue>& inputs,
-                     const std::vector<InferredValue>& captured);
+                     const std::vector<ops::ValueFacts>& inputs,
+                     const std::vector<ops::ValueFacts>& captured);
 
 // Nested graphs (If branches, Loop and Scan bodies) inferred like the main graph, their captured
 // values known from the enclosing graph's facts.
 class Nested final : public ops::NestedInference {
  public:
-  std::vector<InferredValue> outputs(const ir::Graph& graph,
-                                     const std::vector<InferredValue>& inputs,
-                                     const ir::Graph& enclosing,
-                                     const std::vector<InferredValue>& enclosing_values) override {
-    std::vector<InferredValue> captured;
+  std::vector<ops::ValueFacts> outputs(
+      const ir::Graph& graph, const std::vector<ops::ValueFacts>& inputs,
+      const ir::Graph& enclosing, const std::vector<ops::ValueFacts>& enclosing_values) override {
+    std::vector<ops::ValueFacts> captured;
     for (ir::ValueId id : graph.captures) {
       const ir::ValueId outer = enclosing.find(graph.value(id).name);
-      captured.push_back(outer == ir::kNoValue ? InferredValue{}
+      captured.push_back(outer == ir::kNoValue ? ops::ValueFacts{}
                                                : enclosing_values[static_cast<size_t>(outer)]);
     }
     const ShapeInference r = infer(graph, ir::topological_order(graph), inputs, captured);
-    std::vector<InferredValue> outs;
+    std::vector<ops::ValueFacts> outs;
     for (ir::ValueId id : graph.outputs) outs.push_back(r.values[static_cast<size_t>(id)]);
     return outs;
   }
@@ -54,18 +53,18 @@ ShapeRule shape_rule(const ir::Node& node) {
 }
 
 ShapeInference infer(const ir::Graph& graph, const std::vector<int32_t>& order,
-                     const std::vector<InferredValue>& inputs,
-                     const std::vector<InferredValue>& captured) {
+                     const std::vector<ops::ValueFacts>& inputs,
+                     const std::vector<ops::ValueFacts>& captured) {
   ShapeInference r;
-  r.values.assign(graph.values.size(), InferredValue{});
+  r.values.assign(graph.values.size(), ops::ValueFacts{});
   for (size_t k = 0; k < graph.captures.size() && k < captured.size(); ++k)
     r.values[static_cast<size_t>(graph.captures[k])] = captured[k];
   Nested nested;
   for (size_t i = 0; i < graph.inputs.size(); ++i) {
     const ir::ValueInfo& info = graph.value(graph.inputs[i]);
-    InferredValue v = i < inputs.size() && inputs[i].known ? inputs[i]
-                      : info.constant.defined()            ? inferred_from(info.constant)
-                                                           : declared(info);
+    ops::ValueFacts v = i < inputs.size() && inputs[i].known ? inputs[i]
+                        : info.constant.defined()            ? inferred_from(info.constant)
+                                                             : declared(info);
     r.values[static_cast<size_t>(graph.inputs[i])] = std::move(v);
   }
   for (ir::ValueId id : graph.initializers) {
@@ -85,7 +84,7 @@ ShapeInference infer(const ir::Graph& graph, const std::vector<int32_t>& order,
       try {
         rule(c);
         for (size_t i = 0; i < node.outputs.size() && why.empty(); ++i) {
-          if (c.has_out(i) && !r.values[static_cast<size_t>(node.outputs[i])].known)
+          if (c.has_output(i) && !r.values[static_cast<size_t>(node.outputs[i])].known)
             why = "output " + std::to_string(i) + " not inferred";
         }
       } catch (const ops::UnknownFacts& u) {
@@ -96,7 +95,7 @@ ShapeInference infer(const ir::Graph& graph, const std::vector<int32_t>& order,
     }
     if (!why.empty()) {
       for (ir::ValueId id : node.outputs)
-        if (id != ir::kNoValue) r.values[static_cast<size_t>(id)] = InferredValue{};
+        if (id != ir::kNoValue) r.values[static_cast<size_t>(id)] = ops::ValueFacts{};
       if (r.first_unknown.empty()) r.first_unknown = node.label() + ": " + why;
     }
   }
@@ -105,9 +104,9 @@ ShapeInference infer(const ir::Graph& graph, const std::vector<int32_t>& order,
 
 }  // namespace
 
-std::vector<InferredValue> infer_node(const ir::Graph& graph, const ir::Node& node,
-                                      std::vector<InferredValue>& values) {
-  std::vector<InferredValue> outs(node.outputs.size());
+std::vector<ops::ValueFacts> infer_node(const ir::Graph& graph, const ir::Node& node,
+                                        std::vector<ops::ValueFacts>& values) {
+  std::vector<ops::ValueFacts> outs(node.outputs.size());
   const ShapeRule rule = shape_rule(node);
   if (!rule) return outs;
   ops::ShapeContext c(graph, node, values);
@@ -129,13 +128,13 @@ bool shape_inference_covers(const ir::Node& node) {
 }
 
 ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& order,
-                            const std::vector<InferredValue>& inputs) {
+                            const std::vector<ops::ValueFacts>& inputs) {
   return infer(graph, order, inputs, {});
 }
 
 ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& order,
-                            const std::vector<InferredValue>& inputs,
-                            const std::vector<InferredValue>& captured) {
+                            const std::vector<ops::ValueFacts>& inputs,
+                            const std::vector<ops::ValueFacts>& captured) {
   return infer(graph, order, inputs, captured);
 }
 

@@ -16,11 +16,10 @@
 
 namespace kiln::plan {
 
-using InferredValue = ops::ValueFacts;
 constexpr int64_t kMaxInferredData = ops::kMaxKnownData;
 
 struct ShapeInference {
-  std::vector<InferredValue> values;  // per ir::ValueId of the graph
+  std::vector<ops::ValueFacts> values;  // per ir::ValueId of the graph
   // The first node (in `order`) whose outputs could not be inferred, as "node 'n' (Op):
   // reason"; empty when every node output is known.
   std::string first_unknown;
@@ -31,26 +30,26 @@ struct ShapeInference {
 // its default value). Initializers are known from their data (or a hollow constant's
 // declared shape). Nested graphs are inferred where their op's rule asks (If, Loop, Scan).
 ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& order,
-                            const std::vector<InferredValue>& inputs);
+                            const std::vector<ops::ValueFacts>& inputs);
 // The same for one run of a nested graph: `captured` gives graph.captures in order.
 ShapeInference infer_shapes(const ir::Graph& graph, const std::vector<int32_t>& order,
-                            const std::vector<InferredValue>& inputs,
-                            const std::vector<InferredValue>& captured);
+                            const std::vector<ops::ValueFacts>& inputs,
+                            const std::vector<ops::ValueFacts>& captured);
 
 // What `node`'s shape rule says of its outputs given `values` (per ir::ValueId of `graph`: the
 // facts of the node's inputs and of the enclosing values its nested graphs read); entries are
 // unknown where the rule cannot tell (or the op has none). The executor's contract check
 // (KILN_CHECK_CONTRACTS) compares them with what the kernel produced. Throws what the rule
 // throws for inputs it rejects.
-std::vector<InferredValue> infer_node(const ir::Graph& graph, const ir::Node& node,
-                                      std::vector<InferredValue>& values);
+std::vector<ops::ValueFacts> infer_node(const ir::Graph& graph, const ir::Node& node,
+                                        std::vector<ops::ValueFacts>& values);
 
 // Whether `node`'s op has a shape rule (its outputs may still be unknown when they depend
 // on data known only when run).
 bool shape_inference_covers(const ir::Node& node);
 
-// The value of `t` as an InferredValue (data kept for small integer / bool tensors).
-inline InferredValue inferred_from(const Tensor& t) {
+// The facts of `t` (data kept for small integer / bool tensors).
+inline ops::ValueFacts inferred_from(const Tensor& t) {
   return ops::facts_of(t);
 }
 

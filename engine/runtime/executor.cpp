@@ -65,7 +65,7 @@ bool check_contracts() {
   return on;
 }
 
-std::string facts_text(const plan::InferredValue& f) {
+std::string facts_text(const ops::ValueFacts& f) {
   std::string s = std::string(data_type_name(f.dtype)) + shape_to_string(f.shape);
   if (f.has_data) {
     s += " = {";
@@ -77,10 +77,10 @@ std::string facts_text(const plan::InferredValue& f) {
 
 // The facts of the node's inputs (and of the enclosing values its nested graphs read), taken
 // before the kernel runs: it may write its outputs over its inputs.
-std::vector<plan::InferredValue> input_facts(const ir::Graph& g, const ir::Node& node,
-                                             const std::vector<const Value*>& in,
-                                             const std::vector<Value>& slots) {
-  std::vector<plan::InferredValue> values(g.values.size());
+std::vector<ops::ValueFacts> input_facts(const ir::Graph& g, const ir::Node& node,
+                                         const std::vector<const Value*>& in,
+                                         const std::vector<Value>& slots) {
+  std::vector<ops::ValueFacts> values(g.values.size());
   for (size_t i = 0; i < node.inputs.size(); ++i) {
     if (in[i] && in[i]->is_tensor())
       values[static_cast<size_t>(node.inputs[i])] = plan::inferred_from(in[i]->tensor());
@@ -116,9 +116,9 @@ void check_planned(const detail::PoolRun* run, const ops::OpRegistration& op,
                   "placement or workspace rule disagrees with its kernel)");
 }
 
-void check_contract(const ir::Graph& g, const ir::Node& node,
-                    std::vector<plan::InferredValue>& values, const std::vector<Value>& outs) {
-  std::vector<plan::InferredValue> want;
+void check_contract(const ir::Graph& g, const ir::Node& node, std::vector<ops::ValueFacts>& values,
+                    const std::vector<Value>& outs) {
+  std::vector<ops::ValueFacts> want;
   try {
     want = plan::infer_node(g, node, values);
   } catch (const std::exception& e) {
@@ -128,7 +128,7 @@ void check_contract(const ir::Graph& g, const ir::Node& node,
   }
   for (size_t i = 0; i < outs.size() && i < want.size(); ++i) {
     if (!want[i].known || !outs[i].is_tensor()) continue;
-    plan::InferredValue got = plan::inferred_from(outs[i].tensor());
+    ops::ValueFacts got = plan::inferred_from(outs[i].tensor());
     if (!want[i].has_data || !got.has_data) {  // values compared where both sides keep them
       got.has_data = want[i].has_data = false;
       got.data.clear();
@@ -470,7 +470,7 @@ void Executor::run(const plan::GraphPlan& plan, std::span<Value> inputs, std::sp
     const auto t0 =
         profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     const uint64_t copied_before = stats_.bytes_copied;
-    std::vector<plan::InferredValue> facts;
+    std::vector<ops::ValueFacts> facts;
     uint64_t missed_before = 0, unplanned_before = 0;
     if (check_contracts()) {
       facts = input_facts(g, node, in_ptrs, f.slots);

@@ -201,7 +201,7 @@ struct Session::Impl {
     std::string values;
     for (size_t i = 0; i < g.inputs.size() && i < ordered.size(); ++i) {
       if (!ordered[i].is_tensor() || !ordered[i].tensor().defined()) continue;
-      const plan::InferredValue v = plan::inferred_from(ordered[i].tensor());
+      const ops::ValueFacts v = plan::inferred_from(ordered[i].tensor());
       if (!v.has_data) continue;
       values += g.value(g.inputs[i]).name + "=";
       for (int64_t x : v.data) values += std::to_string(x) + ",";
@@ -214,7 +214,7 @@ struct Session::Impl {
   std::optional<std::vector<detail::RecordedBuffer>> predicted_requests(
       const std::vector<Value>& ordered) const {
     const ir::Graph& g = *model.graph;
-    std::vector<plan::InferredValue> given(g.inputs.size());
+    std::vector<ops::ValueFacts> given(g.inputs.size());
     std::vector<bool> owned(g.inputs.size(), false);
     for (size_t i = 0; i < g.inputs.size() && i < ordered.size(); ++i) {
       if (!ordered[i].is_tensor() || !ordered[i].tensor().defined()) continue;

@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string describe(const plan::InferredValue& v) {
+std::string describe(const ops::ValueFacts& v) {
   return std::string(data_type_name(v.dtype)) + shape_to_string(v.shape);
 }
 
@@ -55,7 +55,7 @@ TEST_CASE("inferred shapes equal the outputs of the ONNX backend node cases", "[
     }
     ++planned;
     const ir::Graph& g = *m.graph;
-    std::vector<plan::InferredValue> given(g.inputs.size());
+    std::vector<ops::ValueFacts> given(g.inputs.size());
     // The node cases give every input, in order.
     for (size_t k = 0; k < g.inputs.size(); ++k) {
       const fs::path file = set / ("input_" + std::to_string(k) + ".pb");
@@ -69,13 +69,13 @@ TEST_CASE("inferred shapes equal the outputs of the ONNX backend node cases", "[
     const plan::ShapeInference r = plan::infer_shapes(g, order, given);
     if (r.first_unknown.empty()) ++fully_inferred;
     for (size_t k = 0; k < g.outputs.size(); ++k) {
-      const plan::InferredValue& got = r.values[static_cast<size_t>(g.outputs[k])];
+      const ops::ValueFacts& got = r.values[static_cast<size_t>(g.outputs[k])];
       const fs::path file = set / ("output_" + std::to_string(k) + ".pb");
       const ir::TypeInfo& type = g.value(g.outputs[k]).type;
       if (!got.known || !fs::exists(file) || type.kind != Value::Kind::Tensor) continue;
       const Value v = proto::read_value_file(file.string(), type, nullptr);
       if (!v.is_tensor()) continue;
-      const plan::InferredValue want = plan::inferred_from(v.tensor());
+      const ops::ValueFacts want = plan::inferred_from(v.tensor());
       ++outputs_inferred;
       const std::string where = entry.path().filename().string() + " output " + std::to_string(k);
       if (got.dtype != want.dtype || got.shape != want.shape) {
@@ -119,7 +119,7 @@ TEST_CASE("If is inferred through its branches", "[shapes]") {
     return make_model(b.build()).graph;  // nodes take the model's opset
   };
   auto infer = [](const ir::Graph& g, std::optional<bool> cond) {
-    std::vector<plan::InferredValue> given(2);
+    std::vector<ops::ValueFacts> given(2);
     if (cond) given[1] = plan::inferred_from(Tensor::scalar<bool>(*cond));
     return plan::infer_shapes(g, ir::topological_order(g), given);
   };
@@ -169,7 +169,7 @@ TEST_CASE("Loop is inferred through its body", "[shapes]") {
     return make_model(b.build()).graph;
   };
   auto infer = [](const ir::Graph& g) {
-    return plan::infer_shapes(g, ir::topological_order(g), std::vector<plan::InferredValue>(3));
+    return plan::infer_shapes(g, ir::topological_order(g), std::vector<ops::ValueFacts>(3));
   };
   for (int64_t trips : {0, 5, 64}) {
     INFO("trip count " << trips << " (each iteration's slice start known)");
