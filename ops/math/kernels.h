@@ -412,9 +412,12 @@ struct Int8GemmKernels {
   void (*quantize_u8)(const float* x, int64_t n, float scale, float zero_point,
                       uint8_t* y) = nullptr;
   // rows (<= mr) x k of float A (row stride lda) quantized as quantize_u8 does, packed as
-  // pack_a packs uint8 A, in one pass: dynamic quantization fused into the packing.
-  void (*pack_a_quantized)(const float* a, int64_t lda, int rows, int64_t k, float scale,
-                           float zero_point, int32_t* out, int32_t* row_sums) = nullptr;
+  // pack_a packs uint8 A, in one pass: dynamic quantization fused into the packing. Row r
+  // takes scale[r * param_step] and zero_point[r * param_step] (param_step 0: one scale and
+  // zero point for all rows, 1: one per row).
+  void (*pack_a_quantized)(const float* a, int64_t lda, int rows, int64_t k, const float* scale,
+                           const float* zero_point, int param_step, int32_t* out,
+                           int32_t* row_sums) = nullptr;
 };
 
 // B of com.microsoft.MatMulNBits as onnxruntime lays it out: column j (of n) holds its k

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <new>
 #include <string>
@@ -179,10 +180,24 @@ void to_float(const MathKernels& table, const QGemmOutput& out, const int32_t* d
               int64_t i, int64_t j, int rows, int cols) {
   const float* scale = out.f_scales + j * out.f_scale_cs;
   const float* bias = out.f_bias ? out.f_bias + j : nullptr;
+  alignas(64) float row_scaled[kMaxNr];
   for (int r = 0; r < rows; ++r) {
     float* f = out.f + (i + r) * out.ldf + j;
-    table.int8_gemm.to_float(dst + r * ld, cols, scale, static_cast<int>(out.f_scale_cs), bias,
-                             out.f_accumulate, f);
+    const float* s = scale;
+    int step = static_cast<int>(out.f_scale_cs);
+    if (out.f_row_scales) {
+      // The row's scale folded into the column scales of this tile: one product per column
+      // here instead of one per element in the conversion.
+      const float rs = out.f_row_scales[i + r];
+      for (int c = 0; c < cols; ++c) row_scaled[c] = rs * scale[c * step];
+      s = row_scaled;
+      step = 1;
+    }
+    table.int8_gemm.to_float(dst + r * ld, cols, s, step, bias, out.f_accumulate, f);
+    if (out.f_row_bias) {
+      const float rb = out.f_row_bias[i + r];
+      for (int c = 0; c < cols; ++c) f[c] += rb;
+    }
     activate(out.f_activation, f, cols, table);
   }
 }
@@ -442,7 +457,50 @@ void qgemm(const QFloatA& a, const QPackedB& b, const QGemmOutput& out, const QG
   oa.a_zeros = nullptr;
   with_packed_b(a.rows, a.cols, false, b, out, oa, [&](const Plan& p, const ColumnTerms& ct) {
     const auto pack = [&](int64_t i, int rows, int32_t* panel, int32_t* sums) {
-      p.t->pack_a_quantized(a.data + i * a.ld, a.ld, rows, p.k, a.scale, a.zero_point, panel, sums);
+      p.t->pack_a_quantized(a.data + i * a.ld, a.ld, rows, p.k, &a.scale, &a.zero_point, 0, panel,
+                            sums);
+    };
+    run_split(p, false, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+      run_a_rows(p, pack, b.panels(), ct, m0, m1, n0, n1);
+    });
+  });
+}
+
+void row_quant_params(float lo, float hi, float* scale, float* zero_point) {
+  const float s = (hi == lo ? 1.0f : hi - lo) / 255.0f;
+  const float z = std::clamp(0.0f - lo / s, 0.0f, 255.0f);
+  *scale = s;
+  *zero_point = std::isnan(z) ? 0.0f : std::nearbyint(z);
+}
+
+void qgemm(const QRowFloatA& a, const QPackedB& b, const QGemmOutput& out, const QGemmOptions& o) {
+  if (!out.f) throw Error(ErrorKind::Runtime, "qgemm: a per-row quantized A needs a float output");
+  if (a.rows == 0 || b.n() == 0) return;
+  const Int8GemmKernels& t = table_of(o.kernels).int8_gemm;
+  // Per row: its scale and zero point (as floats for the packer), the zero point as the
+  // driver's per-row a_zeros, and the output's row scale alpha * s_i.
+  const size_t m = static_cast<size_t>(a.rows);
+  std::vector<float> params(3 * m);
+  std::vector<int32_t> zeros(m);
+  float* scales = params.data();
+  float* zero_points = scales + m;
+  float* row_scales = zero_points + m;
+  for (size_t i = 0; i < m; ++i) {
+    float lo = 0.0f, hi = 0.0f;
+    t.quant_range(a.data + static_cast<int64_t>(i) * a.ld, a.cols, &lo, &hi);
+    row_quant_params(lo, hi, &scales[i], &zero_points[i]);
+    zeros[i] = static_cast<int32_t>(zero_points[i]);
+    row_scales[i] = a.alpha * scales[i] * (out.f_row_scales ? out.f_row_scales[i] : 1.0f);
+  }
+  QGemmOutput fo = out;
+  fo.f_row_scales = row_scales;
+  QGemmOptions oa = o;
+  oa.a_zero = 0;
+  oa.a_zeros = zeros.data();
+  with_packed_b(a.rows, a.cols, false, b, fo, oa, [&](const Plan& p, const ColumnTerms& ct) {
+    const auto pack = [&](int64_t i, int rows, int32_t* panel, int32_t* sums) {
+      p.t->pack_a_quantized(a.data + i * a.ld, a.ld, rows, p.k, scales + i, zero_points + i, 1,
+                            panel, sums);
     };
     run_split(p, false, [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
       run_a_rows(p, pack, b.panels(), ct, m0, m1, n0, n1);

@@ -113,8 +113,10 @@ class QPackedA {
 // scales[i * scale_rs + j * scale_cs] (scale_cs 0 or 1) and the zero point
 // y_zero_points[i * y_zero_rs] (none: 0), or float (f) scaled back as the dynamically
 // quantized ops do: f = float(R) * f_scales[j * f_scale_cs] + f_bias[j] (no bias when null),
-// added to what f holds when f_accumulate, then f_activation applied (with the vector kernels
-// the standalone activation ops use, element by element: the same results).
+// added to what f holds when f_accumulate, then f_row_bias[i] added (when given), then
+// f_activation applied (with the vector kernels the standalone activation ops use, element
+// by element: the same results). With f_row_scales, row i's scale is the float product
+// f_row_scales[i] * f_scales[j * f_scale_cs], rounded once, before it multiplies float(R).
 struct QGemmOutput {
   int32_t* c = nullptr;
   int64_t ldc = 0;
@@ -130,6 +132,8 @@ struct QGemmOutput {
   const float* f_scales = nullptr;
   int64_t f_scale_cs = 0;
   const float* f_bias = nullptr;
+  const float* f_row_scales = nullptr;  // one per row of the product (m values), or null
+  const float* f_row_bias = nullptr;    // one per row (m values), or null
   bool f_accumulate = false;
   Activation f_activation = Activation::None;  // applied last, to each finished tile row
 
@@ -174,6 +178,19 @@ struct QFloatA {
   float zero_point = 0.0f;  // an integer in [0, 255]
 };
 
+// Float A quantized to uint8 per row as it is packed (the int8 weights of
+// SessionOptions::gemm_weights): element (i, p) at data[i * ld + p]; each row i takes its own
+// scale s_i and zero point z_i, computed over that row alone as DynamicQuantizeLinear computes
+// them over a tensor (the row's range widened to include 0, s_i = (max - min) / 255, z_i =
+// round_half_even(-min / s_i)), and is quantized as Int8GemmKernels::quantize_u8 quantizes.
+// The int32 sums become floats through the output's per-row scales, which the product sets to
+// alpha * s_i (times the caller's f_row_scales, when given).
+struct QRowFloatA {
+  const float* data = nullptr;
+  int64_t rows = 0, cols = 0, ld = 0;
+  float alpha = 1.0f;
+};
+
 // Columns [j0, j0 + nc) of all k rows of B, written row-major (row stride nc) at `out`. A
 // convolution lowers its input patches this way, block by block.
 using QBFiller = std::function<void(int64_t j0, int64_t nc, uint8_t* out)>;
@@ -195,6 +212,16 @@ void qgemm(const QFloatA& a, const QPackedB& b, const QGemmOutput& out,
            const QGemmOptions& options = {});
 void qgemm(const QFloatA& a, const QMatrixView& b, const QGemmOutput& out,
            const QGemmOptions& options = {});
+
+// R = quantize_rows(A) * B, written as float (out.f is required; options' a_zero and a_zeros
+// are not used: the rows' own zero points are): f = float(R) * (alpha * s_i * f_scales[j]) +
+// the biases. B packed.
+void qgemm(const QRowFloatA& a, const QPackedB& b, const QGemmOutput& out,
+           const QGemmOptions& options = {});
+
+// The scale and zero point QRowFloatA gives a row with range [lo, hi] (both widened to
+// include 0, NaNs skipped): the one rule the product and its tests share.
+void row_quant_params(float lo, float hi, float* scale, float* zero_point);
 
 // Counter for tests and benchmarks: B matrices packed by qgemm on the fly (not prepacked).
 uint64_t qgemm_b_packs();

@@ -432,18 +432,21 @@ void qgemm_quantize_u8(const float* x, int64_t n, float scale, float zero_point,
 }
 
 // rows (<= kQgemmMr) x k of float A (row stride lda) quantized as qgemm_quantize_u8 does
-// straight into one panel, as qgemm_pack_a packs uint8 A (no flip); with row_sums, each row's
-// sum of quantized values. A row goes through a small stack buffer a chunk at a time, which
-// stays in L1, so the quantized tensor is never written out.
-void qgemm_pack_a_quantized(const float* a, int64_t lda, int rows, int64_t k, float scale,
-                            float zero_point, int32_t* out, int32_t* row_sums) {
+// (row r with scale[r * param_step] and zero_point[r * param_step]) straight into one panel,
+// as qgemm_pack_a packs uint8 A (no flip); with row_sums, each row's sum of quantized values.
+// A row goes through a small stack buffer a chunk at a time, which stays in L1, so the
+// quantized tensor is never written out.
+void qgemm_pack_a_quantized(const float* a, int64_t lda, int rows, int64_t k, const float* scale,
+                            const float* zero_point, int param_step, int32_t* out,
+                            int32_t* row_sums) {
   constexpr int64_t kChunk = 256;  // a multiple of kQgemmKb and of 16
   alignas(64) uint8_t buf[kChunk];
   for (int r = 0; r < rows; ++r) {
     int64_t sum = 0;
+    const float row_scale = scale[r * param_step], row_zero = zero_point[r * param_step];
     for (int64_t p0 = 0; p0 < k; p0 += kChunk) {
       const int64_t len = k - p0 < kChunk ? k - p0 : kChunk;
-      qgemm_quantize_u8(a + r * lda + p0, len, scale, zero_point, buf);
+      qgemm_quantize_u8(a + r * lda + p0, len, row_scale, row_zero, buf);
       sum +=
           qgemm_pack_a_row(buf, 1, len, 0, out + r + p0 / kQgemmKb * kQgemmMr, row_sums != nullptr);
     }
