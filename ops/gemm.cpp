@@ -246,7 +246,7 @@ class Gemm final : public Kernel {
       (rows ? o.row_bias : o.bias) = bias;
     }
     if (packed_ && ao.cols > 0) {
-      math::sgemm(av, packed_.view, y, n, o);
+      packed_product(av, packed_, y, n, o);
     } else {
       const Operand bo = operand(b, trans_b_);
       math::sgemm(av, math::MatrixView{b.data<const float>(), bo.rows, bo.cols, bo.rs, bo.cs}, y, n,

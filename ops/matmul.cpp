@@ -140,7 +140,7 @@ math::MatrixView view(const Operand& o, const float* base, size_t batch, int64_t
 }
 
 // y (contiguous [batches, m, n]) = a * b, with b packed when `packed` is given.
-void run_float(const Problem& p, const float* a, const float* b, const math::PackedB* packed,
+void run_float(const Problem& p, const float* a, const float* b, const PackedWeight* packed,
                float* y, const math::GemmOptions& epilogue = {}) {
   const int64_t m = p.m, n = p.n;
   const double work = static_cast<double>(p.batches) * static_cast<double>(m) *
@@ -156,7 +156,7 @@ void run_float(const Problem& p, const float* a, const float* b, const math::Pac
     const math::MatrixView av = view(p.a, a, i, m);
     float* yb = y + bi * m * n;
     if (packed) {
-      math::sgemm(av, *packed, yb, n, o);
+      packed_product(av, *packed, yb, n, o);
     } else {
       math::sgemm(av, math::MatrixView{b + p.b.offsets[i], p.k, n, p.b.rs, p.b.cs}, yb, n, o);
     }
@@ -291,7 +291,7 @@ class MatMul final : public Kernel {
       fold_batches(p);
       const bool use_packed = packed_ && b.rank() == 2;
       run_float(p, a.data<const float>(), use_packed ? nullptr : b.data<const float>(),
-                use_packed ? &packed_.view : nullptr, py);
+                use_packed ? &packed_ : nullptr, py);
     } else if constexpr (std::is_same_v<T, double>) {
       run_double(p, a.data<const double>(), b.data<const double>(), py);
     } else {
@@ -319,7 +319,7 @@ class MatMul final : public Kernel {
         p = describe(fa, fb);
         fold_batches(p);
         run_float(p, fa.data<const float>(), use_packed ? nullptr : fb.data<const float>(),
-                  use_packed ? &packed_.view : nullptr, fy.data<float>());
+                  use_packed ? &packed_ : nullptr, fy.data<float>());
       }
     }
     const math::ConvertKernels& cv = math::kernels().convert;
@@ -395,7 +395,7 @@ class FusedMatMul final : public Kernel {
     fold_batches(p);
     const bool use_packed = packed_ && b.rank() == 2;
     run_float(p, a.data<const float>(), use_packed ? nullptr : b.data<const float>(),
-              use_packed ? &packed_.view : nullptr, y.data<float>(), o);
+              use_packed ? &packed_ : nullptr, y.data<float>(), o);
   }
 
  private:

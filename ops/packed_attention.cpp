@@ -231,8 +231,8 @@ class PackedAttention final : public Kernel {
                            space.data<float>(parts.mult), space.data<int32_t>(parts.zeros));
     } else if (const math::MatrixView a =
                    math::MatrixView::row_major(xf.data<const float>(), rows, z.in, z.in);
-               packed_ && packed_.view.k() == z.in && packed_.view.n() == cols) {
-      math::sgemm(a, packed_.view, qkv.data<float>(), cols, opt);
+               packed_ && packed_.k() == z.in && packed_.n() == cols) {
+      packed_product(a, packed_, qkv.data<float>(), cols, opt);
     } else {
       // Float16 weights not packed when the session was planned (computed at run time):
       // widened in the workspace, which has room for them unless they are an initializer.

@@ -11,17 +11,33 @@
 
 namespace kiln::ops {
 
-// A packed constant B: the weights cache's tensor and a view of it for sgemm.
+// A packed constant B: the weights cache's tensor and a view of it for sgemm, or, with
+// WeightPrecision::Int8, a view for qgemm and the columns' scales. Products go through
+// packed_product, which takes either form.
 struct PackedWeight {
   std::shared_ptr<const Tensor> storage;
-  math::PackedB view;
+  math::PackedB view;                 // float, bfloat16 or float16 panels (not int8)
+  math::QPackedB qview;               // int8: the quantized columns, packed
+  const float* col_scales = nullptr;  // int8: column j's value is qview's times col_scales[j]
   explicit operator bool() const { return storage != nullptr; }
+  bool is_int8() const { return col_scales != nullptr; }
+  int64_t k() const { return is_int8() ? qview.k() : view.k(); }
+  int64_t n() const { return is_int8() ? qview.n() : view.n(); }
 };
 
 // Packs constant input `i` (a 2-D float, float16 or bfloat16 tensor; op(B) = B^T when
 // `transpose`) once per Environment in NodeInfo::gemm_weights() precision. Empty when input
-// i is not such a constant.
+// i is not such a constant. Int8: each column j of op(B) (an output channel) is quantized
+// symmetrically, q = round_half_even(b / s_j) with s_j = max |column j| / 127 (1 for a
+// column of zeros), so q lies in [-127, 127].
 PackedWeight pack_constant_b(const NodeInfo& info, size_t i, bool transpose);
+
+// y (row stride ldc) = A * b with o's alpha, biases, accumulation and activation: sgemm of
+// the packed panels, or with int8 weights qgemm of A quantized per row (math::QRowFloatA)
+// scaled back by each row's and column's scales. A A whose elements are not contiguous along
+// its rows is copied first for the int8 product.
+void packed_product(const math::MatrixView& a, const PackedWeight& b, float* y, int64_t ldc,
+                    const math::GemmOptions& o);
 
 // Whether `b` is a constant pack_constant_b packs: a workspace rule's test (on
 // ShapeContext::constant) that the kernel reads B packed and needs no room for it.

@@ -79,7 +79,8 @@ void bind_options(py::module_& m) {
           [](O& o, bool v) { o.kiln.share_weights = v; },
           "Keep one copy of identical weights for the sessions of one Environment.")
       .def_property("gemm_weights", &O::gemm_weights, &O::set_gemm_weights,
-                    "Precision of packed MatMul/Gemm weights: 'float32', 'bfloat16', 'float16'.")
+                    "Precision of packed MatMul/Gemm weights: 'float32', 'bfloat16', 'float16', "
+                    "'int8'.")
       .def_property(
           "denormals",
           [](const O& o) {

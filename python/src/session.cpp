@@ -29,6 +29,8 @@ std::string PySessionOptions::gemm_weights() const {
       return "bfloat16";
     case WeightPrecision::Float16:
       return "float16";
+    case WeightPrecision::Int8:
+      return "int8";
   }
   return "float32";
 }
@@ -40,11 +42,12 @@ void PySessionOptions::set_gemm_weights(const std::string& name) {
     kiln.gemm_weights = WeightPrecision::BFloat16;
   } else if (name == "float16") {
     kiln.gemm_weights = WeightPrecision::Float16;
+  } else if (name == "int8") {
+    kiln.gemm_weights = WeightPrecision::Int8;
   } else {
-    throw Error(ErrorKind::InvalidArgument,
-                "gemm_weights must be 'float32', 'bfloat16' or "
-                "'float16', not '" +
-                    name + "'");
+    throw Error(
+        ErrorKind::InvalidArgument,
+        "gemm_weights must be 'float32', 'bfloat16', 'float16' or 'int8', not '" + name + "'");
   }
 }
 

@@ -38,7 +38,7 @@ struct PySessionOptions {
   int log_verbosity_level = 0;
   std::string logid;
 
-  std::string gemm_weights() const;  // "float32", "bfloat16" or "float16"
+  std::string gemm_weights() const;  // "float32", "bfloat16", "float16" or "int8"
   void set_gemm_weights(const std::string& name);
 };
 

@@ -205,6 +205,11 @@ def test_kilns_own_options():
     assert not np.array_equal(got, want)  # the weights were rounded...
     np.testing.assert_allclose(got, want, rtol=0.05, atol=0.05)  # ...to bfloat16 only
     assert bf16.last_run_stats()["arena_bytes"] == 0
+    options.gemm_weights = "int8"
+    assert options.gemm_weights == "int8"
+    int8 = kiln.InferenceSession(str(path), options)
+    got = int8.run(["logits"], feed)[0]
+    np.testing.assert_allclose(got, want, rtol=0.1, atol=0.5)  # per-column int8 weights
     with pytest.raises(kiln.InvalidArgumentError, match="gemm_weights"):
         options.gemm_weights = "int3"
 

@@ -88,6 +88,7 @@ expect_usage_error "give at most one of" -- "$generate" "$gpt2" --prompt-ids 1 -
 expect_usage_error "give at most one of .*--prompt" -- "$generate" "$gpt2" --prompt hi --prompt-ids 1
 expect_usage_error "no model folder given" -- "$generate"
 expect_usage_error "unknown option '--bogus'" -- "$generate" "$gpt2" --bogus
+expect_usage_error "--weights takes f32, bf16, f16 or int8, got 'f8'" -- "$generate" "$gpt2" --weights f8
 expect 0 "--beams" -- "$transcribe" --help
 expect_usage_error "--beams needs an integer >= 1 and <= 64, got '0'" -- "$transcribe" m a.wav --beams 0
 expect_usage_error "--format takes txt, srt, vtt or json, got 'doc'" -- "$transcribe" m a.wav --format doc
@@ -136,6 +137,8 @@ expect_json "$tmp/version.json" kiln_version isa
 "$generate" "$gpt2" --json --max-new-tokens 3 >"$tmp/generate.json" 2>&1
 expect_json "$tmp/generate.json" tokens#=3 prompt text=null steps#=3 steps/2/past_len \
   matches_expected=null
+"$generate" "$gpt2" --json --max-new-tokens 3 --weights int8 >"$tmp/generate_int8.json" 2>&1
+expect_json "$tmp/generate_int8.json" tokens#=3 steps#=3
 printf 'not json' >"$tmp/bad.json"
 expect 2 "bad.json: invalid JSON: parse error at line 1, column 2" -- "$check" "$tmp/bad.json"
 

@@ -1,7 +1,7 @@
 #!/bin/sh
 # kiln-transcribe end to end on the committed random Whisper: the tokens, prompts and segment
 # times of transformers' references (models/whisper-tiny-random/expected_transcripts.json),
-# the srt/vtt/txt formats, any audio file, a cut one (a warning; an error with --strict-audio),
+# the srt/vtt/txt formats, int8 and bfloat16 weights, any audio file, a cut one (a warning; an error with --strict-audio),
 # and exit status 2 with one clear line for a missing model file, an unreadable audio file or
 # an unknown language.
 #   kiln_transcribe_test.sh KILN_TRANSCRIBE KILN_JSON_CHECK SOURCE_DIR
@@ -52,6 +52,13 @@ json() {
 json "$whisper" "$whisper/sample.wav" --language en --beams 1 --max-new-tokens 40 -- \
   prompt/0=482 prompt/1=483 prompt/2=494 prompt/3=498 tokens/0=18 tokens/1=330 tokens/2=429 \
   segments#=1 language=en encoder_runs=1
+# Int8 weights (per-column int8, activations quantized per row): the random model's first
+# tokens are float's; a bad precision is a usage error.
+json "$whisper" "$whisper/sample.wav" --language en --beams 1 --max-new-tokens 40 --weights int8 -- \
+  prompt/0=482 prompt/3=498 tokens/0=18 tokens/1=330 tokens/2=429 segments#=1 encoder_runs=1
+json "$whisper" "$whisper/sample.wav" --language en --beams 1 --max-new-tokens 40 --weights bf16 -- \
+  prompt/0=482 tokens/0=18
+expect 2 "weights takes f32, bf16, f16 or int8" -- "$whisper" "$whisper/sample.wav" --weights f8
 # Language detection (transformers detects Korean on this random model); German translation.
 json "$whisper" "$whisper/sample.wav" --task transcribe --beams 1 --max-new-tokens 40 -- \
   prompt/1=488 language=ko tokens/0=32

@@ -110,7 +110,8 @@ fi
 # Lower-precision GEMM weights: the tiny CNN's Gemm still matches its reference within the
 # default tolerance; a bad value is a usage error.
 expect 0 '"gemm_weights":"bf16"' -- "$model" --test-data "$data" --json --gemm-weights bf16 --atol 1e-2 --rtol 1e-2
-expect 2 "gemm-weights takes f32, bf16 or f16" -- "$model" --gemm-weights f8
+expect 0 '"gemm_weights":"int8"' -- "$model" --test-data "$data" --json --gemm-weights int8 --atol 1e-2 --rtol 1e-2
+expect 2 "gemm-weights takes f32, bf16, f16 or int8" -- "$model" --gemm-weights f8
 
 # Graph optimisation levels: the same result at every level; a bad level is a usage error.
 expect 0 '"passed":true.*"folded_nodes":0' -- "$model" --test-data "$data" --json --optimize none

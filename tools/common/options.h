@@ -1,4 +1,5 @@
-// Command-line names of the session options the tools share (onnx-run, kiln-bench).
+// Command-line names of the session options the tools share (onnx-run, kiln-bench,
+// kiln-transcribe, kiln-generate).
 #pragma once
 
 #include <optional>
@@ -16,13 +17,18 @@ inline std::optional<GraphOptimization> parse_optimization(const std::string& v)
   return std::nullopt;
 }
 
-// --gemm-weights f32|bf16|f16; nullopt for any other name.
+// --gemm-weights (kiln-transcribe, kiln-generate: --weights) f32|bf16|f16|int8; nullopt for
+// any other name.
 inline std::optional<WeightPrecision> parse_gemm_weights(const std::string& v) {
   if (v == "f32") return WeightPrecision::Float32;
   if (v == "bf16") return WeightPrecision::BFloat16;
   if (v == "f16") return WeightPrecision::Float16;
+  if (v == "int8") return WeightPrecision::Int8;
   return std::nullopt;
 }
+
+// The choices parse_gemm_weights reads, for the tools' help.
+inline constexpr const char* kGemmWeightsChoices = "f32, bf16, f16 or int8";
 
 // --denormals flush|keep; nullopt for any other name.
 inline std::optional<Denormals> parse_denormals(const std::string& v) {
@@ -43,6 +49,8 @@ inline const char* gemm_weights_name(WeightPrecision p) {
       return "bf16";
     case WeightPrecision::Float16:
       return "f16";
+    case WeightPrecision::Int8:
+      return "int8";
     case WeightPrecision::Float32:
       break;
   }

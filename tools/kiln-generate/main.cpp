@@ -21,6 +21,7 @@
 #include "tools/common/cli.h"
 #include "tools/common/json_output.h"
 #include "tools/common/npy.h"
+#include "tools/common/options.h"
 
 namespace {
 
@@ -37,6 +38,7 @@ struct Options {
   float temperature = 1.0f, top_p = 1.0f;
   int64_t top_k = 0;
   uint64_t seed = 0;
+  kiln::WeightPrecision weights = kiln::WeightPrecision::Float32;
 };
 
 // The command line into `o`.
@@ -76,6 +78,9 @@ void define_options(CLI::App& app, Options& o) {
                "use decoder_model.onnx + decoder_with_past_model.onnx, not the merged decoder");
   app.add_flag("--json", o.json, "print one JSON object instead of streaming tokens");
   app.add_flag("--ids", o.ids, "stream token ids even when the folder has a tokenizer");
+  add_choice(app, "--weights", o.weights, parse_gemm_weights, kGemmWeightsChoices,
+             "precision of the packed MatMul/Gemm weights: f32 (default), bf16, f16 or int8 "
+             "(per-column int8, activations quantized per row)");
 }
 
 int run(const Options& o) {
@@ -101,6 +106,7 @@ int run(const Options& o) {
   kiln::GeneratorOptions go;
   go.environment = std::make_shared<kiln::Environment>(o.threads);
   go.use_decoder_pair = o.decoder_pair;
+  go.gemm_weights = o.weights;
   kiln::GenerationOptions gen;
   gen.max_new_tokens = o.max_new;
   if (gen.max_new_tokens < 0 && expected.contains("max_new_tokens")) {

@@ -22,6 +22,7 @@
 #include "tools/common/cli.h"
 #include "tools/common/json_output.h"
 #include "tools/common/npy.h"
+#include "tools/common/options.h"
 
 namespace {
 
@@ -43,6 +44,7 @@ struct Options {
   Format format = Format::Txt;
   int threads = 0;
   uint64_t seed = 0;
+  kiln::WeightPrecision weights = kiln::WeightPrecision::Float32;
 };
 
 void define_options(CLI::App& app, Options& o) {
@@ -117,6 +119,9 @@ void define_options(CLI::App& app, Options& o) {
       "txt, srt, vtt or json", "output: txt (default), srt, vtt or json");
   add_int(app, "--threads", o.threads, 1, "thread pool size (default: one per core)");
   add_int<uint64_t>(app, "--seed", o.seed, 0, "random seed for sampling (default 0)");
+  add_choice(app, "--weights", o.weights, parse_gemm_weights, kGemmWeightsChoices,
+             "precision of the encoder's and decoder's packed MatMul/Gemm weights: f32 "
+             "(default), bf16, f16 or int8 (per-column int8, activations quantized per row)");
 }
 
 // "00:01:02,345" (srt) or "00:01:02.345" (vtt).
@@ -205,6 +210,7 @@ void print(const kiln::Transcript& t, const Options& o, bool has_text) {
 int run(Options& o) {
   kiln::GeneratorOptions go;
   go.environment = std::make_shared<kiln::Environment>(o.threads);
+  go.gemm_weights = o.weights;
   kiln::WhisperTranscriber whisper(o.dir, go);
 
   kiln::TranscribeOptions t;

@@ -89,8 +89,9 @@ void define_options(CLI::App& app, Options& o) {
   app.add_flag_callback(
       "--arena-from-recording", [&o] { o.arena_from_shapes = false; },
       "plan the arena from a recorded run instead of inferred shapes");
-  add_choice(app, "--gemm-weights", o.gemm_weights, parse_gemm_weights, "f32, bf16 or f16",
-             "precision of packed MatMul/Gemm weights: f32 (default), bf16 or f16");
+  add_choice(app, "--gemm-weights", o.gemm_weights, parse_gemm_weights, kGemmWeightsChoices,
+             "precision of packed MatMul/Gemm weights: f32 (default), bf16, f16 or int8 "
+             "(per-column int8 weights, activations quantized per row)");
   add_choice(app, "--optimize", o.optimization, parse_optimization, "none, basic or all",
              "graph optimisation: none, basic or all (default)");
   add_choice(app, "--denormals", o.denormals, parse_denormals, "flush or keep",

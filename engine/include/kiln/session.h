@@ -180,6 +180,12 @@ enum class WeightPrecision {
   Float32,   // as given (the default: results as onnxruntime's)
   BFloat16,  // rounded to bfloat16: half the memory and bandwidth, products still in float
   Float16,   // rounded to float16 (more mantissa than bfloat16, range up to 65504)
+  // Quantized to int8, symmetric, one scale per output column (max |column| / 127): a quarter
+  // of the memory. Each run quantizes A's rows to uint8, each row with its own scale and zero
+  // point (its range / 255), multiplies in int32 (AVX512-VNNI where present, AVX2 and SSE
+  // otherwise) and scales each sum by its row's and column's scales. Results differ from
+  // float by both quantizations: about 1% of the products' magnitude (docs/kernels.md).
+  Int8,
 };
 
 // What a run does with denormal floats (nonzero magnitudes below 2^-126, FLT_MIN).
@@ -259,10 +265,11 @@ struct SessionOptions {
   // given back after the comparison. Off: the session keeps a cache of its own.
   bool share_weights = true;
   // Lower-precision weights for MatMul and Gemm: constant float (or float16/bfloat16) B
-  // operands are packed in this precision and widened to float in registers, so decode
-  // steps, which stream every weight once per token, read half the bytes. Products and sums
-  // stay in float; outputs differ from float weights by the weights' rounding. Off
-  // (Float32) by default.
+  // operands are packed in this precision, so decode steps, which stream every weight once
+  // per token, read half the bytes (a quarter with Int8). Half types are widened to float in
+  // registers, products and sums staying in float, so outputs differ from float weights by
+  // the weights' rounding; Int8 also quantizes the activations per row (see WeightPrecision).
+  // Off (Float32) by default.
   WeightPrecision gemm_weights = WeightPrecision::Float32;
   GraphOptimization optimization = GraphOptimization::All;
   // Denormal floats in runs (and in constant folding at load); on processors other than x86

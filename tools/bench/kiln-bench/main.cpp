@@ -112,8 +112,8 @@ void define_options(CLI::App& app, Options& o) {
   app.add_flag("--bandwidth", o.bandwidth,
                "also measure the streaming read bandwidth on --threads threads after the "
                "timed runs and the peak RSS (read_bandwidth_gbps)");
-  add_choice(app, "--gemm-weights", o.gemm_weights, parse_gemm_weights, "f32, bf16 or f16",
-             "f32 (default), bf16 or f16: MatMul/Gemm weights packed in this precision");
+  add_choice(app, "--gemm-weights", o.gemm_weights, parse_gemm_weights, kGemmWeightsChoices,
+             "f32 (default), bf16, f16 or int8: MatMul/Gemm weights packed in this precision");
   add_choice(app, "--optimize", o.optimization, parse_optimization, "none, basic or all",
              "graph optimisation: none, basic or all (default)");
   add_choice(app, "--denormals", o.denormals, parse_denormals, "flush or keep",
