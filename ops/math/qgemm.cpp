@@ -485,13 +485,22 @@ void qgemm(const QRowFloatA& a, const QPackedB& b, const QGemmOutput& out, const
   float* scales = params.data();
   float* zero_points = scales + m;
   float* row_scales = zero_points + m;
-  for (size_t i = 0; i < m; ++i) {
-    float lo = 0.0f, hi = 0.0f;
-    t.quant_range(a.data + static_cast<int64_t>(i) * a.ld, a.cols, &lo, &hi);
-    row_quant_params(lo, hi, &scales[i], &zero_points[i]);
-    zeros[i] = static_cast<int32_t>(zero_points[i]);
-    row_scales[i] = a.alpha * scales[i] * (out.f_row_scales ? out.f_row_scales[i] : 1.0f);
-  }
+  // One pass over A for the rows' ranges, split by rows when A is large (an encoder's
+  // 1500-row activations), so that it does not stay serial beside the parallel product.
+  const int tasks =
+      task_count(static_cast<double>(a.rows) * static_cast<double>(a.cols), o.max_threads);
+  run_tasks(tasks, [&](int task) {
+    const int64_t i0 = part_edge(task, tasks, a.rows, 1),
+                  i1 = part_edge(task + 1, tasks, a.rows, 1);
+    for (int64_t r = i0; r < i1; ++r) {
+      const size_t i = static_cast<size_t>(r);
+      float lo = 0.0f, hi = 0.0f;
+      t.quant_range(a.data + r * a.ld, a.cols, &lo, &hi);
+      row_quant_params(lo, hi, &scales[i], &zero_points[i]);
+      zeros[i] = static_cast<int32_t>(zero_points[i]);
+      row_scales[i] = a.alpha * scales[i] * (out.f_row_scales ? out.f_row_scales[i] : 1.0f);
+    }
+  });
   QGemmOutput fo = out;
   fo.f_row_scales = row_scales;
   QGemmOptions oa = o;

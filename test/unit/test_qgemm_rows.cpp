@@ -193,6 +193,9 @@ TEMPLATE_TEST_CASE("qgemm of float A quantized per row crosses row blocks and th
   const Case c = random_case(203, 1537, 71, rng);
   check(c, *kernels, 1);
   check(c, *kernels, 0);
+  // Enough of A (over 2^21 values) for the rows' ranges to be found by several tasks.
+  const Case tall = random_case(1500, 1537, 17, rng);
+  check(tall, *kernels, 0);
 }
 
 TEST_CASE("row_quant_params widens the range to zero and keeps zero exact",
