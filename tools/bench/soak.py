@@ -12,7 +12,7 @@ Workloads (each engine runs the same inputs, drawn from one seed):
            per utterance); each session.run counts as one run;
   cnn      a CNN (tiny-cnn, or --cnn) at a batch drawn at random in 1..--max-batch.
 
-For each (workload, engine): RSS after warm-up (the first 10% of the runs, at least 50), at the
+For each (workload, engine): RSS after warm-up (the first quarter of the runs, at least 50), at the
 end and at its highest, and growth: the median RSS over the last quarter of the runs after
 warm-up minus the median over the first quarter (a trend; a run at the largest shapes raises
 RSS for as long as its buffers are kept, which the highest RSS shows), and for kiln the pool's held bytes after each run
@@ -177,7 +177,7 @@ def child(args):
 
 def summarize(result, runs):
     samples = result["samples"]
-    warm = max(50, runs // 10)
+    warm = max(50, runs // 4)
     after = [rss for run, rss, _ in samples if run > warm] or [samples[-1][1]]
     at_warm = [rss for run, rss, _ in samples if run <= warm]
     quarter = max(1, len(after) // 4)

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""kiln-transcribe next to faster-whisper (CTranslate2, float32 and int8) on long speech: wall
+"""kiln-transcribe (float32 and int8 weights) next to faster-whisper (CTranslate2, float32 and
+int8) on long speech: wall
 time with load, real-time factor, peak resident memory and word error rate against the text
 that was spoken, for greedy decoding and 5 beams at 1 and 2 threads.
 
@@ -110,14 +111,16 @@ def make_audio(folder):
 
 
 def engine_command(engine, args, audio, beams, threads):
-    if engine == "kiln":
+    if engine in ("kiln", "kiln-int8"):
+        weights = "int8" if engine == "kiln-int8" else "f32"
         return [args.kiln_transcribe, args.model, audio, "--beams", str(beams), "--threads", str(threads),
-                "--timestamps", "--format", "json"]
+                "--timestamps", "--format", "json", "--weights", weights]
     compute_type = {"fw-f32": "float32", "fw-int8": "int8"}[engine]
     return [args.fw_python, "-c", FW_CHILD, audio, compute_type, str(beams), str(threads)]
 
 
-ENGINE_NAMES = {"kiln": "kiln-transcribe (float32)", "fw-f32": "faster-whisper float32",
+ENGINE_NAMES = {"kiln": "kiln-transcribe float32", "kiln-int8": "kiln-transcribe int8",
+                "fw-f32": "faster-whisper float32",
                 "fw-int8": "faster-whisper int8"}
 
 
@@ -134,7 +137,7 @@ def main():
     p.add_argument("--kiln-transcribe", default=os.path.join(ROOT, "build/tools/kiln-transcribe"))
     p.add_argument("--model", default=os.path.join(ROOT, "models/cache/whisper-tiny.en"))
     p.add_argument("--fw-python", required=True, help="a Python with requirements-transcribe.txt installed")
-    p.add_argument("--engines", default="kiln,fw-f32,fw-int8")
+    p.add_argument("--engines", default="kiln,kiln-int8,fw-f32,fw-int8")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--beams", default="1,5")
     p.add_argument("--repeat", type=int, default=1, help="runs of each case; the fastest is kept")
@@ -147,7 +150,7 @@ def main():
     for e in engines:
         if e not in ENGINE_NAMES:
             p.error(f"unknown engine {e!r}")
-    if "kiln" in engines:
+    if "kiln" in engines or "kiln-int8" in engines:
         for path in (args.kiln_transcribe, os.path.join(args.model, "encoder_model.onnx")):
             if not os.path.exists(path):
                 p.error(f"{path} does not exist (build kiln-transcribe; `make whisper-real`)")
