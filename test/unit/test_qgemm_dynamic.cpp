@@ -17,32 +17,11 @@
 #include "kiln/error.h"
 #include "ops/math/qgemm.h"
 #include "test/unit/isa_test.h"
+#include "test/unit/qgemm_levels.h"
 
 using namespace kiln;
 
 namespace {
-
-struct fq_generic {
-  static constexpr math::Isa isa = math::Isa::Generic;
-  static constexpr bool extensions = true;
-};
-struct fq_avx2 {
-  static constexpr math::Isa isa = math::Isa::Avx2;
-  static constexpr bool extensions = true;
-};
-struct fq_avx512 {
-  static constexpr math::Isa isa = math::Isa::Avx512;
-  static constexpr bool extensions = true;
-};
-struct fq_avx512_without_vnni {
-  static constexpr math::Isa isa = math::Isa::Avx512;
-  static constexpr bool extensions = false;
-};
-
-const math::MathKernels* kernels_of(math::Isa isa, bool extensions) {
-  if (!testing::isa_available(isa)) return nullptr;
-  return extensions ? &math::kernels_for(isa) : &math::kernels_without_extensions(isa);
-}
 
 // One random product: float A (rows x k, row stride lda), B (k x n, 8-bit), B's zero points,
 // the output's scales and bias.
@@ -201,8 +180,9 @@ void check(const Case& c, const math::MathKernels& kernels, int threads) {
 }  // namespace
 
 TEMPLATE_TEST_CASE("qgemm quantizing float A as it packs equals quantize-then-multiply",
-                   "[math][qgemm][quant]", fq_generic, fq_avx2, fq_avx512, fq_avx512_without_vnni) {
-  const math::MathKernels* kernels = kernels_of(TestType::isa, TestType::extensions);
+                   "[math][qgemm][quant]", testing::qgemm_generic, testing::qgemm_avx2,
+                   testing::qgemm_avx512, testing::qgemm_avx512_without_vnni) {
+  const math::MathKernels* kernels = testing::kernels_of(TestType::isa, TestType::extensions);
   if (!kernels) return;
   std::mt19937 rng(1909);
   const int64_t ms[] = {1, 2, 5, 13, 31, 64};
@@ -216,8 +196,9 @@ TEMPLATE_TEST_CASE("qgemm quantizing float A as it packs equals quantize-then-mu
 }
 
 TEMPLATE_TEST_CASE("qgemm quantizing float A crosses row blocks and threads",
-                   "[math][qgemm][quant]", fq_generic, fq_avx2, fq_avx512, fq_avx512_without_vnni) {
-  const math::MathKernels* kernels = kernels_of(TestType::isa, TestType::extensions);
+                   "[math][qgemm][quant]", testing::qgemm_generic, testing::qgemm_avx2,
+                   testing::qgemm_avx512, testing::qgemm_avx512_without_vnni) {
+  const math::MathKernels* kernels = testing::kernels_of(TestType::isa, TestType::extensions);
   if (!kernels) return;
   std::mt19937 rng(77);
   // K = 1536 (MiniLM's second feed-forward product): row blocks of fewer than M rows.

@@ -17,32 +17,11 @@
 #include "kiln/error.h"
 #include "ops/math/qgemm.h"
 #include "test/unit/isa_test.h"
+#include "test/unit/qgemm_levels.h"
 
 using namespace kiln;
 
 namespace {
-
-struct rq_generic {
-  static constexpr math::Isa isa = math::Isa::Generic;
-  static constexpr bool extensions = true;
-};
-struct rq_avx2 {
-  static constexpr math::Isa isa = math::Isa::Avx2;
-  static constexpr bool extensions = true;
-};
-struct rq_avx512 {
-  static constexpr math::Isa isa = math::Isa::Avx512;
-  static constexpr bool extensions = true;
-};
-struct rq_avx512_without_vnni {
-  static constexpr math::Isa isa = math::Isa::Avx512;
-  static constexpr bool extensions = false;
-};
-
-const math::MathKernels* kernels_of(math::Isa isa, bool extensions) {
-  if (!testing::isa_available(isa)) return nullptr;
-  return extensions ? &math::kernels_for(isa) : &math::kernels_without_extensions(isa);
-}
 
 // One random product: float A (m x k, row stride lda), float B (k x n) quantized per column,
 // alpha and the epilogue's operands.
@@ -169,9 +148,9 @@ void check(const Case& c, const math::MathKernels& kernels, int threads) {
 }  // namespace
 
 TEMPLATE_TEST_CASE("qgemm of float A quantized per row equals the naive per-row product",
-                   "[math][qgemm][quant][isa]", rq_generic, rq_avx2, rq_avx512,
-                   rq_avx512_without_vnni) {
-  const math::MathKernels* kernels = kernels_of(TestType::isa, TestType::extensions);
+                   "[math][qgemm][quant][isa]", testing::qgemm_generic, testing::qgemm_avx2,
+                   testing::qgemm_avx512, testing::qgemm_avx512_without_vnni) {
+  const math::MathKernels* kernels = testing::kernels_of(TestType::isa, TestType::extensions);
   if (!kernels) return;
   std::mt19937 rng(4242);
   const int64_t ms[] = {1, 1, 2, 3, 5, 13, 31};
@@ -185,9 +164,9 @@ TEMPLATE_TEST_CASE("qgemm of float A quantized per row equals the naive per-row 
 }
 
 TEMPLATE_TEST_CASE("qgemm of float A quantized per row crosses row blocks and threads",
-                   "[math][qgemm][quant][isa]", rq_generic, rq_avx2, rq_avx512,
-                   rq_avx512_without_vnni) {
-  const math::MathKernels* kernels = kernels_of(TestType::isa, TestType::extensions);
+                   "[math][qgemm][quant][isa]", testing::qgemm_generic, testing::qgemm_avx2,
+                   testing::qgemm_avx512, testing::qgemm_avx512_without_vnni) {
+  const math::MathKernels* kernels = testing::kernels_of(TestType::isa, TestType::extensions);
   if (!kernels) return;
   std::mt19937 rng(91);
   const Case c = random_case(203, 1537, 71, rng);
