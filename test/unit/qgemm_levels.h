@@ -1,6 +1,6 @@
 // The int8 GEMM's kernel levels for templated test cases: each ISA level with its extensions,
-// and AVX-512 without VNNI (its 16-bit multiply-add path). kernels_of() is null where the
-// processor lacks the level, and the case says so and skips.
+// and AVX-512 without VNNI (its 16-bit multiply-add path). QGEMM_TEST_CASE runs a case once per
+// variant; kernels_of() is null where the processor lacks the level (the case returns).
 #pragma once
 
 #include "ops/math/kernels.h"
@@ -31,3 +31,7 @@ inline const math::MathKernels* kernels_of(math::Isa isa, bool extensions) {
 }
 
 }  // namespace kiln::testing
+
+#define QGEMM_TEST_CASE(name, tags)                                                           \
+  TEMPLATE_TEST_CASE(name, tags, ::kiln::testing::qgemm_generic, ::kiln::testing::qgemm_avx2, \
+                     ::kiln::testing::qgemm_avx512, ::kiln::testing::qgemm_avx512_without_vnni)

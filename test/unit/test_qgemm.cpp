@@ -14,38 +14,18 @@
 #include "kiln/error.h"
 #include "ops/math/qgemm.h"
 #include "test/unit/isa_test.h"
+#include "test/unit/qgemm_levels.h"
 
 using namespace kiln;
 using math::QMatrixView;
 
 namespace {
 
-// The variants of the int8 kernels: each level's table, and AVX-512 without its extensions.
-struct q_generic {
-  static constexpr math::Isa isa = math::Isa::Generic;
-  static constexpr bool extensions = true;
-};
-struct q_avx2 {
-  static constexpr math::Isa isa = math::Isa::Avx2;
-  static constexpr bool extensions = true;
-};
-struct q_avx512 {
-  static constexpr math::Isa isa = math::Isa::Avx512;
-  static constexpr bool extensions = true;
-};
-struct q_avx512_without_vnni {
-  static constexpr math::Isa isa = math::Isa::Avx512;
-  static constexpr bool extensions = false;
-};
-
-#define QGEMM_TEST_CASE(name, tags) \
-  TEMPLATE_TEST_CASE(name, tags, q_generic, q_avx2, q_avx512, q_avx512_without_vnni)
-
-#define QGEMM_REQUIRE_ISA()                                           \
-  if (!::kiln::testing::isa_available(TestType::isa)) return;         \
-  const ::kiln::math::MathKernels& isa_kernels =                      \
-      TestType::extensions ? ::kiln::math::kernels_for(TestType::isa) \
-                           : ::kiln::math::kernels_without_extensions(TestType::isa)
+#define QGEMM_REQUIRE_ISA()                                             \
+  const ::kiln::math::MathKernels* isa_kernels_or_null =                \
+      ::kiln::testing::kernels_of(TestType::isa, TestType::extensions); \
+  if (!isa_kernels_or_null) return;                                     \
+  const ::kiln::math::MathKernels& isa_kernels = *isa_kernels_or_null
 
 // A row-major matrix of 8-bit values (stored as bytes) with its leading dimension.
 struct Mat {

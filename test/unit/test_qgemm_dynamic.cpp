@@ -179,9 +179,8 @@ void check(const Case& c, const math::MathKernels& kernels, int threads) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("qgemm quantizing float A as it packs equals quantize-then-multiply",
-                   "[math][qgemm][quant]", testing::qgemm_generic, testing::qgemm_avx2,
-                   testing::qgemm_avx512, testing::qgemm_avx512_without_vnni) {
+QGEMM_TEST_CASE("qgemm quantizing float A as it packs equals quantize-then-multiply",
+                "[math][qgemm][quant]") {
   const math::MathKernels* kernels = testing::kernels_of(TestType::isa, TestType::extensions);
   if (!kernels) return;
   std::mt19937 rng(1909);
@@ -195,9 +194,7 @@ TEMPLATE_TEST_CASE("qgemm quantizing float A as it packs equals quantize-then-mu
   }
 }
 
-TEMPLATE_TEST_CASE("qgemm quantizing float A crosses row blocks and threads",
-                   "[math][qgemm][quant]", testing::qgemm_generic, testing::qgemm_avx2,
-                   testing::qgemm_avx512, testing::qgemm_avx512_without_vnni) {
+QGEMM_TEST_CASE("qgemm quantizing float A crosses row blocks and threads", "[math][qgemm][quant]") {
   const math::MathKernels* kernels = testing::kernels_of(TestType::isa, TestType::extensions);
   if (!kernels) return;
   std::mt19937 rng(77);

@@ -147,9 +147,8 @@ void check(const Case& c, const math::MathKernels& kernels, int threads) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("qgemm of float A quantized per row equals the naive per-row product",
-                   "[math][qgemm][quant][isa]", testing::qgemm_generic, testing::qgemm_avx2,
-                   testing::qgemm_avx512, testing::qgemm_avx512_without_vnni) {
+QGEMM_TEST_CASE("qgemm of float A quantized per row equals the naive per-row product",
+                "[math][qgemm][quant][isa]") {
   const math::MathKernels* kernels = testing::kernels_of(TestType::isa, TestType::extensions);
   if (!kernels) return;
   std::mt19937 rng(4242);
@@ -163,9 +162,8 @@ TEMPLATE_TEST_CASE("qgemm of float A quantized per row equals the naive per-row 
   }
 }
 
-TEMPLATE_TEST_CASE("qgemm of float A quantized per row crosses row blocks and threads",
-                   "[math][qgemm][quant][isa]", testing::qgemm_generic, testing::qgemm_avx2,
-                   testing::qgemm_avx512, testing::qgemm_avx512_without_vnni) {
+QGEMM_TEST_CASE("qgemm of float A quantized per row crosses row blocks and threads",
+                "[math][qgemm][quant][isa]") {
   const math::MathKernels* kernels = testing::kernels_of(TestType::isa, TestType::extensions);
   if (!kernels) return;
   std::mt19937 rng(91);
