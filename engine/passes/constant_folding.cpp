@@ -10,7 +10,7 @@
 
 #include "engine/passes/passes.h"
 #include "kiln/error.h"
-#include "ops/kernel.h"
+#include "ops/core/kernel.h"
 
 namespace kiln::passes {
 namespace {

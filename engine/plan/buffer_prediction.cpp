@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "ops/kernel.h"
+#include "ops/core/kernel.h"
 
 namespace kiln::plan {
 
@@ -393,10 +393,7 @@ void Simulation::run_step(Frame& f, const Step& step) {
   for (int32_t k : step.groups_begin) {
     if (!f.groups_apply) break;
     const ConcatGroup& group = f.plan.concat_groups[static_cast<size_t>(k)];
-    ops::ValueFacts facts;
-    facts.known = true;
-    facts.dtype = group.dtype;
-    facts.shape = Shape{group.elements};
+    const ops::ValueFacts facts = ops::known_facts(group.dtype, Shape{group.elements});
     f.groups[static_cast<size_t>(k)] =
         hold(request(storage_bytes(group.dtype, group.elements)), facts, {}, true);
   }

@@ -4,7 +4,7 @@
 // input's buffer, a kernel that may write into an input does so when the input is owned by
 // the run, read for the last time, contiguous and of the output's type and shape, and a
 // non-contiguous input of a kernel that needs contiguous data is copied outside the pool.
-// Each op's contract (ops/contract.h) says which outputs are views and which may be written
+// Each op's contract (ops/core/contract.h) says which outputs are views and which may be written
 // over an input; a kernel's workspace (OpRegistration::workspace) is a buffer of its step
 // alone, after its outputs. Unplanned scratch (OpContext::allocate) is outside the plan.
 #pragma once

@@ -151,9 +151,7 @@ std::vector<ops::ValueFacts> load_shape_hints(const ir::Graph& g) {
       shape.push_back(v >= 0 ? v : 1);
     }
     if (!fixed) continue;
-    given[i].known = true;
-    given[i].dtype = t.elem;
-    given[i].shape = shape;
+    given[i] = ops::known_facts(t.elem, shape);
   }
   return infer_shapes(g, execution_order(g), given).values;
 }

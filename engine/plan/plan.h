@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "engine/ir/graph.h"
-#include "ops/kernel.h"
+#include "ops/core/kernel.h"
 
 namespace kiln::plan {
 

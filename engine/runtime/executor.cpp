@@ -43,7 +43,7 @@ Tensor allocate_tensor(BufferPool& pool, DataType dtype, const Shape& shape, det
 namespace {
 
 // KILN_CHECK_CONTRACTS=1: after every node, its outputs are compared with what its op's shape
-// rule (ops/contract.h) gives for the inputs it was run with, and, when the run's arena was
+// rule (ops/core/contract.h) gives for the inputs it was run with, and, when the run's arena was
 // planned from the contracts, its buffers with where the plan put them, so tests that run
 // models catch a rule that disagrees with its kernel (the planner's predictions rest on the
 // rules). Off by default: it costs a shape inference per node.

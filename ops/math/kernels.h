@@ -199,7 +199,7 @@ struct ConvKernels {
   // row_scale is given (average pooling's divisors, in the same pass).
   void (*direct_pool_plane)(const float* x, const ConvGeometry& g, bool max, const float* row_scale,
                             const float* col_scale, float* y) = nullptr;
-  // `rows` rows of a plane's wide form (ops/wide_layout.h) at dst, one after another, n
+  // `rows` rows of a plane's wide form (ops/conv/wide_layout.h) at dst, one after another, n
   // floats each: row i is the input row ih = ih0 + i * sh of the plane x (in_h rows of
   // `width` floats; null: no row inside), dst[j] = its column base + j * s where ih and that
   // column are inside the input, `fill` elsewhere. Vectors with masked loads for s 1 and 2
@@ -213,7 +213,7 @@ struct ConvKernels {
   // each pair of input vectors loaded once and split into its even and odd columns.
   void (*pad_rows_pair)(const float* const* src, int64_t rows, int64_t width, int64_t base,
                         int64_t n, float fill, float* const* dst0, float* const* dst1) = nullptr;
-  // One output plane y (g.out) from a plane's wide form xp (ops/wide_layout.h: phases of
+  // One output plane y (g.out) from a plane's wide form xp (ops/conv/wide_layout.h: phases of
   // len1 rows of len2 floats; the inputs of wide position i under tap t at xp[i + taps[t]],
   // output (od, oh, ow) at wide position (od * len1 + oh) * len2 + ow): `init` plus the sum
   // of w[t] * xp[i + taps[t]] over the taps (Conv, in filter order), or their maximum (Max:
@@ -405,7 +405,7 @@ struct Int8GemmKernels {
   // accumulate, for j < n: the float output of the dynamically quantized products.
   void (*to_float)(const int32_t* acc, int64_t n, const float* scale, int scale_step,
                    const float* bias, bool accumulate, float* y) = nullptr;
-  // Dynamic quantization of float activations to uint8 (ops/quantize.h): the smallest and
+  // Dynamic quantization of float activations to uint8 (ops/quant/quantize.h): the smallest and
   // largest of x[0, n) and 0, NaNs skipped; and y[i] = saturate(round_half_even(x[i] / scale)
   // + zero_point), a NaN giving 0.
   void (*quant_range)(const float* x, int64_t n, float* lo, float* hi) = nullptr;
@@ -442,7 +442,7 @@ struct NBitsMatrix {
   }
 };
 
-// Products with an NBitsMatrix B (impl/nbits.h; the op is ops/matmul_nbits.cpp). The weights
+// Products with an NBitsMatrix B (impl/nbits.h; the op is ops/quant/matmul_nbits.cpp). The weights
 // stay packed: a few rows of A stream them once, each block widened to float in registers.
 struct NBitsKernels {
   int max_rows = 0;  // rows of A one gemv call takes

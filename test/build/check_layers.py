@@ -27,8 +27,9 @@ LAYERS = {
     "tools": ["tools/"],
 }
 
-# What layers above the kernels may see of them: the op contract and the registry.
-OP_CONTRACT = ["ops/kernel.h", "ops/contract.h"]
+# What layers above the kernels may see of them: the op contract, the registry and the
+# inference that runs the contracts' shape rules over a graph.
+OP_CONTRACT = ["ops/core/kernel.h", "ops/core/contract.h", "ops/core/inference.h"]
 
 # Per layer: the layers (names) and single headers (paths) its files may include.
 ALLOWED = {

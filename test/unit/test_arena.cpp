@@ -3,7 +3,7 @@
 // from it, a run that diverges from the recording staying correct,
 // dead graph inputs serving later buffers, and graph inputs placed in the arena.
 #include "engine/runtime/session_internal.h"
-#include "ops/kernel.h"
+#include "ops/core/kernel.h"
 #include "test/unit/op_test.h"
 
 using namespace kiln;

@@ -1,5 +1,5 @@
-// float16 Add, Sub, Mul and Div (ops/binary.cpp): widened to float, computed by the float row
-// kernels and rounded back, so each element is exactly float16(float(a) op float(b)), the
+// float16 Add, Sub, Mul and Div (ops/elementwise/binary.cpp): widened to float, computed by the
+// float row kernels and rounded back, so each element is exactly float16(float(a) op float(b)), the
 // scalar result; same shapes, a bias along the rows, a column, a scalar on either side, and
 // rows longer than one conversion block.
 #include <random>

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <limits>
 
-#include "ops/float8.h"
+#include "ops/core/float8.h"
 #include "test/unit/op_test.h"
 
 using namespace kiln;

@@ -104,8 +104,8 @@ TEST_CASE("per-channel chains that broadcast, run along another axis or are shar
           "[passes][fusion]") {
   // x [2, 8, 5, 8] with its channels declared -> Mul(c) -> Add(d) -> Relu -> Neg. Case 0 fuses
   // whole; in the others the Mul (or Div) must stay as it is, and the Add and Relu after it
-  // fuse where its output's channels are known (shape folding declares them, not for a graph
-  // output) and d is one value per channel of it. Scalars alone are no per-channel chain.
+  // fuse where its output's channels are known (the op contracts' facts tell them, for a graph
+  // output too) and d is one value per channel of it. Scalars alone are no per-channel chain.
   struct Case {
     const char* what;
     Shape x, c, d;
@@ -138,8 +138,8 @@ TEST_CASE("per-channel chains that broadcast, run along another axis or are shar
        false,
        true,
        false,
-       0,
-       4},
+       1,
+       3},
       {"c / x", {2, 8, 5, 8}, {8, 1, 1}, {8, 1, 1}, true, false, false, true, 1, 3},
   };
   for (const Case& k : cases) {
@@ -367,4 +367,35 @@ TEST_CASE("ChannelAffine splits planes and rows across threads and writes over i
       .constant_input(random_floats({3}, rng))
       .constant_input(random_floats({4}, rng));
   CHECK_THROWS_WITH(bad.run(), Catch::Contains("scale") && Catch::Contains("one per channel"));
+}
+
+TEST_CASE("the fusions see the channels of any op whose contract tells them", "[passes][fusion]") {
+  // image [n?, 3, h?, w?] -> Conv 8x3x3x3 -> op -> Mul [8, 1, 1] -> Add [1, 8, 1, 1] -> Neg. The
+  // channels after the op come from its shape rule (no list of channel-keeping ops in the
+  // passes), so the Mul and Add become one ChannelAffine after every one of these ops;
+  // after Flatten the channels are gone and the chain stays as it is.
+  for (const char* op : {"Softplus", "HardSigmoid", "Abs", "Elu", "Flatten"}) {
+    std::mt19937 rng(5);
+    const Tensor w = random_floats({8, 3, 3, 3}, rng),
+                 c = random_floats({8, 1, 1}, rng, 0.5f, 1.5f),
+                 d = random_floats({1, 8, 1, 1}, rng);
+    const bool flatten = std::string(op) == "Flatten";
+    auto make = [&] {
+      GraphBuilder b;
+      b.input("image", DataType::Float, {-1, 3, -1, -1}, true);
+      b.initializer("w", w).initializer("c", c).initializer("d", d);
+      b.node("Conv", {"image", "w"}, {"y"}, {ints_attr("pads", {1, 1, 1, 1})});
+      b.node(op, {"y"}, {"z"});
+      b.node("Mul", {"z", "c"}, {"m"});
+      b.node("Add", {"m", "d"}, {"s"});
+      b.node("Neg", {"s"}, {"out"});
+      b.output("out");
+      return make_model(b.build()).graph;
+    };
+    INFO(op);
+    const Optimized o =
+        check_levels(make, {{"image", random_floats({2, 3, 5, 4}, rng, -1.0f, 1.0f)}}, 1e-5);
+    CHECK(count_of(o.graph, "ChannelAffine(") == (flatten ? 0 : 1));
+    CHECK(count_of(o.graph, ": Mul(") == (flatten ? 1 : 0));
+  }
 }

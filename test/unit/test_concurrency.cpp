@@ -7,7 +7,7 @@
 #include <functional>
 #include <thread>
 
-#include "ops/kernel.h"
+#include "ops/core/kernel.h"
 #include "test/unit/op_test.h"
 
 using namespace kiln;

@@ -11,8 +11,8 @@
 #include <random>
 #include <vector>
 
+#include "ops/conv/wide_layout.h"
 #include "ops/math/gemm.h"
-#include "ops/wide_layout.h"
 #include "test/unit/isa_test.h"
 
 using namespace kiln;
@@ -469,7 +469,7 @@ KILN_ISA_TEST_CASE("the indirect product equals a naive product over its row tab
 
 KILN_ISA_TEST_CASE("a signal read as strided windows is a product's A like a naive patch matrix",
                    "[math][conv][gemm]") {
-  // A convolution's strided windows (ops/conv_small_maps.cpp): row p of A is the window of the
+  // A convolution's strided windows (ops/conv/conv_small_maps.cpp): row p of A is the window of the
   // signal from p * stride, its columns dilation apart, so rows overlap (stride below the window)
   // or skip samples (stride above it); times a packed filter transpose, with a column bias and
   // Relu. Random sizes across row tiles, k blocks and column panels.

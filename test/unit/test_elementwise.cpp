@@ -134,7 +134,7 @@ TEST_CASE("unary ops match std:: functions on random data", "[ops][elementwise]"
   }
 }
 
-// The activations' loop is vectorised (ops/unary.cpp): every length (vector bodies and
+// The activations' loop is vectorised (ops/elementwise/unary.cpp): every length (vector bodies and
 // tails) must give the scalar definition's bits, specials included.
 TEST_CASE("conditional activations give their scalar definition's bits at every length",
           "[ops][elementwise]") {
@@ -198,8 +198,8 @@ TEST_CASE("conditional activations give their scalar definition's bits at every 
   }
 }
 
-// Pow with a single exponent equal to 2 squares by a product (ops/binary.cpp); it must give
-// std::pow's bits whatever the exponent's type and shape.
+// Pow with a single exponent equal to 2 squares by a product (ops/elementwise/binary.cpp); it must
+// give std::pow's bits whatever the exponent's type and shape.
 TEST_CASE("Pow by a single exponent of 2 gives std::pow's bits", "[ops][elementwise]") {
   std::mt19937 rng(5);
   const float specials[] = {0.0f,

@@ -1,4 +1,4 @@
-// The shared window geometry (ops/geometry.h) against naive references that place windows
+// The shared window geometry (ops/core/geometry.h) against naive references that place windows
 // one by one, over random sizes and every auto_pad mode, ceil_mode and dilation; hostile
 // attribute values and sizes must be errors.
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/geometry.h"
+#include "ops/core/geometry.h"
 #include "test/unit/op_test.h"
 
 using namespace kiln;

@@ -5,7 +5,7 @@
 
 #include "engine/runtime/session_internal.h"
 #include "kiln/version.h"
-#include "ops/kernel.h"
+#include "ops/core/kernel.h"
 #include "proto/testing/model_writer.h"
 #include "test/unit/op_test.h"
 #include "test/unit/temp_dir.h"

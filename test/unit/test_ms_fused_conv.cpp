@@ -133,7 +133,7 @@ TEST_CASE(
     "[contrib][conv]") {
   // Strided convolutions whose output rows are 64 or more wide and fill the tile kernels'
   // vectors about as well as their wide rows do are products written straight into y, row by
-  // row (ops/conv_wide.cpp, direct_rows): a 7x7 stride-2 stem (112 outputs a row, wide rows of
+  // row (ops/conv/conv_wide.cpp, direct_rows): a 7x7 stride-2 stem (112 outputs a row, wide rows of
   // 115) and a 3x3 stride-2 layer without padding (111 of 112), with the bias, Z and the
   // activation in the tile epilogue.
   std::mt19937 rng(22);

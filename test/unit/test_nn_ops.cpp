@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "ops/conv.h"
+#include "ops/conv/conv.h"
 #include "ops/math/winograd.h"
 #include "test/unit/op_test.h"
 #include "test/unit/sweep.h"
@@ -1348,7 +1348,7 @@ TEST_CASE("AveragePool over the whole plane and GlobalAveragePool match naive su
 }
 
 TEST_CASE("Depthwise Conv and pooling of small planes match naive loops", "[nn]") {
-  // The wide-form path (ops/wide_layout.h): channel counts that fill no vector evenly,
+  // The wide-form path (ops/conv/wide_layout.h): channel counts that fill no vector evenly,
   // 3x3 and 5x5 windows with padding and dilation, stride 1 (and stride 2, the direct
   // kernels), MaxPool without indices.
   std::mt19937 rng(53);

@@ -13,7 +13,8 @@
 #include "engine/plan/plan.h"
 #include "engine/plan/shape_inference.h"
 #include "kiln/error.h"
-#include "ops/kernel.h"
+#include "ops/core/inference.h"
+#include "ops/core/kernel.h"
 #include "proto/loader.h"
 #include "test/unit/op_test.h"
 
@@ -94,6 +95,108 @@ TEST_CASE("inferred shapes equal the outputs of the ONNX backend node cases", "[
                   << outputs_inferred << ", integer values checked " << values_checked);
   CHECK(outputs_inferred >= 1800);
   CHECK(values_checked >= 20);
+}
+
+// The node cases again with partial inputs: the first dimension of every input open (the
+// batch of an exported model), or every dimension open. Whatever the rules still tell (type,
+// rank, dimensions, elements) must be what the case's outputs have: partial facts are never
+// wrong, only incomplete.
+TEST_CASE("partial facts agree with the outputs of the ONNX backend node cases", "[shapes]") {
+  const fs::path root = testing::backend_test_data();
+  if (root.empty() || !fs::is_directory(root / "node")) {
+    WARN(
+        "SKIPPED: no ONNX backend test data (set ONNX_BACKEND_TEST_DATA or put it in "
+        "../shared/onnx-backend-tests beside the checkout)");
+    return;
+  }
+  int ranks = 0, dims = 0, elems = 0;
+  std::vector<std::string> wrong;
+  for (const auto& entry : fs::directory_iterator(root / "node")) {
+    const fs::path model_path = entry.path() / "model.onnx";
+    const fs::path set = entry.path() / "test_data_set_0";
+    if (!fs::exists(model_path) || !fs::is_directory(set)) continue;
+    ir::Model m;
+    try {
+      LoadStats ls;
+      m = proto::load_model_file(model_path.string(), ls);
+      passes::fold_constant_nodes(*m.graph);
+      plan::build_plan(*m.graph);
+    } catch (const Error&) {
+      continue;
+    }
+    ir::Graph& g = *m.graph;
+    for (const bool all_open : {false, true}) {
+      // The declared input shapes open as the given facts are (else they would fill them in).
+      for (ir::ValueId id : g.inputs) {
+        ir::TypeInfo& type = g.value(id).type;
+        if (type.kind != Value::Kind::Tensor || !type.shape) continue;
+        for (size_t d = 0; d < type.shape->size() && (all_open || d == 0); ++d)
+          (*type.shape)[d] = ir::Dim{-1, ""};
+      }
+      std::vector<ops::ValueFacts> given(g.inputs.size());
+      for (size_t k = 0; k < g.inputs.size(); ++k) {
+        const fs::path file = set / ("input_" + std::to_string(k) + ".pb");
+        const ir::TypeInfo& type = g.value(g.inputs[k]).type;
+        if (!fs::exists(file) || type.kind != Value::Kind::Tensor) continue;
+        const Value v = proto::read_value_file(file.string(), type, nullptr);
+        if (!v.is_tensor()) continue;
+        const Shape& shape = v.tensor().shape();
+        Shape open = shape;
+        for (size_t d = 0; d < open.size() && (all_open || d == 0); ++d) open[d] = ops::kUnknownDim;
+        // A scalar keeps its value (as a constant would); any other input loses its values.
+        given[k] = shape.empty() ? plan::inferred_from(v.tensor())
+                                 : ops::ranked_facts(v.tensor().dtype(), open);
+      }
+      const ops::GraphFacts r = ops::infer_graph(g, ir::topological_order(g), given, {});
+      for (size_t k = 0; k < g.outputs.size(); ++k) {
+        const ops::ValueFacts& got = r.values[static_cast<size_t>(g.outputs[k])];
+        const fs::path file = set / ("output_" + std::to_string(k) + ".pb");
+        const ir::TypeInfo& type = g.value(g.outputs[k]).type;
+        if (!fs::exists(file) || type.kind != Value::Kind::Tensor) continue;
+        const Value v = proto::read_value_file(file.string(), type, nullptr);
+        if (!v.is_tensor()) continue;
+        const ops::ValueFacts want = plan::inferred_from(v.tensor());
+        const std::string where = entry.path().filename().string() + " output " +
+                                  std::to_string(k) + (all_open ? " (all open)" : " (batch open)");
+        if (got.dtype != DataType::Undefined && got.dtype != want.dtype) {
+          wrong.push_back(where + ": type " + std::string(data_type_name(got.dtype)));
+          continue;
+        }
+        if (!got.ranked) continue;
+        ++ranks;
+        if (got.shape.size() != want.shape.size()) {
+          wrong.push_back(where + ": rank " + std::to_string(got.shape.size()) + ", expected " +
+                          describe(want));
+          continue;
+        }
+        for (size_t d = 0; d < got.shape.size(); ++d) {
+          if (got.shape[d] == ops::kUnknownDim) continue;
+          ++dims;
+          if (got.shape[d] != want.shape[d]) {
+            wrong.push_back(where + ": " + shape_to_string(got.shape) + ", expected " +
+                            describe(want));
+            break;
+          }
+        }
+        for (size_t e = 0; want.has_data && e < got.num_elems() && e < want.data.size(); ++e) {
+          const std::optional<int64_t> x = got.elem(e);
+          if (!x) continue;
+          ++elems;
+          if (*x != want.data[e]) {
+            wrong.push_back(where + ": element " + std::to_string(e));
+            break;
+          }
+        }
+      }
+    }
+  }
+  std::string list;
+  for (size_t i = 0; i < wrong.size() && i < 20; ++i) list += wrong[i] + "\n";
+  INFO(wrong.size() << " wrong:\n" << list);
+  CHECK(wrong.empty());
+  INFO("ranks " << ranks << ", dimensions " << dims << ", elements " << elems << " checked");
+  CHECK(ranks >= 1000);
+  CHECK(dims >= 1000);
 }
 
 TEST_CASE("If is inferred through its branches", "[shapes]") {
@@ -246,4 +349,60 @@ TEST_CASE("every registered op states its output facts (a shape rule)", "[shapes
   INFO("ops without a shape rule: " << missing);
   CHECK(ops_seen > 200);
   CHECK(missing.empty());
+}
+
+TEST_CASE("partial facts keep ranks, fixed dimensions and the names of open ones", "[shapes]") {
+  // x [batch, seq, 64] -> MatMul [64, 32] -> Add -> Reshape [0, 0, 2, 16] -> Transpose
+  // -> Shape -> Gather(3) (16, folded by the passes); image [n, 3, h, 32] -> Conv 8x3x3x3
+  // (pads 1) -> MaxPool 2x2 -> ReduceMean over the channels.
+  GraphBuilder b;
+  b.input("x", DataType::Float, {-1, -1, 64}, true);
+  b.input("image", DataType::Float, {-1, 3, -1, 32}, true);
+  b.initializer("w", Tensor::zeros(DataType::Float, {64, 32}));
+  b.initializer("bias", Tensor::zeros(DataType::Float, {32}));
+  b.initializer("target", Tensor::from_vector<int64_t>({4}, {0, 0, 2, 16}));
+  b.initializer("three", Tensor::scalar<int64_t>(3));
+  b.initializer("filter", Tensor::zeros(DataType::Float, {8, 3, 3, 3}));
+  b.initializer("channels", Tensor::from_vector<int64_t>({1}, {1}));
+  b.node("MatMul", {"x", "w"}, {"h"});
+  b.node("Add", {"h", "bias"}, {"hb"});
+  b.node("Reshape", {"hb", "target"}, {"heads"});
+  b.node("Transpose", {"heads"}, {"t"}, {ints_attr("perm", {0, 2, 1, 3})});
+  b.node("Shape", {"t"}, {"shape"});
+  b.node("Gather", {"shape", "three"}, {"head_size"}, {int_attr("axis", 0)});
+  b.node("Conv", {"image", "filter"}, {"c"}, {ints_attr("pads", {1, 1, 1, 1})});
+  b.node("MaxPool", {"c"}, {"p"},
+         {ints_attr("kernel_shape", {2, 2}), ints_attr("strides", {2, 2})});
+  b.node("ReduceMean", {"p", "channels"}, {"m"}, {int_attr("keepdims", 0)});
+  b.output("t").output("head_size").output("m");
+  std::shared_ptr<ir::Graph> g = make_model(b.build()).graph;  // nodes take the model's opset
+  // The model names its open dimensions.
+  (*g->value(g->inputs[0]).type.shape)[0].param = "batch";
+  (*g->value(g->inputs[0]).type.shape)[1].param = "seq";
+  (*g->value(g->inputs[1]).type.shape)[0].param = "n";
+  const ops::GraphFacts r = ops::infer_declared(*g);
+  auto facts = [&](const char* name) { return r.values[static_cast<size_t>(g->find(name))]; };
+  const ops::ValueFacts t = facts("t");
+  CHECK_FALSE(t.known);
+  CHECK(t.dtype == DataType::Float);
+  CHECK(t.shape == Shape{ops::kUnknownDim, 2, ops::kUnknownDim, 16});
+  CHECK(t.dim_name(0) == "batch");
+  CHECK(t.dim_name(2) == "seq");
+  const ops::ValueFacts shape = facts("shape");
+  CHECK(shape.known);
+  CHECK_FALSE(shape.has_data);
+  CHECK(shape.elem(1) == 2);
+  CHECK_FALSE(shape.elem(2).has_value());
+  const ops::ValueFacts head = facts("head_size");
+  REQUIRE(head.has_data);
+  CHECK(head.data == std::vector<int64_t>{16});
+  const ops::ValueFacts c = facts("c");
+  CHECK(c.shape == Shape{ops::kUnknownDim, 8, ops::kUnknownDim, 32});
+  CHECK(c.dim_name(0) == "n");
+  CHECK(facts("p").shape == Shape{ops::kUnknownDim, 8, ops::kUnknownDim, 16});
+  CHECK(facts("m").shape == Shape{ops::kUnknownDim, ops::kUnknownDim, 16});
+  // The planner sees none of it as known, and says which node stopped it.
+  const plan::ShapeInference planned = plan::infer_shapes(*g, ir::topological_order(*g), {});
+  CHECK_FALSE(planned.values[static_cast<size_t>(g->find("t"))].known);
+  CHECK_FALSE(planned.first_unknown.empty());
 }

@@ -4,7 +4,7 @@
 #include <limits>
 #include <numeric>
 
-#include "ops/kernel.h"
+#include "ops/core/kernel.h"
 #include "test/unit/op_test.h"
 
 using namespace kiln;

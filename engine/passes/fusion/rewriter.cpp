@@ -6,18 +6,15 @@
 #include <utility>
 
 #include "engine/passes/passes.h"
+#include "ops/core/inference.h"
 
 namespace kiln::passes::fusion {
-namespace {
 
-// A convolution: Conv, and the fused ones the passes write or onnxruntime's files hold.
-bool conv_op(const ir::Node& n) {
-  return n.op_type == "Conv"
-             ? n.domain.empty()
-             : n.op_type == "FusedConv" && (n.domain == "kiln" || n.domain == "com.microsoft");
+Rewriter::Rewriter(ir::Graph& g) : g_(g), removed_(g.nodes.size(), false) {
+  reindex();
+  facts_ = ops::infer_declared(g).values;
+  facts_done_.assign(facts_.size(), true);
 }
-
-}  // namespace
 
 ir::Node* Rewriter::producer(ir::ValueId v) {
   if (v == ir::kNoValue) return nullptr;
@@ -54,172 +51,31 @@ std::optional<double> Rewriter::scalar(ir::ValueId v) const {
   return std::nullopt;
 }
 
-DataType Rewriter::dtype(ir::ValueId v) const {
-  if (const Tensor* t = constant(v)) return t->dtype();
-  const ir::TypeInfo& type = declared(v);
-  return type.kind == Value::Kind::Tensor ? type.elem : DataType::Undefined;
-}
-
-int64_t Rewriter::rank(ir::ValueId v, int depth) {
-  if (v == ir::kNoValue || depth > 32) return -1;
-  if (const Tensor* t = constant(v)) return static_cast<int64_t>(t->rank());
-  const ir::TypeInfo& type = declared(v);
-  if (type.kind == Value::Kind::Tensor && type.shape) {
-    return static_cast<int64_t>(type.shape->size());
+const ops::ValueFacts& Rewriter::facts(ir::ValueId v) {
+  static const ops::ValueFacts none;
+  if (v == ir::kNoValue) return none;
+  const auto id = static_cast<size_t>(v);
+  if (facts_.size() < g_.values.size()) {
+    facts_.resize(g_.values.size());
+    facts_done_.resize(g_.values.size(), false);
   }
-  ir::Node* p = producer(v);
-  if (!p) return -1;
-  const std::string& op = p->op_type;
-  const bool first = !p->outputs.empty() && p->outputs[0] == v;
-  // Convolutions: their filter's rank.
-  if (first && conv_op(*p)) {
-    const Tensor* w = constant(p->inputs.size() > 1 ? p->inputs[1] : ir::kNoValue);
-    return w ? static_cast<int64_t>(w->rank()) : -1;
-  }
-  const bool keeps_rank =
-      (p->domain == "kiln" && op == "ChannelAffine") ||
-      (p->domain.empty() &&
-       (op == "BatchNormalization" || op == "GlobalAveragePool" || op == "GlobalMaxPool"));
-  if (first && keeps_rank) return rank(p->inputs[0], depth + 1);
-  if (!p->domain.empty()) return -1;
-  // Pools: batch, channels and the window's axes.
-  if (first && (op == "MaxPool" || op == "AveragePool" || op == "LpPool")) {
-    const ir::Attribute* k = p->attr("kernel_shape");
-    return k ? 2 + static_cast<int64_t>(k->ints.size()) : -1;
-  }
-  // Concat: its last input's rank (in DenseNet the first input is the chain of every
-  // earlier Concat, the last a convolution's output; one input, so the search stays a path).
-  if (op == "Concat") return p->inputs.empty() ? -1 : rank(p->inputs.back(), depth + 1);
-  if (op == "Transpose") {
-    const ir::Attribute* perm = p->attr("perm");
-    return perm ? static_cast<int64_t>(perm->ints.size()) : rank(p->inputs[0], depth + 1);
-  }
-  if (op == "Reshape") {
-    const Tensor* shape = constant(p->inputs.size() > 1 ? p->inputs[1] : ir::kNoValue);
-    return shape && shape->rank() == 1 ? shape->dim(0) : -1;
-  }
-  if (op == "Unsqueeze" || op == "Squeeze") {
-    const Tensor* axes = constant(p->inputs.size() > 1 ? p->inputs[1] : ir::kNoValue);
-    const int64_t r = rank(p->inputs[0], depth + 1);
-    if (!axes || r < 0) return -1;
-    return op == "Unsqueeze" ? r + axes->numel() : r - axes->numel();
-  }
-  // Attention: its output has Q's rank (3 or 4, whatever its mask's and past keys' ranks); its
-  // present keys and values and its scores are 4-D.
-  if (op == "Attention") return first ? rank(p->inputs[0], depth + 1) : 4;
-  static const char* const kSameRank[] = {
-      "Add",      "Sub",  "Mul",    "Div",     "Where", "Softmax",           "Relu",
-      "Identity", "Cast", "Concat", "Erf",     "Tanh",  "Sigmoid",           "Neg",
-      "Sqrt",     "Pow",  "Gelu",   "Dropout", "Swish", "LayerNormalization"};
-  const bool same = std::find_if(std::begin(kSameRank), std::end(kSameRank),
-                                 [&](const char* s) { return op == s; }) != std::end(kSameRank);
-  if (!same && op != "MatMul") return -1;
-  int64_t r = -1;
-  for (ir::ValueId in : p->inputs) {
-    if (in == ir::kNoValue) continue;
-    const int64_t ri = rank(in, depth + 1);
-    if (ri < 0) return -1;
-    r = std::max(r, ri);
-  }
-  if (op == "MatMul" && r < 2) return -1;
-  return r;
-}
-
-int64_t Rewriter::last_dim(ir::ValueId v, int depth) {
-  if (v == ir::kNoValue || depth > 32) return -1;
-  if (const Tensor* t = constant(v)) return t->rank() > 0 ? t->dim(t->rank() - 1) : -1;
-  const ir::TypeInfo& type = declared(v);
-  if (type.kind == Value::Kind::Tensor && type.shape && !type.shape->empty() &&
-      type.shape->back().value >= 0) {
-    return type.shape->back().value;
-  }
-  ir::Node* p = producer(v);
-  if (!p || p->inputs.empty()) return -1;
-  const std::string& op = p->op_type;
-  if ((op == "MatMul" && p->domain.empty()) || (op == "FusedMatMul" && p->domain == "kiln")) {
-    return rank(p->inputs[1]) >= 2 ? last_dim(p->inputs[1], depth + 1) : -1;
-  }
-  if (!p->domain.empty()) return -1;
-  if (op == "Reshape" && p->inputs.size() > 1) {
-    const Tensor* shape = constant(p->inputs[1]);
-    if (!shape || shape->rank() != 1 || shape->numel() == 0 || shape->dtype() != DataType::Int64) {
-      return -1;
+  if (facts_done_[id]) return facts_[id];
+  facts_done_[id] = true;  // a cycle (a malformed graph) finds it unknown
+  const ir::ValueInfo& info = g_.value(v);
+  if (const Tensor* t = constant(v)) {
+    facts_[id] = ops::facts_of(*t);
+  } else if (ir::Node* p = producer(v)) {
+    for (ir::ValueId in : p->inputs) facts(in);
+    ops::infer_node(g_, *p, facts_);
+    for (ir::ValueId out : p->outputs) {
+      if (out == ir::kNoValue) continue;
+      facts_done_[static_cast<size_t>(out)] = true;
+      ops::merge_declared(facts_[static_cast<size_t>(out)], ops::facts_of(g_.value(out).type));
     }
-    const int64_t d = shape->contiguous().data<const int64_t>()[shape->numel() - 1];
-    return d > 0 ? d : -1;
+  } else {
+    facts_[id] = ops::facts_of(info.type);
   }
-  // Broadcasting ops: an operand whose last axis is d > 1 makes the result's d (or fails).
-  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
-    for (ir::ValueId in : p->inputs) {
-      const int64_t d = last_dim(in, depth + 1);
-      if (d > 1) return d;
-    }
-    return -1;
-  }
-  static const char* const kSameShape[] = {
-      "Relu",    "Gelu",    "Erf",  "Neg",      "Sqrt",
-      "Tanh",    "Sigmoid", "Cast", "Identity", "LayerNormalization",
-      "Softmax", "Dropout", "Swish"};
-  const bool same = std::find_if(std::begin(kSameShape), std::end(kSameShape),
-                                 [&](const char* s) { return op == s; }) != std::end(kSameShape);
-  return same ? last_dim(p->inputs[0], depth + 1) : -1;
-}
-
-int64_t Rewriter::channels(ir::ValueId v, int depth) {
-  if (v == ir::kNoValue || depth > 32) return -1;
-  if (const Tensor* t = constant(v)) return t->rank() >= 2 ? t->dim(1) : -1;
-  const ir::TypeInfo& type = declared(v);
-  if (type.kind == Value::Kind::Tensor && type.shape && type.shape->size() >= 2 &&
-      (*type.shape)[1].value >= 0) {
-    return (*type.shape)[1].value;
-  }
-  ir::Node* p = producer(v);
-  if (!p || p->inputs.empty() || p->outputs.empty() || p->outputs[0] != v) return -1;
-  const std::string& op = p->op_type;
-  if (conv_op(*p)) {
-    const Tensor* w = constant(p->inputs.size() > 1 ? p->inputs[1] : ir::kNoValue);
-    return w && w->rank() >= 3 ? w->dim(0) : -1;
-  }
-  if (p->domain == "kiln" && op == "ChannelAffine") return channels(p->inputs[0], depth + 1);
-  if (!p->domain.empty()) return -1;
-  static const char* const kSameChannels[] = {"Relu",    "Sigmoid", "Tanh",        "Identity",
-                                              "Dropout", "MaxPool", "AveragePool", "LpPool",
-                                              "LRN",     "Clip",    "LeakyRelu",   "Gelu",
-                                              "Swish",   "Neg",     "Cast",        "GlobalMaxPool"};
-  const bool same = op == "GlobalAveragePool" || op == "BatchNormalization" ||
-                    op == "InstanceNormalization" ||
-                    std::find_if(std::begin(kSameChannels), std::end(kSameChannels),
-                                 [&](const char* s) { return op == s; }) != std::end(kSameChannels);
-  return same ? channels(p->inputs[0], depth + 1) : -1;
-}
-
-bool Rewriter::float_type(ir::ValueId v, int depth) {
-  if (v == ir::kNoValue || depth > 32) return false;
-  const DataType t = dtype(v);
-  if (t != DataType::Undefined) return t == DataType::Float;
-  ir::Node* p = producer(v);
-  if (!p || p->inputs.empty() || p->outputs.empty() || p->outputs[0] != v) return false;
-  const std::string& op = p->op_type;
-  if (conv_op(*p)) return p->inputs.size() > 1 && float_type(p->inputs[1], depth + 1);
-  if (p->domain == "kiln" && op == "ChannelAffine") return true;  // float only
-  if (!p->domain.empty()) return false;
-  // Every input of these has the output's type: a constant one tells it, else the first
-  // (a Concat's last: see rank).
-  static const char* const kOneType[] = {
-      "Add",     "Sub",         "Mul",      "Div",  "Concat",       "Relu", "Neg",
-      "Sigmoid", "Tanh",        "Identity", "Gelu", "Swish",        "Clip", "LeakyRelu",
-      "MaxPool", "AveragePool", "LpPool",   "LRN",  "GlobalMaxPool"};
-  const bool one_type = op == "GlobalAveragePool" || op == "InstanceNormalization" ||
-                        std::find_if(std::begin(kOneType), std::end(kOneType),
-                                     [&](const char* s) { return op == s; }) != std::end(kOneType);
-  // BatchNormalization's parameters have its input's type before opset 15.
-  if (!one_type && !(op == "BatchNormalization" && p->opset < 15)) {
-    return op == "BatchNormalization" && float_type(p->inputs[0], depth + 1);
-  }
-  for (ir::ValueId in : p->inputs) {
-    if (const Tensor* c = constant(in)) return c->dtype() == DataType::Float;
-  }
-  return float_type(op == "Concat" ? p->inputs.back() : p->inputs[0], depth + 1);
+  return facts_[id];
 }
 
 std::vector<ir::Node*> Rewriter::readers(ir::ValueId v) {
@@ -263,6 +119,13 @@ ir::Node& Rewriter::add(ir::Node node) {
     ir::ValueInfo& v = g_.value(id);
     v.origin = ir::ValueOrigin::NodeOutput;
     v.producer = index;
+    // A value new to this rewrite is inferred from its producer when asked; one that existed
+    // keeps its facts (the rewrite keeps its meaning).
+    if (static_cast<size_t>(id) >= facts_.size()) continue;
+    if (!facts_[static_cast<size_t>(id)].ranked &&
+        facts_[static_cast<size_t>(id)].dtype == DataType::Undefined) {
+      facts_done_[static_cast<size_t>(id)] = false;
+    }
   }
   g_.nodes.push_back(std::move(node));
   removed_.push_back(false);
@@ -292,21 +155,6 @@ void Rewriter::commit() {
   remove_nodes(g_, removed_);
   removed_.assign(g_.nodes.size(), false);
   reindex();
-}
-
-const ir::TypeInfo& Rewriter::declared(ir::ValueId v) const {
-  static const ir::TypeInfo none;
-  if (v == ir::kNoValue) return none;  // an omitted optional input (or a malformed node)
-  const ir::Graph* graph = &g_;
-  const ir::ValueInfo* info = &graph->value(v);
-  while (info->origin == ir::ValueOrigin::Capture && graph->parent &&
-         info->type.kind == Value::Kind::None) {
-    graph = graph->parent;
-    const ir::ValueId outer = graph->find(info->name);
-    if (outer == ir::kNoValue) break;
-    info = &graph->value(outer);
-  }
-  return info->type;
 }
 
 void Rewriter::reindex() {

@@ -1,6 +1,7 @@
 // The graph-matching helper every fusion works through: the readers of each value, kept up to
 // date as the graph is rewritten; producers; constants followed through captures; and what the
-// graph tells of a value before it runs (rank, last axis, channels, element type).
+// graph tells of a value before it runs (rank, last axis, channels, element type), read from
+// the facts the op contracts' shape rules give on the graph as loaded (ops/core/inference.h).
 #pragma once
 
 #include <cstddef>
@@ -11,13 +12,14 @@
 
 #include "engine/ir/graph.h"
 #include "kiln/tensor.h"
+#include "ops/core/contract.h"
 
 namespace kiln::passes::fusion {
 
 // The node indices reading each value, kept up to date as the graph is rewritten.
 class Rewriter {
  public:
-  explicit Rewriter(ir::Graph& g) : g_(g), removed_(g.nodes.size(), false) { reindex(); }
+  explicit Rewriter(ir::Graph& g);
 
   ir::Graph& graph() { return g_; }
   size_t size() const { return g_.nodes.size(); }
@@ -52,23 +54,20 @@ class Rewriter {
   const Tensor* constant(ir::ValueId v) const;
   // The value of a float constant holding one element, or nullopt.
   std::optional<double> scalar(ir::ValueId v) const;
-  // The element type of `v` when the graph says it, else Undefined.
-  DataType dtype(ir::ValueId v) const;
-
-  // The rank of `v`, from constants, declared shapes and the ops that produced it; -1 when
-  // it cannot be told without running the graph.
-  int64_t rank(ir::ValueId v, int depth = 0);
-  // The size of `v`'s last axis when the graph tells it (constants, declared shapes, products
-  // with a constant right operand, elementwise ops over such values), else -1.
-  int64_t last_dim(ir::ValueId v, int depth = 0);
-  // The size of `v`'s axis 1 (its channels) when the graph tells it (constants, declared
-  // shapes, convolutions with a constant filter, normalizations with constant parameters and
-  // the ops that keep their input's channels), else -1.
-  int64_t channels(ir::ValueId v, int depth = 0);
-  // Whether `v` is known to hold floats: declared so, a constant, or made by an op whose
-  // output has the type of an input known to (a convolution's filter, a Mul's constant, a
-  // pool's input, ...). Follows one input per node, so the search stays a path.
-  bool float_type(ir::ValueId v, int depth = 0);
+  // What is known of `v` before the run: the facts of the graph as loaded, computed once;
+  // a value a rewrite adds gets its facts from its producer's rule when first asked (a
+  // rewrite keeps the meaning of the values it keeps, so their facts stay true).
+  const ops::ValueFacts& facts(ir::ValueId v);
+  // The element type of `v` when known, else Undefined.
+  DataType dtype(ir::ValueId v) { return facts(v).dtype; }
+  // The rank of `v`, -1 when it cannot be told without running the graph.
+  int64_t rank(ir::ValueId v) { return facts(v).rank(); }
+  // The size of `v`'s last axis, -1 when not known.
+  int64_t last_dim(ir::ValueId v) { return facts(v).dim(-1); }
+  // The size of `v`'s axis 1 (its channels), -1 when not known.
+  int64_t channels(ir::ValueId v) { return rank(v) >= 2 ? facts(v).dim(1) : -1; }
+  // Whether `v` is known to hold float32.
+  bool float_type(ir::ValueId v) { return dtype(v) == DataType::Float; }
 
   // The live nodes reading `v` (each once, however many of its inputs do).
   std::vector<ir::Node*> readers(ir::ValueId v);
@@ -88,13 +87,14 @@ class Rewriter {
   void commit();
 
  private:
-  const ir::TypeInfo& declared(ir::ValueId v) const;
   void reindex();
 
   ir::Graph& g_;
   std::vector<bool> removed_;
   std::vector<int32_t> readers_;
   std::vector<bool> pinned_;
+  std::vector<ops::ValueFacts> facts_;  // per value id
+  std::vector<bool> facts_done_;        // facts_[v] holds v's facts
 };
 
 // Small matches the patterns share.

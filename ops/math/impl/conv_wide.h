@@ -1,4 +1,4 @@
-// Wide-layout kernels (the layout in ops/wide_layout.h): one plane laid out padded and split
+// Wide-layout kernels (the layout in ops/conv/wide_layout.h): one plane laid out padded and split
 // into stride phases, where every tap reads consecutive output positions' inputs as one run,
 // convolved or pooled there (wide_plane); and the row copies that lay planes out (pad_rows,
 // pad_rows_pair). Included by impl/conv.h after impl/conv_direct.h (inside each
