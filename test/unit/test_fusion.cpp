@@ -1099,3 +1099,132 @@ TEST_CASE("a node with too few inputs or outputs is refused before the passes re
     check_refused(m.build(), "Erf_0");
   }
 }
+
+TEST_CASE("a zero Pad before a Conv or an AveragePool that counts padding folds into its pads",
+          "[passes][fusion]") {
+  // x [1, 3, 7, 6] -> Pad (h: 1 before, 2 after; w: 2 before, 1 after) -> window op -> Neg.
+  // The window ops that read padding as zeros take it; the others, and Pads that are not plain
+  // zeros on the spatial axes, stay.
+  struct Case {
+    const char* what;
+    const char* op;
+    std::vector<int64_t> pads;
+    float value;
+    const char* mode;
+    bool counts, axes_input, read_twice, folds;
+  };
+  const std::vector<int64_t> spatial = {0, 0, 1, 2, 0, 0, 2, 1};
+  const std::vector<Case> cases = {
+      {"Conv", "Conv", spatial, 0.0f, "constant", true, false, false, true},
+      {"Conv, pads given per axis",
+       "Conv",
+       {1, 2, 2, 1},
+       0.0f,
+       "constant",
+       true,
+       true,
+       false,
+       true},
+      {"AveragePool counting pads", "AveragePool", spatial, 0.0f, "constant", true, false, false,
+       true},
+      {"AveragePool not counting pads", "AveragePool", spatial, 0.0f, "constant", false, false,
+       false, false},
+      {"MaxPool", "MaxPool", spatial, 0.0f, "constant", true, false, false, false},
+      {"a value other than zero", "Conv", spatial, 0.5f, "constant", true, false, false, false},
+      {"reflect mode", "Conv", spatial, 0.0f, "reflect", true, false, false, false},
+      {"channels padded",
+       "Conv",
+       {0, 1, 1, 2, 0, 0, 2, 1},
+       0.0f,
+       "constant",
+       true,
+       false,
+       false,
+       false},
+      {"a negative pad",
+       "Conv",
+       {0, 0, 1, -1, 0, 0, 2, 1},
+       0.0f,
+       "constant",
+       true,
+       false,
+       false,
+       false},
+      {"the Pad read twice", "Conv", spatial, 0.0f, "constant", true, false, true, false},
+  };
+  for (const Case& k : cases) {
+    const bool conv = std::string(k.op) == "Conv";
+    const bool channels = !k.axes_input && k.pads[1] != 0;
+    auto make = [&] {
+      GraphBuilder b;
+      b.input("x", DataType::Float, {1, 3, 7, 6}, true);
+      b.initializer("pads",
+                    Tensor::from_vector<int64_t>({static_cast<int64_t>(k.pads.size())}, k.pads));
+      b.initializer("value", Tensor::scalar<float>(k.value));
+      b.initializer("axes", Tensor::from_vector<int64_t>({2}, {2, 3}));
+      b.initializer("w", random_floats({4, channels ? 4 : 3, 3, 3}, 41));
+      std::vector<std::string> pad_in{"x", "pads", "value"};
+      if (k.axes_input) pad_in.push_back("axes");
+      b.node("Pad", pad_in, {"p"}, {string_attr("mode", k.mode)});
+      std::vector<ir::Attribute> attrs{ints_attr("pads", {1, 0, 0, 1})};
+      if (!conv) attrs.push_back(ints_attr("kernel_shape", {3, 3}));
+      if (std::string(k.op) == "AveragePool")
+        attrs.push_back(int_attr("count_include_pad", k.counts ? 1 : 0));
+      b.node(k.op, conv ? std::vector<std::string>{"p", "w"} : std::vector<std::string>{"p"}, {"y"},
+             attrs);
+      b.node("Neg", {"y"}, {"out"});
+      b.output("out");
+      if (k.read_twice) {
+        b.node("Neg", {"p"}, {"p2"});
+        b.output("p2");
+      }
+      return b.build();
+    };
+    INFO(k.what);
+    check_same(make, {{"x", random_floats({1, 3, 7, 6}, 42, -2.0f, 2.0f)}}, GraphOptimization::All,
+               1e-5);
+    const std::string text = session(make(), GraphOptimization::All).graph_text();
+    CHECK(count_of(text, ": Pad(") == (k.folds ? 0 : 1));
+  }
+}
+
+TEST_CASE("Cast chains through a type that holds every value shorten", "[passes][fusion]") {
+  // float -> double -> float goes whole; float -> float16 -> float (lossy) stays;
+  // float -> double -> int32 -> float keeps two Casts (float -> int32 -> float).
+  struct Case {
+    const char* what;
+    std::vector<DataType> chain;
+    int casts_left;
+  };
+  const std::vector<Case> cases = {
+      {"through double", {DataType::Double, DataType::Float}, 0},
+      {"through float16", {DataType::Float16, DataType::Float}, 2},
+      {"through double to int32", {DataType::Double, DataType::Int32, DataType::Float}, 2},
+      {"through double and int64", {DataType::Double, DataType::Float, DataType::Int64}, 1},
+  };
+  for (const Case& k : cases) {
+    auto make = [&] {
+      GraphBuilder b;
+      b.input("x", DataType::Float, {4, 5}, true);
+      std::string in = "x";
+      for (size_t i = 0; i < k.chain.size(); ++i) {
+        const std::string out = "c" + std::to_string(i);
+        b.node("Cast", {in}, {out}, {int_attr("to", static_cast<int64_t>(k.chain[i]))});
+        in = out;
+      }
+      if (k.chain.back() != DataType::Float) {
+        b.node("Cast", {in}, {"f"}, {int_attr("to", static_cast<int64_t>(DataType::Float))});
+        in = "f";
+      }
+      b.node("Neg", {in}, {"out"});
+      b.output("out");
+      return b.build();
+    };
+    INFO(k.what);
+    const int extra = k.chain.back() != DataType::Float ? 1 : 0;
+    check_same(make, {{"x", random_floats({4, 5}, 43, -300.0f, 300.0f)}}, GraphOptimization::Basic,
+               0.0);
+    const std::string text = session(make(), GraphOptimization::Basic).graph_text();
+    CHECK(count_of(text, ": Cast(") == k.casts_left + extra);
+  }
+}

@@ -48,7 +48,75 @@ ir::ValueId passes_on(Rewriter& r, const ir::Node& n) {
   return ir::kNoValue;
 }
 
+// Whether every value of type `from` is exactly a value of type `to`.
+bool holds_exactly(DataType from, DataType to) {
+  using D = DataType;
+  if (from == to) return true;
+  struct Int {
+    D type;
+    bool is_signed;
+    int bits;
+  };
+  static const Int kInts[] = {{D::Int8, true, 8},     {D::UInt8, false, 8},  {D::Int16, true, 16},
+                              {D::UInt16, false, 16}, {D::Int32, true, 32},  {D::UInt32, false, 32},
+                              {D::Int64, true, 64},   {D::UInt64, false, 64}};
+  // Floating types by the bits of their significand (the implicit one included); their
+  // exponent ranges grow with it here (bfloat16's is float's).
+  struct Float {
+    D type;
+    int significand;
+  };
+  static const Float kFloats[] = {
+      {D::Float16, 11}, {D::BFloat16, 8}, {D::Float, 24}, {D::Double, 53}};
+  const Int* fi = nullptr;
+  const Int* ti = nullptr;
+  const Float* ff = nullptr;
+  const Float* tf = nullptr;
+  for (const Int& k : kInts) {
+    if (k.type == from) fi = &k;
+    if (k.type == to) ti = &k;
+  }
+  for (const Float& k : kFloats) {
+    if (k.type == from) ff = &k;
+    if (k.type == to) tf = &k;
+  }
+  if (from == D::Bool) return ti || tf;
+  if (fi && ti) {
+    if (fi->is_signed && !ti->is_signed) return false;
+    return ti->bits > fi->bits || (ti->bits == fi->bits && fi->is_signed == ti->is_signed);
+  }
+  if (fi && tf) return tf->significand >= fi->bits - (fi->is_signed ? 1 : 0);
+  if (ff && tf) {
+    if (ff->type == D::Float16 && tf->type == D::BFloat16) return false;  // fewer bits
+    if (ff->type == D::BFloat16 && tf->type == D::Float16) return false;  // smaller range
+    return tf->significand >= ff->significand;
+  }
+  return false;
+}
+
 }  // namespace
+
+int fold_cast_chains(Rewriter& r) {
+  int count = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r.removed(i)) continue;
+    ir::Node& second = r.node(i);
+    if (!is(second, "Cast") || second.inputs.size() != 1) continue;
+    ir::Node* first = r.producer(second.inputs[0], "Cast");
+    if (!first || first->inputs.size() != 1 || !r.single_use(first->outputs[0])) continue;
+    const ir::Attribute* to = first->attr("to");
+    const DataType from = r.dtype(first->inputs[0]);
+    if (!to || from == DataType::Undefined || !holds_exactly(from, static_cast<DataType>(to->i))) {
+      continue;
+    }
+    const ir::ValueId mid = first->outputs[0];
+    const ir::ValueId x = first->inputs[0];
+    r.remove(first);
+    r.replace_uses(mid, x);
+    ++count;
+  }
+  return count;
+}
 
 int eliminate_identities(Rewriter& r) {
   int count = 0;

@@ -11,4 +11,10 @@ namespace kiln::passes::fusion {
 // Returns how many were removed.
 int eliminate_identities(Rewriter& r);
 
+// Cast(Cast(x, A), B) -> Cast(x, B) when A holds every value of x's type exactly (float to
+// double, int32 to int64, float16 to float, ...): the second cast then sees x's values as
+// they were. A chain back to x's own type then goes with eliminate_identities. The first
+// Cast must have no other reader. Returns how many chains were shortened.
+int fold_cast_chains(Rewriter& r);
+
 }  // namespace kiln::passes::fusion

@@ -11,6 +11,7 @@
 #include "engine/passes/fusion/identities.h"
 #include "engine/passes/fusion/matmul.h"
 #include "engine/passes/fusion/norms.h"
+#include "engine/passes/fusion/pad.h"
 #include "engine/passes/fusion/rewriter.h"
 #include "engine/passes/passes.h"
 
@@ -20,6 +21,9 @@ namespace {
 void optimize_graph(ir::Graph& g, GraphOptimization level, OptimizeStats& stats) {
   using namespace fusion;
   Rewriter r(g);
+  // Exact: a Cast chain through a type that holds its input's values, shortened first so
+  // that one back to the input's type is an identity.
+  stats.identities_removed += fold_cast_chains(r);
   stats.identities_removed += eliminate_identities(r);
   if (level == GraphOptimization::All) {
     // The activations first: the product and convolution epilogues take Gelu and Swish.
@@ -37,6 +41,7 @@ void optimize_graph(ir::Graph& g, GraphOptimization level, OptimizeStats& stats)
     stats.fused += fold_into_matmul(r);
     // The folds match plain Convs, before the epilogue fusion makes them FusedConv (and
     // would take a per-channel Add as a residual).
+    stats.fused += fold_pad_into_window(r);
     const int convs = fold_conv_batchnorm(r) + fold_conv_scale_shift(r);
     stats.fused += convs + fuse_conv_epilogue(r);
     // Last: the chains of per-channel ops that no convolution took whole.
