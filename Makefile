@@ -18,7 +18,7 @@ FUZZ_SECONDS ?= 60
 CMAKE_GENERATOR ?= $(if $(shell command -v ninja 2>/dev/null),Ninja,Unix Makefiles)
 export CMAKE_GENERATOR
 
-.PHONY: all setup build demo test unit conformance python-install python-test python-sdist sanitize fuzz check-v4 format format-check tsan conformance-report ops-doc whisper-real clean
+.PHONY: all setup build demo test unit conformance python-install python-test python-sdist sanitize fuzz check-v4 format format-check tsan conformance-report ops-doc whisper-real vad-real clean
 
 all: build
 
@@ -145,6 +145,11 @@ PYTHON ?= .venv/bin/python
 
 whisper-real:
 	HF_HUB_OFFLINE=1 $(PYTHON) tools/export/make_whisper_real.py models/cache/whisper-tiny.en
+
+# faster-whisper's Silero VAD (MIT), read out of the pinned faster-whisper wheel (sha256
+# checked) by the corpus restore: models/cache/corpus/silero-vad-v6-fw/model.onnx.
+vad-real:
+	$(PYTHON) tools/bench/corpus_restore.py --only silero-vad-v6-fw
 
 FORMAT_FILES = $(shell git ls-files '*.cpp' '*.h' 2>/dev/null)
 

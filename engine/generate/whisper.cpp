@@ -464,6 +464,33 @@ bool WhisperTranscriber::has_tokenizer() const {
 
 Transcript WhisperTranscriber::transcribe(const std::vector<float>& samples,
                                           const TranscribeOptions& options) {
+  if (options.vad) {
+    // The speech regions laid end to end, transcribed as one signal; times mapped back.
+    const std::vector<SpeechRegion> regions =
+        options.vad->speech_regions(samples, options.vad_options);
+    if (regions.empty()) return Transcript{};  // nothing but silence: no text
+    std::vector<float> speech;
+    for (const SpeechRegion& r : regions)
+      speech.insert(speech.end(), samples.begin() + r.start, samples.begin() + r.end);
+    const SpeechTimeMap map(regions);
+    TranscribeOptions inner = options;
+    inner.vad = nullptr;
+    if (options.on_segment) {
+      inner.on_segment = [&](const TranscriptSegment& seg) {
+        TranscriptSegment mapped = seg;
+        mapped.start = map.original_time(seg.start);
+        mapped.end = map.original_time(seg.end, true);
+        return options.on_segment(mapped);
+      };
+    }
+    Transcript t = transcribe(speech, inner);
+    t.speech_regions = regions;
+    for (TranscriptSegment& seg : t.segments) {
+      seg.start = map.original_time(seg.start);
+      seg.end = map.original_time(seg.end, true);
+    }
+    return t;
+  }
   // As transformers' ASR pipeline: up to 30 s, the features of one padded window; longer,
   // the features of the whole signal (floor over all of it), decoded window by window.
   constexpr size_t kWindowSamples = 30 * 16000;

@@ -90,6 +90,14 @@ expect 0 'WEBVTT' -- "$whisper" "$whisper/sample.wav" --language en --timestamps
 expect 0 '\[00:00:21.260 --> 00:00:23.580\]' -- "$whisper" "$whisper/sample.wav" --language en --timestamps --beams 1 --max-new-tokens 40
 expect 0 'de' -- "$whisper" "$whisper/sample.wav" --language en --beams 1 --max-new-tokens 10
 
+# Voice-activity filtering (models/vad-energy: speech where a window's energy is high): the
+# sample's regions in JSON; a bad VAD model or option is exit 2 naming it.
+json "$whisper" "$whisper/sample.wav" --language en --beams 1 --max-new-tokens 10 \
+  --vad "$3/models/vad-energy/model.onnx" -- speech_regions/0/start=0
+expect 2 'tiny-cnn/model.onnx: not a Silero VAD' -- "$whisper" "$whisper/sample.wav" --vad "$3/models/tiny-cnn/model.onnx"
+expect 2 'vad-threshold' -- "$whisper" "$whisper/sample.wav" --vad "$3/models/vad-energy/model.onnx" --vad-threshold -1
+expect 2 'vad takes audio' -- "$whisper" "$tmp/features.npy" --features --vad "$3/models/vad-energy/model.onnx"
+
 # A file cut short: transcribed as far as it goes with a warning naming it; an error under
 # --strict-audio.
 head -c 40000 "$whisper/sample.wav" >"$tmp/cut.wav"

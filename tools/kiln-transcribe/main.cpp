@@ -45,6 +45,8 @@ struct Options {
   int threads = 0;
   uint64_t seed = 0;
   kiln::WeightPrecision weights = kiln::WeightPrecision::Float32;
+  std::string vad;
+  kiln::VadOptions vad_options;
 };
 
 void define_options(CLI::App& app, Options& o) {
@@ -122,6 +124,22 @@ void define_options(CLI::App& app, Options& o) {
   add_choice(app, "--weights", o.weights, parse_gemm_weights, kGemmWeightsChoices,
              "precision of the encoder's and decoder's packed MatMul/Gemm weights: f32 "
              "(default), bf16, f16 or int8 (per-column int8, activations quantized per row)");
+  app.add_option("--vad", o.vad,
+                 "a Silero VAD ONNX model (faster-whisper's silero_vad_v6.onnx, or the "
+                 "silero-vad package's): transcribe only the speech it finds")
+      ->type_name("MODEL.onnx");
+  kiln::VadOptions& v = o.vad_options;
+  add_number(app, "--vad-threshold", v.threshold, 0, "speech probability threshold (default 0.5)");
+  add_number(app, "--vad-neg-threshold", v.neg_threshold, 0,
+             "silence below this probability (default: threshold - 0.15)");
+  add_int<int64_t>(app, "--vad-min-speech-ms", v.min_speech_duration_ms, 0,
+                   "shorter speech is dropped (default 250)");
+  add_number(app, "--vad-max-speech-s", v.max_speech_duration_s, 0,
+             "longer speech is split (default: no limit)");
+  add_int<int64_t>(app, "--vad-min-silence-ms", v.min_silence_duration_ms, 0,
+                   "shorter silences do not end speech (default 2000)");
+  add_int<int64_t>(app, "--vad-pad-ms", v.speech_pad_ms, 0,
+                   "padding on each side of speech (default 400)");
 }
 
 // "00:01:02,345" (srt) or "00:01:02.345" (vtt).
@@ -196,6 +214,13 @@ void print(const kiln::Transcript& t, const Options& o, bool has_text) {
       j["prompt"] = t.prompt;
       j["tokens"] = t.tokens;
       j["segments"] = std::move(segs);
+      if (!o.vad.empty()) {
+        Json regions = Json::array();
+        for (const kiln::SpeechRegion& r : t.speech_regions)
+          regions.push_back({{"start", static_cast<double>(r.start) / 16000.0},
+                             {"end", static_cast<double>(r.end) / 16000.0}});
+        j["speech_regions"] = std::move(regions);
+      }
       j["encoder_runs"] = t.encoder_runs;
       j["decoder_steps"] = t.decoder_steps;
       j["fallbacks"] = t.fallbacks;
@@ -235,6 +260,13 @@ int run(Options& o) {
     t.prompt_ids = kiln::tooling::parse_int_list<int64_t>("--prompt-ids", o.prompt_ids, 0);
   t.max_new_tokens = o.max_new;
   t.seed = o.seed;
+  if (!o.vad.empty()) {
+    if (o.features) throw UsageError("--vad takes audio, not --features");
+    kiln::SessionOptions vo;
+    vo.environment = go.environment;
+    t.vad = std::make_shared<kiln::VoiceActivityDetector>(o.vad, vo);
+    t.vad_options = o.vad_options;
+  }
 
   const bool progress = isatty(STDERR_FILENO) != 0;
   double audio_seconds = 0;

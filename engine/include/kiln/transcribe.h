@@ -18,6 +18,7 @@
 
 #include "kiln/generate.h"
 #include "kiln/tensor.h"
+#include "kiln/vad.h"
 
 namespace kiln {
 
@@ -41,6 +42,8 @@ struct Transcript {
   std::vector<int64_t> tokens;
   std::vector<int64_t> prompt;  // what the first window's decoder run was fed
   std::string language;         // "en": given, forced by the model's config, or detected
+  // With TranscribeOptions::vad: the regions of the audio that were transcribed.
+  std::vector<SpeechRegion> speech_regions;
   // Work done: encoder runs (one per window and per language detection), decoder steps.
   int64_t encoder_runs = 0, decoder_steps = 0, fallbacks = 0;
   double encoder_ms = 0, decoder_ms = 0;
@@ -69,6 +72,11 @@ struct TranscribeOptions {
   std::string prompt;
   int64_t max_new_tokens = -1;  // per window; -1: up to the config's max_length
   uint64_t seed = 0;            // for sampling
+  // Voice-activity filtering, as faster-whisper's vad_filter: only the speech regions `vad`
+  // finds are transcribed, laid end to end, and segment times are mapped back to the original
+  // audio. Null: the whole audio. Applies to transcribe(samples), not to features.
+  std::shared_ptr<const VoiceActivityDetector> vad;
+  VadOptions vad_options;
   // Called with each segment once it is final; return false to stop.
   std::function<bool(const TranscriptSegment&)> on_segment;
   // Text as it becomes final (needs the tokenizer): token by token for one greedy window
