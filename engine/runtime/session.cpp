@@ -27,6 +27,20 @@ namespace kiln {
 
 namespace {
 
+// SessionOptions::extra_outputs: values of the main graph returned after the declared outputs.
+void add_extra_outputs(ir::Graph& g, const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
+    const ir::ValueId id = g.find(name);
+    if (id == ir::kNoValue || g.value(id).origin == ir::ValueOrigin::Capture)
+      throw Error(ErrorKind::InvalidArgument,
+                  "extra output '" + name + "': the main graph has no value of that name");
+    if (std::find(g.outputs.begin(), g.outputs.end(), id) != g.outputs.end())
+      throw Error(ErrorKind::InvalidArgument,
+                  "extra output '" + name + "': already an output of the model");
+    g.outputs.push_back(id);
+  }
+}
+
 IoInfo io_info(const ir::ValueInfo& v) {
   IoInfo io;
   io.name = v.name;
@@ -285,6 +299,7 @@ struct Session::Impl {
     try {
       load_stats.nodes_loaded = count_nodes(*model.graph);
       plan::check_arities(*model.graph);
+      add_extra_outputs(*model.graph, options.extra_outputs);
       passes::fold_constant_nodes(*model.graph);
       if (options.optimization != GraphOptimization::None) {
         const uint64_t fold_limit = options.memory_limit > 0

@@ -19,7 +19,8 @@ std::vector<std::string> numbered_files(const std::string& dir, const std::strin
   return files;
 }
 
-TestDataSet read_test_data_set(const std::string& dir, const Session& session) {
+TestDataSet read_test_data_set(const std::string& dir, const Session& session,
+                               size_t extra_outputs) {
   if (!fs::is_directory(dir)) {
     throw Error(ErrorKind::Io, "test data folder does not exist").with_file(dir);
   }
@@ -43,10 +44,11 @@ TestDataSet read_test_data_set(const std::string& dir, const Session& session) {
   }
   const auto output_files = numbered_files(dir, "output_");
   const auto& outs = session.outputs();
-  if (output_files.size() != outs.size()) {
-    throw Error(ErrorKind::InvalidArgument, std::to_string(output_files.size()) +
-                                                " output files for a model with " +
-                                                std::to_string(outs.size()) + " outputs")
+  // The model's declared outputs; SessionOptions::extra_outputs come after them.
+  if (output_files.size() != outs.size() - extra_outputs) {
+    throw Error(ErrorKind::InvalidArgument,
+                std::to_string(output_files.size()) + " output files for a model with " +
+                    std::to_string(outs.size() - extra_outputs) + " outputs")
         .with_file(dir);
   }
   for (size_t k = 0; k < output_files.size(); ++k) {

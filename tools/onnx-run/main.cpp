@@ -44,6 +44,7 @@ struct Options {
   bool version = false;
   bool dump_graph = false;
   std::string save_optimized;
+  std::vector<std::string> extra_outputs;
   kiln::WeightPrecision gemm_weights = kiln::WeightPrecision::Float32;
   kiln::GraphOptimization optimization = kiln::GraphOptimization::All;
   kiln::Denormals denormals = kiln::Denormals::Flush;
@@ -100,6 +101,9 @@ void define_options(CLI::App& app, Options& o) {
                "count the denormal floats the nodes output (denormals_produced; per node in "
                "--profile)");
   app.add_flag("--dump-graph", o.dump_graph, "print the optimised graph on stderr");
+  app.add_option("--extra-output", o.extra_outputs,
+                 "also return this value of the graph as an output (repeatable)")
+      ->type_name("NAME");
   app.add_option("--save-optimized", o.save_optimized,
                  "write the optimised graph to this ONNX file (weights embedded, or in FILE.data "
                  "beyond 1 GiB)");
@@ -251,6 +255,7 @@ int run(const Options& o) {
   so.denormals = o.denormals;
   so.count_denormals = o.count_denormals;
   so.optimized_model_path = o.save_optimized;
+  so.extra_outputs = o.extra_outputs;
   so.memory_limit = o.memory_limit_mb < 0 ? physical_memory_bytes()
                                           : static_cast<uint64_t>(o.memory_limit_mb) << 20;
   kiln::Session session(o.model, so);
@@ -267,7 +272,7 @@ int run(const Options& o) {
   std::vector<kiln::NamedValue> inputs;
   std::vector<kiln::Value> expected;
   if (!o.test_data.empty()) {
-    auto set = kiln::tooling::read_test_data_set(o.test_data, session);
+    auto set = kiln::tooling::read_test_data_set(o.test_data, session, o.extra_outputs.size());
     inputs = std::move(set.inputs);
     expected = std::move(set.outputs);
   }
@@ -325,7 +330,7 @@ int run(const Options& o) {
   bool passed = true;
   std::vector<kiln::tooling::Comparison> comparisons;
   if (!expected.empty()) {
-    for (size_t k = 0; k < outputs.size(); ++k) {
+    for (size_t k = 0; k < expected.size() && k < outputs.size(); ++k) {
       comparisons.push_back(
           kiln::tooling::compare_values(outputs[k].value, expected[k], o.rtol, o.atol));
       passed = passed && comparisons.back().ok;

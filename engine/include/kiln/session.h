@@ -284,6 +284,12 @@ struct SessionOptions {
   // creation, as onnxruntime's optimized_model_filepath does. Weights are embedded unless
   // they exceed 1 GiB (then large ones go to PATH.data beside it).
   std::string optimized_model_path;
+  // Values of the main graph to return as outputs after the declared ones, by name: planned
+  // like outputs, and kept by the passes (a fusion never swallows a value a caller reads; the
+  // rest of the graph is optimized as usual). For values a model computes but does not output
+  // (attention weights, a layer's activations) and for debugging. A name the graph lacks, or
+  // one already an output, fails the session's creation naming it.
+  std::vector<std::string> extra_outputs;
   // Memory that stays flat under changing shapes: at the end of each run, the session's pool
   // frees the cached buffers that no run took or returned during the last pool_keep_runs
   // runs, and the arena when none of those runs used a layout as large as it. Between runs a
