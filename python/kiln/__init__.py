@@ -43,6 +43,7 @@ from ._kiln import (
     Storage,
     Tokenizer,
     UnsupportedError,
+    VoiceActivityDetector,
     WhisperTranscriber,
     read_audio,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "Storage",
     "Tokenizer",
     "UnsupportedError",
+    "VoiceActivityDetector",
     "WhisperTranscriber",
     "get_all_providers",
     "get_available_providers",

@@ -6,6 +6,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "kiln/generate.h"
 #include "kiln/tokenizer.h"
 #include "kiln/transcribe.h"
+#include "kiln/vad.h"
 
 namespace kiln::python {
 
@@ -64,6 +66,14 @@ py::dict transcript_dict(const Transcript& t) {
   py::dict d;
   d["text"] = t.text;
   d["language"] = t.language;
+  py::list regions;
+  for (const SpeechRegion& r : t.speech_regions) {
+    py::dict region;
+    region["start"] = r.start;
+    region["end"] = r.end;
+    regions.append(region);
+  }
+  d["speech_regions"] = regions;
   d["tokens"] = t.tokens;
   d["prompt"] = t.prompt;
   d["segments"] = segments;
@@ -72,6 +82,75 @@ py::dict transcript_dict(const Transcript& t) {
   d["fallbacks"] = t.fallbacks;
   return d;
 }
+
+// faster-whisper's VadOptions keywords.
+VadOptions vad_options(const py::dict& kw) {
+  VadOptions o;
+  for (const auto& [key, value] : kw) {
+    const std::string k = key.cast<std::string>();
+    if (value.is_none()) continue;
+    if (k == "threshold") {
+      o.threshold = value.cast<float>();
+    } else if (k == "neg_threshold") {
+      o.neg_threshold = value.cast<float>();
+    } else if (k == "min_speech_duration_ms") {
+      o.min_speech_duration_ms = value.cast<int64_t>();
+    } else if (k == "max_speech_duration_s") {
+      o.max_speech_duration_s = value.cast<double>();
+    } else if (k == "min_silence_duration_ms") {
+      o.min_silence_duration_ms = value.cast<int64_t>();
+    } else if (k == "speech_pad_ms") {
+      o.speech_pad_ms = value.cast<int64_t>();
+    } else {
+      throw Error(ErrorKind::InvalidArgument, "unknown VAD option '" + k + "'");
+    }
+  }
+  return o;
+}
+
+class PyVad {
+ public:
+  PyVad(const std::string& path, int threads) {
+    SessionOptions so;
+    so.environment = std::make_shared<Environment>(threads);
+    vad_ = std::make_shared<VoiceActivityDetector>(path, so);
+  }
+
+  py::array_t<float> probabilities(const py::object& audio) const {
+    const std::vector<float> samples = samples_of(audio);
+    std::vector<float> p;
+    {
+      py::gil_scoped_release release;
+      p = vad_->probabilities(samples);
+    }
+    py::array_t<float> out(static_cast<py::ssize_t>(p.size()));
+    std::copy(p.begin(), p.end(), out.mutable_data());
+    return out;
+  }
+
+  py::list speech_regions(const py::object& audio, const py::kwargs& kw) const {
+    const VadOptions o = vad_options(kw);
+    const std::vector<float> samples = samples_of(audio);
+    std::vector<SpeechRegion> regions;
+    {
+      py::gil_scoped_release release;
+      regions = vad_->speech_regions(samples, o);
+    }
+    py::list out;
+    for (const SpeechRegion& r : regions) {
+      py::dict d;
+      d["start"] = r.start;
+      d["end"] = r.end;
+      out.append(d);
+    }
+    return out;
+  }
+
+  std::shared_ptr<const VoiceActivityDetector> detector() const { return vad_; }
+
+ private:
+  std::shared_ptr<VoiceActivityDetector> vad_;
+};
 
 // The keyword arguments of transformers' generate() that kiln's Whisper takes.
 TranscribeOptions transcribe_options(const py::kwargs& kw) {
@@ -113,6 +192,13 @@ TranscribeOptions transcribe_options(const py::kwargs& kw) {
       o.max_new_tokens = value.cast<int64_t>();
     } else if (k == "seed") {
       o.seed = value.cast<uint64_t>();
+    } else if (k == "vad") {
+      // A VoiceActivityDetector, or the path of a Silero VAD model.
+      o.vad = py::isinstance<py::str>(value)
+                  ? std::make_shared<const VoiceActivityDetector>(value.cast<std::string>())
+                  : value.cast<const PyVad&>().detector();
+    } else if (k == "vad_parameters") {
+      o.vad_options = vad_options(value.cast<py::dict>());
     } else {
       throw Error(ErrorKind::InvalidArgument, "unknown transcription option '" + k + "'");
     }
@@ -223,6 +309,14 @@ void bind_generate(py::module_& m) {
       .def("token_to_id", &Tokenizer::token_to_id)
       .def("id_to_token", &Tokenizer::id_to_token)
       .def_property_readonly("vocab_size", &Tokenizer::vocab_size);
+
+  py::class_<PyVad>(m, "VoiceActivityDetector",
+                    "A Silero VAD model run as faster-whisper runs it (its vad_filter).")
+      .def(py::init<const std::string&, int>(), py::arg("model_path"), py::arg("threads") = 1)
+      .def("probabilities", &PyVad::probabilities, py::arg("audio"),
+           "The speech probability of each 512-sample window of 16 kHz audio.")
+      .def("speech_regions", &PyVad::speech_regions, py::arg("audio"),
+           "Speech regions [{start, end}] in samples; keywords as faster-whisper's VadOptions.");
 
   py::class_<PyTranscriber>(m, "WhisperTranscriber",
                             "Whisper transcription as transformers' generate() does it.")

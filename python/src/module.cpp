@@ -51,6 +51,10 @@ void bind_options(py::module_& m) {
           [](O& o, const std::string& v) { o.kiln.optimized_model_path = v; },
           "Write the graph as the session runs it (after optimisation) to this ONNX file.")
       .def_property(
+          "extra_outputs", [](const O& o) { return o.kiln.extra_outputs; },
+          [](O& o, const std::vector<std::string>& v) { o.kiln.extra_outputs = v; },
+          "Values of the graph returned after its outputs, by name (kept by the optimizer).")
+      .def_property(
           "enable_profiling", [](const O& o) { return o.kiln.profile; },
           [](O& o, bool v) { o.kiln.profile = v; },
           "Record one event per node per run; InferenceSession.end_profiling() writes them.")

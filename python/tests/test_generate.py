@@ -77,3 +77,52 @@ def test_read_audio_reports_a_cut_file(tmp_path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a whole file warns nothing
         kiln.read_audio(str(source))
+
+
+VAD = REPO / "models" / "vad-energy" / "model.onnx"
+
+
+def tone(seconds: float, spans: list[tuple[float, float]]) -> np.ndarray:
+    """A 440 Hz tone of amplitude 0.5 over the spans of `seconds` of silence (16 kHz)."""
+    audio = np.zeros(int(seconds * 16000), np.float32)
+    for a, b in spans:
+        i = np.arange(int(a * 16000), int(b * 16000))
+        audio[i] = 0.5 * np.sin(2 * np.pi * 440.0 * i / 16000)
+    return audio
+
+
+def test_vad_regions_and_filtered_transcription() -> None:
+    vad = kiln.VoiceActivityDetector(str(VAD))
+    audio = tone(6.0, [(1.0, 3.0)])
+    probs = vad.probabilities(audio)
+    assert probs.shape == (96000 // 512 + 1,)
+    assert probs[40] > 0.99 and probs[10] < 0.01
+    assert vad.speech_regions(audio) == [{"start": 31 * 512 - 6400, "end": 94 * 512 + 6400}]
+    assert vad.speech_regions(audio, speech_pad_ms=0) == [{"start": 31 * 512, "end": 94 * 512}]
+    with pytest.raises(kiln.KilnError, match="unknown VAD option 'pad'"):
+        vad.speech_regions(audio, pad=3)
+    whisper = kiln.WhisperTranscriber(str(WHISPER))
+    silent = whisper.transcribe(np.zeros(16000 * 40, np.float32), vad=vad, language="en")
+    assert silent["segments"] == [] and silent["text"] == "" and silent["speech_regions"] == []
+    # Two tones 26 s apart: the regions laid end to end, times mapped back past the gap.
+    two = tone(40.0, [(2.0, 4.0), (30.0, 32.0)])
+    t = whisper.transcribe(two, vad=str(VAD), vad_parameters={"min_silence_duration_ms": 2000},
+                           language="en", return_timestamps=True, max_new_tokens=8)
+    assert [r["start"] for r in t["speech_regions"]][0] == 62 * 512 - 6400
+    assert t["speech_regions"][1]["start"] > 29 * 16000
+    assert t["segments"] and t["segments"][0]["start"] >= 1.6
+
+
+def test_extra_outputs_return_inner_values() -> None:
+    so = kiln.SessionOptions()
+    so.extra_outputs = ["b1", "logits"]
+    sess = kiln.InferenceSession(str(REPO / "models" / "tiny-cnn" / "model.onnx"), so)
+    assert [o.name for o in sess.get_outputs()] == ["probs", "b1", "logits"]
+    image = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    probs, b1, logits = sess.run(None, {"image": image})
+    assert b1.shape == (2, 16, 32, 32)
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(probs, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+    so.extra_outputs = ["nothing"]
+    with pytest.raises(kiln.KilnError, match="extra output 'nothing'"):
+        kiln.InferenceSession(str(REPO / "models" / "tiny-cnn" / "model.onnx"), so)

@@ -23,6 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import wave
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -31,7 +32,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
-from conftest import TINY_CNN, WHISPER
+from conftest import REPO, TINY_CNN, WHISPER
 from models import model, tensor
 
 pytestmark = pytest.mark.serve
@@ -127,7 +128,8 @@ def server(ray_tmpdir):
         # concurrent clients' requests to meet in batches.
         deploy(build_app(TINY_CNN / "model.onnx", replicas=2, max_batch_size=8,
                          batch_wait_ms=30, num_cpus=0.5), "cnn")
-        deploy(build_app(WHISPER, num_cpus=0.5), "whisper")
+        deploy(build_app(WHISPER, num_cpus=0.5,
+                         vad=REPO / "models" / "vad-energy" / "model.onnx"), "whisper")
         started = descendants(os.getpid())
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -273,6 +275,23 @@ def test_whisper_transcribes_posted_audio(server, name: str) -> None:
         def times(segments):
             return [t for s in segments for t in (s["start"], s["end"])]
         assert times(result["segments"]) == pytest.approx(times(case["segments"]))
+
+
+def test_whisper_filters_silence_when_asked(server) -> None:
+    # 40 s of silence: with vad=true nothing is transcribed and no region is kept.
+    wav = io.BytesIO()
+    with wave.open(wav, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(bytes(2 * 16000 * 40))
+    status, _, body = post(f"{server}/whisper?vad=true&vad_min_silence_ms=1000&language=en",
+                           wav.getvalue(), "audio/wav")
+    assert status == 200, body
+    result = json.loads(body)
+    assert result["text"] == "" and result["segments"] == [] and result["speech_regions"] == []
+    status, _, body = post(f"{server}/whisper?vad_threshold=0.3", wav.getvalue(), "audio/wav")
+    assert status == 400 and "without vad=true" in json.loads(body)["error"]
 
 
 def test_whisper_refuses_what_is_not_audio(server) -> None:

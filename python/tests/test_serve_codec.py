@@ -208,6 +208,18 @@ def test_whisper_query_parameters() -> None:
         whisper_options({"beams": "3"})
     with pytest.raises(codec.RequestError, match="num_beams='x' is not valid"):
         whisper_options({"num_beams": "x"})
+    # The voice-activity filter: with the server's detector, its parameters under
+    # faster-whisper's names; without one, or parameters without vad=true, a 400.
+    vad = object()
+    assert whisper_options({"vad": "true", "vad_threshold": "0.6", "vad_pad_ms": "200"}, vad) \
+        == {"vad": vad, "vad_parameters": {"threshold": 0.6, "speech_pad_ms": 200}}
+    assert whisper_options({"vad": "false"}, vad) == {}
+    with pytest.raises(codec.RequestError, match="no VAD model"):
+        whisper_options({"vad": "true"})
+    with pytest.raises(codec.RequestError, match="without vad=true"):
+        whisper_options({"vad_threshold": "0.6"}, vad)
+    with pytest.raises(codec.RequestError, match="vad_min_silence_ms='x' is not valid"):
+        whisper_options({"vad": "1", "vad_min_silence_ms": "x"}, vad)
 
 
 def lookup_model(path) -> None:

@@ -13,7 +13,10 @@ once, and the outputs split back. Routes, under the application's prefix:
   ``X-Kiln-Replica``.
 - ``POST`` to Whisper: the body is an audio file (WAV, FLAC, Ogg, MP3); the query takes
   ``language``, ``task``, ``return_timestamps``, ``num_beams``, ``max_new_tokens``,
-  ``prompt``, ``temperature``; the answer is ``{"text", "language", "tokens", "segments"}``.
+  ``prompt``, ``temperature``, and with a VAD model given to the server (``vad=``) ``vad``
+  and its ``vad_threshold``, ``vad_min_speech_ms``, ``vad_min_silence_ms``, ``vad_pad_ms``,
+  ``vad_max_speech_s``; the answer is ``{"text", "language", "tokens", "segments"}`` (and
+  ``speech_regions`` with ``vad``).
 
 Failures: a body over the limit is answered 413, a request the model cannot take (malformed
 JSON, .npy or .npz, an unknown or missing input, a wrong type or shape) 400 naming the
@@ -191,17 +194,45 @@ _WHISPER_QUERY = {
 }
 
 
-def whisper_options(query: dict[str, str]) -> dict[str, Any]:
-    """transcribe()'s keyword arguments from a request's query parameters."""
-    options = {}
+# The voice-activity filter's query parameters and faster-whisper's VadOptions names.
+_VAD_QUERY = {
+    "vad": ("", lambda v: v.lower() in _TRUE),
+    "vad_threshold": ("threshold", float),
+    "vad_min_speech_ms": ("min_speech_duration_ms", int),
+    "vad_min_silence_ms": ("min_silence_duration_ms", int),
+    "vad_pad_ms": ("speech_pad_ms", int),
+    "vad_max_speech_s": ("max_speech_duration_s", float),
+}
+
+
+def whisper_options(query: dict[str, str], vad: Any = None) -> dict[str, Any]:
+    """transcribe()'s keyword arguments from a request's query parameters; ``vad``: the
+    server's VoiceActivityDetector, or None when it has none."""
+    options: dict[str, Any] = {}
+    vad_parameters: dict[str, Any] = {}
+    use_vad = False
     for name, value in query.items():
-        if name not in _WHISPER_QUERY:
+        if name not in _WHISPER_QUERY and name not in _VAD_QUERY:
             raise codec.RequestError(f"unknown parameter '{name}' (known: "
-                                     f"{', '.join(_WHISPER_QUERY)})")
+                                     f"{', '.join([*_WHISPER_QUERY, *_VAD_QUERY])})")
         try:
-            options[name] = _WHISPER_QUERY[name](value)
+            if name in _VAD_QUERY:
+                key, read = _VAD_QUERY[name]
+                if key:
+                    vad_parameters[key] = read(value)
+                else:
+                    use_vad = read(value)
+            else:
+                options[name] = _WHISPER_QUERY[name](value)
         except ValueError:
             raise codec.RequestError(f"parameter {name}={value!r} is not valid") from None
+    if vad_parameters and not use_vad:
+        raise codec.RequestError("VAD parameters without vad=true")
+    if use_vad:
+        if vad is None:
+            raise codec.RequestError("this server has no VAD model (start it with --vad MODEL)")
+        options["vad"] = vad
+        options["vad_parameters"] = vad_parameters
     return options
 
 
@@ -210,10 +241,12 @@ class WhisperServer:
     """A Whisper export folder transcribed by one kiln.WhisperTranscriber per replica."""
 
     def __init__(self, model_dir: str, threads: int = 1,
-                 max_body_bytes: int = codec.DEFAULT_MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = codec.DEFAULT_MAX_BODY_BYTES,
+                 vad_model: str | None = None) -> None:
         self._model_dir = model_dir
         self._max_body_bytes = max_body_bytes
         self._whisper = kiln.WhisperTranscriber(model_dir, threads)
+        self._vad = kiln.VoiceActivityDetector(vad_model) if vad_model else None
         # One transcription at a time per replica: its decoder state is not shared safely.
         self._lock = threading.Lock()
         self._requests = 0
@@ -225,7 +258,7 @@ class WhisperServer:
         if request.method != "POST":
             return _error(405, f"{request.method} is not served: GET the metadata, POST audio")
         try:
-            options = whisper_options(dict(request.query_params))
+            options = whisper_options(dict(request.query_params), self._vad)
             body = await _body(request, self._max_body_bytes)
             if not body:
                 raise codec.RequestError("the body is empty: POST an audio file")
@@ -238,7 +271,10 @@ class WhisperServer:
             return _error(500, str(e))
         except Exception as e:  # noqa: BLE001 - answered, and logged
             return _unexpected(e)
-        return JSONResponse({k: result[k] for k in ("text", "language", "tokens", "segments")},
+        keys = ["text", "language", "tokens", "segments"]
+        if "vad" in options:
+            keys.append("speech_regions")
+        return JSONResponse({k: result[k] for k in keys},
                             headers={"X-Kiln-Replica": _replica_id()})
 
     def _transcribe(self, audio: bytes, options: dict) -> dict:
@@ -263,7 +299,7 @@ class WhisperServer:
 
     def metadata(self) -> dict[str, Any]:
         return {"model": Path(self._model_dir).name, "kind": "whisper",
-                "multilingual": self._whisper.multilingual,
+                "multilingual": self._whisper.multilingual, "vad": self._vad is not None,
                 "max_body_bytes": self._max_body_bytes, "replica": _replica_id(),
                 "stats": {"requests": self._requests, "failures_in_a_row": self._failures}}
 
@@ -277,7 +313,8 @@ def build_app(model: str | os.PathLike, *, replicas: int = 1,
               batch_wait_ms: float = 5.0, threads: int = 1, num_cpus: float = 1.0,
               max_body_bytes: int = codec.DEFAULT_MAX_BODY_BYTES,
               max_ongoing_requests: int | None = None,
-              max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS) -> serve.Application:
+              max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS,
+              vad: str | os.PathLike | None = None) -> serve.Application:
     """The Serve application of an ONNX model or a Whisper export folder.
 
     ``replicas`` fixed replicas, or ``autoscale=(min, max)``: Serve adds replicas while each
@@ -288,7 +325,8 @@ def build_app(model: str | os.PathLike, *, replicas: int = 1,
     Bounds: ``max_body_bytes`` per request body (larger: 413); ``max_ongoing_requests`` per
     replica (default: 2 x ``max_batch_size``, at least 4; Whisper: 4); beyond those, each
     Serve proxy queues up to ``max_queued_requests`` requests (-1: no bound) and answers
-    further ones 503.
+    further ones 503. ``vad``: a Silero VAD model a Whisper server filters audio with when a
+    request asks (``?vad=true``).
     """
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be positive, not {max_body_bytes}")
@@ -307,7 +345,8 @@ def build_app(model: str | os.PathLike, *, replicas: int = 1,
         options["num_replicas"] = replicas
     if is_whisper_folder(path):
         options["max_ongoing_requests"] = max_ongoing_requests or 4
-        return WhisperServer.options(**options).bind(path, threads, max_body_bytes)
+        vad_path = str(Path(vad).resolve()) if vad else None
+        return WhisperServer.options(**options).bind(path, threads, max_body_bytes, vad_path)
     # Room for one batch filling while another runs.
     options["max_ongoing_requests"] = max_ongoing_requests or max(2 * max_batch_size, 4)
     return ModelServer.options(**options).bind(path, max_batch_size, batch_wait_ms, threads,

@@ -83,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-queued-requests", type=_queue_bound, default=64,
                    help="requests each proxy queues while every replica is full; more are "
                         "answered 503 (default 64; -1: no bound)")
+    p.add_argument("--vad", default=None, metavar="MODEL.onnx",
+                   help="Whisper: a Silero VAD model that requests may filter audio with (?vad=true)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
     p.add_argument("--port", type=_positive(int), default=8000, help="HTTP port (default 8000)")
     p.add_argument("--route-prefix", default="/", help="URL prefix (default /)")
@@ -91,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _check_model(path: str) -> None:
+def _check_model(path: str, vad: str | None = None) -> None:
     """Loads the model once here, so a bad file is one line rather than failing replicas."""
     from . import is_whisper_folder
     if not os.path.exists(path):
@@ -99,6 +101,8 @@ def _check_model(path: str) -> None:
     try:
         if is_whisper_folder(path):
             kiln.WhisperTranscriber(path, 1)
+            if vad:
+                kiln.VoiceActivityDetector(vad)
         else:
             kiln.InferenceSession(path)
     except kiln.KilnError as e:
@@ -107,7 +111,7 @@ def _check_model(path: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    _check_model(args.model)
+    _check_model(args.model, args.vad)
     # Ray's usage statistics would be sent over the network: off unless asked for.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not args.address:
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
                     threads=args.threads, num_cpus=args.num_cpus or args.threads,
                     max_body_bytes=max(1, int(args.max_body_mb * (1 << 20))),
                     max_ongoing_requests=args.max_ongoing_requests,
-                    max_queued_requests=args.max_queued_requests)
+                    max_queued_requests=args.max_queued_requests, vad=args.vad)
     # Ctrl-C is remembered as well as raised: the proxy answers before serve.run returns, and
     # an interrupt that arrives inside serve.run may be caught there, which would otherwise
     # leave the server waiting for another.
