@@ -308,6 +308,25 @@ uint64_t KvCaches::reorder(const std::vector<int64_t>& rows) {
   return copied;
 }
 
+uint64_t KvCaches::expand(int64_t batch) {
+  uint64_t copied = 0;
+  for (const CacheSlot& c : slots_) {
+    if (c.cross) continue;
+    auto it = values_.find(c.past);
+    if (it == values_.end()) continue;
+    const Tensor& t = it->second;
+    if (t.dim(0) != 1) throw Error(ErrorKind::Runtime, "cache expand: more than one row");
+    Shape shape = t.shape();
+    shape[0] = batch;
+    Tensor rows =
+        Tensor::with_capacity(t.dtype(), shape, 2, t.dim(2) + std::max<int64_t>(room(t), 1));
+    for (int64_t b = 0; b < batch; ++b) copy_elements(t, batch_row(rows, b));
+    copied += t.nbytes() * static_cast<uint64_t>(batch);
+    it->second = std::move(rows);
+  }
+  return copied;
+}
+
 int64_t KvCaches::past_len() const {
   for (const CacheSlot& c : slots_) {
     if (c.cross) continue;
@@ -375,6 +394,7 @@ Seq2SeqDecoding::Seq2SeqDecoding(const Seq2SeqModels& models, const Tensor& hidd
                                  int64_t capacity)
     : models_(models),
       hidden_(repeat_rows(hidden, batch)),
+      hidden_row_(hidden),
       caches_(cache_slots(models.merged ? *models.merged : *models.with_past,
                           models.merged ? models.merged_file : models.with_past_file),
               capacity),
@@ -385,6 +405,14 @@ Seq2SeqDecoding::Seq2SeqDecoding(const Seq2SeqModels& models, const Tensor& hidd
       hiddenn_(
           has_input(models.merged ? *models.merged : *models.with_past, "encoder_hidden_states")),
       use_cache_{Tensor::from_vector<bool>({1}, {false}), Tensor::from_vector<bool>({1}, {true})} {}
+
+uint64_t Seq2SeqDecoding::expand(int64_t batch) {
+  if (batch_ != 1 || steps_ != 1)
+    throw Error(ErrorKind::Runtime, "decoder expand: only after the first step of one row");
+  batch_ = batch;
+  hidden_ = repeat_rows(hidden_row_, batch);
+  return caches_.expand(batch);
+}
 
 Value Seq2SeqDecoding::ids_input(const std::vector<std::vector<int64_t>>& rows) {
   const auto batch = static_cast<int64_t>(rows.size());

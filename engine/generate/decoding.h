@@ -101,6 +101,11 @@ class KvCaches {
   // rows that move go through one scratch buffer kept across steps). Cross caches are the
   // same in every row and stay. Returns the bytes copied.
   uint64_t reorder(const std::vector<int64_t>& rows);
+  // Beam search after a first step run once for the prompt all beams share: every decoder
+  // cache of one row becomes `batch` rows (copies, with the same room); the cross caches
+  // stay one row, which the decoder's products broadcast over the beams. Returns the bytes
+  // copied.
+  uint64_t expand(int64_t batch);
   int64_t past_len() const;
 
  private:
@@ -134,6 +139,9 @@ class Seq2SeqDecoding {
   Tensor step(const std::vector<std::vector<int64_t>>& ids, StepStats& stats);
   // Beam search: row r continues from what row rows[r] was.
   uint64_t reorder(const std::vector<int64_t>& rows) { return caches_.reorder(rows); }
+  // Beam search: the decoding was made for one row, whose first step is done; it goes on
+  // with `batch` rows continuing from it (KvCaches::expand). Returns the bytes copied.
+  uint64_t expand(int64_t batch);
   const std::string& file() const { return steps_ == 0 ? file0_ : filen_; }
 
  private:
@@ -141,7 +149,7 @@ class Seq2SeqDecoding {
   Value ids_input(const std::vector<std::vector<int64_t>>& rows);
 
   const Seq2SeqModels& models_;
-  Tensor hidden_;
+  Tensor hidden_, hidden_row_;  // the input's encoder output repeated for each row; one row
   KvCaches caches_;
   int64_t batch_;
   int64_t steps_ = 0;

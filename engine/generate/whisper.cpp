@@ -283,7 +283,9 @@ Decoded WhisperTranscriber::Impl::decode_beams(const Tensor& hidden,
     done[b].seq = prompt;
   }
   bool improvable = true;
-  Seq2SeqDecoding run(*models, hidden, beams, max_length);
+  // The first step runs once for the prompt every beam shares; the decoding then goes on with
+  // B rows, the encoder's cross-attention caches kept as one row for all of them.
+  Seq2SeqDecoding run(*models, hidden, 1, max_length);
   Decoded d;
   int64_t cur_len = prompt_len;
   std::vector<std::vector<int64_t>> feed(B, prompt);
@@ -293,7 +295,9 @@ Decoded WhisperTranscriber::Impl::decode_beams(const Tensor& hidden,
   while (true) {
     StepStats st;
     const std::string file = run.file();
-    const Tensor logits = run.step(feed, st);
+    const bool first_step = d.steps == 0;
+    const Tensor logits =
+        run.step(first_step ? std::vector<std::vector<int64_t>>{feed[0]} : feed, st);
     ++d.steps;
     if (d.steps == 1 && o.no_speech_threshold) {
       d.no_speech_prob = no_speech(logits, prompt_len - static_cast<int64_t>(init_len), file);
@@ -303,7 +307,9 @@ Decoded WhisperTranscriber::Impl::decode_beams(const Tensor& hidden,
     std::vector<float> acc(B * static_cast<size_t>(V));
     std::vector<std::vector<float>> lprows(B);
     for (size_t b = 0; b < B; ++b) {
-      std::vector<float> row = logits_row(logits, static_cast<int64_t>(b), logits.dim(1) - 1, file);
+      // The first step's one row serves every beam (they share the prompt).
+      const int64_t r = first_step ? 0 : static_cast<int64_t>(b);
+      std::vector<float> row = logits_row(logits, r, logits.dim(1) - 1, file);
       log_softmax(row);
       proc.apply(running[b].seq, row);
       for (int64_t v = 0; v < V; ++v)
@@ -385,7 +391,11 @@ Decoded WhisperTranscriber::Impl::decode_beams(const Tensor& hidden,
     const bool all_stop =
         std::all_of(cands.begin(), cands.end(), [](const Cand& c) { return c.stops; });
     if (!improvable || (every_done && o.early_stopping) || all_stop) break;
-    run.reorder(rows);
+    if (first_step) {
+      run.expand(beams);  // every row continues from the one the first step ran
+    } else {
+      run.reorder(rows);
+    }
   }
   const Hyp& best = done[0];
   d.tokens.assign(best.seq.begin() + prompt_len, best.seq.end());

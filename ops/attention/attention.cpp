@@ -90,6 +90,14 @@ Parts attention_parts(const Request& r) {
   return p;
 }
 
+// K and V with one batch row for a Q of several: every row of Q attends to the same keys and
+// values, as the MatMuls an Attention is fused from broadcast them (a beam search's shared
+// cross-attention cache). Only without a past, nonpad lengths or present outputs, which
+// would need a row per batch.
+bool kv_broadcasts(int64_t batch, int64_t k_batch, int64_t v_batch, bool past, bool present) {
+  return batch > 1 && k_batch == 1 && v_batch == 1 && !past && !present;
+}
+
 class Attention final : public Kernel {
  public:
   explicit Attention(const NodeInfo& info)
@@ -150,7 +158,15 @@ class Attention final : public Kernel {
     }
     const int64_t B = q.dim(0), Hq = q.dim(1), Sq = q.dim(2), D = q.dim(3);
     const int64_t Hkv = k.dim(1), S = k.dim(2), Dv = v.dim(3);
-    if (k.dim(0) != B || v.dim(0) != B || v.dim(1) != Hkv || v.dim(2) != S || k.dim(3) != D) {
+    // K and V of one batch row may serve every row of Q (kv_broadcasts).
+    const bool shared_kv = kv_broadcasts(B, k.dim(0), v.dim(0),
+                                         ctx.has_input(4) || ctx.has_input(5) || ctx.has_input(6),
+                                         ctx.has_output(1) || ctx.has_output(2));
+    if (!shared_kv && (k.dim(0) != B || v.dim(0) != B)) {
+      ctx.fail("Q, K and V shapes disagree: " + q_in.describe() + ", " + k_in.describe() + ", " +
+               v_in.describe());
+    }
+    if (v.dim(1) != Hkv || v.dim(2) != S || k.dim(3) != D) {
       ctx.fail("Q, K and V shapes disagree: " + q_in.describe() + ", " + k_in.describe() + ", " +
                v_in.describe());
     }
@@ -241,6 +257,7 @@ class Attention final : public Kernel {
       p.q = qc.data<const C>(), p.lq = layout_of(qc);
       p.k = kc.data<const C>(), p.lk = layout_of(kc);
       p.v = vc.data<const C>(), p.lv = layout_of(vc);
+      if (shared_kv) p.lk.batch = p.lv.batch = 0;  // every row of Q reads the one row
       p.y = y4.data<C>(), p.ly = layout_of(y4);
       p.qk = qk.defined() ? qk.data<C>() : nullptr;
       p.mode = static_cast<int>(mode_);
@@ -336,9 +353,13 @@ AttentionSizes attention_sizes(const ShapeContext& c) {
   } else {
     z = {q[0], q[1], k[1], q[2], k[2], q[3], v[3], 0, 4};
   }
-  if (k[0] != z.B || v[0] != z.B || (z.rank == 4 && (v[1] != z.Hkv || v[2] != z.S)) ||
-      (z.rank == 3 && v[1] != z.S) || (z.rank == 4 && k[3] != z.D) ||
-      (z.rank == 3 && k[2] / z.Hkv != z.D) || z.Hkv <= 0 || z.Hq % z.Hkv) {
+  const bool shared_kv =
+      kv_broadcasts(z.B, k[0], v[0], c.has_input(4) || c.has_input(5) || c.has_input(6),
+                    c.has_output(1) || c.has_output(2));
+  if ((!shared_kv && (k[0] != z.B || v[0] != z.B)) ||
+      (z.rank == 4 && (v[1] != z.Hkv || v[2] != z.S)) || (z.rank == 3 && v[1] != z.S) ||
+      (z.rank == 4 && k[3] != z.D) || (z.rank == 3 && k[2] / z.Hkv != z.D) || z.Hkv <= 0 ||
+      z.Hq % z.Hkv) {
     unknown("Q, K and V disagree");
   }
   if (c.has_input(4) != c.has_input(5)) unknown("past_key without past_value");

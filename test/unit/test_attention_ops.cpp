@@ -903,3 +903,31 @@ TEST_CASE("FlexAttention matches plain attention on larger, grouped, strided and
                   naive_attention(q, k, v, nullptr, AttnSpec{}).first, 1e-4, 1e-5);
   }
 }
+
+TEST_CASE("Attention with one row of K and V serves every row of Q", "[attention]") {
+  // A beam search's shared cross-attention cache: K and V of batch 1 for Q of batch 3 equal
+  // K and V repeated, with or without a mask, 3-D or 4-D; with present outputs asked for (which
+  // need a row per batch) it is refused.
+  std::mt19937 rng(12);
+  const int64_t B = 3, H = 2, D = 8, S = 7;
+  const Tensor q = random_tensor(DataType::Float, {B, H, 2, D}, rng);
+  const Tensor k = random_tensor(DataType::Float, {1, H, S, D}, rng);
+  const Tensor v = random_tensor(DataType::Float, {1, H, S, D}, rng);
+  auto repeat = [&](const Tensor& t) {
+    Tensor out = Tensor::zeros(DataType::Float, {B, H, S, D});
+    for (int64_t b = 0; b < B; ++b)
+      std::copy(t.data<const float>(), t.data<const float>() + t.numel(),
+                out.data<float>() + b * t.numel());
+    return out;
+  };
+  const Tensor y = OpTest("Attention", 23).input(q).input(k).input(v).run1();
+  require_close(y, naive_attention(q, repeat(k), repeat(v), nullptr, AttnSpec{}).first);
+  const Tensor mask = random_tensor(DataType::Float, {B, 1, 2, S}, rng);
+  const Tensor ym = OpTest("Attention", 23).input(q).input(k).input(v).input(mask).run1();
+  const Tensor want_m =
+      OpTest("Attention", 23).input(q).input(repeat(k)).input(repeat(v)).input(mask).run1();
+  require_close(ym, want_m);
+  REQUIRE_THROWS_AS(OpTest("Attention", 23).input(q).input(k).input(v).outputs(2).run(), Error);
+  // K of one row with V of three is no broadcast.
+  REQUIRE_THROWS_AS(OpTest("Attention", 23).input(q).input(k).input(repeat(v)).run(), Error);
+}
