@@ -277,11 +277,7 @@ uint64_t KvCaches::take(std::vector<NamedValue>& outs, const std::string& file, 
 
 uint64_t KvCaches::reorder(const std::vector<int64_t>& rows) {
   uint64_t copied = 0;
-  for (const CacheSlot& c : slots_) {
-    if (c.cross) continue;
-    auto it = values_.find(c.past);
-    if (it == values_.end()) continue;
-    const Tensor& t = it->second;
+  each_decoder_cache([&](Tensor& t) {
     const auto batch = static_cast<int64_t>(rows.size());
     if (t.dim(0) != batch) throw Error(ErrorKind::Runtime, "beam reorder: batch mismatch");
     // Rows that change are saved first (their sources may be overwritten), then written.
@@ -289,7 +285,7 @@ uint64_t KvCaches::reorder(const std::vector<int64_t>& rows) {
     for (int64_t r = 0; r < batch; ++r) {
       if (rows[static_cast<size_t>(r)] != r) moved.push_back(r);
     }
-    if (moved.empty()) continue;
+    if (moved.empty()) return;
     Shape row_shape = t.shape();
     row_shape[0] = 1;
     const size_t row_bytes = storage_bytes(t.dtype(), shape_numel(row_shape));
@@ -304,17 +300,13 @@ uint64_t KvCaches::reorder(const std::vector<int64_t>& rows) {
       copy_elements(src, batch_row(t, moved[i]));
     }
     copied += 2 * row_bytes * moved.size();
-  }
+  });
   return copied;
 }
 
 uint64_t KvCaches::expand(int64_t batch) {
   uint64_t copied = 0;
-  for (const CacheSlot& c : slots_) {
-    if (c.cross) continue;
-    auto it = values_.find(c.past);
-    if (it == values_.end()) continue;
-    const Tensor& t = it->second;
+  each_decoder_cache([&](Tensor& t) {
     if (t.dim(0) != 1) throw Error(ErrorKind::Runtime, "cache expand: more than one row");
     Shape shape = t.shape();
     shape[0] = batch;
@@ -322,8 +314,8 @@ uint64_t KvCaches::expand(int64_t batch) {
         Tensor::with_capacity(t.dtype(), shape, 2, t.dim(2) + std::max<int64_t>(room(t), 1));
     for (int64_t b = 0; b < batch; ++b) copy_elements(t, batch_row(rows, b));
     copied += t.nbytes() * static_cast<uint64_t>(batch);
-    it->second = std::move(rows);
-  }
+    t = std::move(rows);
+  });
   return copied;
 }
 

@@ -109,6 +109,15 @@ class KvCaches {
   int64_t past_len() const;
 
  private:
+  // Calls f(tensor) for every decoder (self-attention) cache held.
+  template <typename F>
+  void each_decoder_cache(F&& f) {
+    for (const CacheSlot& c : slots_) {
+      if (c.cross) continue;
+      if (auto it = values_.find(c.past); it != values_.end()) f(it->second);
+    }
+  }
+
   std::vector<CacheSlot> slots_;
   int64_t capacity_;
   std::map<std::string, Tensor> values_;
