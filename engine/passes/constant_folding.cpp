@@ -5,7 +5,6 @@
 // one that kernels can prepare (pack) at plan time.
 #include <algorithm>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "engine/passes/passes.h"
@@ -15,12 +14,10 @@
 namespace kiln::passes {
 namespace {
 
-// Ops whose results differ from run to run.
+// Ops whose results differ from run to run (their registration says so).
 bool nondeterministic(const ir::Node& node) {
-  static const std::unordered_set<std::string> ops = {"RandomNormal",     "RandomUniform",
-                                                      "RandomNormalLike", "RandomUniformLike",
-                                                      "Bernoulli",        "Multinomial"};
-  return node.domain.empty() && ops.count(node.op_type) > 0;
+  const ops::OpRegistration* reg = ops::find_op(node.domain, node.op_type, node.opset);
+  return reg && reg->random;
 }
 
 // A kernel run at load: outputs on the heap, no input overwritten, no nested graphs.

@@ -47,6 +47,7 @@ struct OpRegistration {
   int min_outputs = 0, max_outputs = INT_MAX;
   uint32_t in_place = 0;        // inputs the kernel may overwrite when the executor allows
   bool strided_inputs = false;  // accepts non-contiguous tensors (else made contiguous)
+  bool random = false;          // outputs differ from run to run: never folded at load
   const char* types = "";       // element types, for docs/ops.md ("float, double, int64")
   // The contract (ops/core/contract.h). Without `shape` the op's outputs are known only when it
   // runs; without `place` output 0 may be written over an `in_place` input and the others
