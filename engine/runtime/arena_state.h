@@ -124,9 +124,9 @@ class ArenaState {
   std::string spare_shapes_, spare_signature_;
   // Runs in a row whose signature differed from the run before. Input shapes that change at
   // every run (a decode loop's growing caches) make a predicted plan serve one run only, and
-  // predicting costs more than the allocations it saves (about 0.5 ms a step on the
-  // Whisper-tiny merged decoder): after kMaxFreshPlans such runs, the pool serves them until a
-  // run repeats the signature before it.
+  // predicting costs more than the allocations it saves (measured: docs/performance.md,
+  // "Figures cited in code comments"): after kMaxFreshPlans such runs, the pool serves them
+  // until a run repeats the signature before it.
   int fresh_runs_ = 0;
   static constexpr int kMaxFreshPlans = 2;
 

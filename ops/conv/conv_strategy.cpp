@@ -14,12 +14,8 @@ namespace kiln::ops::convolution {
 // strided matrix, position p's window from p * stride with its taps dilation apart, and the
 // convolution is a GEMM product (use_direct is false) instead of direct loops, which spend
 // two loads on each multiply-add where the product's register tile reuses every load across
-// its filters. One-node models, one thread, the least of 200 runs: 257 filters of 512 taps
-// at stride 160 over 16000 samples took 1.78 ms as direct loops and 0.34 ms as a product
-// (onnxruntime 0.37), 16 images of 258 filters of 256 taps at stride 128 2.21 ms and 0.17
-// (0.32); 16 filters of 16 taps over 4000 samples 90 us and 49. With fewer filters per group
-// the product's tiles run mostly empty: 16 groups of 4 filters of 16 taps over 100 samples
-// took 24 us as direct loops and 40 as products (groups of 8 filters: 26 both ways).
+// its filters. With fewer filters per group the product's tiles run mostly empty and the
+// direct loops win (measured: docs/performance.md, "Figures cited in code comments").
 constexpr int64_t kMinWindowTaps = 16;
 constexpr int64_t kMinWindowFilters = 8;
 
@@ -67,9 +63,8 @@ math::ConvGeometry conv_geometry(const Geometry& g) {
 // most 64 outputs (8x8) take depthwise_lanes: a channel per vector lane fills every vector
 // however small the plane, where the wide path's rows of 7 leave half of each vector empty
 // and its per-plane setup weighs on so few outputs. Larger planes fill their vectors, and
-// there the lanes path's element-by-element transposes cost more than they save (one-node
-// models, 1 thread: 272 channels of 14x14 0.031 ms wide against 0.043 this way; 544 of 7x7
-// 0.034 against 0.025).
+// there the lanes path's element-by-element transposes cost more than they save (measured:
+// docs/performance.md, "Figures cited in code comments").
 bool use_depthwise_lanes(const Sizes& s, const Geometry& g) {
   const math::ConvGeometry cg = conv_geometry(g);
   return s.cg == 1 && s.mg == 1 && g.in[0] == 1 && g.k[0] == 1 && g.out[0] == 1 &&
@@ -84,14 +79,13 @@ bool use_depthwise_wide(const Sizes& s, const Geometry& g) {
 // Maps of at most this many output positions are products with the positions as rows:
 // Y^T [positions x mg] = patches [positions x cg * kernel] * W^T, the filter a packed B
 // streamed once for all the positions. The other way round (the filter as A) the few
-// positions make narrow B panels: `kiln-bench gemm 512 49 4608` runs at 0.51 of the FMA
-// peak where `gemm 49 512 4608` reaches 0.84, and light resnet50's 512-channel 3x3 layer on
-// its 7x7 map (a one-node model, 1 thread) took 1.33 ms that way and 1.07 ms this way.
+// positions make narrow B panels, which run far below the product's peak (measured:
+// docs/performance.md, "Figures cited in code comments").
 constexpr int64_t kMaxTransposedPositions = 100;
 // Convolutions with a window (not 1x1 stride 1) up to this many positions too: a 13x13 map's
-// wide rows fill 169 of 224 columns (3x3 64 -> 256, 48 -> 192 and 96 -> 208 took 3-6% less
-// time this way), a 14x14 map's 196 of 224 (as fast or faster the other way, as were 1x1
-// layers on both: writing Y^T back costs what the narrower panels lose there).
+// wide rows fill 169 of 224 columns, so it gains this way; a 14x14 map's fill 196 of 224,
+// and there (as for 1x1 layers on both) writing Y^T back costs what the narrower panels lose
+// (measured: docs/performance.md, "Figures cited in code comments").
 constexpr int64_t kMaxTransposedWindowed = 180;
 
 // 1x1, stride 1 and no padding at either end: the patch matrix is the input itself.

@@ -56,9 +56,8 @@ void direct_rows(const math::PackedA& a, const float* bias, float* y, int64_t op
 // The wide path's buffers (one group's laid-out channels and the product over the wide
 // positions) are kept within this many floats (2 MiB) by running the product over bands of
 // output rows, one after another, so its patch rows are read, and its product copied out,
-// from the caches: vgg19's 64-channel 3x3 layer on its 224x224 map laid out 13 MiB of
-// channels and as much product, and took 25.7 ms where bands take 17.2 (one-node model, 1
-// thread; its 3-channel first layer 1.41 -> 1.13 ms).
+// from the caches rather than from memory (a large map's layer runs markedly faster in bands:
+// measured, docs/performance.md, "Figures cited in code comments").
 constexpr int64_t kWideBandFloats = int64_t{1} << 19;
 
 }  // namespace

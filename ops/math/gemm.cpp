@@ -114,8 +114,8 @@ void tile(const GemmKernels& g, const BSource& b, int64_t kc, const float* a, co
 // The row tiles of `rows` rows of an A packed (or read) per call: whole tiles of mr rows,
 // except that where the last would be shorter than half a tile the rows are spread evenly
 // over as many tiles. A tile of one or two rows keeps too few sums in flight to hide the
-// FMA's latency: `kiln-bench gemm 49 2048 512` (12 + 12 + 12 + 12 + 1 rows) took as long as
-// `gemm 52 2048 512`.
+// FMA's latency: a lone last row costs as much as a whole tile (measured: docs/performance.md,
+// "Figures cited in code comments").
 struct RowTiles {
   int64_t count = 0, base = 0, extra = 0;
   bool even = false;
@@ -145,8 +145,8 @@ constexpr int64_t kOneBlockK = 384;
 // the many row tiles that use it. With a single row tile (a GEMV-shaped product) nothing
 // reuses it: B is better read in one pass, each panel a single sequential stream. A k of at
 // most kOneBlockK is one block too: cut at 256 it left a second block of 128 steps, whose
-// tiles reload and store C again for half the work (`kiln-bench gemm 1500 1536 384`
-// 0.84-0.86 -> 0.91 of the FMA peak, 128 1536 384 0.92 -> 0.93-0.95).
+// tiles reload and store C again for half the work (measured: docs/performance.md, "Figures
+// cited in code comments").
 int64_t k_block(int64_t rows, int mr, int64_t k) {
   return rows <= mr || k <= kOneBlockK ? k : kKc;
 }
@@ -227,9 +227,9 @@ void run_rows_a_block(const GemmKernels& g, const MatrixView& a, const BSource& 
 }
 
 // Products of at most this many column panels read a row-major A in place: a packed A panel
-// would serve only this many tiles, so making it costs about what it saves. Attention's
-// product of a block's softmaxed scores (60 x 1500 for Whisper's encoder) by V (64 columns)
-// packed 90,000 floats a block that way, ~5% of the encoder's time.
+// would serve only this many tiles, so making it costs about what it saves: attention's
+// product of a block's softmaxed scores by V (few columns) spent a visible share of an
+// encoder's time packing A (measured: docs/performance.md, "Figures cited in code comments").
 constexpr int64_t kRowsAMaxPanels = 2;
 
 bool reads_a_in_place(const GemmKernels& g, const MatrixView& a, const BSource& b, int64_t n,
@@ -644,7 +644,7 @@ void sgemm(const MatrixView& a, const MatrixView& b, float* c, int64_t ldc, cons
   // Split over columns when they go round, each task packing only the columns it multiplies,
   // in parallel and into its own thread's memory: packing all of B first is a serial step,
   // and panels packed by one thread and read by another cross between the cores' caches
-  // (M 128, N 384, K 384 on 2 threads took longer than on 1 that way).
+  // (measured: docs/performance.md, "Figures cited in code comments").
   const int tasks = task_count(
       static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k), o.max_threads);
   const Split split = split_for(tasks, m, n, g.mr, g.nr, SplitPolicy::ColumnsFirst);

@@ -34,8 +34,9 @@ inline int task_count(double work, int max_threads = 0) {
 
 // A product of a single row tile (a decode step's GEMV, m <= mr) uses each weight of B for
 // only m multiply-adds: its time is B streaming from memory, about this many multiply-adds
-// of a compute-bound product per weight (4 bytes at a core's ~15 GB/s against its FMA rate).
-// Counted so, a [768 x 768] weight (9.4 M) is split where its 0.6 M multiply-adds were not.
+// of a compute-bound product per weight (a core's memory bandwidth against its FMA rate: an
+// estimate, docs/performance.md, "Figures cited in code comments"). Counted so, a decode
+// step's weight is split across threads where its multiply-adds alone would not be.
 constexpr double kStreamedWeightWork = 16;
 
 // The work of an m x n x k float product for task_count.

@@ -28,9 +28,8 @@ namespace {
 
 constexpr size_t kGIdx = 4, kBias = 5;
 // Rows of A up to which the weights are streamed once per kernels().nbits.max_rows rows
-// rather than dequantized for the GEMM. Measured on one AVX-512 thread for K 768, N 3072
-// (block 32): streaming takes 0.11 ms for 1 row and 0.55 ms for 8, dequantizing panels for
-// the GEMM about 1.0 ms for 16 rows, as much as streaming them in four passes.
+// rather than dequantized for the GEMM: beyond it, dequantizing panels once costs less than
+// streaming them again (measured: docs/performance.md, "Figures cited in code comments").
 constexpr int64_t kGemvRows = 8;
 // Floats of one dequantized panel: columns of K values that stay in L2 while the GEMM packs
 // them.

@@ -30,9 +30,9 @@ double seconds_since(Clock::time_point t0) {
 }
 
 // Median seconds of `iterations` calls after `warmup` untimed ones, and untimed calls for at
-// least a quarter of a second: a fresh arena's worker threads take tens of milliseconds to
-// join its parallel loops (on this machine kind a split product ran no faster than one
-// thread for its first ~100 ms), which a product of 100 us would otherwise be timed in.
+// least a quarter of a second: a fresh arena's worker threads take a while to join its
+// parallel loops (docs/performance.md, "Figures cited in code comments"), which a short
+// product would otherwise be timed in.
 template <typename F>
 double median_seconds(int warmup, int iterations, F&& f) {
   const auto start = Clock::now();
