@@ -374,7 +374,8 @@ double run_once(kiln::Session& s, Feed& f, const std::string& output_dir) {
 RunResult time_runs(kiln::Session& s, kiln::Session* profiled, Feed& f, const Options& o) {
   RunResult r;
   // Untimed runs: --warmup of them, and more until --warmup-ms have passed (a pool's threads
-  // and the processor's clocks settle over the first tens of milliseconds of work).
+  // and the processor's clocks take a while to settle: docs/performance.md, "Figures cited in
+  // code comments").
   const auto start = Clock::now();
   for (int it = 0; it < o.warmup || Clock::now() - start < std::chrono::milliseconds(o.warmup_ms);
        ++it) {
