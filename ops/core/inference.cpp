@@ -120,7 +120,8 @@ GraphFacts infer_graph(const ir::Graph& graph, const std::vector<int32_t>& order
 
 GraphFacts infer_declared(const ir::Graph& graph) {
   std::vector<ValueFacts> captured;
-  for (ir::ValueId id : graph.captures) captured.push_back(captured_declared(graph, graph.value(id)));
+  for (ir::ValueId id : graph.captures)
+    captured.push_back(captured_declared(graph, graph.value(id)));
   return infer_graph(graph, ir::topological_order(graph), {}, captured,
                      InferenceOptions{.trust_declared = true});
 }

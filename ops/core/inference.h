@@ -48,8 +48,7 @@ GraphFacts infer_declared(const ir::Graph& graph);
 // where the rule can tell only part, empty where it cannot (or the op has no rule). Throws
 // what the rule throws for inputs it rejects.
 std::vector<ValueFacts> infer_node(const ir::Graph& graph, const ir::Node& node,
-                                   std::vector<ValueFacts>& values,
-                                   InferenceOptions options = {});
+                                   std::vector<ValueFacts>& values, InferenceOptions options = {});
 
 // Whether `node`'s op has a shape rule.
 bool has_shape_rule(const ir::Node& node);
