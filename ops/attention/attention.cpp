@@ -98,6 +98,14 @@ bool kv_broadcasts(int64_t batch, int64_t k_batch, int64_t v_batch, bool past, b
   return batch > 1 && k_batch == 1 && v_batch == 1 && !past && !present;
 }
 
+// Shared K and V with one query row per batch row and nothing that tells the rows apart (no
+// mask, causal or window limit, scores output): the rows are then one block of query rows
+// for the one K and V, which each head reads once instead of once per batch row (a beam
+// search's cross-attention step). The kernel and the workspace rule both ask.
+bool rows_fold(bool shared_kv, int64_t sq, bool causal, bool window, bool mask, bool qk) {
+  return shared_kv && sq == 1 && !causal && !window && !mask && !qk;
+}
+
 class Attention final : public Kernel {
  public:
   explicit Attention(const NodeInfo& info)
@@ -203,6 +211,8 @@ class Attention final : public Kernel {
       ctx.fail("nonpad_kv_seqlen cannot be combined with past_key/past_value");
     }
 
+    const bool fold = rows_fold(shared_kv, Sq, causal_, left_ >= 0 || right_ >= 0, ctx.has_input(3),
+                                ctx.has_output(3));
     const DataType ct = q.dtype() == DataType::Double ? DataType::Double : DataType::Float;
     Shape y_shape = rank == 3 ? Shape{B, Sq, Hq * Dv} : Shape{B, Hq, Sq, Dv};
     Tensor y_out = ctx.output(0, q_in.dtype(), y_shape);
@@ -211,7 +221,7 @@ class Attention final : public Kernel {
 
     // The workspace, after the outputs (attention_parts).
     Request r;
-    r.d = {B, Hq, Hkv, Sq, T, D, Dv};
+    r.d = fold ? sdpa::Dims{1, Hq, Hkv, B, T, D, Dv} : sdpa::Dims{B, Hq, Hkv, Sq, T, D, Dv};
     r.q = q.dtype(), r.k = k.dtype(), r.v = v.dtype();
     r.present_k = has_past && !ctx.has_output(1);
     r.present_v = has_past && !ctx.has_output(2);
@@ -257,8 +267,12 @@ class Attention final : public Kernel {
       p.q = qc.data<const C>(), p.lq = layout_of(qc);
       p.k = kc.data<const C>(), p.lk = layout_of(kc);
       p.v = vc.data<const C>(), p.lv = layout_of(vc);
-      if (shared_kv) p.lk.batch = p.lv.batch = 0;  // every row of Q reads the one row
       p.y = y4.data<C>(), p.ly = layout_of(y4);
+      if (shared_kv) p.lk.batch = p.lv.batch = 0;  // every row of Q reads the one row
+      if (fold) {  // the batch rows as query rows of one batch (r.d)
+        p.lq.row = p.lq.batch, p.ly.row = p.ly.batch;
+        p.lq.batch = p.ly.batch = 0;
+      }
       p.qk = qk.defined() ? qk.data<C>() : nullptr;
       p.mode = static_cast<int>(mode_);
       const double scale = has_scale_ ? scale_ : (D > 0 ? 1.0 / std::sqrt(double(D)) : 1.0);
@@ -332,6 +346,7 @@ class Attention final : public Kernel {
 struct AttentionSizes {
   int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, S = 0, D = 0, Dv = 0, past = 0;
   size_t rank = 0;
+  bool shared_kv = false;
 };
 
 AttentionSizes attention_sizes(const ShapeContext& c) {
@@ -356,6 +371,7 @@ AttentionSizes attention_sizes(const ShapeContext& c) {
   const bool shared_kv =
       kv_broadcasts(z.B, k[0], v[0], c.has_input(4) || c.has_input(5) || c.has_input(6),
                     c.has_output(1) || c.has_output(2));
+  z.shared_kv = shared_kv;
   if ((!shared_kv && (k[0] != z.B || v[0] != z.B)) ||
       (z.rank == 4 && (v[1] != z.Hkv || v[2] != z.S)) || (z.rank == 3 && v[1] != z.S) ||
       (z.rank == 4 && k[3] != z.D) || (z.rank == 3 && k[2] / z.Hkv != z.D) || z.Hkv <= 0 ||
@@ -423,8 +439,13 @@ void place_attention(Placement& p) {
 // The kernel's workspace (attention_parts) for these shapes on c.threads() threads.
 uint64_t attention_workspace(const ShapeContext& c) {
   const AttentionSizes z = attention_sizes(c);
+  const bool window = c.opset() >= 25 && (c.attr_int("left_window_size", -1) >= 0 ||
+                                          c.attr_int("right_window_size", -1) >= 0);
+  const bool fold = rows_fold(z.shared_kv, z.Sq, c.attr_int("is_causal", 0) != 0, window,
+                              c.has_input(3), c.has_output(3));
   Request r;
-  r.d = {z.B, z.Hq, z.Hkv, z.Sq, z.past + z.S, z.D, z.Dv};
+  r.d = fold ? sdpa::Dims{1, z.Hq, z.Hkv, z.B, z.past + z.S, z.D, z.Dv}
+             : sdpa::Dims{z.B, z.Hq, z.Hkv, z.Sq, z.past + z.S, z.D, z.Dv};
   r.q = c.dtype(0), r.k = c.dtype(1), r.v = c.dtype(2);
   r.present_k = c.has_input(4) && !c.has_output(1);
   r.present_v = c.has_input(4) && !c.has_output(2);

@@ -922,6 +922,36 @@ TEST_CASE("Attention with one row of K and V serves every row of Q", "[attention
   };
   const Tensor y = OpTest("Attention", 23).input(q).input(k).input(v).run1();
   require_close(y, naive_attention(q, repeat(k), repeat(v), nullptr, AttnSpec{}).first);
+  // One query row per batch row (a decode step): the rows are one block against K and V,
+  // 4-D and 3-D.
+  for (const int64_t heads : {int64_t{2}, int64_t{1}}) {
+    INFO("heads " << heads);
+    const Tensor q1 = random_tensor(DataType::Float, {B, heads, 1, D}, rng);
+    const Tensor k1 = random_tensor(DataType::Float, {1, heads, S, D}, rng);
+    const Tensor v1 = random_tensor(DataType::Float, {1, heads, S, D}, rng);
+    Tensor kr = Tensor::zeros(DataType::Float, {B, heads, S, D}), vr = kr.clone();
+    for (int64_t b = 0; b < B; ++b) {
+      std::copy(k1.data<const float>(), k1.data<const float>() + k1.numel(),
+                kr.data<float>() + b * k1.numel());
+      std::copy(v1.data<const float>(), v1.data<const float>() + v1.numel(),
+                vr.data<float>() + b * v1.numel());
+    }
+    const Tensor y1 = OpTest("Attention", 23).input(q1).input(k1).input(v1).run1();
+    require_close(y1, naive_attention(q1, kr, vr, nullptr, AttnSpec{}).first);
+    const Tensor q3 = q1.reshaped({B, 1, heads * D});
+    const Tensor k3 = k1.reshaped({1, S, heads * D});  // heads == 1: the same layout
+    if (heads == 1) {
+      const Tensor y3 = OpTest("Attention", 23)
+                            .input(q3)
+                            .input(k3)
+                            .input(v1.reshaped({1, S, D}))
+                            .attr("q_num_heads", 1)
+                            .attr("kv_num_heads", 1)
+                            .run1();
+      require_close(y3.reshaped({B, 1, 1, D}),
+                    naive_attention(q1, kr, vr, nullptr, AttnSpec{}).first);
+    }
+  }
   const Tensor mask = random_tensor(DataType::Float, {B, 1, 2, S}, rng);
   const Tensor ym = OpTest("Attention", 23).input(q).input(k).input(v).input(mask).run1();
   const Tensor want_m =
