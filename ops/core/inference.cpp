@@ -40,37 +40,13 @@ class Nested final : public NestedInference {
   InferenceOptions options_;
 };
 
-// Runs `node`'s rule into `values`; what was wrong when an output is not known in full.
-std::string run_rule(const ir::Graph& graph, const ir::Node& node, std::vector<ValueFacts>& values,
-                     InferenceOptions options) {
-  std::string why;
-  const ShapeRule rule = shape_rule(node);
-  if (!rule) {
-    why = "its op has no shape rule";
-  } else {
-    ShapeContext c(graph, node, values);
-    Nested nested(options);
-    c.set_nested(&nested);
-    try {
-      rule(c);
-    } catch (const UnknownFacts& u) {
-      why = u.why;
-    } catch (const std::exception& e) {
-      why = e.what();
-    }
-  }
-  if (!why.empty()) {
-    for (ir::ValueId id : node.outputs)
-      if (id != ir::kNoValue) values[static_cast<size_t>(id)] = ValueFacts{};
-  }
-  for (size_t i = 0; i < node.outputs.size(); ++i) {
-    const ir::ValueId id = node.outputs[i];
-    if (id == ir::kNoValue) continue;
-    ValueFacts& v = values[static_cast<size_t>(id)];
-    if (options.trust_declared) merge_declared(v, facts_of(graph.value(id).type));
-    if (!v.known && why.empty()) why = "output " + std::to_string(i) + " not inferred";
-  }
-  return why;
+// Runs `rule` for `node` into `values`, nested graphs inferred; throws what the rule throws.
+void apply(ShapeRule rule, const ir::Graph& graph, const ir::Node& node,
+           std::vector<ValueFacts>& values, InferenceOptions options) {
+  ShapeContext c(graph, node, values);
+  Nested nested(options);
+  c.set_nested(&nested);
+  rule(c);
 }
 
 // What an enclosing graph knows of a value `graph` captures: its constant, else its type.
@@ -88,6 +64,34 @@ ValueFacts captured_declared(const ir::Graph& graph, const ir::ValueInfo& v) {
 }
 
 }  // namespace
+
+std::string infer_node_facts(const ir::Graph& graph, const ir::Node& node,
+                             std::vector<ValueFacts>& values, InferenceOptions options) {
+  std::string why;
+  if (const ShapeRule rule = shape_rule(node)) {
+    try {
+      apply(rule, graph, node, values, options);
+    } catch (const UnknownFacts& u) {
+      why = u.why;
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  } else {
+    why = "its op has no shape rule";
+  }
+  if (!why.empty()) {
+    for (ir::ValueId id : node.outputs)
+      if (id != ir::kNoValue) values[static_cast<size_t>(id)] = ValueFacts{};
+  }
+  for (size_t i = 0; i < node.outputs.size(); ++i) {
+    const ir::ValueId id = node.outputs[i];
+    if (id == ir::kNoValue) continue;
+    ValueFacts& v = values[static_cast<size_t>(id)];
+    if (options.trust_declared) merge_declared(v, facts_of(graph.value(id).type));
+    if (!v.known && why.empty()) why = "output " + std::to_string(i) + " not inferred";
+  }
+  return why;
+}
 
 GraphFacts infer_graph(const ir::Graph& graph, const std::vector<int32_t>& order,
                        const std::vector<ValueFacts>& inputs,
@@ -112,7 +116,7 @@ GraphFacts infer_graph(const ir::Graph& graph, const std::vector<int32_t>& order
   }
   for (int32_t index : order) {
     const ir::Node& node = graph.nodes[static_cast<size_t>(index)];
-    const std::string why = run_rule(graph, node, r.values, options);
+    const std::string why = infer_node_facts(graph, node, r.values, options);
     if (!why.empty() && r.first_unknown.empty()) r.first_unknown = node.label() + ": " + why;
   }
   return r;
@@ -131,11 +135,8 @@ std::vector<ValueFacts> infer_node(const ir::Graph& graph, const ir::Node& node,
   std::vector<ValueFacts> outs(node.outputs.size());
   const ShapeRule rule = shape_rule(node);
   if (!rule) return outs;
-  ShapeContext c(graph, node, values);
-  Nested nested(options);
-  c.set_nested(&nested);
   try {
-    rule(c);
+    apply(rule, graph, node, values, options);
   } catch (const UnknownFacts&) {
     return outs;
   }

@@ -43,6 +43,13 @@ GraphFacts infer_graph(const ir::Graph& graph, const std::vector<int32_t>& order
 // the enclosing graphs' constants and declared types, declared types merged.
 GraphFacts infer_declared(const ir::Graph& graph);
 
+// Runs `node`'s shape rule into `values` (per ir::ValueId of `graph`, its inputs' facts
+// there): its outputs' facts, emptied when the rule fails, with the declared types merged
+// under options.trust_declared. Returns why an output is not known in full (empty when every
+// one is); never throws for a bad node.
+std::string infer_node_facts(const ir::Graph& graph, const ir::Node& node,
+                             std::vector<ValueFacts>& values, InferenceOptions options = {});
+
 // What `node`'s shape rule says of its outputs given `values` (per ir::ValueId of `graph`: the
 // facts of the node's inputs and of the enclosing values its nested graphs read), partial
 // where the rule can tell only part, empty where it cannot (or the op has no rule). Throws

@@ -66,12 +66,9 @@ const ops::ValueFacts& Rewriter::facts(ir::ValueId v) {
     facts_[id] = ops::facts_of(*t);
   } else if (ir::Node* p = producer(v)) {
     for (ir::ValueId in : p->inputs) facts(in);
-    ops::infer_node(g_, *p, facts_);
-    for (ir::ValueId out : p->outputs) {
-      if (out == ir::kNoValue) continue;
-      facts_done_[static_cast<size_t>(out)] = true;
-      ops::merge_declared(facts_[static_cast<size_t>(out)], ops::facts_of(g_.value(out).type));
-    }
+    ops::infer_node_facts(g_, *p, facts_, ops::InferenceOptions{.trust_declared = true});
+    for (ir::ValueId out : p->outputs)
+      if (out != ir::kNoValue) facts_done_[static_cast<size_t>(out)] = true;
   } else {
     facts_[id] = ops::facts_of(info.type);
   }
