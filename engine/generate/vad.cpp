@@ -7,10 +7,14 @@
 #include <cstring>
 #include <utility>
 
+#include "engine/generate/decoding.h"
 #include "kiln/error.h"
 
 namespace kiln {
 namespace {
+
+using detail::has_input;
+using detail::named_output;
 
 constexpr int64_t kWindow = 512;  // samples per probability at 16 kHz
 constexpr int64_t kContext = 64;  // samples of the window before, seen with each window
@@ -18,12 +22,6 @@ constexpr int64_t kSampleRate = 16000;
 constexpr int64_t kBatch = 10000;  // windows per run (faster-whisper's encoder_batch_size)
 
 enum class Interface { Batched, PerWindow };
-
-bool has_input(const Session& s, const char* name) {
-  for (const IoInfo& io : s.inputs())
-    if (io.name == name) return true;
-  return false;
-}
 
 }  // namespace
 
@@ -87,11 +85,6 @@ std::vector<float> VoiceActivityDetector::probabilities(const std::vector<float>
                                           ", expected " + std::to_string(count) + " probabilities");
     probs.insert(probs.end(), c.data<const float>(), c.data<const float>() + count);
   };
-  auto output_of = [&](std::vector<NamedValue>& outs, const std::string& name) -> Tensor {
-    for (NamedValue& o : outs)
-      if (o.name == name) return o.value.tensor();
-    throw Error(ErrorKind::Runtime, m.path + ": no output '" + name + "'");
-  };
   if (m.interface == Interface::Batched) {
     Tensor h = Tensor::zeros(DataType::Float, {1, 1, 128});
     Tensor c = Tensor::zeros(DataType::Float, {1, 1, 128});
@@ -101,9 +94,9 @@ std::vector<float> VoiceActivityDetector::probabilities(const std::vector<float>
       fill_rows(first, count, input.data<float>());
       std::vector<NamedValue> outs =
           m.session.run({{"input", std::move(input)}, {"h", h}, {"c", c}});
-      read(output_of(outs, m.output), count);
-      h = output_of(outs, "hn");
-      c = output_of(outs, "cn");
+      read(named_output(outs, m.output, m.path).tensor(), count);
+      h = named_output(outs, "hn", m.path).tensor();
+      c = named_output(outs, "cn", m.path).tensor();
     }
     return probs;
   }
@@ -115,8 +108,8 @@ std::vector<float> VoiceActivityDetector::probabilities(const std::vector<float>
     std::vector<NamedValue> in{{"input", std::move(input)}, {"state", state}};
     if (sr) in.push_back({"sr", Tensor::scalar<int64_t>(kSampleRate)});
     std::vector<NamedValue> outs = m.session.run(std::move(in));
-    read(output_of(outs, m.output), 1);
-    state = output_of(outs, "stateN");
+    read(named_output(outs, m.output, m.path).tensor(), 1);
+    state = named_output(outs, "stateN", m.path).tensor();
   }
   return probs;
 }
