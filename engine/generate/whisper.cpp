@@ -483,22 +483,22 @@ Transcript WhisperTranscriber::transcribe(const std::vector<float>& samples,
     for (const SpeechRegion& r : regions)
       speech.insert(speech.end(), samples.begin() + r.start, samples.begin() + r.end);
     const SpeechTimeMap map(regions);
+    auto map_times = [&](TranscriptSegment& seg) {
+      seg.start = map.original_time(seg.start);
+      seg.end = map.original_time(seg.end, true);
+    };
     TranscribeOptions inner = options;
     inner.vad = nullptr;
     if (options.on_segment) {
       inner.on_segment = [&](const TranscriptSegment& seg) {
         TranscriptSegment mapped = seg;
-        mapped.start = map.original_time(seg.start);
-        mapped.end = map.original_time(seg.end, true);
+        map_times(mapped);
         return options.on_segment(mapped);
       };
     }
     Transcript t = transcribe(speech, inner);
     t.speech_regions = regions;
-    for (TranscriptSegment& seg : t.segments) {
-      seg.start = map.original_time(seg.start);
-      seg.end = map.original_time(seg.end, true);
-    }
+    for (TranscriptSegment& seg : t.segments) map_times(seg);
     return t;
   }
   // As transformers' ASR pipeline: up to 30 s, the features of one padded window; longer,
