@@ -7,12 +7,11 @@
 namespace kiln::passes::fusion {
 namespace {
 
-// The integers of a constant int64 tensor, or nullopt.
+// The values of a 1-D int64 tensor when the facts know every one, or nullopt.
 std::optional<std::vector<int64_t>> constant_ints(Rewriter& r, ir::ValueId v) {
-  const Tensor* t = r.constant(v);
-  if (!t || t->dtype() != DataType::Int64 || t->rank() > 1) return std::nullopt;
-  const Tensor c = t->contiguous();
-  return std::vector<int64_t>(c.data<const int64_t>(), c.data<const int64_t>() + c.numel());
+  const ops::ValueFacts& f = r.facts(v);
+  if (!f.has_data || f.dtype != DataType::Int64 || f.rank() != 1) return std::nullopt;
+  return f.data;
 }
 
 // The Pad's pads per axis of a rank-`rank` input as [begin..., end...], when they are known
