@@ -48,6 +48,18 @@ GeneratorOptions generator_options(int threads) {
   return o;
 }
 
+// Speech regions as [{"start", "end"}] in samples.
+py::list regions_list(const std::vector<SpeechRegion>& regions) {
+  py::list out;
+  for (const SpeechRegion& r : regions) {
+    py::dict d;
+    d["start"] = r.start;
+    d["end"] = r.end;
+    out.append(d);
+  }
+  return out;
+}
+
 py::dict transcript_dict(const Transcript& t) {
   py::list segments;
   for (const TranscriptSegment& s : t.segments) {
@@ -66,14 +78,7 @@ py::dict transcript_dict(const Transcript& t) {
   py::dict d;
   d["text"] = t.text;
   d["language"] = t.language;
-  py::list regions;
-  for (const SpeechRegion& r : t.speech_regions) {
-    py::dict region;
-    region["start"] = r.start;
-    region["end"] = r.end;
-    regions.append(region);
-  }
-  d["speech_regions"] = regions;
+  d["speech_regions"] = regions_list(t.speech_regions);
   d["tokens"] = t.tokens;
   d["prompt"] = t.prompt;
   d["segments"] = segments;
@@ -136,14 +141,7 @@ class PyVad {
       py::gil_scoped_release release;
       regions = vad_->speech_regions(samples, o);
     }
-    py::list out;
-    for (const SpeechRegion& r : regions) {
-      py::dict d;
-      d["start"] = r.start;
-      d["end"] = r.end;
-      out.append(d);
-    }
-    return out;
+    return regions_list(regions);
   }
 
   std::shared_ptr<const VoiceActivityDetector> detector() const { return vad_; }
