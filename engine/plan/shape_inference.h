@@ -17,8 +17,6 @@
 
 namespace kiln::plan {
 
-constexpr int64_t kMaxInferredData = ops::kMaxKnownData;
-
 // The facts of every value of a graph (ops/core/inference.h).
 using ShapeInference = ops::GraphFacts;
 
